@@ -1,0 +1,245 @@
+/* The attention driver: validates a problem, plans tiles and scratch, and runs
+ * the tasks on one OpenMP parallel loop.  The maths is in attention_impl.h and
+ * the kernels it calls. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "internal.h"
+
+/* Work division and scratch layout of one call (offsets in elements). */
+typedef struct plan {
+    int64_t num_bh;       /* batch count x heads                 */
+    int64_t num_qblocks;  /* ceil(L / tile_q)                    */
+    int64_t num_tasks;    /* num_bh x num_qblocks                */
+    int tile_q, tile_k, nr;
+    int64_t ld_s;         /* row stride of the score tile        */
+    size_t off_q, off_k, off_s, off_v, off_acc, off_m, off_l;
+    size_t scratch_elems; /* per thread, a multiple of SDPA_ALIGN bytes */
+    int num_threads;
+} plan;
+
+/* ---- small helpers used by the per-type drivers ---- */
+
+static int64_t batch_offset(const sdpa_problem *p, const sdpa_view *view, int64_t b) {
+    int64_t off = 0;
+    for (int d = p->num_batch_dims - 1; d >= 0; d--) {
+        int64_t n = p->batch_shape[d];
+        off += (b % n) * view->batch_strides[d];
+        b /= n;
+    }
+    return off;
+}
+
+static void *aligned_block(size_t bytes) {
+    /* over-allocate and store the original pointer just below the aligned one */
+    if (bytes == 0) bytes = SDPA_ALIGN;
+    if (bytes > SIZE_MAX - 2 * SDPA_ALIGN) return NULL;
+    unsigned char *raw = (unsigned char *)malloc(bytes + 2 * SDPA_ALIGN);
+    if (!raw) return NULL;
+    uintptr_t aligned = ((uintptr_t)raw + 2 * SDPA_ALIGN - 1) & ~(uintptr_t)(SDPA_ALIGN - 1);
+    ((void **)aligned)[-1] = raw;
+    return (void *)aligned;
+}
+
+static void aligned_free(void *block) {
+    if (block) free(((void **)block)[-1]);
+}
+
+/* The interrupt callback is polled by thread 0 at most every 20 ms. */
+typedef struct interrupt_clock {
+    double next;
+} interrupt_clock;
+
+static double monotonic_seconds(void) {
+#ifdef _OPENMP
+    return omp_get_wtime();
+#else
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+#endif
+}
+
+static void interrupt_clock_start(interrupt_clock *c) { c->next = monotonic_seconds() + 0.02; }
+
+static int interrupt_due(interrupt_clock *c) {
+    double now = monotonic_seconds();
+    if (now < c->next) return 0;
+    c->next = now + 0.02;
+    return 1;
+}
+
+/* ---- the two element types ---- */
+
+#define T float
+#define SUF f32
+#define KT kernels_f32
+#define EXP expf
+#include "attention_impl.h"
+#undef T
+#undef SUF
+#undef KT
+#undef EXP
+
+#define T double
+#define SUF f64
+#define KT kernels_f64
+#define EXP exp
+#include "attention_impl.h"
+#undef T
+#undef SUF
+#undef KT
+#undef EXP
+
+/* ---- validation and planning ---- */
+
+static int mul_ok(int64_t a, int64_t b, int64_t *r) {
+    if (a < 0 || b < 0) return 0;
+    if (a != 0 && b > INT64_MAX / a) return 0;
+    *r = a * b;
+    return 1;
+}
+
+static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
+    if (p->dtype != SDPA_FLOAT32 && p->dtype != SDPA_FLOAT64) return SDPA_ERR_BAD_DTYPE;
+    if (p->num_batch_dims < 0 || p->num_batch_dims > SDPA_MAX_BATCH_DIMS) return SDPA_ERR_BAD_SHAPE;
+    if (p->num_heads < 0 || p->len_q < 0 || p->len_kv < 0 || p->head_dim < 0 || p->head_dim_v < 0)
+        return SDPA_ERR_BAD_SHAPE;
+    if (p->len_q > INT32_MAX || p->head_dim > INT32_MAX || p->head_dim_v > INT32_MAX)
+        return SDPA_ERR_BAD_SHAPE;
+    if (p->gqa_group < 1 || p->num_heads % p->gqa_group != 0) return SDPA_ERR_BAD_GQA;
+    if (p->mask_kind != SDPA_MASK_NONE && p->mask_kind != SDPA_MASK_BOOL &&
+        p->mask_kind != SDPA_MASK_ADDITIVE)
+        return SDPA_ERR_BAD_MASK;
+    if (p->num_threads < 0) return SDPA_ERR_BAD_THREADS;
+    int64_t count = 1, tmp;
+    for (int d = 0; d < p->num_batch_dims; d++) {
+        if (p->batch_shape[d] < 0) return SDPA_ERR_BAD_SHAPE;
+        if (!mul_ok(count, p->batch_shape[d], &count)) return SDPA_ERR_OVERFLOW;
+    }
+    if (!mul_ok(count, p->num_heads, &tmp)) return SDPA_ERR_OVERFLOW;
+    if (!mul_ok(tmp, p->len_q, &tmp)) return SDPA_ERR_OVERFLOW;
+    if (!mul_ok(tmp, p->len_kv > p->head_dim_v ? p->len_kv : p->head_dim_v, &tmp))
+        return SDPA_ERR_OVERFLOW;
+    int64_t work = count * p->num_heads * p->len_q;
+    if (work > 0) {
+        if (!p->query.data || !p->out.data) return SDPA_ERR_NULL_POINTER;
+        if (p->len_kv > 0 && (!p->key.data || !p->value.data)) return SDPA_ERR_NULL_POINTER;
+        if (p->mask_kind != SDPA_MASK_NONE && p->len_kv > 0 && !p->mask.data)
+            return SDPA_ERR_NULL_POINTER;
+    }
+    *batch_count = count;
+    return SDPA_OK;
+}
+
+static size_t round_elems(size_t n, size_t elem) {
+    size_t per = SDPA_ALIGN / elem;
+    return (n + per - 1) / per * per;
+}
+
+static sdpa_status make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt,
+                             plan *pl) {
+    size_t elem = p->dtype == SDPA_FLOAT32 ? sizeof(float) : sizeof(double);
+    if (p->dtype == SDPA_FLOAT32) {
+        pl->nr = kt->nr_f32;
+        pl->tile_q = kt->tile_q_f32;
+        pl->tile_k = kt->tile_k_f32;
+    } else {
+        pl->nr = kt->nr_f64;
+        pl->tile_q = kt->tile_q_f64;
+        pl->tile_k = kt->tile_k_f64;
+    }
+    pl->num_bh = batch_count * p->num_heads;
+    pl->num_qblocks = (p->len_q + pl->tile_q - 1) / pl->tile_q;
+    pl->num_tasks = pl->num_bh * pl->num_qblocks;
+
+    const size_t tq = (size_t)pl->tile_q, tk = (size_t)pl->tile_k;
+    const size_t E = (size_t)p->head_dim, Ev = (size_t)p->head_dim_v;
+    const size_t tk_pad = (tk + (size_t)pl->nr - 1) / (size_t)pl->nr * (size_t)pl->nr;
+    pl->ld_s = (int64_t)round_elems(tk_pad, elem);
+    size_t off = 0;
+    pl->off_q = off;   off += round_elems(tq * E, elem);
+    pl->off_k = off;   off += round_elems(tk_pad * E, elem);
+    pl->off_s = off;   off += round_elems(tq * (size_t)pl->ld_s, elem);
+    pl->off_v = off;   off += round_elems(tk * Ev, elem);
+    pl->off_acc = off; off += round_elems(tq * Ev, elem);
+    pl->off_m = off;   off += round_elems(tq, elem);
+    pl->off_l = off;   off += round_elems(tq, elem);
+    pl->scratch_elems = off;
+
+    int nthreads = p->num_threads;
+    if (nthreads == 0) nthreads = sdpa_default_num_threads();
+    if (nthreads < 1) nthreads = 1;
+    if ((int64_t)nthreads > pl->num_tasks) nthreads = (int)(pl->num_tasks > 0 ? pl->num_tasks : 1);
+#ifndef _OPENMP
+    nthreads = 1;
+#endif
+    pl->num_threads = nthreads;
+    return SDPA_OK;
+}
+
+/* ---- public API ---- */
+
+void sdpa_problem_init(sdpa_problem *p) {
+    if (!p) return;
+    memset(p, 0, sizeof(*p));
+    p->dtype = SDPA_FLOAT32;
+    p->gqa_group = 1;
+    p->scale = 1.0;
+    p->mask_kind = SDPA_MASK_NONE;
+}
+
+sdpa_status sdpa_attention(const sdpa_problem *p) {
+    if (!p) return SDPA_ERR_NULL_POINTER;
+    int64_t batch_count = 0;
+    sdpa_status st = validate(p, &batch_count);
+    if (st != SDPA_OK) return st;
+    if (batch_count * p->num_heads * p->len_q == 0) return SDPA_OK;  /* empty output */
+
+    const kernel_table *kt = sdpa_kernel_table();
+    plan pl;
+    st = make_plan(p, batch_count, kt, &pl);
+    if (st != SDPA_OK) return st;
+    if (p->dtype == SDPA_FLOAT32) return attention_f32(p, &pl, &kt->f32);
+    return attention_f64(p, &pl, &kt->f64);
+}
+
+const char *sdpa_status_message(sdpa_status status) {
+    switch (status) {
+        case SDPA_OK: return "success";
+        case SDPA_ERR_NULL_POINTER: return "a required pointer is NULL";
+        case SDPA_ERR_BAD_DTYPE: return "unknown element type";
+        case SDPA_ERR_BAD_SHAPE: return "invalid sizes (negative, too large, or too many batch dims)";
+        case SDPA_ERR_BAD_GQA: return "gqa_group must be >= 1 and divide num_heads";
+        case SDPA_ERR_BAD_MASK: return "unknown mask kind";
+        case SDPA_ERR_BAD_THREADS: return "num_threads must be >= 0";
+        case SDPA_ERR_NO_MEMORY: return "out of memory for scratch buffers";
+        case SDPA_ERR_OVERFLOW: return "sizes overflow 64-bit integers";
+        case SDPA_ERR_INTERRUPTED: return "interrupted";
+    }
+    return "unknown status";
+}
+
+int sdpa_has_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int sdpa_default_num_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+const char *sdpa_version(void) { return "0.1.0"; }

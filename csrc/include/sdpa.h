@@ -1,0 +1,126 @@
+/*
+ * sdpa: fused scaled dot-product attention on CPUs -- the public C API.
+ *
+ *   out = softmax(scale * Q K^T + mask) V
+ *
+ * Plain C11: no Python, no NumPy.  Shapes and strides are int64 and strides
+ * are counted in elements (not bytes); a zero stride broadcasts a dimension.
+ * Buffers belong to the caller.  Every call returns an sdpa_status.
+ */
+#ifndef SDPA_H
+#define SDPA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(SDPA_BUILD_SHARED)
+#define SDPA_API __declspec(dllexport)
+#elif defined(__GNUC__) && defined(SDPA_BUILD_SHARED)
+#define SDPA_API __attribute__((visibility("default")))
+#else
+#define SDPA_API
+#endif
+
+#define SDPA_VERSION_MAJOR 0
+#define SDPA_VERSION_MINOR 1
+#define SDPA_VERSION_PATCH 0
+
+/* Leading batch dimensions, in front of the head dimension. */
+#define SDPA_MAX_BATCH_DIMS 8
+
+typedef enum sdpa_status {
+    SDPA_OK = 0,
+    SDPA_ERR_NULL_POINTER = 1,      /* a required pointer is NULL            */
+    SDPA_ERR_BAD_DTYPE = 2,         /* unknown element type                  */
+    SDPA_ERR_BAD_SHAPE = 3,         /* negative size, too many batch dims... */
+    SDPA_ERR_BAD_GQA = 4,           /* gqa_group < 1 or not dividing heads  */
+    SDPA_ERR_BAD_MASK = 5,          /* unknown mask kind                     */
+    SDPA_ERR_BAD_THREADS = 6,       /* negative thread count                 */
+    SDPA_ERR_NO_MEMORY = 7,         /* scratch allocation failed             */
+    SDPA_ERR_OVERFLOW = 8,          /* a size product overflows int64        */
+    SDPA_ERR_INTERRUPTED = 9        /* the interrupt callback asked to stop  */
+} sdpa_status;
+
+typedef enum sdpa_dtype {
+    SDPA_FLOAT32 = 0,  /* float in, float out, accumulates in float   */
+    SDPA_FLOAT64 = 1   /* double in, double out, accumulates in double */
+} sdpa_dtype;
+
+typedef enum sdpa_mask_kind {
+    SDPA_MASK_NONE = 0,
+    SDPA_MASK_BOOL = 1,     /* uint8/bool elements: nonzero = takes part        */
+    SDPA_MASK_ADDITIVE = 2  /* elements of the problem's dtype, added to scores */
+} sdpa_mask_kind;
+
+/*
+ * A strided view of one operand.  The element at (batch index b[0..nb),
+ * head h, row r, column c) is
+ *     data[sum_i b[i]*batch_strides[i] + h*head_stride + r*row_stride + c*col_stride]
+ * For key and value, h is the key/value head (query head / gqa_group).
+ */
+typedef struct sdpa_view {
+    void *data;
+    int64_t batch_strides[SDPA_MAX_BATCH_DIMS];
+    int64_t head_stride;
+    int64_t row_stride;
+    int64_t col_stride;
+} sdpa_view;
+
+/* Optional callback polled between tiles; returning nonzero stops the call
+ * with SDPA_ERR_INTERRUPTED (the output is then unspecified). */
+typedef int (*sdpa_interrupt_fn)(void *user_data);
+
+typedef struct sdpa_problem {
+    sdpa_dtype dtype;
+    int32_t num_batch_dims;                    /* 0..SDPA_MAX_BATCH_DIMS       */
+    int64_t batch_shape[SDPA_MAX_BATCH_DIMS];
+    int64_t num_heads;     /* query heads = output heads (Hq)                   */
+    int64_t gqa_group;     /* query heads per key/value head (>= 1, divides Hq) */
+    int64_t len_q;         /* L  */
+    int64_t len_kv;        /* S  */
+    int64_t head_dim;      /* E  */
+    int64_t head_dim_v;    /* Ev */
+
+    sdpa_view query;       /* (..., Hq,  L, E)                     read only */
+    sdpa_view key;         /* (..., Hkv, S, E)                     read only */
+    sdpa_view value;       /* (..., Hkv, S, Ev)                    read only */
+    sdpa_view out;         /* (..., Hq,  L, Ev)                    written   */
+
+    sdpa_mask_kind mask_kind;
+    sdpa_view mask;        /* (..., Hq, L, S), broadcast by zero strides     */
+
+    double scale;          /* multiplies Q K^T                                */
+    int32_t causal;        /* nonzero: key s is masked for row l when          */
+    int64_t causal_offset; /*   s > l + causal_offset (0: top-left aligned,    */
+                           /*   S - L: bottom-right aligned)                   */
+
+    sdpa_view weights;     /* optional (..., Hq, L, S) output; data NULL = skip */
+
+    int32_t num_threads;   /* 0 = the OpenMP default                        */
+    sdpa_interrupt_fn interrupt;  /* optional */
+    void *interrupt_data;
+} sdpa_problem;
+
+/* Fills *p with an empty problem: no mask, no weights, gqa_group 1, scale 1,
+ * num_threads 0.  Callers then set sizes, views and dtype. */
+SDPA_API void sdpa_problem_init(sdpa_problem *p);
+
+/* Computes the attention described by *p.  Thread safe; p is not modified. */
+SDPA_API sdpa_status sdpa_attention(const sdpa_problem *p);
+
+/* A static, human-readable message for a status. */
+SDPA_API const char *sdpa_status_message(sdpa_status status);
+
+/* Build and runtime facts. */
+SDPA_API int sdpa_has_openmp(void);
+SDPA_API int sdpa_default_num_threads(void);
+SDPA_API const char *sdpa_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SDPA_H */

@@ -1,0 +1,31 @@
+/* Portable C kernels: plain loops the compiler can vectorize for the baseline
+ * target.  They define the contracts in internal.h for every other level. */
+#include <math.h>
+
+#include "../internal.h"
+
+#define SCALAR_NR 16
+
+#define T float
+#define SUF f32
+#define EXP expf
+#include "scalar_impl.h"
+#undef T
+#undef SUF
+#undef EXP
+
+#define T double
+#define SUF f64
+#define EXP exp
+#include "scalar_impl.h"
+#undef T
+#undef SUF
+#undef EXP
+
+const kernel_table sdpa_kernels_scalar = {
+    "scalar",
+    SCALAR_NR, 64, 64,
+    SCALAR_NR, 32, 64,
+    {qk_f32, pv_f32, softmax_f32, row_max_f32},
+    {qk_f64, pv_f64, softmax_f64, row_max_f64},
+};

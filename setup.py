@@ -1,0 +1,113 @@
+"""Builds sdpa._core: the Cython wrapper plus the C core in csrc/.
+
+OpenMP is probed: a tiny program must compile, link and run with the compiler's
+OpenMP flags.  Without it the extension is built serially with a warning;
+SDPA_REQUIRE_OPENMP=1 makes that an error.  Flags stay portable: the SIMD
+kernels pick the instruction set at run time, never at build time.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import warnings
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).parent.resolve()
+CSRC = "csrc"
+
+OPENMP_PROBE = r"""
+#include <omp.h>
+#include <stdio.h>
+int main(void) {
+    int n = 0;
+    #pragma omp parallel reduction(+:n)
+    n += 1;
+    printf("%d\n", n > 0 && omp_get_max_threads() > 0);
+    return 0;
+}
+"""
+
+
+def openmp_flag_candidates(compiler_type):
+    if compiler_type == "msvc":
+        return [(["/openmp"], [])]
+    if sys.platform == "darwin":
+        # Apple clang has no driver flag; libomp comes from Homebrew or conda
+        prefixes = [os.environ.get("OPENMP_PREFIX", ""), "/opt/homebrew/opt/libomp",
+                    "/usr/local/opt/libomp", os.environ.get("CONDA_PREFIX", "")]
+        out = [(["-fopenmp"], ["-fopenmp"])]
+        for pre in filter(None, prefixes):
+            out.append(([f"-Xpreprocessor", "-fopenmp", f"-I{pre}/include"],
+                        [f"-L{pre}/lib", "-lomp", f"-Wl,-rpath,{pre}/lib"]))
+        out.append((["-Xpreprocessor", "-fopenmp"], ["-lomp"]))
+        return out
+    return [(["-fopenmp"], ["-fopenmp"])]
+
+
+def probe_openmp(compiler):
+    """Returns (compile_args, link_args) of a working OpenMP, or None."""
+    for cflags, ldflags in openmp_flag_candidates(compiler.compiler_type):
+        tmp = tempfile.mkdtemp(prefix="sdpa-omp-")
+        try:
+            src = os.path.join(tmp, "probe.c")
+            with open(src, "w") as f:
+                f.write(OPENMP_PROBE)
+            objs = compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
+            exe = os.path.join(tmp, "probe")
+            compiler.link_executable(objs, exe, extra_postargs=ldflags)
+            if compiler.compiler_type == "msvc" and not exe.endswith(".exe"):
+                exe += ".exe"
+            out = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+            if out.returncode == 0 and out.stdout.strip() == "1":
+                return cflags, ldflags
+        except Exception:  # noqa: BLE001 - any failure means "not this flag set"
+            pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return None
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        compiler = self.compiler
+        if compiler.compiler_type == "msvc":
+            base = ["/O2"]
+        else:
+            base = ["-O3", "-std=c11", "-fno-math-errno", "-fvisibility=hidden",
+                    "-Wall", "-Wno-unused-function"]
+        omp = probe_openmp(compiler)
+        if omp is None:
+            msg = ("sdpa: OpenMP was not found (tried the usual flags for "
+                   f"{compiler.compiler_type}); building a serial extension. Install an "
+                   "OpenMP runtime (e.g. libomp) for multithreading.")
+            if os.environ.get("SDPA_REQUIRE_OPENMP") == "1":
+                raise RuntimeError(msg + " SDPA_REQUIRE_OPENMP=1 is set, so this is an error.")
+            warnings.warn(msg)
+            print("WARNING: " + msg, file=sys.stderr)
+            cflags, ldflags = [], []
+        else:
+            cflags, ldflags = omp
+        for ext in self.extensions:
+            ext.extra_compile_args = base + cflags + ext.extra_compile_args
+            ext.extra_link_args = ldflags + ext.extra_link_args
+        super().build_extensions()
+
+
+def c_sources():
+    srcs = sorted(str(p.relative_to(HERE)) for p in (HERE / CSRC).rglob("*.c"))
+    return [s.replace(os.sep, "/") for s in srcs]
+
+
+ext = Extension(
+    "sdpa._core",
+    sources=["src/sdpa/_core.pyx"] + c_sources(),
+    include_dirs=[f"{CSRC}/include", CSRC],
+    depends=[str(p.relative_to(HERE)) for p in (HERE / CSRC).rglob("*.h")],
+)
+
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})

@@ -1,0 +1,126 @@
+"""sdpa: fast, fused scaled dot-product attention on CPUs.
+
+    >>> import numpy as np, sdpa
+    >>> q = k = np.array([[1.0, 0.0], [0.0, 1.0]])
+    >>> v = np.array([[2.0, 3.0], [4.0, 5.0]])
+    >>> np.round(sdpa.scaled_dot_product_attention(q, k, v), 2)
+    array([[2.66, 3.66],
+           [3.34, 4.34]])
+
+NumPy arrays in, NumPy arrays out.  The work happens in a C core that never
+builds the L x S score matrix (unless the weights are asked for) and runs on
+OpenMP threads.  ``sdpa.reference`` holds a plain NumPy version for checking.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _core, reference
+from ._api import attention as _attention
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "show_config",
+    "config",
+    "reference",
+    "__version__",
+]
+
+__version__ = _core.version()
+
+
+def scaled_dot_product_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    is_causal: Union[bool, str] = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    *,
+    return_weights: bool = False,
+    out: Optional[np.ndarray] = None,
+    num_threads: Optional[int] = None,
+) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
+    """Scaled dot-product attention: ``softmax(scale * Q Kᵀ + mask) V``.
+
+    The semantics are those of ``torch.nn.functional.scaled_dot_product_attention``
+    (without dropout).
+
+    Parameters
+    ----------
+    query : array_like, shape (..., Hq, L, E)
+    key : array_like, shape (..., Hkv, S, E)
+    value : array_like, shape (..., Hkv, S, Ev)
+        Every input has 2 or more dims.  Dim -3 is the head dim; the dims before it
+        are batch dims, which broadcast against each other.  float32 and float64
+        are used as they are; float16 is computed as float32; bool and integers as
+        float64.  Mixed float32/float64 inputs are computed as float64.
+    attn_mask : array_like, optional, broadcastable to (..., Hq, L, S)
+        bool: True means the key takes part in attention.  float: added to the
+        scaled scores (use -inf to mask).
+    is_causal : bool or str, default False
+        True (or ``"top_left"``) masks key ``s`` for query row ``l`` when ``s > l``,
+        i.e. ``tril(ones(L, S))``; ``"bottom_right"`` uses ``tril(ones(L, S), S - L)``,
+        where the last query row sees every key.  Combined with ``attn_mask`` if both
+        are given.
+    scale : float, optional
+        Multiplies ``Q Kᵀ``; defaults to ``1 / sqrt(E)``.
+    enable_gqa : bool, default False
+        Grouped-query attention: Hq must be a multiple of Hkv, and query head ``h``
+        uses key/value head ``h // (Hq // Hkv)``.  Without it, Hq and Hkv must be
+        equal or broadcast (one of them 1).
+    return_weights : bool, default False
+        Also return the attention weights, shape (..., Hq, L, S).  They are only
+        computed when asked for, and need L * S elements per head.
+    out : numpy.ndarray, optional
+        Preallocated output of shape (..., Hq, L, Ev) and the result dtype; any
+        strides; must not overlap the inputs.
+    num_threads : int, optional
+        Threads for this call; ``None`` uses the OpenMP default (``OMP_NUM_THREADS``).
+        Results are bitwise identical for every thread count.
+
+    Returns
+    -------
+    output : numpy.ndarray, shape (..., Hq, L, Ev)
+        (output, weights) when ``return_weights`` is true.  A query row that can see
+        no key (everything masked, or S == 0) gives zeros.
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit together (the message names them), a bad ``out``.
+    TypeError
+        Unsupported dtypes or argument types.
+    MemoryError
+        The requested weights cannot fit in memory.
+    """
+    return _attention(
+        query,
+        key,
+        value,
+        attn_mask,
+        is_causal,
+        scale,
+        enable_gqa,
+        return_weights=return_weights,
+        out=out,
+        num_threads=num_threads,
+    )
+
+
+def config() -> dict:
+    """Build and runtime facts: version, OpenMP, default thread count, kernels."""
+    return {
+        "version": __version__,
+        "openmp": bool(_core.has_openmp()),
+        "default_num_threads": int(_core.default_num_threads()),
+    }
+
+
+def show_config() -> None:
+    """Print :func:`config` as ``key: value`` lines."""
+    for name, value in config().items():
+        print(f"{name}: {value}")

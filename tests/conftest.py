@@ -1,0 +1,148 @@
+"""Shared fixtures and helpers for the sdpa test suite.
+
+Tolerances used when comparing against the float64 NumPy reference
+(``sdpa.reference``), elementwise ``|actual - expected| <= atol + rtol * |expected|``:
+
+    float32 results:  rtol = atol = 2e-5   (5e-5 when the head dim E >= 128)
+    float64 results:  rtol = atol = 1e-12
+
+Every random input comes from a NumPy Generator seeded from the test's node id,
+so each test sees the same data on every run.  Hypothesis runs under the "ci"
+profile by default (no deadline, a modest, derandomized number of examples);
+set HYPOTHESIS_PROFILE=dev for a longer search.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+F32_TOL = 2e-5
+F32_TOL_WIDE_E = 5e-5  # E >= 128: longer dot products accumulate more rounding
+F64_TOL = 1e-12
+
+settings.register_profile(
+    "ci",
+    deadline=None,
+    max_examples=50,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "dev",
+    deadline=None,
+    max_examples=500,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def seed_for(name: str) -> int:
+    return zlib.crc32(name.encode("utf-8"))
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A Generator seeded from the test id: deterministic, but different per test."""
+    return np.random.default_rng(seed_for(request.node.nodeid))
+
+
+def tolerance(dtype, head_dim=None) -> float:
+    dtype = np.dtype(dtype)
+    if dtype == np.float64:
+        return F64_TOL
+    if dtype == np.float32:
+        return F32_TOL_WIDE_E if head_dim is not None and head_dim >= 128 else F32_TOL
+    raise AssertionError(f"no tolerance defined for {dtype}")
+
+
+def assert_close(actual, expected, dtype, *, head_dim=None, scale=1.0) -> None:
+    """Compare a result with the reference at the tolerance of ``dtype``.
+
+    ``scale`` widens both tolerances (used when two low-precision results are
+    compared with each other rather than with the float64 reference).
+    """
+    actual = np.asarray(actual)
+    expected = np.asarray(expected)
+    assert actual.shape == expected.shape, f"shape {actual.shape} != expected {expected.shape}"
+    tol = tolerance(dtype, head_dim) * scale
+    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol, equal_nan=False)
+
+
+def randn(rng: np.random.Generator, shape, dtype=np.float64) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def make_qkv(rng, batch=(), hq=1, hkv=None, L=4, S=5, E=8, Ev=None, dtype=np.float64):
+    """Random query (*batch, hq, L, E), key (*batch, hkv, S, E), value (*batch, hkv, S, Ev).
+
+    ``hq=None`` leaves out the head dim (2-D problems when batch is empty).
+    """
+    hkv = hq if hkv is None else hkv
+    Ev = E if Ev is None else Ev
+    hq_dims = () if hq is None else (hq,)
+    hkv_dims = () if hkv is None else (hkv,)
+    q = randn(rng, tuple(batch) + hq_dims + (L, E), dtype)
+    k = randn(rng, tuple(batch) + hkv_dims + (S, E), dtype)
+    v = randn(rng, tuple(batch) + hkv_dims + (S, Ev), dtype)
+    return q, k, v
+
+
+def result_dtype(*arrays) -> np.dtype:
+    """The documented compute dtype: float32 when every operand is float16 or
+    float32 (either byte order), float64 for everything else."""
+    kinds = {np.dtype(np.float16), np.dtype(np.float32)}
+    if all(np.asarray(a).dtype.newbyteorder("=") in kinds for a in arrays):
+        return np.dtype(np.float32)
+    return np.dtype(np.float64)
+
+
+def check_against_reference(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    *,
+    num_threads=None,
+):
+    """Run sdpa with and without weights and compare both with the reference.
+
+    Returns ``(out, weights)`` of the call that asked for the weights.
+    """
+    import sdpa
+
+    dtype = result_dtype(query, key, value)
+    head_dim = np.shape(query)[-1]
+    expected_out, expected_weights = sdpa.reference.scaled_dot_product_attention(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights=True
+    )
+
+    out = sdpa.scaled_dot_product_attention(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa, num_threads=num_threads
+    )
+    assert isinstance(out, np.ndarray)
+    assert out.dtype == dtype, f"result dtype {out.dtype}, expected {dtype}"
+    assert_close(out, expected_out, dtype, head_dim=head_dim)
+
+    out_w, weights = sdpa.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask,
+        is_causal,
+        scale,
+        enable_gqa,
+        return_weights=True,
+        num_threads=num_threads,
+    )
+    assert out_w.dtype == dtype and weights.dtype == dtype
+    assert_close(out_w, expected_out, dtype, head_dim=head_dim)
+    assert_close(weights, expected_weights, dtype, head_dim=head_dim)
+    return out_w, weights
