@@ -17,9 +17,8 @@ typedef struct plan {
     int64_t num_bh;       /* batch count x heads                 */
     int64_t num_qblocks;  /* ceil(L / tile_q)                    */
     int64_t num_tasks;    /* num_bh x num_qblocks                */
-    int tile_q, tile_k, nr;
-    int64_t ld_s;         /* row stride of the score tile        */
-    size_t off_q, off_k, off_s, off_v, off_acc, off_m, off_l;
+    int tile_q, tile_k, nr;  /* tile_q is a multiple of nr        */
+    size_t off_q, off_acc, off_s, off_m, off_l;
     size_t scratch_elems; /* per thread, a multiple of SDPA_ALIGN bytes */
     int num_threads;
 } plan;
@@ -159,16 +158,12 @@ static sdpa_status make_plan(const sdpa_problem *p, int64_t batch_count, const k
     pl->num_qblocks = (p->len_q + pl->tile_q - 1) / pl->tile_q;
     pl->num_tasks = pl->num_bh * pl->num_qblocks;
 
-    const size_t tq = (size_t)pl->tile_q, tk = (size_t)pl->tile_k;
+    const size_t tq = (size_t)pl->tile_q, tk = (size_t)pl->tile_k, nr = (size_t)pl->nr;
     const size_t E = (size_t)p->head_dim, Ev = (size_t)p->head_dim_v;
-    const size_t tk_pad = (tk + (size_t)pl->nr - 1) / (size_t)pl->nr * (size_t)pl->nr;
-    pl->ld_s = (int64_t)round_elems(tk_pad, elem);
     size_t off = 0;
     pl->off_q = off;   off += round_elems(tq * E, elem);
-    pl->off_k = off;   off += round_elems(tk_pad * E, elem);
-    pl->off_s = off;   off += round_elems(tq * (size_t)pl->ld_s, elem);
-    pl->off_v = off;   off += round_elems(tk * Ev, elem);
     pl->off_acc = off; off += round_elems(tq * Ev, elem);
+    pl->off_s = off;   off += round_elems(tk * nr, elem);
     pl->off_m = off;   off += round_elems(tq, elem);
     pl->off_l = off;   off += round_elems(tq, elem);
     pl->scratch_elems = off;
@@ -222,6 +217,7 @@ const char *sdpa_status_message(sdpa_status status) {
         case SDPA_ERR_NO_MEMORY: return "out of memory for scratch buffers";
         case SDPA_ERR_OVERFLOW: return "sizes overflow 64-bit integers";
         case SDPA_ERR_INTERRUPTED: return "interrupted";
+        case SDPA_ERR_BAD_ISA: return "unknown kernel set, or not supported by this CPU";
     }
     return "unknown status";
 }

@@ -4,10 +4,12 @@
  *   KT    the kernel struct type      KSEL  the member of kernel_table (f32, f64)
  *   EXP   libm's exp for T
  *
- * One task = (batch index, query head, block of query rows).  A task walks the
- * visible key blocks: scores = (scale Q) K^T, mask, online softmax (running max
- * and sum, the accumulator rescaled when the max grows), acc += P V; the output
- * is acc / sum.  Tasks are independent and each is computed in a fixed order by
+ * One task = (batch index, query head, block of query rows).  The block is cut
+ * into panels of nr rows, kept transposed (Q^T, and the accumulator (P V)^T), so
+ * that one vector spans nr query rows.  For each visible key block and panel:
+ * scores^T = K (scale Q)^T, mask, online softmax (running max and sum, the
+ * accumulator rescaled when the max grows), acc^T += V^T P^T.  The output is
+ * acc / sum.  K and V are read in place, with their own strides.  Tasks are independent and each is computed in a fixed order by
  * one thread, so the result does not depend on the number of threads.
  */
 #define CAT_(a, b) a##_##b
@@ -19,7 +21,6 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     const int64_t H = p->num_heads, L = p->len_q, S = p->len_kv;
     const int64_t E = p->head_dim, Ev = p->head_dim_v;
     const int tile_q = pl->tile_q, tile_k = pl->tile_k, nr = pl->nr;
-    const int64_t ld_s = pl->ld_s;
 
     int64_t qb, bh;
     if (p->causal) {  /* the longest query blocks first, so the triangle balances */
@@ -43,129 +44,107 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     T *weights = NULL;
     if (p->weights.data)
         weights = (T *)p->weights.data + batch_offset(p, &p->weights, b) + h * p->weights.head_stride;
+    const int64_t ksr = p->key.row_stride, ksc = p->key.col_stride;
+    const int64_t vsr = p->value.row_stride, vsc = p->value.col_stride;
 
-    T *qp = scratch + pl->off_q;
-    T *kp = scratch + pl->off_k;
-    T *sc = scratch + pl->off_s;
-    T *vp = scratch + pl->off_v;
-    T *acc = scratch + pl->off_acc;
+    T *qt = scratch + pl->off_q;     /* panels of Q^T, each E x nr, scaled   */
+    T *acc = scratch + pl->off_acc;  /* panels of (P V)^T, each Ev x nr      */
+    T *st = scratch + pl->off_s;     /* one score tile, keys x nr            */
     T *row_m = scratch + pl->off_m;
     T *row_l = scratch + pl->off_l;
 
     const int64_t l0 = qb * tile_q;
     const int rows = (int)(L - l0 < tile_q ? L - l0 : tile_q);
+    const int panels = (rows + nr - 1) / nr;
     const T scale = (T)p->scale;
 
-    /* Q block, scaled, row-major */
-    for (int i = 0; i < rows; i++) {
-        const T *qi = q + (l0 + i) * p->query.row_stride;
-        for (int64_t c = 0; c < E; c++) qp[i * E + c] = scale * qi[c * p->query.col_stride];
+    for (int x = 0; x < panels * nr; x++) {
+        T *panel = qt + (int64_t)(x / nr) * E * nr + x % nr;
+        if (x < rows) {
+            const T *qr = q + (l0 + x) * p->query.row_stride;
+            for (int64_t c = 0; c < E; c++) panel[c * nr] = scale * qr[c * p->query.col_stride];
+        } else {
+            for (int64_t c = 0; c < E; c++) panel[c * nr] = 0;
+        }
+        row_m[x] = -(T)INFINITY;
+        row_l[x] = 0;
     }
-    for (int i = 0; i < rows; i++) {
-        row_m[i] = -(T)INFINITY;
-        row_l[i] = 0;
-    }
-    for (int64_t x = 0; x < (int64_t)rows * Ev; x++) acc[x] = 0;
+    for (int64_t x = 0; x < (int64_t)panels * nr * Ev; x++) acc[x] = 0;
 
-    /* keys past kv_end are masked for every row of the block: never visited */
+    /* keys past kv_end are masked for every row of the task: never visited */
     int64_t kv_end = S;
     if (p->causal) {
-        int64_t last_visible = l0 + rows - 1 + p->causal_offset;
-        kv_end = last_visible + 1 < 0 ? 0 : (last_visible + 1 < S ? last_visible + 1 : S);
+        int64_t last = l0 + rows + p->causal_offset;  /* exclusive */
+        kv_end = last < 0 ? 0 : (last < S ? last : S);
     }
 
     for (int64_t s0 = 0; s0 < kv_end; s0 += tile_k) {
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
-        const int panels = (n + nr - 1) / nr;
+        for (int pn = 0; pn < panels; pn++) {
+            const int64_t r0 = l0 + (int64_t)pn * nr;
+            const int prows = (int)(L - r0 < nr ? L - r0 : nr);
+            int np = n;
+            if (p->causal) {  /* the panel's last row sees keys < lim */
+                int64_t lim = r0 + prows + p->causal_offset;
+                if (lim <= s0) continue;
+                if (lim - s0 < np) np = (int)(lim - s0);
+            }
+            T *pmax = row_m + (int64_t)pn * nr, *psum = row_l + (int64_t)pn * nr;
+            T *pacc = acc + (int64_t)pn * Ev * nr;
 
-        /* K block packed in panels of nr keys (e x nr each), zero padded */
-        for (int pnl = 0; pnl < panels; pnl++) {
-            T *panel = kp + (int64_t)pnl * E * nr;
-            for (int j = 0; j < nr; j++) {
-                int64_t key = (int64_t)pnl * nr + j;
-                if (key < n) {
-                    const T *kj = k + (s0 + key) * p->key.row_stride;
-                    for (int64_t c = 0; c < E; c++) panel[c * nr + j] = kj[c * p->key.col_stride];
-                } else {
-                    for (int64_t c = 0; c < E; c++) panel[c * nr + j] = 0;
+            kern->gemm(np, E, k + s0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
+
+            if (p->causal && s0 + np - 1 > r0 + p->causal_offset) {
+                for (int x = 0; x < nr; x++) {
+                    int64_t first = r0 + x + p->causal_offset + 1 - s0;
+                    for (int64_t j = first < 0 ? 0 : first; j < np; j++) st[j * nr + x] = -(T)INFINITY;
                 }
             }
-        }
-        kern->qk(rows, n, E, qp, kp, sc, ld_s);
-
-        for (int i = 0; i < rows; i++) {
-            T *si = sc + i * ld_s;
-            const int64_t row = l0 + i;
-            if (p->causal) {
-                int64_t first_masked = row + p->causal_offset + 1 - s0;
-                for (int64_t j = first_masked < 0 ? 0 : first_masked; j < n; j++) si[j] = -(T)INFINITY;
-            }
             if (p->mask_kind == SDPA_MASK_BOOL) {
-                const uint8_t *mr = (const uint8_t *)mask + row * p->mask.row_stride;
-                for (int j = 0; j < n; j++)
-                    if (!mr[(s0 + j) * p->mask.col_stride]) si[j] = -(T)INFINITY;
+                for (int x = 0; x < prows; x++) {
+                    const uint8_t *mr = (const uint8_t *)mask + (r0 + x) * p->mask.row_stride;
+                    for (int j = 0; j < np; j++)
+                        if (!mr[(s0 + j) * p->mask.col_stride]) st[j * nr + x] = -(T)INFINITY;
+                }
             } else if (p->mask_kind == SDPA_MASK_ADDITIVE) {
-                const T *mr = (const T *)mask + row * p->mask.row_stride;
-                for (int j = 0; j < n; j++) si[j] += mr[(s0 + j) * p->mask.col_stride];
+                for (int x = 0; x < prows; x++) {
+                    const T *mr = (const T *)mask + (r0 + x) * p->mask.row_stride;
+                    for (int j = 0; j < np; j++) st[j * nr + x] += mr[(s0 + j) * p->mask.col_stride];
+                }
             }
             if (weights) {  /* raw scores now; normalised once the row is complete */
-                T *wr = weights + row * p->weights.row_stride;
-                for (int j = 0; j < n; j++) wr[(s0 + j) * p->weights.col_stride] = si[j];
+                for (int x = 0; x < prows; x++) {
+                    T *wr = weights + (r0 + x) * p->weights.row_stride;
+                    for (int j = 0; j < np; j++) wr[(s0 + j) * p->weights.col_stride] = st[j * nr + x];
+                }
             }
 
-            T block_max = kern->row_max(si, n);
-            T m_old = row_m[i];
-            T m_new = (block_max > m_old || block_max != block_max) ? block_max : m_old;
-            if (m_new == -(T)INFINITY) {  /* nothing visible yet: contributes nothing */
-                for (int j = 0; j < n; j++) si[j] = 0;
-                continue;
-            }
-            if (m_new != m_old) {
-                T alpha = EXP(m_old - m_new);  /* 0 when m_old is -inf */
-                T *ai = acc + i * Ev;
-                for (int64_t c = 0; c < Ev; c++) ai[c] *= alpha;
-                row_l[i] *= alpha;
-                row_m[i] = m_new;
-            }
-            row_l[i] += kern->softmax(si, n, m_new, si);
+            kern->softmax(st, np, pmax, psum, pacc, Ev);
+            kern->gemm((int)Ev, np, v + s0 * vsr, vsc, vsr, st, nr, pacc, nr, 1);
         }
-
-        const T *vb;
-        int64_t ld_v;
-        if (p->value.col_stride == 1) {
-            vb = v + s0 * p->value.row_stride;
-            ld_v = p->value.row_stride;
-        } else {
-            for (int j = 0; j < n; j++) {
-                const T *vj = v + (s0 + j) * p->value.row_stride;
-                for (int64_t c = 0; c < Ev; c++) vp[j * Ev + c] = vj[c * p->value.col_stride];
-            }
-            vb = vp;
-            ld_v = Ev;
-        }
-        kern->pv(rows, n, Ev, sc, ld_s, vb, ld_v, acc);
     }
 
-    for (int i = 0; i < rows; i++) {
-        const int64_t row = l0 + i;
-        const T l = row_l[i], m = row_m[i];
-        T *oi = out + row * p->out.row_stride;
-        const T *ai = acc + i * Ev;
+    for (int x = 0; x < rows; x++) {
+        const int64_t row = l0 + x;
+        const T l = row_l[x], m = row_m[x];
+        const T *ax = acc + (int64_t)(x / nr) * Ev * nr + x % nr;
+        T *orow = out + row * p->out.row_stride;
         /* a row with no visible key gives zeros; NaN in l passes through */
         if (l == 0) {
-            for (int64_t c = 0; c < Ev; c++) oi[c * p->out.col_stride] = 0;
+            for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = 0;
         } else {
-            for (int64_t c = 0; c < Ev; c++) oi[c * p->out.col_stride] = ai[c] / l;
+            for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = ax[c * nr] / l;
         }
         if (weights) {
             T *wr = weights + row * p->weights.row_stride;
             const int64_t ws = p->weights.col_stride;
-            if (l == 0) {
-                for (int64_t j = 0; j < kv_end; j++) wr[j * ws] = 0;
-            } else {
-                for (int64_t j = 0; j < kv_end; j++) wr[j * ws] = EXP(wr[j * ws] - m) / l;
+            int64_t row_end = S;
+            if (p->causal) {
+                int64_t e = row + p->causal_offset + 1;
+                row_end = e < 0 ? 0 : (e < S ? e : S);
             }
-            for (int64_t j = kv_end; j < S; j++) wr[j * ws] = 0;
+            for (int64_t j = 0; j < row_end; j++) wr[j * ws] = l == 0 ? 0 : EXP(wr[j * ws] - m) / l;
+            for (int64_t j = row_end; j < S; j++) wr[j * ws] = 0;
         }
     }
 }

@@ -7,47 +7,55 @@
 
 #include "sdpa.h"
 
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#define SDPA_HAVE_X86_KERNELS 1
+#else
+#define SDPA_HAVE_X86_KERNELS 0
+#endif
+
 /* Every scratch buffer and packed panel is aligned to this many bytes. */
 #define SDPA_ALIGN 64
 
 /*
- * Kernels: single-threaded, allocation free.  The contracts (f32 shown; the f64
- * table has the same slots with double):
+ * Kernels: single-threaded, allocation free.  Scores are kept transposed, keys
+ * by query rows, so that a vector holds nr consecutive query rows and the
+ * softmax statistics of nr rows are vector operations.  Contracts (f32 shown;
+ * f64 is the same with double):
  *
- *   qk(m, n, e, q, kp, s, ld_s)
- *       s[i*ld_s + j] = sum_c q[i*e + c] * kp_j[c]   for i < m, j < round_up(n, nr)
- *       q  : m rows of e elements, row-major (already multiplied by the scale)
- *       kp : the key block packed by pack_k: panels of nr keys, each panel e x nr
- *            (c-major), keys past n zero.
- *   pv(m, n, ev, p, ld_p, v, ld_v, acc)
- *       acc[i*ev + c] += sum_{j<n} p[i*ld_p + j] * v[j*ld_v + c]   for i < m, c < ev
- *       (v rows contiguous; ld_v may be anything, negative included)
- *   softmax(s, n, row_max, p)            -- one row of masked, scaled scores
- *       p[j] = exp(s[j] - row_max), returns sum_j p[j]; s and p may alias.
- *   row_max(s, n) -> max_j s[j]; NaN propagates, -inf when n == 0 or all -inf.
- *
- * nr is the key panel width of the table (key blocks are multiples of it).
+ *   gemm(m, kdim, a, a_rs, a_ks, b, ldb, c, ldc, accumulate)
+ *       c[r*ldc + x] (=, or += when accumulate) sum_{kk < kdim} a[r*a_rs + kk*a_ks] * b[kk*ldb + x]
+ *       for r < m, x < nr.  a is read element by element (any strides); b and c
+ *       rows are nr contiguous, aligned elements.
+ *       Q K^T:  m = keys, kdim = E, a = K, b = the packed, scaled Q^T panel.
+ *       P V:    m = Ev,  kdim = keys, a = V (transposed by its strides), b = P^T.
+ *   softmax(s, n, row_max, row_sum, acc, ev)
+ *       one key block of the online softmax for the nr query rows of a panel:
+ *       s is n x nr scores (row stride nr), replaced by p = exp(s - new max);
+ *       row_max, row_sum (nr each) are updated; acc (ev x nr) is rescaled by
+ *       exp(old max - new max).  A NaN score makes its row NaN; a row whose
+ *       scores are all -inf contributes nothing.
+ *   exp(x, n)
+ *       x[i] = e^x[i] in place; -inf gives 0, NaN gives NaN.
  */
 typedef struct kernels_f32 {
-    void (*qk)(int m, int n, int64_t e, const float *q, const float *kp, float *s, int64_t ld_s);
-    void (*pv)(int m, int n, int64_t ev, const float *p, int64_t ld_p, const float *v, int64_t ld_v,
-               float *acc);
-    float (*softmax)(const float *s, int n, float row_max, float *p);
-    float (*row_max)(const float *s, int n);
+    void (*gemm)(int m, int64_t kdim, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
+                 int64_t ldb, float *c, int64_t ldc, int accumulate);
+    void (*softmax)(float *s, int n, float *row_max, float *row_sum, float *acc, int64_t ev);
+    void (*exp)(float *x, int64_t n);
 } kernels_f32;
 
 typedef struct kernels_f64 {
-    void (*qk)(int m, int n, int64_t e, const double *q, const double *kp, double *s, int64_t ld_s);
-    void (*pv)(int m, int n, int64_t ev, const double *p, int64_t ld_p, const double *v,
-               int64_t ld_v, double *acc);
-    double (*softmax)(const double *s, int n, double row_max, double *p);
-    double (*row_max)(const double *s, int n);
+    void (*gemm)(int m, int64_t kdim, const double *a, int64_t a_rs, int64_t a_ks, const double *b,
+                 int64_t ldb, double *c, int64_t ldc, int accumulate);
+    void (*softmax)(double *s, int n, double *row_max, double *row_sum, double *acc, int64_t ev);
+    void (*exp)(double *x, int64_t n);
 } kernels_f64;
 
 /* One instruction-set level: its kernels and its blocking parameters. */
 typedef struct kernel_table {
     const char *name;
-    int nr_f32, tile_q_f32, tile_k_f32;  /* key panel width, query rows, keys per tile */
+    int nr_f32, tile_q_f32, tile_k_f32;  /* panel width (query rows per vector block),
+                                            query rows per task, keys per block */
     int nr_f64, tile_q_f64, tile_k_f64;
     kernels_f32 f32;
     kernels_f64 f64;
@@ -58,5 +66,12 @@ const kernel_table *sdpa_kernel_table(void);
 
 /* The portable C kernels: the reference every other level is tested against. */
 extern const kernel_table sdpa_kernels_scalar;
+#if SDPA_HAVE_X86_KERNELS
+extern const kernel_table sdpa_kernels_avx2;
+extern const kernel_table sdpa_kernels_avx512;
+#endif
+
+/* The exp kernel of the named set, in place (for the accuracy tests). */
+sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t n);
 
 #endif

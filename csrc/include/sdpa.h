@@ -42,7 +42,8 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_THREADS = 6,       /* negative thread count                 */
     SDPA_ERR_NO_MEMORY = 7,         /* scratch allocation failed             */
     SDPA_ERR_OVERFLOW = 8,          /* a size product overflows int64        */
-    SDPA_ERR_INTERRUPTED = 9        /* the interrupt callback asked to stop  */
+    SDPA_ERR_INTERRUPTED = 9,       /* the interrupt callback asked to stop  */
+    SDPA_ERR_BAD_ISA = 10           /* unknown or unsupported kernel set     */
 } sdpa_status;
 
 typedef enum sdpa_dtype {
@@ -114,6 +115,16 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_problem *p);
 
 /* A static, human-readable message for a status. */
 SDPA_API const char *sdpa_status_message(sdpa_status status);
+
+/* Kernel sets ("isa"): "scalar" (portable C), "avx2" (AVX2 + FMA) and
+ * "avx512" (AVX-512 F/BW/DQ/VL).  The best one this CPU supports is chosen at
+ * first use, unless the environment variable SDPA_ISA names another.
+ * sdpa_isa_supported: 1 if this build and CPU can run the named set.
+ * sdpa_set_isa: switch to it for later calls (SDPA_ERR_BAD_ISA if not supported).
+ * sdpa_isa: the name of the set in use. */
+SDPA_API int sdpa_isa_supported(const char *name);
+SDPA_API sdpa_status sdpa_set_isa(const char *name);
+SDPA_API const char *sdpa_isa(void);
 
 /* Build and runtime facts. */
 SDPA_API int sdpa_has_openmp(void);

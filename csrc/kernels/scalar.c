@@ -25,7 +25,7 @@
 const kernel_table sdpa_kernels_scalar = {
     "scalar",
     SCALAR_NR, 64, 64,
-    SCALAR_NR, 32, 64,
-    {qk_f32, pv_f32, softmax_f32, row_max_f32},
-    {qk_f64, pv_f64, softmax_f64, row_max_f64},
+    SCALAR_NR, 64, 64,
+    {gemm_f32, softmax_f32, exp_f32},
+    {gemm_f64, softmax_f64, exp_f64},
 };

@@ -1,58 +1,57 @@
-/* Portable kernels for one element type.  Included by scalar.c with
- * T (the element type), SUF (the name suffix) and EXP (libm's exp) defined. */
+/* Portable kernels for one element type (contracts in internal.h).  Included by
+ * scalar.c with T (the element type), SUF (the name suffix), EXP (libm's exp). */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)
 
-static void FN(qk)(int m, int n, int64_t e, const T *q, const T *kp, T *s, int64_t ld_s) {
-    int panels = (n + SCALAR_NR - 1) / SCALAR_NR;
-    for (int i = 0; i < m; i++) {
-        const T *qi = q + (int64_t)i * e;
-        for (int pnl = 0; pnl < panels; pnl++) {
-            const T *panel = kp + (int64_t)pnl * e * SCALAR_NR;
-            T acc[SCALAR_NR];
-            for (int j = 0; j < SCALAR_NR; j++) acc[j] = 0;
-            for (int64_t c = 0; c < e; c++) {
-                T qc = qi[c];
-                for (int j = 0; j < SCALAR_NR; j++) acc[j] += qc * panel[c * SCALAR_NR + j];
-            }
-            T *si = s + (int64_t)i * ld_s + pnl * SCALAR_NR;
-            for (int j = 0; j < SCALAR_NR; j++) si[j] = acc[j];
+static void FN(gemm)(int m, int64_t kdim, const T *a, int64_t a_rs, int64_t a_ks, const T *b,
+                     int64_t ldb, T *c, int64_t ldc, int accumulate) {
+    for (int r = 0; r < m; r++) {
+        T acc[SCALAR_NR];
+        T *cr = c + (int64_t)r * ldc;
+        for (int x = 0; x < SCALAR_NR; x++) acc[x] = accumulate ? cr[x] : 0;
+        const T *ar = a + (int64_t)r * a_rs;
+        for (int64_t kk = 0; kk < kdim; kk++) {
+            T av = ar[kk * a_ks];
+            const T *bk = b + kk * ldb;
+            for (int x = 0; x < SCALAR_NR; x++) acc[x] += av * bk[x];
         }
+        for (int x = 0; x < SCALAR_NR; x++) cr[x] = acc[x];
     }
 }
 
-static void FN(pv)(int m, int n, int64_t ev, const T *p, int64_t ld_p, const T *v, int64_t ld_v,
-                   T *acc) {
-    for (int i = 0; i < m; i++) {
-        T *ai = acc + (int64_t)i * ev;
-        const T *pi = p + (int64_t)i * ld_p;
+static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
+    T m_new[SCALAR_NR], m_sub[SCALAR_NR], alpha[SCALAR_NR], sum[SCALAR_NR];
+    for (int x = 0; x < SCALAR_NR; x++) {
+        T mx = row_max[x];
         for (int j = 0; j < n; j++) {
-            T w = pi[j];
-            const T *vj = v + (int64_t)j * ld_v;
-            for (int64_t c = 0; c < ev; c++) ai[c] += w * vj[c];
+            T v = s[j * SCALAR_NR + x];
+            if (v > mx || v != v) mx = v;
+            if (mx != mx) break;
+        }
+        m_new[x] = mx;
+        m_sub[x] = mx == -(T)INFINITY ? 0 : mx;  /* nothing visible: exp(-inf) = 0 */
+        alpha[x] = EXP(row_max[x] - m_sub[x]);
+        sum[x] = 0;
+    }
+    for (int j = 0; j < n; j++) {
+        T *sj = s + j * SCALAR_NR;
+        for (int x = 0; x < SCALAR_NR; x++) {
+            T p = EXP(sj[x] - m_sub[x]);
+            sj[x] = p;
+            sum[x] += p;
         }
     }
+    for (int x = 0; x < SCALAR_NR; x++) {
+        row_sum[x] = row_sum[x] * alpha[x] + sum[x];
+        row_max[x] = m_new[x];
+    }
+    for (int64_t c = 0; c < ev; c++)
+        for (int x = 0; x < SCALAR_NR; x++) acc[c * SCALAR_NR + x] *= alpha[x];
 }
 
-static T FN(softmax)(const T *s, int n, T row_max, T *p) {
-    T sum = 0;
-    for (int j = 0; j < n; j++) {
-        T x = EXP(s[j] - row_max);
-        p[j] = x;
-        sum += x;
-    }
-    return sum;
-}
-
-static T FN(row_max)(const T *s, int n) {
-    T mx = -(T)INFINITY;
-    for (int j = 0; j < n; j++) {
-        T x = s[j];
-        if (x > mx || x != x) mx = x;  /* a NaN score makes the whole row NaN */
-        if (mx != mx) break;
-    }
-    return mx;
+static void FN(exp)(T *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = EXP(x[i]);
 }
 
 #undef FN

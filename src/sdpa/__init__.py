@@ -112,11 +112,15 @@ def scaled_dot_product_attention(
 
 
 def config() -> dict:
-    """Build and runtime facts: version, OpenMP, default thread count, kernels."""
+    """Build and runtime facts: version, OpenMP, default thread count, the kernel
+    set in use (``isa``; set ``SDPA_ISA=scalar|avx2|avx512`` to force a lower
+    one) and the kernel sets this CPU supports."""
     return {
         "version": __version__,
         "openmp": bool(_core.has_openmp()),
         "default_num_threads": int(_core.default_num_threads()),
+        "isa": _core.isa(),
+        "isas_supported": [name for name in _core.ISAS if _core.isa_supported(name)],
     }
 
 

@@ -55,6 +55,12 @@ cdef extern from "sdpa.h" nogil:
     int sdpa_has_openmp()
     int sdpa_default_num_threads()
     const char *sdpa_version()
+    int sdpa_isa_supported(const char *name)
+    sdpa_status sdpa_set_isa(const char *name)
+    const char *sdpa_isa()
+
+cdef extern from "internal.h" nogil:
+    sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t n)
 
 MAX_BATCH_DIMS = SDPA_MAX_BATCH_DIMS
 MASK_NONE = SDPA_MASK_NONE
@@ -64,6 +70,42 @@ MASK_ADDITIVE = SDPA_MASK_ADDITIVE
 
 def version():
     return sdpa_version().decode()
+
+
+ISAS = ("scalar", "avx2", "avx512")
+
+
+def isa():
+    """The kernel set in use."""
+    return sdpa_isa().decode()
+
+
+def isa_supported(name):
+    return bool(sdpa_isa_supported(name.encode()))
+
+
+def set_isa(name):
+    """Switches the kernel set for later calls; ValueError if this CPU lacks it."""
+    if sdpa_set_isa(name.encode()) != SDPA_OK:
+        raise ValueError(f"kernel set {name!r} is unknown or not supported by this CPU; "
+                         f"supported: {[n for n in ISAS if isa_supported(n)]}")
+
+
+def kernel_exp(name, x):
+    """e**x by the exp kernel of kernel set `name`, in place on a contiguous
+    float32/float64 array (for testing the kernels)."""
+    cdef Py_buffer view
+    cdef sdpa_status st
+    PyObject_GetBuffer(x, &view, PyBUF_RECORDS)
+    try:
+        if view.itemsize not in (4, 8) or view.len != view.itemsize * x.size or not x.flags.c_contiguous:
+            raise TypeError("kernel_exp: a contiguous float32/float64 array")
+        st = sdpa_kernel_exp(name.encode(), SDPA_FLOAT32 if view.itemsize == 4 else SDPA_FLOAT64,
+                             view.buf, view.len // view.itemsize)
+    finally:
+        PyBuffer_Release(&view)
+    if st != SDPA_OK:
+        raise ValueError(sdpa_status_message(st).decode())
 
 
 def has_openmp():

@@ -1,0 +1,158 @@
+/* AVX2 + FMA kernels, compiled for that target whatever the build flags;
+ * dispatch.c only selects them on a CPU that has it. */
+#include "../internal.h"
+
+#if SDPA_HAVE_X86_KERNELS
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+#include <immintrin.h>
+#include <math.h>
+
+/*
+ * exp: x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor polynomial (degree 7 for
+ * float, 13 for double), and 2^n built in the exponent field.  Results that
+ * would be subnormal are flushed to 0 (x < -87.34 for float, x < -708.39 for
+ * double; libm returns values below 1.2e-38 / 2.3e-308 there), results past
+ * the largest finite value are +inf, NaN stays NaN.
+ */
+static inline __m256 exp_avx2_ps(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3365478515625f), hi = _mm256_set1_ps(88.72283172607421875f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+    __m256 xc = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), _mm256_max_ps(lo, x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 res = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    res = _mm256_andnot_ps(under, res);
+    res = _mm256_blendv_ps(res, _mm256_set1_ps(INFINITY), over);
+    return _mm256_blendv_ps(res, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+static inline __m256d exp_avx2_pd(__m256d x) {
+    const __m256d lo = _mm256_set1_pd(-708.3964185322641), hi = _mm256_set1_pd(709.782712893384);
+    __m256d under = _mm256_cmp_pd(x, lo, _CMP_LT_OQ);
+    __m256d over = _mm256_cmp_pd(x, hi, _CMP_GT_OQ);
+    __m256d xc = _mm256_min_pd(_mm256_set1_pd(709.0895657128241), _mm256_max_pd(lo, x));
+    __m256d n = _mm256_round_pd(_mm256_mul_pd(xc, _mm256_set1_pd(1.4426950408889634074)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(6.93147180369123816490e-01), xc);
+    r = _mm256_fnmadd_pd(n, _mm256_set1_pd(1.90821492927058770002e-10), r);
+    static const double inv_fact[14] = {
+        1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+        1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,      1.0 / 720.0,
+        1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,         0.5,
+        1.0,                1.0};
+    __m256d p = _mm256_set1_pd(inv_fact[0]);
+    for (int i = 1; i < 14; i++) p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(inv_fact[i]));
+    __m256i ni = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(n));
+    __m256i e = _mm256_slli_epi64(_mm256_add_epi64(ni, _mm256_set1_epi64x(1023)), 52);
+    __m256d res = _mm256_mul_pd(p, _mm256_castsi256_pd(e));
+    res = _mm256_andnot_pd(under, res);
+    res = _mm256_blendv_pd(res, _mm256_set1_pd(INFINITY), over);
+    return _mm256_blendv_pd(res, x, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
+}
+
+static inline __m256 max_nan_ps(__m256 acc, __m256 x) {
+    __m256 m = _mm256_max_ps(x, acc);  /* keeps a NaN in acc */
+    return _mm256_blendv_ps(m, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+static inline __m256d max_nan_pd(__m256d acc, __m256d x) {
+    __m256d m = _mm256_max_pd(x, acc);
+    return _mm256_blendv_pd(m, x, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
+}
+static inline __m256 neginf_to_zero_ps(__m256 x) {
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ), x);
+}
+static inline __m256d neginf_to_zero_pd(__m256d x) {
+    return _mm256_andnot_pd(_mm256_cmp_pd(x, _mm256_set1_pd(-INFINITY), _CMP_EQ_OQ), x);
+}
+
+/* float: panels of 16 query rows (2 vectors), 6 x 2 accumulators */
+#define T float
+#define SUF avx2_f32
+#define V __m256
+#define LANES 8
+#define NV 2
+#define MR 6
+#define V_ZERO() _mm256_setzero_ps()
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_LOAD(p) _mm256_load_ps(p)
+#define V_STORE(p, v) _mm256_store_ps(p, v)
+#define V_ADD _mm256_add_ps
+#define V_SUB _mm256_sub_ps
+#define V_MUL _mm256_mul_ps
+#define V_FMA _mm256_fmadd_ps
+#define V_MAX_NAN max_nan_ps
+#define V_NEGINF_TO_ZERO neginf_to_zero_ps
+#define V_EXP exp_avx2_ps
+#include "simd_impl.h"
+#undef T
+#undef SUF
+#undef V
+#undef LANES
+#undef NV
+#undef MR
+#undef V_ZERO
+#undef V_SET1
+#undef V_LOAD
+#undef V_STORE
+#undef V_ADD
+#undef V_SUB
+#undef V_MUL
+#undef V_FMA
+#undef V_MAX_NAN
+#undef V_NEGINF_TO_ZERO
+#undef V_EXP
+
+/* double: panels of 8 query rows (2 vectors), 6 x 2 accumulators */
+#define T double
+#define SUF avx2_f64
+#define V __m256d
+#define LANES 4
+#define NV 2
+#define MR 6
+#define V_ZERO() _mm256_setzero_pd()
+#define V_SET1(x) _mm256_set1_pd(x)
+#define V_LOAD(p) _mm256_load_pd(p)
+#define V_STORE(p, v) _mm256_store_pd(p, v)
+#define V_ADD _mm256_add_pd
+#define V_SUB _mm256_sub_pd
+#define V_MUL _mm256_mul_pd
+#define V_FMA _mm256_fmadd_pd
+#define V_MAX_NAN max_nan_pd
+#define V_NEGINF_TO_ZERO neginf_to_zero_pd
+#define V_EXP exp_avx2_pd
+#include "simd_impl.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+const kernel_table sdpa_kernels_avx2 = {
+    "avx2",
+    16, 128, 128,
+    8, 64, 128,
+    {gemm_avx2_f32, softmax_avx2_f32, exp_avx2_f32},
+    {gemm_avx2_f64, softmax_avx2_f64, exp_avx2_f64},
+};
+
+#endif /* SDPA_HAVE_X86_KERNELS */

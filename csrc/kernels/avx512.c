@@ -1,0 +1,150 @@
+/* AVX-512 (F, BW, DQ, VL) kernels, compiled for that target whatever the build
+ * flags; dispatch.c only selects them on a CPU that has it. */
+#include "../internal.h"
+
+#if SDPA_HAVE_X86_KERNELS
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+#endif
+
+#include <immintrin.h>
+#include <math.h>
+
+/*
+ * exp: x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2 (ln2 split in two
+ * parts so that r is exact to a few ulp), e^r by its Taylor polynomial
+ * (degree 7 for float, 13 for double: truncation error below 1e-8 and 1e-17
+ * relative), then scalef(p, n) = p 2^n, which over- and underflows correctly
+ * (subnormal results included).  Inputs are clamped to +-200 (float) or
+ * +-1500 (double), beyond which e^x is 0 or inf anyway; the clamps keep NaN.
+ * Measured against libm: see tests/test_kernels.py.
+ */
+static inline __m512 exp_avx512_ps(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);  /* NaN stays (second operand) */
+    x = _mm512_min_ps(_mm512_set1_ps(200.0f), x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512d exp_avx512_pd(__m512d x) {
+    x = _mm512_max_pd(_mm512_set1_pd(-1500.0), x);
+    x = _mm512_min_pd(_mm512_set1_pd(1500.0), x);
+    __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(x, _mm512_set1_pd(1.4426950408889634074)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(6.93147180369123816490e-01), x);
+    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(1.90821492927058770002e-10), r);
+    static const double inv_fact[14] = {
+        1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+        1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,      1.0 / 720.0,
+        1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,         0.5,
+        1.0,                1.0};
+    __m512d p = _mm512_set1_pd(inv_fact[0]);
+    for (int i = 1; i < 14; i++) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(inv_fact[i]));
+    return _mm512_scalef_pd(p, n);
+}
+
+static inline __m512 max_nan_ps(__m512 acc, __m512 x) {
+    __m512 m = _mm512_max_ps(x, acc);  /* keeps a NaN in acc */
+    return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+static inline __m512d max_nan_pd(__m512d acc, __m512d x) {
+    __m512d m = _mm512_max_pd(x, acc);
+    return _mm512_mask_mov_pd(m, _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x);
+}
+static inline __m512 neginf_to_zero_ps(__m512 x) {
+    return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
+                              _mm512_setzero_ps());
+}
+static inline __m512d neginf_to_zero_pd(__m512d x) {
+    return _mm512_mask_mov_pd(x, _mm512_cmp_pd_mask(x, _mm512_set1_pd(-INFINITY), _CMP_EQ_OQ),
+                              _mm512_setzero_pd());
+}
+
+/* float: panels of 32 query rows (2 vectors), 8 x 2 accumulators */
+#define T float
+#define SUF avx512_f32
+#define V __m512
+#define LANES 16
+#define NV 2
+#define MR 8
+#define V_ZERO() _mm512_setzero_ps()
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_LOAD(p) _mm512_load_ps(p)
+#define V_STORE(p, v) _mm512_store_ps(p, v)
+#define V_ADD _mm512_add_ps
+#define V_SUB _mm512_sub_ps
+#define V_MUL _mm512_mul_ps
+#define V_FMA _mm512_fmadd_ps
+#define V_MAX_NAN max_nan_ps
+#define V_NEGINF_TO_ZERO neginf_to_zero_ps
+#define V_EXP exp_avx512_ps
+#include "simd_impl.h"
+#undef T
+#undef SUF
+#undef V
+#undef LANES
+#undef NV
+#undef MR
+#undef V_ZERO
+#undef V_SET1
+#undef V_LOAD
+#undef V_STORE
+#undef V_ADD
+#undef V_SUB
+#undef V_MUL
+#undef V_FMA
+#undef V_MAX_NAN
+#undef V_NEGINF_TO_ZERO
+#undef V_EXP
+
+/* double: panels of 16 query rows (2 vectors), 8 x 2 accumulators */
+#define T double
+#define SUF avx512_f64
+#define V __m512d
+#define LANES 8
+#define NV 2
+#define MR 8
+#define V_ZERO() _mm512_setzero_pd()
+#define V_SET1(x) _mm512_set1_pd(x)
+#define V_LOAD(p) _mm512_load_pd(p)
+#define V_STORE(p, v) _mm512_store_pd(p, v)
+#define V_ADD _mm512_add_pd
+#define V_SUB _mm512_sub_pd
+#define V_MUL _mm512_mul_pd
+#define V_FMA _mm512_fmadd_pd
+#define V_MAX_NAN max_nan_pd
+#define V_NEGINF_TO_ZERO neginf_to_zero_pd
+#define V_EXP exp_avx512_pd
+#include "simd_impl.h"
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+const kernel_table sdpa_kernels_avx512 = {
+    "avx512",
+    32, 128, 128,
+    16, 64, 128,
+    {gemm_avx512_f32, softmax_avx512_f32, exp_avx512_f32},
+    {gemm_avx512_f64, softmax_avx512_f64, exp_avx512_f64},
+};
+
+#endif /* SDPA_HAVE_X86_KERNELS */
