@@ -15,17 +15,18 @@
 #include <math.h>
 
 /*
- * exp: x = n ln2 + r, |r| <= ln2/2, e^r by its Taylor polynomial (degree 7 for
- * float, 13 for double), and 2^n built in the exponent field.  Results that
- * would be subnormal are flushed to 0 (x < -87.34 for float, x < -708.39 for
- * double; libm returns values below 1.2e-38 / 2.3e-308 there), results past
- * the largest finite value are +inf, NaN stays NaN.
+ * exp: x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2 (ln2 split in two
+ * parts so that r is exact to a few ulp), e^r by its Taylor polynomial (degree
+ * 7 for float, 13 for double), then times 2^n, built in the exponent field as
+ * 2^(n/2) 2^(n - n/2) so that results near overflow and subnormal results are
+ * right too.  Below -103.98 (float) / -745.14 (double) the result is 0, above
+ * the largest finite result it is +inf, and NaN stays NaN.
  */
 static inline __m256 exp_avx2_ps(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3365478515625f), hi = _mm256_set1_ps(88.72283172607421875f);
+    const __m256 lo = _mm256_set1_ps(-103.98f), hi = _mm256_set1_ps(88.72284f);
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
-    __m256 xc = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), _mm256_max_ps(lo, x));
+    __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
     __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
@@ -38,18 +39,22 @@ static inline __m256 exp_avx2_ps(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 res = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    __m256 res = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
     res = _mm256_andnot_ps(under, res);
     res = _mm256_blendv_ps(res, _mm256_set1_ps(INFINITY), over);
     return _mm256_blendv_ps(res, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
 static inline __m256d exp_avx2_pd(__m256d x) {
-    const __m256d lo = _mm256_set1_pd(-708.3964185322641), hi = _mm256_set1_pd(709.782712893384);
+    const __m256d lo = _mm256_set1_pd(-745.14), hi = _mm256_set1_pd(709.782712893384);
     __m256d under = _mm256_cmp_pd(x, lo, _CMP_LT_OQ);
     __m256d over = _mm256_cmp_pd(x, hi, _CMP_GT_OQ);
-    __m256d xc = _mm256_min_pd(_mm256_set1_pd(709.0895657128241), _mm256_max_pd(lo, x));
+    __m256d xc = _mm256_min_pd(hi, _mm256_max_pd(lo, x));
     __m256d n = _mm256_round_pd(_mm256_mul_pd(xc, _mm256_set1_pd(1.4426950408889634074)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(6.93147180369123816490e-01), xc);
@@ -61,9 +66,12 @@ static inline __m256d exp_avx2_pd(__m256d x) {
         1.0,                1.0};
     __m256d p = _mm256_set1_pd(inv_fact[0]);
     for (int i = 1; i < 14; i++) p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(inv_fact[i]));
-    __m256i ni = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(n));
-    __m256i e = _mm256_slli_epi64(_mm256_add_epi64(ni, _mm256_set1_epi64x(1023)), 52);
-    __m256d res = _mm256_mul_pd(p, _mm256_castsi256_pd(e));
+    __m128i ni = _mm256_cvtpd_epi32(n);
+    __m128i n1 = _mm_srai_epi32(ni, 1), n2 = _mm_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi64x(1023);
+    __m256d s1 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(n1), bias), 52));
+    __m256d s2 = _mm256_castsi256_pd(_mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(n2), bias), 52));
+    __m256d res = _mm256_mul_pd(_mm256_mul_pd(p, s1), s2);
     res = _mm256_andnot_pd(under, res);
     res = _mm256_blendv_pd(res, _mm256_set1_pd(INFINITY), over);
     return _mm256_blendv_pd(res, x, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));
