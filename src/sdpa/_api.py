@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import threading
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -298,6 +299,8 @@ def attention(
             causal, causal_offset,
             weights, None if weights is None else _elem_strides(weights, full),
             threads,
+            # Ctrl-C is delivered to the main thread: poll for it there
+            threading.current_thread() is threading.main_thread(),
         )
 
     if return_weights:

@@ -3,7 +3,7 @@
 around the computation, status codes out as exceptions.  All checking of shapes
 and dtypes happens in sdpa._api before this is called."""
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS
-from cpython.exc cimport PyErr_CheckSignals, PyErr_Occurred
+from cpython.exc cimport PyErr_CheckSignals
 from libc.stdint cimport int32_t, int64_t
 
 cdef extern from "sdpa.h" nogil:
@@ -117,21 +117,22 @@ def default_num_threads():
 
 
 cdef int _poll_signals(void *user_data) noexcept nogil:
-    # runs Python's signal handlers; a raised KeyboardInterrupt stays pending
+    # runs Python's signal handlers; what they raise (KeyboardInterrupt) is kept
+    # and raised once the C call has returned
     with gil:
-        return 1 if PyErr_CheckSignals() != 0 else 0
-
-
-cdef int _raise_pending() except -1:
-    if PyErr_Occurred() == NULL:
-        raise KeyboardInterrupt
-    return -1
+        try:
+            PyErr_CheckSignals()
+        except BaseException as exc:
+            (<_Buffers>user_data).pending = exc
+            return 1
+        return 0
 
 
 cdef class _Buffers:
     """Holds the buffers of one call; released when the call ends."""
     cdef Py_buffer views[6]
     cdef int count
+    cdef object pending
 
     def __cinit__(self):
         self.count = 0
@@ -199,12 +200,13 @@ def attention(bint is_float64, tuple batch_shape, int64_t heads, int64_t group,
     p.num_threads = num_threads
     if interruptible:
         p.interrupt = _poll_signals
+        p.interrupt_data = <void *>bufs
     with nogil:
         status = sdpa_attention(&p)
     if status == SDPA_OK:
         return
     if status == SDPA_ERR_INTERRUPTED:
-        _raise_pending()
+        raise bufs.pending if bufs.pending is not None else KeyboardInterrupt()
     if status == SDPA_ERR_NO_MEMORY:
         raise MemoryError("sdpa: " + sdpa_status_message(status).decode())
     raise ValueError("sdpa: " + sdpa_status_message(status).decode())
