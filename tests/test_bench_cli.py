@@ -1,0 +1,196 @@
+"""Smoke tests of the benchmark tooling (``python -m sdpa.bench``) on tiny shapes."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+from sdpa import bench, reference
+
+# Tiny problems: one prefill (GQA, causal, L != S) and one decode step.
+TINY = ("tiny", 1, 4, 2, 16, 24, 8, True)
+TINY_DECODE = "tiny-decode:1,4,2,1,64,8"
+FAST = dict(min_time=0.0, repeat=2)
+
+
+@pytest.fixture(scope="module")
+def refs():
+    return bench.measure_references([1, 2], "float32", gemm_n=32, bandwidth_mib=1, **FAST)
+
+
+@pytest.mark.parametrize("L, S", [(1, 1), (1, 7), (5, 5), (5, 9), (9, 5), (16, 24), (24, 16)])
+def test_causal_pairs_counts_the_unmasked_entries(L, S):
+    assert bench.causal_pairs(L, S) == int(reference.causal_mask(L, S).sum())
+
+
+def test_flops_and_bytes():
+    full = bench.Shape("x", 2, 4, 2, 3, 5, 8, False, Ev=6)
+    assert bench.attention_flops(full) == 2 * 2 * 4 * 3 * 5 * (8 + 6)
+    causal = bench.Shape("x", 2, 4, 2, 5, 5, 8, True)
+    assert bench.attention_flops(causal) == 2 * 2 * 4 * 15 * 16
+    assert bench.kv_bytes(full, 4) == 2 * 2 * 5 * (8 + 6) * 4
+    assert not full.decode and bench.Shape("d", 1, 1, 1, 1, 9, 4).decode
+
+
+def test_parse_shape():
+    assert bench.parse_shape("1k") is next(s for s in bench.SHAPES if s.name == "1k")
+    s = bench.parse_shape(TINY)
+    assert (s.name, s.Hq, s.Hkv, s.L, s.S, s.E, s.Ev, s.causal) == ("tiny", 4, 2, 16, 24, 8, 8, True)
+    s = bench.parse_shape("mine:2,8,8,32,32,16,causal")
+    assert (s.B, s.L, s.causal) == (2, 32, True)
+    assert bench.parse_shape(TINY_DECODE).causal is False
+    with pytest.raises(ValueError, match="unknown shape"):
+        bench.parse_shape("no-such-shape")
+    with pytest.raises(ValueError, match="multiple"):
+        bench.parse_shape(("bad", 1, 3, 2, 4, 4, 8, False))
+
+
+def test_suite_shapes_are_the_documented_ones():
+    dims = {s.name: (s.B, s.Hq, s.Hkv, s.L, s.S, s.E, s.causal) for s in bench.SHAPES}
+    assert dims["gqa-2k"] == (1, 32, 8, 2048, 2048, 128, True)
+    assert dims["decode-gqa-32k"] == (1, 32, 8, 1, 32768, 128, False)
+    assert len(dims) == 10
+    assert all(s.L <= 1024 for s in bench.QUICK_SHAPES)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "hq, hkv, L, S, causal", [(4, 4, 6, 6, False), (4, 2, 5, 9, True), (6, 3, 9, 5, True)]
+)
+def test_numpy_attention_matches_the_reference(dtype, hq, hkv, L, S, causal):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, hq, L, 8)).astype(dtype)
+    k = rng.standard_normal((2, hkv, S, 8)).astype(dtype)
+    v = rng.standard_normal((2, hkv, S, 5)).astype(dtype)
+    got = bench.numpy_attention(q, k, v, causal)
+    want = reference.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv)
+    assert got.dtype == dtype
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_time_call_honours_repeat_and_min_time():
+    calls = []
+    times = bench.time_call(lambda: calls.append(1), min_time=0.0, repeat=3)
+    assert len(times) == 3 and len(calls) == 4  # one warm-up
+    times = bench.time_call(lambda: time.sleep(0.002), min_time=0.01, repeat=1)
+    assert sum(times) >= 0.01 and len(times) >= 2
+
+
+def test_references(refs):
+    gemm, bw = refs["gemm"], refs["bandwidth"]
+    assert gemm["n"] == 32 and gemm["results"]
+    assert all(e["gflops"] > 0 for e in gemm["results"])
+    assert [e["threads"] for e in bw["results"]] == [1, 2]
+    assert all(e["gbps"] > 0 for e in bw["results"])
+
+
+def test_run_suite_on_tiny_shapes(refs):
+    rows = bench.run_suite([TINY, TINY_DECODE], threads=[1, 2], references=refs, **FAST)
+    assert [(r["shape"], r["threads"]) for r in rows] == [
+        ("tiny", 1),
+        ("tiny", 2),
+        ("tiny-decode", 1),
+        ("tiny-decode", 2),
+    ]
+    for row in rows:
+        for key in ("B", "Hq", "Hkv", "L", "S", "E", "Ev", "causal", "decode", "dtype", "flops", "kv_bytes"):
+            assert key in row
+        assert set(row["impls"]) == {"sdpa", "numpy", "torch"}
+        for impl in ("sdpa", "numpy"):
+            r = row["impls"][impl]
+            assert r["status"] == "ok", r
+            assert r["median_s"] > 0 and r["gflops"] > 0 and r["runs"] >= 2
+            assert math.isclose(r["gflops"], row["flops"] / r["median_s"] / 1e9)
+        assert row["impls"]["torch"]["status"] in ("ok", "skipped")
+        assert row["sdpa_pct_gemm"] > 0
+        if row["decode"]:
+            assert row["sdpa_gbps"] > 0 and row["sdpa_pct_bandwidth"] > 0
+            assert row["impls"]["sdpa"]["gbps"] == row["sdpa_gbps"]
+        else:
+            assert row["sdpa_gbps"] is None and row["sdpa_pct_bandwidth"] is None
+    assert rows[0]["flops"] == 2 * 1 * 4 * bench.causal_pairs(16, 24) * 16
+
+    table = bench.format_table(rows)
+    assert table.splitlines()[0].split()[:3] == ["shape", "threads", "sdpa"]
+    assert "tiny-decode" in table
+
+
+def test_skips_show_as_dashes(monkeypatch):
+    monkeypatch.setattr(bench, "_load_torch", lambda: None)
+    monkeypatch.setattr(bench, "_torch_error", "torch is not installed")
+    rows = bench.run_suite([TINY], threads=[1], numpy_max_bytes=16, **FAST)
+    impls = rows[0]["impls"]
+    assert impls["numpy"]["status"] == "skipped" and "score matrix" in impls["numpy"]["reason"]
+    assert impls["torch"] == {"status": "skipped", "reason": "torch is not installed"}
+    assert rows[0]["sdpa_over_torch"] is None and rows[0]["sdpa_pct_gemm"] is None
+    line = bench.format_table(rows).splitlines()[2].split()
+    assert line[:2] == ["tiny", "1"] and line[3:6] == ["-", "-", "-"]
+
+
+def test_float64_and_impl_subset():
+    rows = bench.run_suite([TINY], threads=[1], impls=["sdpa"], dtype="float64", **FAST)
+    assert rows[0]["dtype"] == "float64" and list(rows[0]["impls"]) == ["sdpa"]
+    with pytest.raises(ValueError):
+        bench.run_suite([TINY], threads=[1], impls=["nope"], **FAST)
+
+
+def test_progress_bar_redraws_one_line():
+    out = io.StringIO()
+    p = bench.Progress(2, stream=out)
+    p.show("tiny: sdpa")
+    p.advance()
+    p.show("tiny: numpy")
+    p.close()
+    text = out.getvalue()
+    assert text.count("\r") >= 3 and "\n" not in text
+    assert "1/2" in text and "tiny: numpy" in text
+
+
+CLI_FAST = [
+    "--shapes", "tiny:1,2,2,16,16,8,causal,tiny-decode:1,4,2,1,32,8",
+    "--threads", "1",
+    "--min-time", "0",
+    "--repeat", "1",
+    "--gemm-size", "32",
+    "--bandwidth-mib", "1",
+    "--no-progress",
+]  # fmt: skip
+
+
+def test_cli_writes_json(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert bench.main(CLI_FAST + ["--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa GFLOP/s" in out and "tiny-decode" in out
+    data = json.loads(path.read_text())
+    assert set(data) >= {"machine", "settings", "references", "results"}
+    machine = data["machine"]
+    for key in ("platform", "cpu_model", "cpu_count", "numpy", "torch", "sdpa_config", "date", "git_commit"):
+        assert key in machine
+    assert [r["shape"] for r in data["results"]] == ["tiny", "tiny-decode"]
+    assert data["results"][0]["impls"]["sdpa"]["gflops"] > 0
+    assert data["settings"]["threads"] == [1] and data["settings"]["complete"] is True
+
+
+def test_cli_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    assert bench.main(CLI_FAST + ["--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_rejects_unknown_shapes(capsys):
+    assert bench.main(["--shapes", "no-such-shape", "--no-progress"]) == 2
+    assert "unknown shape" in capsys.readouterr().err
+
+
+def test_cli_lists_shapes(capsys):
+    assert bench.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(s.name in out for s in bench.SHAPES)
