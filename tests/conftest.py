@@ -123,6 +123,11 @@ def check_against_reference(
     expected_out, expected_weights = sdpa.reference.scaled_dot_product_attention(
         query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights=True
     )
+    # The weights have one (L, S) matrix per output head.  When only the value has
+    # heads (or batch dims) the reference's weights lack them, so broadcast.
+    expected_weights = np.broadcast_to(
+        expected_weights, expected_out.shape[:-1] + expected_weights.shape[-1:]
+    )
 
     out = sdpa.scaled_dot_product_attention(
         query, key, value, attn_mask, is_causal, scale, enable_gqa, num_threads=num_threads

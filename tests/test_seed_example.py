@@ -21,6 +21,8 @@ V = [[2, 3], [4, 5]]
 EXPECTED_OUT = np.array([[2.66, 3.66], [3.34, 4.34]])
 EXPECTED_WEIGHTS = np.array([[0.67, 0.33], [0.33, 0.67]])
 EXPECTED_SCALED_SCORES = np.array([[0.707, 0.0], [0.0, 0.707]])
+# Rounded float32 results are compared with these values rounded to float32
+# (np.float32(2.66) != 2.66 in float64).
 
 
 def as_input(x, kind):
@@ -47,7 +49,7 @@ def test_output(kind):
     assert isinstance(out, np.ndarray)
     assert out.shape == (2, 2)
     assert out.dtype == RESULT_DTYPE[kind]
-    np.testing.assert_array_equal(np.round(out, 2), EXPECTED_OUT)
+    np.testing.assert_array_equal(np.round(out, 2), EXPECTED_OUT.astype(out.dtype))
 
 
 @pytest.mark.parametrize("kind", INPUT_KINDS)
@@ -59,8 +61,8 @@ def test_output_and_weights(kind):
     out, weights = result
     assert out.dtype == weights.dtype == RESULT_DTYPE[kind]
     assert weights.shape == (2, 2)
-    np.testing.assert_array_equal(np.round(out, 2), EXPECTED_OUT)
-    np.testing.assert_array_equal(np.round(weights, 2), EXPECTED_WEIGHTS)
+    np.testing.assert_array_equal(np.round(out, 2), EXPECTED_OUT.astype(out.dtype))
+    np.testing.assert_array_equal(np.round(weights, 2), EXPECTED_WEIGHTS.astype(weights.dtype))
     np.testing.assert_allclose(weights.sum(axis=-1), 1.0, rtol=1e-6)
 
 
@@ -84,8 +86,8 @@ def test_scaled_scores_of_the_reference_steps():
     scores = q @ k.T / math.sqrt(q.shape[-1])
     np.testing.assert_array_equal(np.round(scores, 3), EXPECTED_SCALED_SCORES)
     out, weights = sdpa.reference.scaled_dot_product_attention(Q, K, V, return_weights=True)
-    np.testing.assert_array_equal(np.round(out, 2), EXPECTED_OUT)
-    np.testing.assert_array_equal(np.round(weights, 2), EXPECTED_WEIGHTS)
+    np.testing.assert_array_equal(np.round(out, 2), EXPECTED_OUT.astype(out.dtype))
+    np.testing.assert_array_equal(np.round(weights, 2), EXPECTED_WEIGHTS.astype(weights.dtype))
 
 
 def test_default_scale_is_one_over_sqrt_e():
@@ -103,8 +105,8 @@ def test_with_batch_and_head_dims(dtype):
     out, weights = sdpa.scaled_dot_product_attention(q, k, v, return_weights=True)
     assert out.shape == (1, 1, 2, 2)
     assert weights.shape == (1, 1, 2, 2)
-    np.testing.assert_array_equal(np.round(out[0, 0], 2), EXPECTED_OUT)
-    np.testing.assert_array_equal(np.round(weights[0, 0], 2), EXPECTED_WEIGHTS)
+    np.testing.assert_array_equal(np.round(out[0, 0], 2), EXPECTED_OUT.astype(dtype))
+    np.testing.assert_array_equal(np.round(weights[0, 0], 2), EXPECTED_WEIGHTS.astype(dtype))
 
 
 def test_matches_reference():
