@@ -12,13 +12,25 @@
 
 #include "internal.h"
 
+/* Row mode serves problems with at most this many query rows per key/value
+ * head (gqa_group x L), and splits the keys into chunks of this many. */
+#define SDPA_ROW_MODE_MAX_ROWS 8
+#define SDPA_ROW_MODE_CHUNK 1024
+
 /* Work division and scratch layout of one call (offsets in elements). */
 typedef struct plan {
     int64_t num_bh;       /* batch count x heads                 */
     int64_t num_qblocks;  /* ceil(L / tile_q)                    */
     int64_t num_tasks;    /* num_bh x num_qblocks                */
     int tile_q, tile_k, nr;  /* tile_q is a multiple of nr        */
-    size_t off_q, off_acc, off_s, off_m, off_l;
+    size_t off_q, off_acc, off_s, off_m, off_l, off_k, off_v;
+    /* row mode (few query rows per key/value head; see attention_impl.h) */
+    int row_mode;
+    int rows;               /* query rows per group: gqa_group x L  */
+    int64_t num_groups;     /* batch count x key/value heads         */
+    int64_t num_chunks;     /* key chunks per group                  */
+    int64_t chunk_len;      /* keys per chunk (fixed)                */
+    size_t partial_elems;   /* per task: max, sum, output of each row */
     size_t scratch_elems; /* per thread, a multiple of SDPA_ALIGN bytes */
     int num_threads;
 } plan;
@@ -33,6 +45,19 @@ static int64_t batch_offset(const sdpa_problem *p, const sdpa_view *view, int64_
         b /= n;
     }
     return off;
+}
+
+/* Keys visible to batch index b: S, or its key length clipped to [0, S]. */
+static int64_t key_limit(const sdpa_problem *p, int64_t b) {
+    if (!p->key_lengths) return p->len_kv;
+    int64_t off = 0;
+    for (int d = p->num_batch_dims - 1; d >= 0; d--) {
+        int64_t n = p->batch_shape[d];
+        off += (b % n) * p->key_lengths_strides[d];
+        b /= n;
+    }
+    int64_t len = p->key_lengths[off];
+    return len < 0 ? 0 : (len < p->len_kv ? len : p->len_kv);
 }
 
 static void *aligned_block(size_t bytes) {
@@ -145,6 +170,7 @@ static size_t round_elems(size_t n, size_t elem) {
 static sdpa_status make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt,
                              plan *pl) {
     size_t elem = p->dtype == SDPA_FLOAT32 ? sizeof(float) : sizeof(double);
+    memset(pl, 0, sizeof(*pl));
     if (p->dtype == SDPA_FLOAT32) {
         pl->nr = kt->nr_f32;
         pl->tile_q = kt->tile_q_f32;
@@ -154,18 +180,33 @@ static sdpa_status make_plan(const sdpa_problem *p, int64_t batch_count, const k
         pl->tile_q = kt->tile_q_f64;
         pl->tile_k = kt->tile_k_f64;
     }
-    pl->num_bh = batch_count * p->num_heads;
-    pl->num_qblocks = (p->len_q + pl->tile_q - 1) / pl->tile_q;
-    pl->num_tasks = pl->num_bh * pl->num_qblocks;
-
-    const size_t tq = (size_t)pl->tile_q, tk = (size_t)pl->tile_k, nr = (size_t)pl->nr;
     const size_t E = (size_t)p->head_dim, Ev = (size_t)p->head_dim_v;
+    const int64_t rows = p->gqa_group * p->len_q;
+    pl->row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS;
     size_t off = 0;
-    pl->off_q = off;   off += round_elems(tq * E, elem);
-    pl->off_acc = off; off += round_elems(tq * Ev, elem);
-    pl->off_s = off;   off += round_elems(tk * nr, elem);
-    pl->off_m = off;   off += round_elems(tq, elem);
-    pl->off_l = off;   off += round_elems(tq, elem);
+    if (pl->row_mode) {
+        const size_t tk = (size_t)pl->tile_k, M = (size_t)rows;
+        pl->rows = (int)rows;
+        pl->num_groups = batch_count * (p->num_heads / p->gqa_group);
+        pl->chunk_len = SDPA_ROW_MODE_CHUNK;
+        pl->num_chunks = p->len_kv > 0 ? (p->len_kv + pl->chunk_len - 1) / pl->chunk_len : 1;
+        pl->num_tasks = pl->num_groups * pl->num_chunks;
+        pl->partial_elems = round_elems(M * (2 + Ev), elem);
+        pl->off_q = off; off += round_elems(M * E, elem);
+        pl->off_s = off; off += round_elems(M * tk, elem);
+        pl->off_k = off; off += round_elems(tk * E, elem);
+        pl->off_v = off; off += round_elems(tk * Ev, elem);
+    } else {
+        const size_t tq = (size_t)pl->tile_q, tk = (size_t)pl->tile_k, nr = (size_t)pl->nr;
+        pl->num_bh = batch_count * p->num_heads;
+        pl->num_qblocks = (p->len_q + pl->tile_q - 1) / pl->tile_q;
+        pl->num_tasks = pl->num_bh * pl->num_qblocks;
+        pl->off_q = off;   off += round_elems(tq * E, elem);
+        pl->off_acc = off; off += round_elems(tq * Ev, elem);
+        pl->off_s = off;   off += round_elems(tk * nr, elem);
+        pl->off_m = off;   off += round_elems(tq, elem);
+        pl->off_l = off;   off += round_elems(tq, elem);
+    }
     pl->scratch_elems = off;
 
     int nthreads = p->num_threads;

@@ -16,6 +16,40 @@
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)
 
+/* m + log(l): the row's log-sum-exp; -inf for a row that saw no key. */
+static T FN(log_sum_exp)(T m, T l) {
+    if (l == 0) return -(T)INFINITY;
+    return m + (T)log((double)l);
+}
+
+/* Weights of one row from its raw scores: exp(s - m) / l where visible, 0 elsewhere. */
+static void FN(normalize_weights)(const sdpa_problem *p, T *wr, int64_t row, int64_t S_b, T m, T l) {
+    const int64_t S = p->len_kv, ws = p->weights.col_stride;
+    int64_t row_end = S_b;
+    if (p->causal) {
+        int64_t e = row + p->causal_offset + 1;
+        row_end = e < 0 ? 0 : (e < S_b ? e : S_b);
+    }
+    for (int64_t j = 0; j < row_end; j++) wr[j * ws] = l == 0 ? 0 : EXP(wr[j * ws] - m) / l;
+    for (int64_t j = row_end; j < S; j++) wr[j * ws] = 0;
+}
+
+/* Applies causality (keys >= lim are masked), the mask row and the key length
+ * to n scores of one query row starting at key s0 (scores contiguous). */
+static void FN(mask_row)(const sdpa_problem *p, const void *mask_row, T *sr, int64_t s0, int n,
+                         int64_t lim) {
+    int64_t first = lim - s0;
+    for (int64_t j = first < 0 ? 0 : first; j < n; j++) sr[j] = -(T)INFINITY;
+    if (p->mask_kind == SDPA_MASK_BOOL) {
+        const uint8_t *mr = (const uint8_t *)mask_row;
+        for (int j = 0; j < n; j++)
+            if (!mr[(s0 + j) * p->mask.col_stride]) sr[j] = -(T)INFINITY;
+    } else if (p->mask_kind == SDPA_MASK_ADDITIVE) {
+        const T *mr = (const T *)mask_row;
+        for (int j = 0; j < n; j++) sr[j] += mr[(s0 + j) * p->mask.col_stride];
+    }
+}
+
 static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
                          int64_t task) {
     const int64_t H = p->num_heads, L = p->len_q, S = p->len_kv;
@@ -72,11 +106,15 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     for (int64_t x = 0; x < (int64_t)panels * nr * Ev; x++) acc[x] = 0;
 
     /* keys past kv_end are masked for every row of the task: never visited */
-    int64_t kv_end = S;
+    const int64_t S_b = key_limit(p, b);
+    int64_t kv_end = S_b;
     if (p->causal) {
         int64_t last = l0 + rows + p->causal_offset;  /* exclusive */
-        kv_end = last < 0 ? 0 : (last < S ? last : S);
+        kv_end = last < 0 ? 0 : (last < S_b ? last : S_b);
     }
+    T *lse = NULL;
+    if (p->lse.data)
+        lse = (T *)p->lse.data + batch_offset(p, &p->lse, b) + h * p->lse.head_stride;
 
     for (int64_t s0 = 0; s0 < kv_end; s0 += tile_k) {
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
@@ -135,25 +173,159 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         } else {
             for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = ax[c * nr] / l;
         }
-        if (weights) {
-            T *wr = weights + row * p->weights.row_stride;
-            const int64_t ws = p->weights.col_stride;
-            int64_t row_end = S;
-            if (p->causal) {
-                int64_t e = row + p->causal_offset + 1;
-                row_end = e < 0 ? 0 : (e < S ? e : S);
+        if (weights) FN(normalize_weights)(p, weights + row * p->weights.row_stride, row, S_b, m, l);
+        if (lse) lse[row * p->lse.row_stride] = FN(log_sum_exp)(m, l);
+    }
+}
+
+/*
+ * Row mode, for few query rows per key/value head (decoding): one task is
+ * (batch index, key/value head, chunk of keys), and its rows are the gqa_group
+ * query heads sharing that key/value head times the L query rows, so every K
+ * and V byte is read once per group.  Scores are row-major (rows x keys).  Each
+ * task leaves a partial result (running max, sum and unnormalised output per
+ * row); merge_rows combines the chunks of a group in chunk order.  The chunk
+ * length is fixed, so the result does not depend on the number of threads.
+ */
+static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
+                             T *partial, int64_t task) {
+    const int64_t L = p->len_q, E = p->head_dim, Ev = p->head_dim_v, group = p->gqa_group;
+    const int M = pl->rows, tile_k = pl->tile_k;
+    const int64_t Hkv = p->num_heads / group;
+    const int64_t g = task / pl->num_chunks, chunk = task % pl->num_chunks;
+    const int64_t b = g / Hkv, hkv = g % Hkv;
+
+    T *pmax = partial + task * pl->partial_elems;
+    T *psum = pmax + M;
+    T *acc = psum + M;
+    for (int x = 0; x < M; x++) {
+        pmax[x] = -(T)INFINITY;
+        psum[x] = 0;
+    }
+    for (int64_t i = 0; i < (int64_t)M * Ev; i++) acc[i] = 0;
+
+    /* the keys of this chunk that some row can see */
+    const int64_t S_b = key_limit(p, b);
+    int64_t s_begin = chunk * pl->chunk_len, s_end = s_begin + pl->chunk_len;
+    if (s_end > S_b) s_end = S_b;
+    if (p->causal && L - 1 + p->causal_offset + 1 < s_end) s_end = L + p->causal_offset;
+    if (s_begin >= s_end) return;
+
+    const T *k = (const T *)p->key.data + batch_offset(p, &p->key, b) + hkv * p->key.head_stride;
+    const T *v = (const T *)p->value.data + batch_offset(p, &p->value, b) + hkv * p->value.head_stride;
+    const int64_t ksr = p->key.row_stride, ksc = p->key.col_stride;
+    const int64_t vsr = p->value.row_stride, vsc = p->value.col_stride;
+    T *qs = scratch + pl->off_q;     /* M x E, scaled                     */
+    T *st = scratch + pl->off_s;     /* M x tile_k scores                 */
+    T *kbuf = scratch + pl->off_k;   /* tile_k x E, when K rows are strided */
+    T *vbuf = scratch + pl->off_v;   /* tile_k x Ev, when V rows are strided */
+
+    const T scale = (T)p->scale;
+    const int64_t q_off = batch_offset(p, &p->query, b);
+    const int64_t m_off = p->mask_kind != SDPA_MASK_NONE ? batch_offset(p, &p->mask, b) : 0;
+    const int64_t w_off = p->weights.data ? batch_offset(p, &p->weights, b) : 0;
+    const size_t mask_elem = p->mask_kind == SDPA_MASK_BOOL ? 1 : sizeof(T);
+    for (int x = 0; x < M; x++) {
+        const int64_t h = hkv * group + x / L, l = x % L;
+        const T *qr = (const T *)p->query.data + q_off + h * p->query.head_stride + l * p->query.row_stride;
+        for (int64_t c = 0; c < E; c++) qs[x * E + c] = scale * qr[c * p->query.col_stride];
+    }
+
+    for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
+        const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
+        const T *kb = k + s0 * ksr;
+        int64_t ldk = ksr;
+        if (ksc != 1) {
+            for (int j = 0; j < n; j++)
+                for (int64_t c = 0; c < E; c++) kbuf[j * E + c] = kb[j * ksr + c * ksc];
+            kb = kbuf;
+            ldk = E;
+        }
+        kern->dot(M, n, E, qs, E, kb, ldk, st, tile_k);
+        for (int x = 0; x < M; x++) {
+            const int64_t h = hkv * group + x / L, l = x % L;
+            T *sr = st + (int64_t)x * tile_k;
+            const int64_t lim = p->causal ? l + p->causal_offset + 1 : s_end;
+            const void *mrow = NULL;
+            if (p->mask_kind != SDPA_MASK_NONE)
+                mrow = (const char *)p->mask.data +
+                       (m_off + h * p->mask.head_stride + l * p->mask.row_stride) * (int64_t)mask_elem;
+            FN(mask_row)(p, mrow, sr, s0, n, lim);
+            if (p->weights.data) {
+                T *wr = (T *)p->weights.data + w_off + h * p->weights.head_stride + l * p->weights.row_stride;
+                for (int j = 0; j < n; j++) wr[(s0 + j) * p->weights.col_stride] = sr[j];
             }
-            for (int64_t j = 0; j < row_end; j++) wr[j * ws] = l == 0 ? 0 : EXP(wr[j * ws] - m) / l;
-            for (int64_t j = row_end; j < S; j++) wr[j * ws] = 0;
+            kern->row_softmax(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
+        }
+        const T *vb = v + s0 * vsr;
+        int64_t ldv = vsr;
+        if (vsc != 1) {
+            for (int j = 0; j < n; j++)
+                for (int64_t c = 0; c < Ev; c++) vbuf[j * Ev + c] = vb[j * vsr + c * vsc];
+            vb = vbuf;
+            ldv = Ev;
+        }
+        kern->pv_rows(M, n, Ev, st, tile_k, vb, ldv, acc, Ev);
+    }
+}
+
+/* Combines the chunks of group g in chunk order and writes its rows. */
+static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, const T *partial, int64_t g) {
+    const int64_t L = p->len_q, Ev = p->head_dim_v, group = p->gqa_group;
+    const int M = pl->rows;
+    const int64_t Hkv = p->num_heads / group;
+    const int64_t b = g / Hkv, hkv = g % Hkv;
+    const int64_t S_b = key_limit(p, b);
+    const T *first = partial + g * pl->num_chunks * pl->partial_elems;
+
+    for (int x = 0; x < M; x++) {
+        const int64_t h = hkv * group + x / L, l = x % L;
+        T m = -(T)INFINITY;
+        for (int64_t c = 0; c < pl->num_chunks; c++) {
+            T mc = first[c * pl->partial_elems + x];
+            if (mc > m || mc != mc) m = mc;
+            if (m != m) break;
+        }
+        T sum = 0;
+        T *orow = (T *)p->out.data + batch_offset(p, &p->out, b) + h * p->out.head_stride +
+                  l * p->out.row_stride;
+        const int64_t oc = p->out.col_stride;
+        for (int64_t c = 0; c < Ev; c++) orow[c * oc] = 0;
+        if (m != -(T)INFINITY) {
+            for (int64_t ch = 0; ch < pl->num_chunks; ch++) {
+                const T *part = first + ch * pl->partial_elems;
+                T mc = part[x], lc = part[M + x];
+                if (lc == 0 && mc == -(T)INFINITY) continue;  /* a chunk this row did not see */
+                T w = EXP(mc - m);
+                sum += w * lc;
+                const T *ac = part + 2 * M + (int64_t)x * Ev;
+                for (int64_t c = 0; c < Ev; c++) orow[c * oc] += w * ac[c];
+            }
+            if (sum == 0) {
+                for (int64_t c = 0; c < Ev; c++) orow[c * oc] = 0;
+            } else {
+                for (int64_t c = 0; c < Ev; c++) orow[c * oc] /= sum;
+            }
+        }
+        if (p->weights.data) {
+            T *wr = (T *)p->weights.data + batch_offset(p, &p->weights, b) + h * p->weights.head_stride +
+                    l * p->weights.row_stride;
+            FN(normalize_weights)(p, wr, l, S_b, m, sum);
+        }
+        if (p->lse.data) {
+            T *lr = (T *)p->lse.data + batch_offset(p, &p->lse, b) + h * p->lse.head_stride;
+            lr[l * p->lse.row_stride] = FN(log_sum_exp)(m, sum);
         }
     }
 }
 
 static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT *kern) {
     const size_t per_thread = pl->scratch_elems;
-    int nthreads = pl->num_threads;
-    T *scratch = (T *)aligned_block(per_thread * sizeof(T) * (size_t)nthreads);
+    const int nthreads = pl->num_threads;
+    const size_t partial_total = pl->row_mode ? (size_t)pl->num_tasks * pl->partial_elems : 0;
+    T *scratch = (T *)aligned_block((per_thread * (size_t)nthreads + partial_total) * sizeof(T));
     if (!scratch) return SDPA_ERR_NO_MEMORY;
+    T *partial = scratch + per_thread * (size_t)nthreads;
 
     volatile int stop = 0;
     interrupt_clock clk;
@@ -179,7 +351,17 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
 #endif
                 continue;
             }
-            FN(run_task)(p, pl, kern, mine, t);
+            if (pl->row_mode)
+                FN(run_row_task)(p, pl, kern, mine, partial, t);
+            else
+                FN(run_task)(p, pl, kern, mine, t);
+        }
+        if (pl->row_mode) {  /* the implicit barrier above: every chunk is done */
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+            for (int64_t g = 0; g < pl->num_groups; g++)
+                if (!stop) FN(merge_rows)(p, pl, partial, g);
         }
     }
     aligned_free(scratch);

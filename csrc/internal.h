@@ -36,12 +36,27 @@
  *       scores are all -inf contributes nothing.
  *   exp(x, n)
  *       x[i] = e^x[i] in place; -inf gives 0, NaN gives NaN.
+ *
+ * Row kernels, for a few query rows against many keys (decoding); rows of q, k,
+ * v, p and acc are contiguous, with any alignment:
+ *   dot(m, n, e, q, ldq, k, ldk, s, lds)
+ *       s[x*lds + j] = sum_{c<e} q[x*ldq + c] * k[j*ldk + c]          x < m, j < n
+ *   pv_rows(m, n, ev, p, ldp, v, ldv, acc, ldacc)
+ *       acc[x*ldacc + c] += sum_{j<n} p[x*ldp + j] * v[j*ldv + c]     x < m, c < ev
+ *   row_softmax(s, n, row_max, row_sum, acc, ev)
+ *       the online softmax step of one row: s[0..n) becomes exp(s - new max),
+ *       *row_max and *row_sum are updated, acc[0..ev) is rescaled.
  */
 typedef struct kernels_f32 {
     void (*gemm)(int m, int64_t kdim, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
                  int64_t ldb, float *c, int64_t ldc, int accumulate);
     void (*softmax)(float *s, int n, float *row_max, float *row_sum, float *acc, int64_t ev);
     void (*exp)(float *x, int64_t n);
+    void (*dot)(int m, int n, int64_t e, const float *q, int64_t ldq, const float *k, int64_t ldk, float *s,
+                int64_t lds);
+    void (*pv_rows)(int m, int n, int64_t ev, const float *p, int64_t ldp, const float *v, int64_t ldv,
+                    float *acc, int64_t ldacc);
+    void (*row_softmax)(float *s, int n, float *row_max, float *row_sum, float *acc, int64_t ev);
 } kernels_f32;
 
 typedef struct kernels_f64 {
@@ -49,6 +64,11 @@ typedef struct kernels_f64 {
                  int64_t ldb, double *c, int64_t ldc, int accumulate);
     void (*softmax)(double *s, int n, double *row_max, double *row_sum, double *acc, int64_t ev);
     void (*exp)(double *x, int64_t n);
+    void (*dot)(int m, int n, int64_t e, const double *q, int64_t ldq, const double *k, int64_t ldk, double *s,
+                int64_t lds);
+    void (*pv_rows)(int m, int n, int64_t ev, const double *p, int64_t ldp, const double *v, int64_t ldv,
+                    double *acc, int64_t ldacc);
+    void (*row_softmax)(double *s, int n, double *row_max, double *row_sum, double *acc, int64_t ev);
 } kernels_f64;
 
 /* One instruction-set level: its kernels and its blocking parameters. */

@@ -100,6 +100,14 @@ typedef struct sdpa_problem {
                            /*   S - L: bottom-right aligned)                   */
 
     sdpa_view weights;     /* optional (..., Hq, L, S) output; data NULL = skip */
+    sdpa_view lse;         /* optional (..., Hq, L) output: log-sum-exp of the
+                              scaled, masked scores of each row (-inf for a row
+                              with no visible key); col_stride unused           */
+
+    /* optional: keys at or past key_lengths[b] are ignored for batch index b
+       (read through key_lengths_strides over batch_shape; values clip to [0, S]) */
+    const int64_t *key_lengths;
+    int64_t key_lengths_strides[SDPA_MAX_BATCH_DIMS];
 
     int32_t num_threads;   /* 0 = the OpenMP default                        */
     sdpa_interrupt_fn interrupt;  /* optional */

@@ -92,6 +92,31 @@ static inline __m256d neginf_to_zero_pd(__m256d x) {
     return _mm256_andnot_pd(_mm256_cmp_pd(x, _mm256_set1_pd(-INFINITY), _CMP_EQ_OQ), x);
 }
 
+static inline float hsum_ps(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+static inline double hsum_pd(__m256d v) {
+    __m128d a = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    a = _mm_add_sd(a, _mm_unpackhi_pd(a, a));
+    return _mm_cvtsd_f64(a);
+}
+static inline float hmax_nan_ps(__m256 v) {
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) return NAN;
+    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_max_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+static inline double hmax_nan_pd(__m256d v) {
+    if (_mm256_movemask_pd(_mm256_cmp_pd(v, v, _CMP_UNORD_Q))) return NAN;
+    __m128d a = _mm_max_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    a = _mm_max_sd(a, _mm_unpackhi_pd(a, a));
+    return _mm_cvtsd_f64(a);
+}
+
 /* float: panels of 16 query rows (2 vectors), 6 x 2 accumulators */
 #define T float
 #define SUF avx2_f32
@@ -110,6 +135,11 @@ static inline __m256d neginf_to_zero_pd(__m256d x) {
 #define V_MAX_NAN max_nan_ps
 #define V_NEGINF_TO_ZERO neginf_to_zero_ps
 #define V_EXP exp_avx2_ps
+#define V_LOADU(p) _mm256_loadu_ps(p)
+#define V_STOREU(p, v) _mm256_storeu_ps(p, v)
+#define V_HSUM hsum_ps
+#define V_HMAX_NAN hmax_nan_ps
+#define S_EXP expf
 #include "simd_impl.h"
 #undef T
 #undef SUF
@@ -128,6 +158,11 @@ static inline __m256d neginf_to_zero_pd(__m256d x) {
 #undef V_MAX_NAN
 #undef V_NEGINF_TO_ZERO
 #undef V_EXP
+#undef V_LOADU
+#undef V_STOREU
+#undef V_HSUM
+#undef V_HMAX_NAN
+#undef S_EXP
 
 /* double: panels of 8 query rows (2 vectors), 6 x 2 accumulators */
 #define T double
@@ -147,6 +182,11 @@ static inline __m256d neginf_to_zero_pd(__m256d x) {
 #define V_MAX_NAN max_nan_pd
 #define V_NEGINF_TO_ZERO neginf_to_zero_pd
 #define V_EXP exp_avx2_pd
+#define V_LOADU(p) _mm256_loadu_pd(p)
+#define V_STOREU(p, v) _mm256_storeu_pd(p, v)
+#define V_HSUM hsum_pd
+#define V_HMAX_NAN hmax_nan_pd
+#define S_EXP exp
 #include "simd_impl.h"
 
 #if defined(__clang__)
@@ -159,8 +199,8 @@ const kernel_table sdpa_kernels_avx2 = {
     "avx2",
     16, 128, 128,
     8, 64, 128,
-    {gemm_avx2_f32, softmax_avx2_f32, exp_avx2_f32},
-    {gemm_avx2_f64, softmax_avx2_f64, exp_avx2_f64},
+    {gemm_avx2_f32, softmax_avx2_f32, exp_avx2_f32, dot_avx2_f32, pv_rows_avx2_f32, row_softmax_avx2_f32},
+    {gemm_avx2_f64, softmax_avx2_f64, exp_avx2_f64, dot_avx2_f64, pv_rows_avx2_f64, row_softmax_avx2_f64},
 };
 
 #endif /* SDPA_HAVE_X86_KERNELS */

@@ -76,6 +76,15 @@ static inline __m512d neginf_to_zero_pd(__m512d x) {
                               _mm512_setzero_pd());
 }
 
+static inline float hmax_nan_ps(__m512 v) {
+    if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return NAN;
+    return _mm512_reduce_max_ps(v);
+}
+static inline double hmax_nan_pd(__m512d v) {
+    if (_mm512_cmp_pd_mask(v, v, _CMP_UNORD_Q)) return NAN;
+    return _mm512_reduce_max_pd(v);
+}
+
 /* float: panels of 32 query rows (2 vectors), 8 x 2 accumulators */
 #define T float
 #define SUF avx512_f32
@@ -94,6 +103,11 @@ static inline __m512d neginf_to_zero_pd(__m512d x) {
 #define V_MAX_NAN max_nan_ps
 #define V_NEGINF_TO_ZERO neginf_to_zero_ps
 #define V_EXP exp_avx512_ps
+#define V_LOADU(p) _mm512_loadu_ps(p)
+#define V_STOREU(p, v) _mm512_storeu_ps(p, v)
+#define V_HSUM _mm512_reduce_add_ps
+#define V_HMAX_NAN hmax_nan_ps
+#define S_EXP expf
 #include "simd_impl.h"
 #undef T
 #undef SUF
@@ -112,6 +126,11 @@ static inline __m512d neginf_to_zero_pd(__m512d x) {
 #undef V_MAX_NAN
 #undef V_NEGINF_TO_ZERO
 #undef V_EXP
+#undef V_LOADU
+#undef V_STOREU
+#undef V_HSUM
+#undef V_HMAX_NAN
+#undef S_EXP
 
 /* double: panels of 16 query rows (2 vectors), 8 x 2 accumulators */
 #define T double
@@ -131,6 +150,11 @@ static inline __m512d neginf_to_zero_pd(__m512d x) {
 #define V_MAX_NAN max_nan_pd
 #define V_NEGINF_TO_ZERO neginf_to_zero_pd
 #define V_EXP exp_avx512_pd
+#define V_LOADU(p) _mm512_loadu_pd(p)
+#define V_STOREU(p, v) _mm512_storeu_pd(p, v)
+#define V_HSUM _mm512_reduce_add_pd
+#define V_HMAX_NAN hmax_nan_pd
+#define S_EXP exp
 #include "simd_impl.h"
 
 #if defined(__clang__)
@@ -143,8 +167,8 @@ const kernel_table sdpa_kernels_avx512 = {
     "avx512",
     32, 128, 128,
     16, 64, 128,
-    {gemm_avx512_f32, softmax_avx512_f32, exp_avx512_f32},
-    {gemm_avx512_f64, softmax_avx512_f64, exp_avx512_f64},
+    {gemm_avx512_f32, softmax_avx512_f32, exp_avx512_f32, dot_avx512_f32, pv_rows_avx512_f32, row_softmax_avx512_f32},
+    {gemm_avx512_f64, softmax_avx512_f64, exp_avx512_f64, dot_avx512_f64, pv_rows_avx512_f64, row_softmax_avx512_f64},
 };
 
 #endif /* SDPA_HAVE_X86_KERNELS */

@@ -26,6 +26,6 @@ const kernel_table sdpa_kernels_scalar = {
     "scalar",
     SCALAR_NR, 64, 64,
     SCALAR_NR, 64, 64,
-    {gemm_f32, softmax_f32, exp_f32},
-    {gemm_f64, softmax_f64, exp_f64},
+    {gemm_f32, softmax_f32, exp_f32, dot_f32, pv_rows_f32, row_softmax_f32},
+    {gemm_f64, softmax_f64, exp_f64, dot_f64, pv_rows_f64, row_softmax_f64},
 };

@@ -54,6 +54,47 @@ static void FN(exp)(T *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = EXP(x[i]);
 }
 
+static void FN(dot)(int m, int n, int64_t e, const T *q, int64_t ldq, const T *k, int64_t ldk, T *s,
+                    int64_t lds) {
+    for (int x = 0; x < m; x++)
+        for (int j = 0; j < n; j++) {
+            const T *qx = q + x * ldq, *kj = k + j * ldk;
+            T acc = 0;
+            for (int64_t c = 0; c < e; c++) acc += qx[c] * kj[c];
+            s[x * lds + j] = acc;
+        }
+}
+
+static void FN(pv_rows)(int m, int n, int64_t ev, const T *p, int64_t ldp, const T *v, int64_t ldv,
+                        T *acc, int64_t ldacc) {
+    for (int x = 0; x < m; x++) {
+        T *ax = acc + x * ldacc;
+        for (int j = 0; j < n; j++) {
+            const T w = p[x * ldp + j], *vj = v + j * ldv;
+            for (int64_t c = 0; c < ev; c++) ax[c] += w * vj[c];
+        }
+    }
+}
+
+static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
+    T mx = *row_max;
+    for (int j = 0; j < n; j++) {
+        if (s[j] > mx || s[j] != s[j]) mx = s[j];
+        if (mx != mx) break;
+    }
+    const T m_sub = mx == -(T)INFINITY ? 0 : mx;
+    const T alpha = EXP(*row_max - m_sub);
+    T sum = 0;
+    for (int j = 0; j < n; j++) {
+        T p = EXP(s[j] - m_sub);
+        s[j] = p;
+        sum += p;
+    }
+    *row_sum = *row_sum * alpha + sum;
+    *row_max = mx;
+    for (int64_t c = 0; c < ev; c++) acc[c] *= alpha;
+}
+
 #undef FN
 #undef CAT
 #undef CAT_

@@ -12,6 +12,10 @@
  *   V_MAX_NAN(acc, x)      max that keeps a NaN of either argument
  *   V_NEGINF_TO_ZERO(x)    lanes equal to -inf become 0
  *   V_EXP(x)               e^x (see the exp notes in the including file)
+ *   V_LOADU(p) V_STOREU(p, v)                     (any alignment)
+ *   V_HSUM(v)              the sum of the lanes
+ *   V_HMAX_NAN(v)          the largest lane, NaN if a lane is NaN
+ *   S_EXP(x)               libm's exp for T
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -111,6 +115,134 @@ static void FN(exp)(T *x, int64_t n) {
         V_STORE(tmp, V_EXP(V_LOAD(tmp)));
         for (int l = 0; i + l < n; l++) x[i + l] = tmp[l];
     }
+}
+
+/* ---- row kernels ---- */
+
+static void FN(dot)(int m, int n, int64_t e, const T *q, int64_t ldq, const T *k, int64_t ldk, T *s,
+                    int64_t lds) {
+    const int64_t ev = e / LANES * LANES;
+    int j = 0;
+    for (; j + 4 <= n; j += 4) {
+        const T *k0 = k + j * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk, *k3 = k2 + ldk;
+        for (int x = 0; x < m; x++) {
+            const T *qx = q + x * ldq;
+            V a0 = V_ZERO(), a1 = V_ZERO(), a2 = V_ZERO(), a3 = V_ZERO();
+            for (int64_t c = 0; c < ev; c += LANES) {
+                V qv = V_LOADU(qx + c);
+                a0 = V_FMA(qv, V_LOADU(k0 + c), a0);
+                a1 = V_FMA(qv, V_LOADU(k1 + c), a1);
+                a2 = V_FMA(qv, V_LOADU(k2 + c), a2);
+                a3 = V_FMA(qv, V_LOADU(k3 + c), a3);
+            }
+            T r0 = V_HSUM(a0), r1 = V_HSUM(a1), r2 = V_HSUM(a2), r3 = V_HSUM(a3);
+            for (int64_t c = ev; c < e; c++) {
+                r0 += qx[c] * k0[c];
+                r1 += qx[c] * k1[c];
+                r2 += qx[c] * k2[c];
+                r3 += qx[c] * k3[c];
+            }
+            T *sx = s + x * lds + j;
+            sx[0] = r0;
+            sx[1] = r1;
+            sx[2] = r2;
+            sx[3] = r3;
+        }
+    }
+    for (; j < n; j++) {
+        const T *kj = k + j * ldk;
+        for (int x = 0; x < m; x++) {
+            const T *qx = q + x * ldq;
+            V a = V_ZERO();
+            for (int64_t c = 0; c < ev; c += LANES) a = V_FMA(V_LOADU(qx + c), V_LOADU(kj + c), a);
+            T r = V_HSUM(a);
+            for (int64_t c = ev; c < e; c++) r += qx[c] * kj[c];
+            s[x * lds + j] = r;
+        }
+    }
+}
+
+/* acc rows x0..x0+mr, columns c0..c0+nvb*LANES, over all n keys */
+static inline __attribute__((always_inline)) void FN(pv_rows_block)(
+    const int mr, const int nvb, int n, const T *p, int64_t ldp, const T *v, int64_t ldv, T *acc,
+    int64_t ldacc) {
+    V a[4][4];
+    for (int x = 0; x < mr; x++)
+        for (int t = 0; t < nvb; t++) a[x][t] = V_LOADU(acc + x * ldacc + t * LANES);
+    for (int j = 0; j < n; j++) {
+        V vv[4];
+        for (int t = 0; t < nvb; t++) vv[t] = V_LOADU(v + j * ldv + t * LANES);
+        for (int x = 0; x < mr; x++) {
+            V w = V_SET1(p[x * ldp + j]);
+            for (int t = 0; t < nvb; t++) a[x][t] = V_FMA(w, vv[t], a[x][t]);
+        }
+    }
+    for (int x = 0; x < mr; x++)
+        for (int t = 0; t < nvb; t++) V_STOREU(acc + x * ldacc + t * LANES, a[x][t]);
+}
+
+static void FN(pv_rows)(int m, int n, int64_t ev, const T *p, int64_t ldp, const T *v, int64_t ldv,
+                        T *acc, int64_t ldacc) {
+    for (int x0 = 0; x0 < m; x0 += 4) {
+        const int mr = m - x0 < 4 ? m - x0 : 4;
+        const T *px = p + x0 * ldp;
+        T *ax = acc + x0 * ldacc;
+        int64_t c = 0;
+        for (; c + 4 * LANES <= ev; c += 4 * LANES) {
+            switch (mr) {
+                case 1: FN(pv_rows_block)(1, 4, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
+                case 2: FN(pv_rows_block)(2, 4, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
+                case 3: FN(pv_rows_block)(3, 4, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
+                default: FN(pv_rows_block)(4, 4, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
+            }
+        }
+        for (; c + LANES <= ev; c += LANES) {
+            switch (mr) {
+                case 1: FN(pv_rows_block)(1, 1, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
+                case 2: FN(pv_rows_block)(2, 1, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
+                case 3: FN(pv_rows_block)(3, 1, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
+                default: FN(pv_rows_block)(4, 1, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
+            }
+        }
+        for (; c < ev; c++)
+            for (int x = 0; x < mr; x++) {
+                T sum = ax[x * ldacc + c];
+                for (int j = 0; j < n; j++) sum += px[x * ldp + j] * v[j * ldv + c];
+                ax[x * ldacc + c] = sum;
+            }
+    }
+}
+
+static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
+    const int nv = n / LANES * LANES;
+    V vmax = V_SET1(*row_max);
+    for (int j = 0; j < nv; j += LANES) vmax = V_MAX_NAN(vmax, V_LOADU(s + j));
+    T mx = V_HMAX_NAN(vmax);
+    for (int j = nv; j < n && mx == mx; j++)
+        if (s[j] > mx || s[j] != s[j]) mx = s[j];
+    const T m_sub = mx == -(T)INFINITY ? 0 : mx;  /* nothing visible yet: exp(-inf) = 0 */
+    const T alpha = S_EXP(*row_max - m_sub);
+    const V vsub = V_SET1(m_sub);
+    V vsum = V_ZERO();
+    for (int j = 0; j < nv; j += LANES) {
+        V pv = V_EXP(V_SUB(V_LOADU(s + j), vsub));
+        V_STOREU(s + j, pv);
+        vsum = V_ADD(vsum, pv);
+    }
+    if (nv < n) {
+        T tmp[LANES] __attribute__((aligned(64)));
+        for (int l = 0; l < LANES; l++) tmp[l] = nv + l < n ? s[nv + l] : -(T)INFINITY;
+        V pv = V_EXP(V_SUB(V_LOAD(tmp), vsub));
+        V_STORE(tmp, pv);
+        vsum = V_ADD(vsum, pv);
+        for (int l = 0; nv + l < n; l++) s[nv + l] = tmp[l];
+    }
+    *row_sum = *row_sum * alpha + V_HSUM(vsum);
+    *row_max = mx;
+    const int64_t evv = ev / LANES * LANES;
+    const V va = V_SET1(alpha);
+    for (int64_t c = 0; c < evv; c += LANES) V_STOREU(acc + c, V_MUL(V_LOADU(acc + c), va));
+    for (int64_t c = evv; c < ev; c++) acc[c] *= alpha;
 }
 
 #undef NR

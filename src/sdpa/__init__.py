@@ -41,9 +41,11 @@ def scaled_dot_product_attention(
     enable_gqa: bool = False,
     *,
     return_weights: bool = False,
+    return_lse: bool = False,
+    key_lengths: Any = None,
     out: Optional[np.ndarray] = None,
     num_threads: Optional[int] = None,
-) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
+) -> Union[np.ndarray, Tuple[np.ndarray, ...]]:
     """Scaled dot-product attention: ``softmax(scale * Q Kᵀ + mask) V``.
 
     The semantics are those of ``torch.nn.functional.scaled_dot_product_attention``
@@ -75,6 +77,14 @@ def scaled_dot_product_attention(
     return_weights : bool, default False
         Also return the attention weights, shape (..., Hq, L, S).  They are only
         computed when asked for, and need L * S elements per head.
+    return_lse : bool, default False
+        Also return the natural log-sum-exp of each row's scaled, masked scores,
+        shape (..., Hq, L), in the output's dtype (-inf for a row that sees no key).
+        With it, results over disjoint chunks of the keys can be combined exactly
+        by :func:`merge_attention`.
+    key_lengths : array_like of int, optional, broadcastable to the batch dims
+        Keys at or past ``key_lengths[b]`` are ignored for batch index ``b`` (the
+        dims before the head dim), as for right-padded batches; no mask is built.
     out : numpy.ndarray, optional
         Preallocated output of shape (..., Hq, L, Ev) and the result dtype; any
         strides; must not overlap the inputs.
@@ -85,7 +95,8 @@ def scaled_dot_product_attention(
     Returns
     -------
     output : numpy.ndarray, shape (..., Hq, L, Ev)
-        (output, weights) when ``return_weights`` is true.  A query row that can see
+        With ``return_weights`` and/or ``return_lse``, a tuple
+        ``(output, weights, lse)`` holding those asked for, in that order.  A query row that can see
         no key (everything masked, or S == 0) gives zeros.
 
     Raises
@@ -106,6 +117,8 @@ def scaled_dot_product_attention(
         scale,
         enable_gqa,
         return_weights=return_weights,
+        return_lse=return_lse,
+        key_lengths=key_lengths,
         out=out,
         num_threads=num_threads,
     )

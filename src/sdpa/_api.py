@@ -157,6 +157,8 @@ def attention(
     enable_gqa: bool = False,
     *,
     return_weights: bool = False,
+    return_lse: bool = False,
+    key_lengths: Any = None,
     out: Optional[np.ndarray] = None,
     num_threads: Optional[int] = None,
 ):
@@ -250,6 +252,24 @@ def attention(
                 f"{weights_shape} (..., heads, L, S); got {shapes}"
             )
 
+    lengths = None
+    if key_lengths is not None:
+        kl = _to_array(key_lengths, "key_lengths")
+        if kl.dtype.kind not in "iu":
+            raise TypeError(f"key_lengths: expected integers, got dtype {kl.dtype}")
+        try:
+            ok = np.broadcast_shapes(kl.shape, batch_shape) == batch_shape
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"key_lengths: shape {kl.shape} does not broadcast to the batch dims {batch_shape} "
+                f"(the dims before the head dim); got {shapes}"
+            )
+        if kl.size and int(kl.min()) < 0:
+            raise ValueError(f"key_lengths: must be >= 0, got a minimum of {int(kl.min())}")
+        lengths = np.ascontiguousarray(np.minimum(kl, S), dtype=np.int64)
+
     if out is None:
         result = np.empty(out_shape, dtype=dtype)
     else:
@@ -281,7 +301,9 @@ def attention(
             )
         weights = np.empty(weights_shape, dtype=dtype)
 
-    if result.size or (weights is not None and weights.size):
+    lse = np.empty(out_shape[:-1], dtype=dtype) if return_lse else None
+
+    if result.size or (weights is not None and weights.size) or (lse is not None and lse.size):
         full = nb + 3  # batch dims + (head, row, col); 2-D problems get a head of 1
         _core.attention(
             dtype == np.float64,
@@ -301,9 +323,10 @@ def attention(
             threads,
             # Ctrl-C is delivered to the main thread: poll for it there
             threading.current_thread() is threading.main_thread(),
+            lse, None if lse is None else _elem_strides(lse, full - 1),
+            lengths, None if lengths is None else _elem_strides(lengths, nb),
         )
 
-    if return_weights:
-        return result, weights
-    return result
+    extra = tuple(x for x, wanted in ((weights, return_weights), (lse, return_lse)) if wanted)
+    return (result,) + extra if extra else result
 

@@ -46,6 +46,9 @@ cdef extern from "sdpa.h" nogil:
         int32_t causal
         int64_t causal_offset
         sdpa_view weights
+        sdpa_view lse
+        const int64_t *key_lengths
+        int64_t key_lengths_strides[8]
         int32_t num_threads
         sdpa_interrupt_fn interrupt
         void *interrupt_data
@@ -130,7 +133,7 @@ cdef int _poll_signals(void *user_data) noexcept nogil:
 
 cdef class _Buffers:
     """Holds the buffers of one call; released when the call ends."""
-    cdef Py_buffer views[6]
+    cdef Py_buffer views[8]
     cdef int count
     cdef object pending
 
@@ -166,7 +169,8 @@ def attention(bint is_float64, tuple batch_shape, int64_t heads, int64_t group,
               q, q_strides, k, k_strides, v, v_strides, out, out_strides,
               int mask_kind, mask, mask_strides,
               double scale, bint causal, int64_t causal_offset,
-              weights, weights_strides, int num_threads, bint interruptible=False):
+              weights, weights_strides, int num_threads, bint interruptible=False,
+              lse=None, lse_strides=None, key_lengths=None, key_lengths_strides=None):
     """Runs the C core on prepared arrays; strides are in elements, right-aligned
     to batch_shape + (head, row, col)."""
     cdef sdpa_problem p
@@ -194,6 +198,12 @@ def attention(bint is_float64, tuple batch_shape, int64_t heads, int64_t group,
         _fill_view(&p.mask, bufs.get(mask, False), mask_strides, nb)
     if weights is not None:
         _fill_view(&p.weights, bufs.get(weights, True), weights_strides, nb)
+    if lse is not None:  # (..., heads, L): the column stride is unused
+        _fill_view(&p.lse, bufs.get(lse, True), list(lse_strides) + [0], nb)
+    if key_lengths is not None:
+        p.key_lengths = <const int64_t *>bufs.get(key_lengths, False)
+        for i in range(nb):
+            p.key_lengths_strides[i] = key_lengths_strides[i]
     p.scale = scale
     p.causal = causal
     p.causal_offset = causal_offset
