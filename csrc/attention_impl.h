@@ -92,14 +92,19 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     const int panels = (rows + nr - 1) / nr;
     const T scale = (T)p->scale;
 
-    for (int x = 0; x < panels * nr; x++) {
-        T *panel = qt + (int64_t)(x / nr) * E * nr + x % nr;
-        if (x < rows) {
-            const T *qr = q + (l0 + x) * p->query.row_stride;
-            for (int64_t c = 0; c < E; c++) panel[c * nr] = scale * qr[c * p->query.col_stride];
-        } else {
-            for (int64_t c = 0; c < E; c++) panel[c * nr] = 0;
+    for (int pn = 0; pn < panels; pn++) {  /* contiguous stores, strided loads */
+        T *panel = qt + (int64_t)pn * E * nr;
+        const int64_t r0 = l0 + (int64_t)pn * nr;
+        const int prows = (int)(L - r0 < nr ? L - r0 : nr);
+        const T *q0 = q + r0 * p->query.row_stride;
+        for (int64_t c = 0; c < E; c++) {
+            T *pc = panel + c * nr;
+            const T *qc = q0 + c * p->query.col_stride;
+            for (int x = 0; x < prows; x++) pc[x] = scale * qc[x * p->query.row_stride];
+            for (int x = prows; x < nr; x++) pc[x] = 0;
         }
+    }
+    for (int x = 0; x < panels * nr; x++) {
         row_m[x] = -(T)INFINITY;
         row_l[x] = 0;
     }
@@ -168,11 +173,8 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         const T *ax = acc + (int64_t)(x / nr) * Ev * nr + x % nr;
         T *orow = out + row * p->out.row_stride;
         /* a row with no visible key gives zeros; NaN in l passes through */
-        if (l == 0) {
-            for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = 0;
-        } else {
-            for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = ax[c * nr] / l;
-        }
+        const T inv = l == 0 ? 0 : 1 / l;
+        for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = ax[c * nr] * inv;
         if (weights) FN(normalize_weights)(p, weights + row * p->weights.row_stride, row, S_b, m, l);
         if (lse) lse[row * p->lse.row_stride] = FN(log_sum_exp)(m, l);
     }
