@@ -46,6 +46,9 @@ static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev)
         row_sum[x] = row_sum[x] * alpha[x] + sum[x];
         row_max[x] = m_new[x];
     }
+    int changed = 0;  /* rescale only when some row's max grew */
+    for (int x = 0; x < SCALAR_NR; x++) changed |= alpha[x] != 1;
+    if (!changed) return;
     for (int64_t c = 0; c < ev; c++)
         for (int x = 0; x < SCALAR_NR; x++) acc[c * SCALAR_NR + x] *= alpha[x];
 }
@@ -92,6 +95,7 @@ static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t
     }
     *row_sum = *row_sum * alpha + sum;
     *row_max = mx;
+    if (alpha == 1) return;  /* the max did not grow */
     for (int64_t c = 0; c < ev; c++) acc[c] *= alpha;
 }
 

@@ -95,6 +95,12 @@ static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev)
         V_STORE(row_sum + v * LANES, V_FMA(V_LOAD(row_sum + v * LANES), alpha[v], sum[v]));
         V_STORE(row_max + v * LANES, m_new[v]);
     }
+    /* rescale only when some row's max grew (alpha != 1) */
+    T alphas[NR] __attribute__((aligned(64)));
+    for (int v = 0; v < NV; v++) V_STORE(alphas + v * LANES, alpha[v]);
+    int changed = 0;
+    for (int x = 0; x < NR; x++) changed |= alphas[x] != 1;
+    if (!changed) return;
     for (int64_t c = 0; c < ev; c++)
         for (int v = 0; v < NV; v++) {
             T *ac = acc + c * NR + v * LANES;
@@ -239,6 +245,7 @@ static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t
     }
     *row_sum = *row_sum * alpha + V_HSUM(vsum);
     *row_max = mx;
+    if (alpha == 1) return;  /* the max did not grow */
     const int64_t evv = ev / LANES * LANES;
     const V va = V_SET1(alpha);
     for (int64_t c = 0; c < evv; c += LANES) V_STOREU(acc + c, V_MUL(V_LOADU(acc + c), va));
