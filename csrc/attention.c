@@ -99,6 +99,30 @@ static int interrupt_due(interrupt_clock *c) {
     return 1;
 }
 
+/*
+ * Fork safety: GNU OpenMP cannot start a thread team in a child forked after the
+ * parent ran one (the child waits forever for the parent's pool threads).  A
+ * child forked after sdpa used threads therefore computes on its calling
+ * thread only.
+ */
+static volatile int openmp_used = 0;
+static volatile int forked_after_openmp = 0;
+
+#if defined(_OPENMP) && !defined(_WIN32)
+#include <pthread.h>
+static void on_fork_child(void) {
+    if (openmp_used) forked_after_openmp = 1;
+}
+static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
+static void install_fork_handler(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+static void note_openmp_used(void) {
+    pthread_once(&fork_handler_once, install_fork_handler);
+    openmp_used = 1;
+}
+#else
+static void note_openmp_used(void) { openmp_used = 1; }
+#endif
+
 /* ---- the two element types ---- */
 
 #define T float
@@ -216,6 +240,7 @@ static sdpa_status make_plan(const sdpa_problem *p, int64_t batch_count, const k
 #ifndef _OPENMP
     nthreads = 1;
 #endif
+    if (forked_after_openmp) nthreads = 1;
     pl->num_threads = nthreads;
     return SDPA_OK;
 }

@@ -321,6 +321,23 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, const T *parti
     }
 }
 
+/* One task, unless the call was interrupted; thread 0 polls the interrupt. */
+static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
+                        T *partial, int64_t t, int tid, volatile int *stop, interrupt_clock *clk) {
+    if (*stop) return;
+    if (tid == 0 && p->interrupt && interrupt_due(clk) && p->interrupt(p->interrupt_data)) {
+        *stop = 1;
+#ifdef _OPENMP
+#pragma omp flush
+#endif
+        return;
+    }
+    if (pl->row_mode)
+        FN(run_row_task)(p, pl, kern, scratch, partial, t);
+    else
+        FN(run_task)(p, pl, kern, scratch, t);
+}
+
 static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT *kern) {
     const size_t per_thread = pl->scratch_elems;
     const int nthreads = pl->num_threads;
@@ -332,39 +349,28 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
     volatile int stop = 0;
     interrupt_clock clk;
     interrupt_clock_start(&clk);
+    if (nthreads == 1) {  /* no OpenMP region at all (also what a forked child needs) */
+        for (int64_t t = 0; t < pl->num_tasks; t++)
+            FN(do_task)(p, pl, kern, scratch, partial, t, 0, &stop, &clk);
+        if (pl->row_mode)
+            for (int64_t g = 0; g < pl->num_groups && !stop; g++) FN(merge_rows)(p, pl, partial, g);
+    } else {
 #ifdef _OPENMP
+        note_openmp_used();
 #pragma omp parallel num_threads(nthreads)
-#endif
-    {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        T *mine = scratch + (size_t)tid * per_thread;
-#ifdef _OPENMP
+        {
+            const int tid = omp_get_thread_num();
+            T *mine = scratch + (size_t)tid * per_thread;
 #pragma omp for schedule(dynamic, 1)
-#endif
-        for (int64_t t = 0; t < pl->num_tasks; t++) {
-            if (stop) continue;
-            if (tid == 0 && p->interrupt && interrupt_due(&clk) && p->interrupt(p->interrupt_data)) {
-                stop = 1;
-#ifdef _OPENMP
-#pragma omp flush
-#endif
-                continue;
-            }
-            if (pl->row_mode)
-                FN(run_row_task)(p, pl, kern, mine, partial, t);
-            else
-                FN(run_task)(p, pl, kern, mine, t);
-        }
-        if (pl->row_mode) {  /* the implicit barrier above: every chunk is done */
-#ifdef _OPENMP
+            for (int64_t t = 0; t < pl->num_tasks; t++)
+                FN(do_task)(p, pl, kern, mine, partial, t, tid, &stop, &clk);
+            if (pl->row_mode) {  /* after the implicit barrier above: every chunk is done */
 #pragma omp for schedule(static)
-#endif
-            for (int64_t g = 0; g < pl->num_groups; g++)
-                if (!stop) FN(merge_rows)(p, pl, partial, g);
+                for (int64_t g = 0; g < pl->num_groups; g++)
+                    if (!stop) FN(merge_rows)(p, pl, partial, g);
+            }
         }
+#endif
     }
     aligned_free(scratch);
     return stop ? SDPA_ERR_INTERRUPTED : SDPA_OK;

@@ -97,3 +97,26 @@ sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t
     else return SDPA_ERR_BAD_DTYPE;
     return SDPA_OK;
 }
+
+/* Floating-point control flags that change results (x86: MXCSR FTZ and DAZ),
+ * as seen by each of num_threads OpenMP threads; for the tests that check that
+ * a call leaves them as they were. */
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if SDPA_HAVE_X86_KERNELS
+#include <immintrin.h>
+static int fp_flags_here(void) { return (int)(_mm_getcsr() & 0x8040u); }
+#else
+static int fp_flags_here(void) { return 0; }
+#endif
+
+void sdpa_fp_flags_in_threads(int num_threads, int *flags) {
+    for (int i = 0; i < num_threads; i++) flags[i] = -1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(num_threads)
+    flags[omp_get_thread_num()] = fp_flags_here();
+#else
+    flags[0] = fp_flags_here();
+#endif
+}

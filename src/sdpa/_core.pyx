@@ -64,6 +64,7 @@ cdef extern from "sdpa.h" nogil:
 
 cdef extern from "internal.h" nogil:
     sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t n)
+    void sdpa_fp_flags_in_threads(int num_threads, int *flags)
 
 MAX_BATCH_DIMS = SDPA_MAX_BATCH_DIMS
 MASK_NONE = SDPA_MASK_NONE
@@ -109,6 +110,16 @@ def kernel_exp(name, x):
         PyBuffer_Release(&view)
     if st != SDPA_OK:
         raise ValueError(sdpa_status_message(st).decode())
+
+
+def fp_flags(int num_threads=1):
+    """The floating-point control flags (x86: MXCSR FTZ/DAZ bits) seen by each of
+    num_threads OpenMP threads (for tests: a call must leave them unchanged)."""
+    if num_threads < 1 or num_threads > 256:
+        raise ValueError("num_threads: 1..256")
+    cdef int flags[256]
+    sdpa_fp_flags_in_threads(num_threads, flags)
+    return [flags[i] for i in range(num_threads)]
 
 
 def has_openmp():
