@@ -27,9 +27,16 @@ import numpy as np
 
 from . import _core, reference
 from ._api import attention as _attention
+from .kvcache import KVCache, KVCacheFullError
+from .layers import MultiHeadAttention
+from .merge import merge_attention
 
 __all__ = [
     "scaled_dot_product_attention",
+    "merge_attention",
+    "KVCache",
+    "KVCacheFullError",
+    "MultiHeadAttention",
     "show_config",
     "config",
     "reference",

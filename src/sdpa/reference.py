@@ -12,7 +12,7 @@ from typing import Optional, Tuple, Union
 
 import numpy as np
 
-__all__ = ["scaled_dot_product_attention", "causal_mask"]
+__all__ = ["scaled_dot_product_attention", "causal_mask", "multi_head_attention"]
 
 
 def causal_mask(L: int, S: int, *, bottom_right: bool = False) -> np.ndarray:
@@ -86,3 +86,53 @@ def scaled_dot_product_attention(
     if return_weights:
         return out, weights
     return out
+
+
+def multi_head_attention(
+    x,
+    w_q,
+    w_k,
+    w_v,
+    w_o,
+    b_q=None,
+    b_k=None,
+    b_v=None,
+    b_o=None,
+    num_heads: int = 1,
+    num_kv_heads: Optional[int] = None,
+    causal: Union[bool, str] = False,
+    scale: Optional[float] = None,
+) -> np.ndarray:
+    """A multi-head attention layer in float64, step by step.
+
+    ``x`` is (..., T, embed_dim).  The projections are ``x @ w + b``: ``w_q`` is
+    (embed_dim, num_heads * D), ``w_k`` and ``w_v`` are (embed_dim, num_kv_heads * D)
+    and ``w_o`` is (num_heads * Dv, embed_dim); a bias of None is left out.  Query
+    head ``h`` attends with key/value head ``h // (num_heads // num_kv_heads)``
+    (``num_kv_heads`` defaults to ``num_heads``).  ``causal`` is passed on to
+    :func:`scaled_dot_product_attention`.  Returns (..., T, embed_dim) as float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+
+    def project(w, b, heads):
+        y = x @ np.asarray(w, dtype=np.float64)
+        if b is not None:
+            y = y + np.asarray(b, dtype=np.float64)
+        # (..., T, heads * D) -> (..., heads, T, D)
+        y = y.reshape(y.shape[:-1] + (heads, y.shape[-1] // heads))
+        return np.swapaxes(y, -2, -3)
+
+    q = project(w_q, b_q, num_heads)
+    k = project(w_k, b_k, num_kv_heads)
+    v = project(w_v, b_v, num_kv_heads)
+    o = scaled_dot_product_attention(
+        q, k, v, is_causal=causal, scale=scale, enable_gqa=num_kv_heads != num_heads
+    )
+    # (..., heads, T, Dv) -> (..., T, heads * Dv)
+    o = np.swapaxes(o, -2, -3)
+    o = o.reshape(o.shape[:-2] + (o.shape[-2] * o.shape[-1],))
+    y = o @ np.asarray(w_o, dtype=np.float64)
+    if b_o is not None:
+        y = y + np.asarray(b_o, dtype=np.float64)
+    return y

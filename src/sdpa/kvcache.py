@@ -1,0 +1,231 @@
+"""Key/value cache for autoregressive decoding.
+
+A decoder recomputes nothing for the tokens it has already seen: each attention
+layer keeps their keys and values, appends those of the new tokens at every step,
+and attends the new queries to everything kept so far.  :class:`KVCache` is that
+storage for one layer, preallocated so that a step costs one copy of the new
+tokens and no reallocation.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Tuple
+
+import numpy as np
+
+__all__ = ["KVCache", "KVCacheFullError"]
+
+
+class KVCacheFullError(ValueError):
+    """Appending would go past the capacity of a :class:`KVCache` that may not grow."""
+
+
+def _count(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class KVCache:
+    """Preallocated key/value storage of one attention layer.
+
+    Keys are kept in an array of shape (batch, num_kv_heads, capacity, head_dim),
+    values in one of shape (batch, num_kv_heads, capacity, head_dim_v); the first
+    :attr:`length` positions along dim 2 are filled.
+
+    Parameters
+    ----------
+    batch : int
+        Sequences decoded side by side.
+    num_kv_heads : int
+        Key/value heads (Hkv).
+    capacity : int
+        Positions reserved up front.
+    head_dim : int
+        Features of a key (E).
+    head_dim_v : int, optional
+        Features of a value (Ev); defaults to ``head_dim``.
+    dtype : numpy dtype, default float32
+        Storage dtype (a float type); appended arrays are converted to it.
+    grow : bool, default False
+        When an append does not fit: False raises :class:`KVCacheFullError`;
+        True reallocates with (at least) twice the capacity, so that appends stay
+        amortized O(tokens).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sdpa import KVCache
+    >>> cache = KVCache(batch=1, num_kv_heads=2, capacity=16, head_dim=4)
+    >>> k = v = np.ones((1, 2, 3, 4), dtype=np.float32)
+    >>> _ = cache.append(k, v)
+    >>> len(cache), cache.keys.shape
+    (3, (1, 2, 3, 4))
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_kv_heads: int,
+        capacity: int,
+        head_dim: int,
+        head_dim_v: int | None = None,
+        dtype: Any = np.float32,
+        grow: bool = False,
+    ) -> None:
+        self._batch = _count(batch, "batch", 1)
+        self._heads = _count(num_kv_heads, "num_kv_heads", 1)
+        capacity = _count(capacity, "capacity", 0)
+        self._e = _count(head_dim, "head_dim", 1)
+        self._ev = self._e if head_dim_v is None else _count(head_dim_v, "head_dim_v", 1)
+        self._dtype = np.dtype(dtype)
+        if self._dtype.kind != "f":
+            raise TypeError(f"dtype: expected a floating point dtype, got {self._dtype}")
+        self.grow = bool(grow)
+        self._length = 0
+        self._k = np.zeros((self._batch, self._heads, capacity, self._e), dtype=self._dtype)
+        self._v = np.zeros((self._batch, self._heads, capacity, self._ev), dtype=self._dtype)
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def batch(self) -> int:
+        return self._batch
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self._heads
+
+    @property
+    def head_dim(self) -> int:
+        return self._e
+
+    @property
+    def head_dim_v(self) -> int:
+        return self._ev
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def length(self) -> int:
+        """Positions filled so far."""
+        return self._length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        """Positions that fit before the storage is full."""
+        return self._k.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the storage (both arrays, whole capacity)."""
+        return self._k.nbytes + self._v.nbytes
+
+    # ------------------------------------------------------------------ contents
+
+    @property
+    def keys(self) -> np.ndarray:
+        """The filled keys, (batch, num_kv_heads, length, head_dim): a read-only view
+        of the storage, valid until the next :meth:`reset` or growth."""
+        view = self._k[:, :, : self._length]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def values(self) -> np.ndarray:
+        """The filled values, (batch, num_kv_heads, length, head_dim_v): a read-only
+        view of the storage, valid until the next :meth:`reset` or growth."""
+        view = self._v[:, :, : self._length]
+        view.flags.writeable = False
+        return view
+
+    def append(self, k: Any, v: Any) -> Tuple[np.ndarray, np.ndarray]:
+        """Append the keys and values of T new positions.
+
+        Parameters
+        ----------
+        k : array_like, shape (batch, num_kv_heads, T, head_dim)
+        v : array_like, shape (batch, num_kv_heads, T, head_dim_v)
+            T >= 1.  Converted to the cache's dtype.
+
+        Returns
+        -------
+        (keys, values) : the filled part after the append, as :attr:`keys` and
+        :attr:`values` give it.
+
+        Raises
+        ------
+        ValueError
+            Shapes that do not fit the cache (nothing is written).
+        KVCacheFullError
+            The positions do not fit and the cache may not grow (nothing is written).
+        """
+        k = np.asarray(k)
+        v = np.asarray(v)
+        expected_k = (self._batch, self._heads, "T", self._e)
+        expected_v = (self._batch, self._heads, "T", self._ev)
+        for a, name, expected in ((k, "k", expected_k), (v, "v", expected_v)):
+            if a.dtype.kind not in "biuf":
+                raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}")
+            if (
+                a.ndim != 4
+                or a.shape[:2] != expected[:2]
+                or a.shape[3] != expected[3]
+            ):
+                shown = "(" + ", ".join(str(x) for x in expected) + ")"
+                raise ValueError(
+                    f"{name}: expected shape {shown} (batch, num_kv_heads, tokens, features), "
+                    f"got shape {a.shape}"
+                )
+        T = k.shape[2]
+        if v.shape[2] != T:
+            raise ValueError(
+                f"k and v: must hold the same number of tokens (dim 2); got k {k.shape}, "
+                f"v {v.shape}"
+            )
+        if T < 1:
+            raise ValueError(f"k and v: expected at least one token (dim 2), got k {k.shape}")
+        end = self._length + T
+        if end > self.capacity:
+            if not self.grow:
+                raise KVCacheFullError(
+                    f"KVCache is full: {self._length} of {self.capacity} positions are used "
+                    f"and {T} more do not fit; make it larger or pass grow=True"
+                )
+            self._reserve(max(end, 2 * self.capacity))
+        np.copyto(self._k[:, :, self._length : end], k, casting="same_kind")
+        np.copyto(self._v[:, :, self._length : end], v, casting="same_kind")
+        self._length = end
+        return self.keys, self.values
+
+    def reserve(self, capacity: int) -> None:
+        """Make room for at least ``capacity`` positions (keeps the contents)."""
+        capacity = _count(capacity, "capacity", 0)
+        if capacity > self.capacity:
+            self._reserve(capacity)
+
+    def _reserve(self, capacity: int) -> None:
+        n = self._length
+        k = np.zeros((self._batch, self._heads, capacity, self._e), dtype=self._dtype)
+        v = np.zeros((self._batch, self._heads, capacity, self._ev), dtype=self._dtype)
+        k[:, :, :n] = self._k[:, :, :n]
+        v[:, :, :n] = self._v[:, :, :n]
+        self._k, self._v = k, v
+
+    def reset(self) -> None:
+        """Forget every position (the storage is kept for reuse)."""
+        self._length = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCache(batch={self._batch}, num_kv_heads={self._heads}, "
+            f"length={self._length}, capacity={self.capacity}, head_dim={self._e}, "
+            f"head_dim_v={self._ev}, dtype={self._dtype}, grow={self.grow})"
+        )

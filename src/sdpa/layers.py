@@ -1,0 +1,370 @@
+"""Attention layers built on :func:`sdpa.scaled_dot_product_attention`."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from .kvcache import KVCache
+
+__all__ = ["MultiHeadAttention"]
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name}: must be >= 1, got {value}")
+    return int(value)
+
+
+class MultiHeadAttention:
+    """The attention layer of a Transformer, with grouped-query attention.
+
+    For an input ``x`` of shape (batch, T, embed_dim)::
+
+        q = x @ w_q + b_q    -> (batch, num_heads,    T, head_dim)
+        k = x @ w_k + b_k    -> (batch, num_kv_heads, T, head_dim)
+        v = x @ w_v + b_v    -> (batch, num_kv_heads, T, head_dim)
+        o = attention(q, k, v)                  # query head h uses kv head h // group
+        y = o @ w_o + b_o    <- o as (batch, T, num_heads * head_dim)
+
+    ``num_kv_heads == num_heads`` is classic multi-head attention, fewer key/value
+    heads (a divisor of ``num_heads``) grouped-query attention, and one key/value
+    head multi-query attention.
+
+    Parameters
+    ----------
+    embed_dim : int
+        Features of the input and of the output.
+    num_heads : int
+        Query heads (Hq).
+    num_kv_heads : int, optional
+        Key/value heads (Hkv), a divisor of ``num_heads``; defaults to ``num_heads``.
+    head_dim : int, optional
+        Features per head (D); defaults to ``embed_dim // num_heads``, which then
+        must divide evenly.
+    bias : bool, default True
+        Give every projection a bias.
+    dtype : numpy dtype, default float32
+        dtype of the weights and of the computation.
+    rng : numpy.random.Generator or int, optional
+        Source (or seed) of the random initial weights; seed 0 when not given, so
+        that two layers built alike are equal.
+
+    Attributes
+    ----------
+    w_q : (embed_dim, num_heads * head_dim)
+    w_k, w_v : (embed_dim, num_kv_heads * head_dim)
+    w_o : (num_heads * head_dim, embed_dim)
+    b_q : (num_heads * head_dim,) or None
+    b_k, b_v : (num_kv_heads * head_dim,) or None
+    b_o : (embed_dim,) or None
+        NumPy arrays of ``dtype``; they may be replaced by arrays of the same shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sdpa import MultiHeadAttention
+    >>> layer = MultiHeadAttention(64, num_heads=8, num_kv_heads=2)
+    >>> x = np.random.default_rng(0).standard_normal((1, 10, 64)).astype(np.float32)
+    >>> full = layer(x)                         # causal self-attention over 10 tokens
+    >>> cache = layer.new_cache(batch=1, capacity=16)
+    >>> steps = [layer(x[:, :6], cache)] + [layer(x[:, t:t + 1], cache) for t in range(6, 10)]
+    >>> bool(np.allclose(np.concatenate(steps, axis=1), full, atol=1e-5))
+    True
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        num_kv_heads: Optional[int] = None,
+        head_dim: Optional[int] = None,
+        bias: bool = True,
+        dtype: Any = np.float32,
+        rng: Union[np.random.Generator, int, None] = None,
+    ) -> None:
+        self._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype)
+        if not isinstance(rng, np.random.Generator):
+            rng = np.random.default_rng(0 if rng is None else rng)
+        embed_dim, num_heads, num_kv_heads = self.embed_dim, self.num_heads, self.num_kv_heads
+        head_dim, dtype = self.head_dim, self.dtype
+
+        def weight(fan_in: int, fan_out: int) -> np.ndarray:
+            return (rng.standard_normal((fan_in, fan_out)) / math.sqrt(fan_in)).astype(dtype)
+
+        def bias_of(fan_in: int, fan_out: int) -> Optional[np.ndarray]:
+            if not bias:
+                return None
+            bound = 1.0 / math.sqrt(fan_in)
+            return rng.uniform(-bound, bound, fan_out).astype(dtype)
+
+        q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+        self.w_q = weight(embed_dim, q_dim)
+        self.w_k = weight(embed_dim, kv_dim)
+        self.w_v = weight(embed_dim, kv_dim)
+        self.w_o = weight(q_dim, embed_dim)
+        self.b_q = bias_of(embed_dim, q_dim)
+        self.b_k = bias_of(embed_dim, kv_dim)
+        self.b_v = bias_of(embed_dim, kv_dim)
+        self.b_o = bias_of(q_dim, embed_dim)
+
+    def _configure(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        num_kv_heads: Optional[int],
+        head_dim: Optional[int],
+        dtype: Any,
+    ) -> None:
+        """Check and set the sizes and the dtype."""
+        embed_dim = _count(embed_dim, "embed_dim")
+        num_heads = _count(num_heads, "num_heads")
+        num_kv_heads = num_heads if num_kv_heads is None else _count(num_kv_heads, "num_kv_heads")
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_kv_heads: must divide num_heads; got num_heads={num_heads}, "
+                f"num_kv_heads={num_kv_heads}"
+            )
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise ValueError(
+                    f"embed_dim: must be a multiple of num_heads when head_dim is not given; "
+                    f"got embed_dim={embed_dim}, num_heads={num_heads}"
+                )
+            head_dim = embed_dim // num_heads
+        head_dim = _count(head_dim, "head_dim")
+        dtype = np.dtype(dtype)
+        if dtype.kind != "f":
+            raise TypeError(f"dtype: expected a floating point dtype, got {dtype}")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def from_weights(
+        cls,
+        w_q: Any,
+        w_k: Any,
+        w_v: Any,
+        w_o: Any,
+        b_q: Any = None,
+        b_k: Any = None,
+        b_v: Any = None,
+        b_o: Any = None,
+        *,
+        num_heads: int,
+        num_kv_heads: Optional[int] = None,
+        dtype: Any = None,
+    ) -> "MultiHeadAttention":
+        """A layer with the given weights (same layout as the attributes; ``x @ w``).
+
+        ``dtype`` defaults to the result dtype of the weights (float64 for
+        non-float weights).  The arrays are copied.
+        """
+        arrays = [np.asarray(a) for a in (w_q, w_k, w_v, w_o)]
+        biases = [None if b is None else np.asarray(b) for b in (b_q, b_k, b_v, b_o)]
+        if dtype is None:
+            dtype = np.result_type(*arrays, *(b for b in biases if b is not None))
+            if dtype.kind != "f":
+                dtype = np.float64
+        wq, wk, wv, wo = arrays
+        for a, name in zip(arrays, ("w_q", "w_k", "w_v", "w_o")):
+            if a.ndim != 2:
+                raise ValueError(f"{name}: expected a 2-D weight (in, out), got shape {a.shape}")
+        num_heads = _count(num_heads, "num_heads")
+        num_kv_heads = num_heads if num_kv_heads is None else _count(num_kv_heads, "num_kv_heads")
+        embed_dim = wq.shape[0]
+        if wq.shape[1] % num_heads:
+            raise ValueError(
+                f"w_q: its {wq.shape[1]} output features do not split into num_heads={num_heads} "
+                f"heads; got shape {wq.shape}"
+            )
+        head_dim = wq.shape[1] // num_heads
+        q_dim, kv_dim = num_heads * head_dim, num_kv_heads * head_dim
+        expected = {
+            "w_q": (embed_dim, q_dim),
+            "w_k": (embed_dim, kv_dim),
+            "w_v": (embed_dim, kv_dim),
+            "w_o": (q_dim, embed_dim),
+        }
+        for a, name in zip(arrays, expected):
+            if a.shape != expected[name]:
+                raise ValueError(
+                    f"{name}: expected shape {expected[name]} for embed_dim={embed_dim}, "
+                    f"num_heads={num_heads}, num_kv_heads={num_kv_heads}, head_dim={head_dim}; "
+                    f"got {a.shape}"
+                )
+        for b, name, n in zip(biases, ("b_q", "b_k", "b_v", "b_o"), (q_dim, kv_dim, kv_dim, embed_dim)):
+            if b is not None and b.shape != (n,):
+                raise ValueError(f"{name}: expected shape {(n,)}, got {b.shape}")
+
+        layer = cls.__new__(cls)
+        layer._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype)
+        layer.w_q, layer.w_k, layer.w_v, layer.w_o = (np.array(a, dtype=layer.dtype) for a in arrays)
+        layer.b_q, layer.b_k, layer.b_v, layer.b_o = (
+            None if b is None else np.array(b, dtype=layer.dtype) for b in biases
+        )
+        return layer
+
+    @classmethod
+    def from_torch(cls, module: Any, dtype: Any = None) -> "MultiHeadAttention":
+        """A layer with the weights of a ``torch.nn.MultiheadAttention``.
+
+        ``layer(x, causal=False)`` with ``x`` of shape (batch, T, embed_dim) then
+        equals ``module(x, x, x, need_weights=False)[0]`` (for a module with
+        ``batch_first=False``, transpose its (T, batch, embed_dim) input and
+        output).  The module must have ``kdim == vdim == embed_dim`` and neither
+        ``add_bias_kv`` nor ``add_zero_attn``.  Dropout is not applied (as in
+        ``module.eval()``).  ``dtype`` defaults to that of the module's weights.
+        """
+        def to_numpy(t):
+            return None if t is None else t.detach().cpu().numpy()
+
+        embed_dim = int(module.embed_dim)
+        kdim, vdim = int(module.kdim), int(module.vdim)
+        if not (kdim == vdim == embed_dim):
+            raise ValueError(
+                f"from_torch: needs kdim == vdim == embed_dim; got embed_dim={embed_dim}, "
+                f"kdim={kdim}, vdim={vdim}"
+            )
+        if getattr(module, "bias_k", None) is not None or getattr(module, "bias_v", None) is not None:
+            raise ValueError("from_torch: modules with add_bias_kv=True are not supported")
+        if getattr(module, "add_zero_attn", False):
+            raise ValueError("from_torch: modules with add_zero_attn=True are not supported")
+
+        if getattr(module, "in_proj_weight", None) is not None:
+            w = to_numpy(module.in_proj_weight)  # (3 E, E), torch's (out, in)
+            wq, wk, wv = w[:embed_dim], w[embed_dim : 2 * embed_dim], w[2 * embed_dim :]
+        else:
+            wq, wk, wv = (to_numpy(getattr(module, f"{n}_proj_weight")) for n in "qkv")
+        b = to_numpy(getattr(module, "in_proj_bias", None))
+        bq, bk, bv = (None, None, None) if b is None else (
+            b[:embed_dim], b[embed_dim : 2 * embed_dim], b[2 * embed_dim :]
+        )
+        wo = to_numpy(module.out_proj.weight)
+        bo = to_numpy(module.out_proj.bias)
+        if dtype is None:
+            dtype = wq.dtype if wq.dtype.kind == "f" else np.float32
+        return cls.from_weights(
+            wq.T, wk.T, wv.T, wo.T, bq, bk, bv, bo,
+            num_heads=int(module.num_heads), dtype=dtype,
+        )
+
+    # ------------------------------------------------------------------ use
+
+    def new_cache(self, batch: int, capacity: int, grow: bool = False, dtype: Any = None) -> KVCache:
+        """An empty :class:`KVCache` for this layer: (batch, num_kv_heads, capacity,
+        head_dim), of the layer's dtype unless ``dtype`` says otherwise."""
+        return KVCache(
+            batch,
+            self.num_kv_heads,
+            capacity,
+            self.head_dim,
+            dtype=self.dtype if dtype is None else dtype,
+            grow=grow,
+        )
+
+    def _project(self, x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray], heads: int) -> np.ndarray:
+        """(batch, T, embed_dim) -> (batch, heads, T, D), a transposed view."""
+        y = x @ w
+        if b is not None:
+            y += b
+        B, T, _ = y.shape
+        return y.reshape(B, T, heads, -1).transpose(0, 2, 1, 3)
+
+    def __call__(
+        self,
+        x: Any,
+        cache: Optional[KVCache] = None,
+        causal: bool = True,
+        num_threads: Optional[int] = None,
+    ) -> np.ndarray:
+        """Apply the layer.
+
+        Parameters
+        ----------
+        x : array_like, shape (batch, T, embed_dim) or (T, embed_dim)
+            Converted to the layer's dtype.
+        cache : KVCache, optional
+            Without one, self-attention over the T positions of ``x`` (causal
+            with ``tril(ones(T, T))`` when ``causal``).  With one, the keys and
+            values of ``x`` are appended to it, and the T new positions attend to
+            every cached position, causally aligned to the end
+            (``tril(ones(T, S), S - T)`` for S cached positions): a prefill of
+            the first tokens followed by steps of one token gives what one call
+            over the whole sequence gives.
+        causal : bool, default True
+            Mask the positions after each query's own.
+        num_threads : int, optional
+            Threads for the attention (see :func:`sdpa.scaled_dot_product_attention`).
+
+        Returns
+        -------
+        numpy.ndarray of the layer's dtype, the shape of ``x``.
+        """
+        from . import scaled_dot_product_attention
+
+        x = np.asarray(x)
+        if x.ndim not in (2, 3) or x.shape[-1] != self.embed_dim:
+            raise ValueError(
+                f"x: expected shape (batch, T, {self.embed_dim}) or (T, {self.embed_dim}), "
+                f"got {x.shape}"
+            )
+        squeeze = x.ndim == 2
+        if squeeze:
+            x = x[None]
+        x = x.astype(self.dtype, copy=False)
+        B, T, _ = x.shape
+        Hq, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+
+        q = self._project(x, self.w_q, self.b_q, Hq)
+        k = self._project(x, self.w_k, self.b_k, Hkv)
+        v = self._project(x, self.w_v, self.b_v, Hkv)
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache: expected a KVCache, got {type(cache).__name__}")
+            if (cache.batch, cache.num_kv_heads, cache.head_dim, cache.head_dim_v) != (B, Hkv, D, D):
+                raise ValueError(
+                    f"cache: holds (batch={cache.batch}, num_kv_heads={cache.num_kv_heads}, "
+                    f"head_dim={cache.head_dim}, head_dim_v={cache.head_dim_v}), but this call "
+                    f"needs (batch={B}, num_kv_heads={Hkv}, head_dim={D}, head_dim_v={D})"
+                )
+            k, v = cache.append(k, v)
+            is_causal: Union[bool, str] = "bottom_right" if causal else False
+        else:
+            is_causal = bool(causal)
+
+        # The output is written straight into (batch, T, heads, D) memory, so the
+        # heads are concatenated for the output projection without a copy.
+        # sdpa computes in float32 when every operand is float16/float32
+        low = (np.dtype(np.float16), np.dtype(np.float32))
+        dtype = np.float32 if all(a.dtype in low for a in (q, k, v)) else np.float64
+        merged = np.empty((B, T, Hq, D), dtype=dtype)
+        scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=is_causal,
+            enable_gqa=Hkv != Hq,
+            out=merged.transpose(0, 2, 1, 3),
+            num_threads=num_threads,
+        )
+        y = merged.reshape(B, T, Hq * D).astype(self.dtype, copy=False) @ self.w_o
+        if self.b_o is not None:
+            y += self.b_o
+        return y[0] if squeeze else y
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"bias={self.b_q is not None}, dtype={self.dtype})"
+        )
