@@ -52,7 +52,7 @@ static void FN(mask_row)(const sdpa_problem *p, const void *mask_row, T *sr, int
 
 static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
                          int64_t task) {
-    const int64_t H = p->num_heads, L = p->len_q, S = p->len_kv;
+    const int64_t H = p->num_heads, L = p->len_q;
     const int64_t E = p->head_dim, Ev = p->head_dim_v;
     const int tile_q = pl->tile_q, tile_k = pl->tile_k, nr = pl->nr;
 

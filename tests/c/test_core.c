@@ -1,0 +1,1029 @@
+/*
+ * Tests of the C core through its public API (sdpa.h), with no Python.
+ *
+ * Every result is compared with a naive double-precision implementation of
+ * attention written here (scores, mask, causal mask, key lengths, softmax,
+ * weighted sum), for every kernel set the CPU supports, float32 and float64,
+ * and strided, transposed, padded, reversed and broadcast views.  Each call is
+ * repeated with 1, 2 and 3 threads, whose results must be bitwise identical.
+ *
+ *   sdpa_test_core            the full run (a few seconds)
+ *   sdpa_test_core --quick    small sizes, for valgrind (also SDPA_TEST_QUICK=1)
+ *
+ * Prints one line per check and ends with "N passed, M failed"; the exit
+ * status is nonzero when a check failed.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sdpa.h"
+
+/* ---- reporting ---- */
+
+static int n_passed = 0, n_failed = 0, n_skipped = 0;
+static int quick = 0;
+
+static int check(int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s - ", ok ? "ok" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (ok) n_passed++;
+    else n_failed++;
+    fflush(stdout);
+    return ok;
+}
+
+static void skip(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("skip - ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    n_skipped++;
+}
+
+static void *xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+/* ---- a small deterministic random generator (splitmix64) ---- */
+
+static uint64_t rng_state = 0x5d9a1f3c7b2e4a61ull;
+
+static uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static double rng_uniform(void) { return (double)(rng_next() >> 11) * (1.0 / 9007199254740992.0); }
+
+/* an integer in [lo, hi] */
+static int64_t rng_int(int64_t lo, int64_t hi) { return lo + (int64_t)(rng_next() % (uint64_t)(hi - lo + 1)); }
+
+/* ---- strided buffers ---- */
+
+#define MAX_DIMS (SDPA_MAX_BATCH_DIMS + 3)
+
+enum layout_style {
+    LAYOUT_CONTIGUOUS = 0, /* row-major, dense                                  */
+    LAYOUT_STRIDED = 1,    /* random dim order, padding, some reversed dims      */
+    LAYOUT_TRANSPOSED = 2  /* column-major: the last dim has the largest stride  */
+};
+
+/*
+ * One operand in memory: nd logical dims (batch dims, then head, row and, for
+ * all but lse, column).  Broadcast dims are stored once and have stride 0.
+ * Element (i_0, ..., i_{nd-1}) is at data + sum i_d * stride[d], where data is
+ * base + offset elements (reversed dims start at their far end).
+ */
+typedef struct buffer {
+    int nd;
+    int64_t n[MAX_DIMS];
+    int64_t stride[MAX_DIMS];
+    int64_t offset; /* elements from base to data */
+    int64_t total;  /* elements allocated          */
+    size_t elem;
+    unsigned char *base;
+    unsigned char *data;
+} buffer;
+
+static void buffer_make(buffer *b, int nd, const int64_t *n, size_t elem, unsigned bcast, int style) {
+    memset(b, 0, sizeof(*b));
+    b->nd = nd;
+    b->elem = elem;
+    int order[MAX_DIMS]; /* order[0] is the innermost dim */
+    for (int d = 0; d < nd; d++) {
+        b->n[d] = n[d];
+        order[d] = style == LAYOUT_TRANSPOSED ? d : nd - 1 - d;
+    }
+    if (style == LAYOUT_STRIDED)
+        for (int i = nd - 1; i > 0; i--) {
+            int j = (int)rng_int(0, i), t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+    int64_t cur = 1, offset = 0;
+    for (int i = 0; i < nd; i++) {
+        const int d = order[i];
+        const int64_t stored = (bcast >> d) & 1 ? 1 : n[d];
+        const int64_t extent = stored + (style == LAYOUT_STRIDED ? rng_int(0, 2) : 0);
+        int64_t s = (bcast >> d) & 1 ? 0 : cur;
+        if (style == LAYOUT_STRIDED && s != 0 && rng_int(0, 3) == 0) {
+            s = -s; /* reversed: data points at the far end of this dim */
+            if (stored > 0) offset += (stored - 1) * cur;
+        }
+        b->stride[d] = s;
+        cur *= extent > 0 ? extent : 1;
+    }
+    b->total = cur;
+    b->offset = offset;
+    b->base = (unsigned char *)xcalloc((size_t)cur, elem);
+    b->data = b->base + offset * (int64_t)elem;
+}
+
+static void buffer_free(buffer *b) {
+    free(b->base);
+    b->base = b->data = NULL;
+}
+
+static int64_t buffer_off(const buffer *b, const int64_t *idx) {
+    int64_t off = 0;
+    for (int d = 0; d < b->nd; d++) off += idx[d] * b->stride[d];
+    return off;
+}
+
+/* The sdpa_view of a buffer with nb batch dims. */
+static sdpa_view buffer_view(const buffer *b, int nb) {
+    sdpa_view v;
+    memset(&v, 0, sizeof(v));
+    v.data = b->data;
+    for (int d = 0; d < nb; d++) v.batch_strides[d] = b->stride[d];
+    v.head_stride = b->stride[nb];
+    v.row_stride = b->stride[nb + 1];
+    v.col_stride = b->nd > nb + 2 ? b->stride[nb + 2] : 0;
+    return v;
+}
+
+static double load(const void *data, sdpa_dtype dt, int64_t off) {
+    return dt == SDPA_FLOAT32 ? (double)((const float *)data)[off] : ((const double *)data)[off];
+}
+
+static void store(void *data, sdpa_dtype dt, int64_t off, double x) {
+    if (dt == SDPA_FLOAT32) ((float *)data)[off] = (float)x;
+    else ((double *)data)[off] = x;
+}
+
+/* Fills every stored element of a float buffer with uniform values in [lo, hi). */
+static void fill_uniform(buffer *b, sdpa_dtype dt, double lo, double hi) {
+    for (int64_t i = 0; i < b->total; i++) store(b->base, dt, i, lo + (hi - lo) * rng_uniform());
+}
+
+/* Sets every element, in the view or not, to x (the sentinel of outputs). */
+static void fill_all(buffer *b, sdpa_dtype dt, double x) {
+    for (int64_t i = 0; i < b->total; i++) store(b->base, dt, i, x);
+}
+
+/* Advances a multi-index over dims [0, nd) of sizes n, last dim fastest;
+ * returns 0 after the last index. */
+static int next_index(int64_t *idx, const int64_t *n, int nd) {
+    for (int d = nd - 1; d >= 0; d--) {
+        if (++idx[d] < n[d]) return 1;
+        idx[d] = 0;
+    }
+    return 0;
+}
+
+static int64_t product(const int64_t *n, int nd) {
+    int64_t p = 1;
+    for (int d = 0; d < nd; d++) p *= n[d];
+    return p;
+}
+
+/* ---- test cases ---- */
+
+enum mask_mode { MASK_NONE, MASK_BOOL, MASK_ADD };
+enum causal_mode { CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT, CAUSAL_OFFSET };
+
+typedef struct test_case {
+    char name[96];
+    sdpa_dtype dtype;
+    int nb;
+    int64_t batch[SDPA_MAX_BATCH_DIMS];
+    int64_t H, G, L, S, E, Ev;
+    int mask;             /* enum mask_mode                                   */
+    int causal;           /* enum causal_mode                                 */
+    int64_t offset;       /* the causal offset for CAUSAL_OFFSET              */
+    int weights, lse;     /* request these outputs                            */
+    int key_lengths;      /* per-batch key lengths                            */
+    int style_in, style_out; /* enum layout_style of inputs / outputs         */
+    unsigned bq, bkv, bm, bkl; /* broadcast dims of q, k and v, mask, key lengths:
+                                  bit d = logical dim d (batch dims, then head,
+                                  row, column; the mask may broadcast any)   */
+    double scale;         /* 0: 1 / sqrt(E)                                   */
+} test_case;
+
+static test_case make_case(const char *name, sdpa_dtype dt, int64_t H, int64_t G, int64_t L, int64_t S,
+                           int64_t E, int64_t Ev) {
+    test_case tc;
+    memset(&tc, 0, sizeof(tc));
+    snprintf(tc.name, sizeof(tc.name), "%s", name);
+    tc.dtype = dt;
+    tc.H = H;
+    tc.G = G;
+    tc.L = L;
+    tc.S = S;
+    tc.E = E;
+    tc.Ev = Ev;
+    return tc;
+}
+
+static const char *const MASK_NAMES[] = {"none", "bool", "additive"};
+static const char *const CAUSAL_NAMES[] = {"none", "top-left", "bottom-right", "offset"};
+
+/* All buffers of one case, with the reference results (double, dense). */
+typedef struct instance {
+    const test_case *tc;
+    sdpa_problem p;
+    buffer q, k, v, out, mask, weights, lse, kl;
+    int64_t count; /* batch count */
+    double *ref_out, *ref_w, *ref_lse;
+} instance;
+
+static const char *const ISAS[] = {"scalar", "avx2", "avx512"};
+#define NUM_ISAS 3
+
+static void instance_build(instance *in, const test_case *tc) {
+    memset(in, 0, sizeof(*in));
+    in->tc = tc;
+    const sdpa_dtype dt = tc->dtype;
+    const size_t es = dt == SDPA_FLOAT32 ? sizeof(float) : sizeof(double);
+    const int nb = tc->nb;
+    const int64_t Hkv = tc->H / tc->G;
+    int64_t dims[MAX_DIMS];
+    memcpy(dims, tc->batch, sizeof(int64_t) * (size_t)nb);
+    in->count = product(tc->batch, nb);
+
+    dims[nb] = tc->H, dims[nb + 1] = tc->L, dims[nb + 2] = tc->E;
+    buffer_make(&in->q, nb + 3, dims, es, tc->bq, tc->style_in);
+    fill_uniform(&in->q, dt, -1, 1);
+    dims[nb] = Hkv, dims[nb + 1] = tc->S, dims[nb + 2] = tc->E;
+    buffer_make(&in->k, nb + 3, dims, es, tc->bkv, tc->style_in);
+    fill_uniform(&in->k, dt, -1, 1);
+    dims[nb + 2] = tc->Ev;
+    buffer_make(&in->v, nb + 3, dims, es, tc->bkv, tc->style_in);
+    fill_uniform(&in->v, dt, -1, 1);
+    dims[nb] = tc->H, dims[nb + 1] = tc->L, dims[nb + 2] = tc->Ev;
+    buffer_make(&in->out, nb + 3, dims, es, 0, tc->style_out);
+
+    dims[nb + 2] = tc->S;
+    if (tc->mask != MASK_NONE) {
+        /* bool: 80% visible; additive: values in [-1, 1), 10% -inf.  About one
+           stored row in ten is then masked completely. */
+        const int is_bool = tc->mask == MASK_BOOL;
+        buffer_make(&in->mask, nb + 3, dims, is_bool ? 1 : es, tc->bm, tc->style_in);
+        for (int64_t i = 0; i < in->mask.total; i++) {
+            if (is_bool) in->mask.base[i] = rng_uniform() < 0.8;
+            else store(in->mask.base, dt, i, rng_uniform() < 0.1 ? -INFINITY : 2 * rng_uniform() - 1);
+        }
+        int64_t idx[MAX_DIMS] = {0};
+        const int64_t rows = tc->S > 0 ? product(dims, nb + 2) : 0;
+        for (int64_t r = 0; r < rows; r++, next_index(idx, dims, nb + 2)) {
+            if (rng_int(0, 9) != 0) continue;
+            for (idx[nb + 2] = 0; idx[nb + 2] < tc->S; idx[nb + 2]++) {
+                const int64_t off = buffer_off(&in->mask, idx);
+                if (is_bool) in->mask.data[off] = 0;
+                else store(in->mask.data, dt, off, -INFINITY);
+            }
+            idx[nb + 2] = 0;
+        }
+    }
+    if (tc->weights) buffer_make(&in->weights, nb + 3, dims, es, 0, tc->style_out);
+    if (tc->lse) buffer_make(&in->lse, nb + 2, dims, es, 0, tc->style_out);
+    if (tc->key_lengths) {
+        /* nb == 0 still has one key length: a 1-dim buffer of size 1 */
+        int64_t one = 1;
+        buffer_make(&in->kl, nb > 0 ? nb : 1, nb > 0 ? tc->batch : &one, sizeof(int64_t), tc->bkl,
+                    tc->style_in);
+        int64_t *kl = (int64_t *)in->kl.base;
+        for (int64_t i = 0; i < in->kl.total; i++) {
+            switch (rng_int(0, 5)) {
+                case 0: kl[i] = 0; break;
+                case 1: kl[i] = tc->S + rng_int(1, 5); break;   /* clipped to S */
+                case 2: kl[i] = -rng_int(1, 3); break;          /* clipped to 0 */
+                default: kl[i] = rng_int(0, tc->S); break;
+            }
+        }
+        if (in->kl.total > 1) kl[0] = tc->S > 1 ? tc->S - 1 : tc->S;
+    }
+
+    sdpa_problem *p = &in->p;
+    sdpa_problem_init(p);
+    p->dtype = dt;
+    p->num_batch_dims = nb;
+    for (int d = 0; d < nb; d++) p->batch_shape[d] = tc->batch[d];
+    p->num_heads = tc->H;
+    p->gqa_group = tc->G;
+    p->len_q = tc->L;
+    p->len_kv = tc->S;
+    p->head_dim = tc->E;
+    p->head_dim_v = tc->Ev;
+    p->query = buffer_view(&in->q, nb);
+    p->key = buffer_view(&in->k, nb);
+    p->value = buffer_view(&in->v, nb);
+    p->out = buffer_view(&in->out, nb);
+    p->scale = tc->scale != 0 ? tc->scale : 1.0 / sqrt((double)(tc->E > 0 ? tc->E : 1));
+    if (tc->mask != MASK_NONE) {
+        p->mask_kind = tc->mask == MASK_BOOL ? SDPA_MASK_BOOL : SDPA_MASK_ADDITIVE;
+        p->mask = buffer_view(&in->mask, nb);
+    }
+    switch (tc->causal) {
+        case CAUSAL_TOP_LEFT: p->causal = 1, p->causal_offset = 0; break;
+        case CAUSAL_BOTTOM_RIGHT: p->causal = 1, p->causal_offset = tc->S - tc->L; break;
+        case CAUSAL_OFFSET: p->causal = 1, p->causal_offset = tc->offset; break;
+        default: break;
+    }
+    if (tc->weights) p->weights = buffer_view(&in->weights, nb);
+    if (tc->lse) p->lse = buffer_view(&in->lse, nb);
+    if (tc->key_lengths) {
+        p->key_lengths = (const int64_t *)in->kl.data;
+        for (int d = 0; d < nb; d++) p->key_lengths_strides[d] = in->kl.stride[d];
+    }
+}
+
+static void instance_free(instance *in) {
+    buffer_free(&in->q);
+    buffer_free(&in->k);
+    buffer_free(&in->v);
+    buffer_free(&in->out);
+    if (in->mask.base) buffer_free(&in->mask);
+    if (in->weights.base) buffer_free(&in->weights);
+    if (in->lse.base) buffer_free(&in->lse);
+    if (in->kl.base) buffer_free(&in->kl);
+    free(in->ref_out);
+    free(in->ref_w);
+    free(in->ref_lse);
+}
+
+/*
+ * The reference: for each batch index, query head h (key/value head h / G) and
+ * query row l, in double precision and in the plainest order:
+ *   s_j = scale * q_l . k_j (+ additive mask),  j < S
+ *   s_j = -inf where the bool mask is 0, j >= key length, or (causal) j > l + offset
+ *   w_j = exp(s_j - max) / sum exp(s - max),  out = sum_j w_j v_j,  lse = max + log(sum)
+ * A row with no visible key (or only -inf scores) has zero weights and output
+ * and lse = -inf.  Results are stored dense: out (count, H, L, Ev), weights
+ * (count, H, L, S), lse (count, H, L).
+ */
+static void instance_reference(instance *in) {
+    const test_case *tc = in->tc;
+    const sdpa_problem *p = &in->p;
+    const sdpa_dtype dt = tc->dtype;
+    const int nb = tc->nb;
+    const int64_t H = tc->H, L = tc->L, S = tc->S, E = tc->E, Ev = tc->Ev;
+    in->ref_out = (double *)xcalloc((size_t)(in->count * H * L * Ev), sizeof(double));
+    in->ref_w = (double *)xcalloc((size_t)(in->count * H * L * S), sizeof(double));
+    in->ref_lse = (double *)xcalloc((size_t)(in->count * H * L), sizeof(double));
+    double *s = (double *)xcalloc((size_t)S, sizeof(double));
+
+    /* offsets by logical dim: ix holds (batch index..., head, row, col) */
+    int64_t ix[MAX_DIMS] = {0};
+    for (int64_t b = 0; b < in->count; b++, next_index(ix, tc->batch, nb)) {
+        int64_t S_b = S;
+        if (tc->key_lengths) {
+            /* with no batch dims, kl is one element and ix[0] is 0 */
+            const int64_t len = ((const int64_t *)in->kl.data)[buffer_off(&in->kl, ix)];
+            S_b = len < 0 ? 0 : (len > S ? S : len);
+        }
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t hkv = h / tc->G;
+            ix[nb] = hkv, ix[nb + 1] = ix[nb + 2] = 0;
+            const int64_t k0 = buffer_off(&in->k, ix), v0 = buffer_off(&in->v, ix);
+            for (int64_t l = 0; l < L; l++) {
+                ix[nb] = h, ix[nb + 1] = l;
+                const int64_t q0 = buffer_off(&in->q, ix);
+                const int64_t m0 = tc->mask != MASK_NONE ? buffer_off(&in->mask, ix) : 0;
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < S; j++) {
+                    double dot = 0;
+                    for (int64_t c = 0; c < E; c++)
+                        dot += load(in->q.data, dt, q0 + c * in->q.stride[nb + 2]) *
+                               load(in->k.data, dt, k0 + j * in->k.stride[nb + 1] + c * in->k.stride[nb + 2]);
+                    double sj = p->scale * dot;
+                    int visible = j < S_b && (!p->causal || j <= l + p->causal_offset);
+                    const int64_t mj = m0 + j * (tc->mask != MASK_NONE ? in->mask.stride[nb + 2] : 0);
+                    if (tc->mask == MASK_BOOL) visible &= in->mask.data[mj] != 0;
+                    if (tc->mask == MASK_ADD) sj += load(in->mask.data, dt, mj);
+                    s[j] = visible ? sj : -INFINITY;
+                    if (s[j] > mx) mx = s[j];
+                }
+                const int64_t row = (b * H + h) * L + l;
+                if (mx == -INFINITY) {
+                    in->ref_lse[row] = -INFINITY; /* out and weights stay 0 */
+                    continue;
+                }
+                double sum = 0;
+                for (int64_t j = 0; j < S; j++) sum += s[j] = exp(s[j] - mx);
+                double *w = in->ref_w + row * S;
+                for (int64_t j = 0; j < S; j++) w[j] = s[j] / sum;
+                for (int64_t c = 0; c < Ev; c++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < S; j++)
+                        acc += w[j] * load(in->v.data, dt, v0 + j * in->v.stride[nb + 1] + c * in->v.stride[nb + 2]);
+                    in->ref_out[row * Ev + c] = acc;
+                }
+                in->ref_lse[row] = mx + log(sum);
+            }
+        }
+        ix[nb] = ix[nb + 1] = ix[nb + 2] = 0;
+    }
+    free(s);
+}
+
+/* Distance of a result from the reference, scaled by (1 + |ref|); infinities
+ * must match exactly, NaN never does. */
+static double rel_err(double got, double ref) {
+    if (isinf(ref) || isinf(got)) return got == ref ? 0 : INFINITY;
+    if (isnan(got) || isnan(ref)) return INFINITY;
+    return fabs(got - ref) / (1 + fabs(ref));
+}
+
+#define SENTINEL (-777.0)
+
+typedef struct compare_result {
+    double err_out, err_w, err_lse; /* largest rel_err of each output */
+    int64_t pad_touched;            /* elements outside the views that changed */
+    char where[160];                /* the first element beyond tolerance */
+} compare_result;
+
+static void note_where(compare_result *r, const char *what, const int64_t *idx, int nd, double got,
+                       double ref) {
+    if (r->where[0]) return;
+    int n = snprintf(r->where, sizeof(r->where), "%s[", what);
+    for (int d = 0; d < nd && n < (int)sizeof(r->where); d++)
+        n += snprintf(r->where + n, sizeof(r->where) - (size_t)n, "%s%lld", d ? "," : "", (long long)idx[d]);
+    if (n < (int)sizeof(r->where))
+        snprintf(r->where + n, sizeof(r->where) - (size_t)n, "] got %.9g want %.9g", got, ref);
+}
+
+/* Compares one output buffer with its dense reference and checks that the
+ * elements outside its view still hold the sentinel. */
+static double compare_buffer(const buffer *b, sdpa_dtype dt, const double *ref, double tol, const char *what,
+                             compare_result *r) {
+    double worst = 0;
+    const int64_t n = product(b->n, b->nd);
+    unsigned char *seen = (unsigned char *)xcalloc((size_t)b->total, 1);
+    int64_t idx[MAX_DIMS] = {0};
+    for (int64_t i = 0; i < n; i++, next_index(idx, b->n, b->nd)) {
+        const int64_t off = buffer_off(b, idx);
+        seen[b->offset + off] = 1;
+        const double got = load(b->data, dt, off), e = rel_err(got, ref[i]);
+        if (e > worst) worst = e;
+        if (e > tol) note_where(r, what, idx, b->nd, got, ref[i]);
+    }
+    for (int64_t i = 0; i < b->total; i++)
+        if (!seen[i] && load(b->base, dt, i) != SENTINEL) r->pad_touched++;
+    free(seen);
+    return worst;
+}
+
+static void reset_outputs(instance *in) {
+    fill_all(&in->out, in->tc->dtype, SENTINEL);
+    if (in->weights.base) fill_all(&in->weights, in->tc->dtype, SENTINEL);
+    if (in->lse.base) fill_all(&in->lse, in->tc->dtype, SENTINEL);
+}
+
+/* A copy of the raw bytes of every output buffer, padding included. */
+static unsigned char *snapshot(const instance *in, size_t *len) {
+    const buffer *bs[3] = {&in->out, &in->weights, &in->lse};
+    size_t total = 0;
+    for (int i = 0; i < 3; i++)
+        if (bs[i]->base) total += (size_t)bs[i]->total * bs[i]->elem;
+    unsigned char *snap = (unsigned char *)xcalloc(total, 1), *at = snap;
+    for (int i = 0; i < 3; i++)
+        if (bs[i]->base) {
+            memcpy(at, bs[i]->base, (size_t)bs[i]->total * bs[i]->elem);
+            at += (size_t)bs[i]->total * bs[i]->elem;
+        }
+    *len = total;
+    return snap;
+}
+
+static void describe(const test_case *tc, char *buf, size_t size) {
+    char batch[64] = "-";
+    int n = 0;
+    for (int d = 0; d < tc->nb; d++)
+        n += snprintf(batch + n, sizeof(batch) - (size_t)n, "%s%lld", d ? "x" : "", (long long)tc->batch[d]);
+    snprintf(buf, size, "%s %s B=%s H=%lld/%lld L=%lld S=%lld E=%lld Ev=%lld mask=%s causal=%s%s%s%s layout=%d/%d",
+             tc->name, tc->dtype == SDPA_FLOAT32 ? "f32" : "f64", batch, (long long)tc->H,
+             (long long)(tc->H / tc->G), (long long)tc->L, (long long)tc->S, (long long)tc->E,
+             (long long)tc->Ev, MASK_NAMES[tc->mask], CAUSAL_NAMES[tc->causal], tc->weights ? " +weights" : "",
+             tc->lse ? " +lse" : "", tc->key_lengths ? " +key_lengths" : "", tc->style_in, tc->style_out);
+}
+
+/* Runs one case on every supported kernel set with 1, 2 and 3 threads. */
+static void run_case(const test_case *tc) {
+    instance in;
+    instance_build(&in, tc);
+    instance_reference(&in);
+    const double tol = tc->dtype == SDPA_FLOAT32 ? 2e-5 : 1e-12;
+    char desc[256];
+    describe(tc, desc, sizeof(desc));
+
+    for (int i = 0; i < NUM_ISAS; i++) {
+        if (!sdpa_isa_supported(ISAS[i])) continue;
+        sdpa_set_isa(ISAS[i]);
+        unsigned char *first = NULL;
+        size_t first_len = 0;
+        int identical = 1, status_ok = 1;
+        sdpa_status bad = SDPA_OK;
+        compare_result r;
+        memset(&r, 0, sizeof(r));
+        for (int threads = 1; threads <= 3; threads++) {
+            reset_outputs(&in);
+            in.p.num_threads = threads;
+            sdpa_status st = sdpa_attention(&in.p);
+            if (st != SDPA_OK) {
+                status_ok = 0;
+                bad = st;
+                break;
+            }
+            if (threads == 1) {
+                r.err_out = compare_buffer(&in.out, tc->dtype, in.ref_out, tol, "out", &r);
+                if (in.weights.base) r.err_w = compare_buffer(&in.weights, tc->dtype, in.ref_w, tol, "weights", &r);
+                if (in.lse.base) r.err_lse = compare_buffer(&in.lse, tc->dtype, in.ref_lse, tol, "lse", &r);
+                first = snapshot(&in, &first_len);
+            } else {
+                size_t len;
+                unsigned char *snap = snapshot(&in, &len);
+                if (len != first_len || memcmp(snap, first, len) != 0) identical = 0;
+                free(snap);
+            }
+        }
+        free(first);
+        if (!status_ok) {
+            check(0, "[%s] %s: status %d (%s)", ISAS[i], desc, (int)bad, sdpa_status_message(bad));
+            continue;
+        }
+        const int accurate = r.err_out <= tol && r.err_w <= tol && r.err_lse <= tol && r.pad_touched == 0;
+        check(accurate, "[%s] %s: max err out %.2g weights %.2g lse %.2g%s%s%s", ISAS[i], desc, r.err_out,
+              r.err_w, r.err_lse, r.pad_touched ? ", elements outside the views written" : "",
+              r.where[0] ? ", first: " : "", r.where);
+        check(identical, "[%s] %s: threads 1, 2, 3 bitwise identical", ISAS[i], desc);
+    }
+    instance_free(&in);
+}
+
+/* ---- argument and status checks ---- */
+
+/* A valid problem on small static buffers (L = S = E = Ev = 2, one head). */
+static float vq[4], vk[4], vv[4], vo[4];
+
+static void valid_problem(sdpa_problem *p) {
+    sdpa_problem_init(p);
+    p->num_heads = 1;
+    p->len_q = p->len_kv = p->head_dim = p->head_dim_v = 2;
+    sdpa_view *views[4] = {&p->query, &p->key, &p->value, &p->out};
+    float *data[4] = {vq, vk, vv, vo};
+    for (int i = 0; i < 4; i++) {
+        views[i]->data = data[i];
+        views[i]->row_stride = 2;
+        views[i]->col_stride = 1;
+    }
+}
+
+static void check_status(sdpa_status got, sdpa_status want, const char *what) {
+    check(got == want, "status: %s -> %d (%s), want %d", what, (int)got, sdpa_status_message(got), (int)want);
+}
+
+static int stop_now(void *data) {
+    ++*(int *)data;
+    return 1;
+}
+
+static int keep_going(void *data) {
+    ++*(int *)data;
+    return 0;
+}
+
+static void test_statuses(void) {
+    sdpa_problem p;
+    check_status(sdpa_attention(NULL), SDPA_ERR_NULL_POINTER, "NULL problem");
+
+    valid_problem(&p);
+    check_status(sdpa_attention(&p), SDPA_OK, "valid 2x2 problem");
+
+    valid_problem(&p);
+    p.dtype = (sdpa_dtype)7;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_DTYPE, "dtype 7");
+
+    const char *neg_names[] = {"num_heads", "len_q", "len_kv", "head_dim", "head_dim_v"};
+    for (int i = 0; i < 5; i++) {
+        valid_problem(&p);
+        int64_t *field[] = {&p.num_heads, &p.len_q, &p.len_kv, &p.head_dim, &p.head_dim_v};
+        *field[i] = -1;
+        char what[64];
+        snprintf(what, sizeof(what), "%s = -1", neg_names[i]);
+        check_status(sdpa_attention(&p), SDPA_ERR_BAD_SHAPE, what);
+    }
+    valid_problem(&p);
+    p.num_batch_dims = 1;
+    p.batch_shape[0] = -3;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_SHAPE, "batch_shape[0] = -3");
+    valid_problem(&p);
+    p.num_batch_dims = SDPA_MAX_BATCH_DIMS + 1;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_SHAPE, "num_batch_dims = SDPA_MAX_BATCH_DIMS + 1");
+    valid_problem(&p);
+    p.num_batch_dims = -1;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_SHAPE, "num_batch_dims = -1");
+
+    valid_problem(&p);
+    p.num_heads = 8;
+    p.gqa_group = 3;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_GQA, "gqa_group 3 with 8 heads");
+    valid_problem(&p);
+    p.gqa_group = 0;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_GQA, "gqa_group 0");
+
+    valid_problem(&p);
+    p.mask_kind = (sdpa_mask_kind)3;
+    p.mask.data = vq;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_MASK, "mask kind 3");
+
+    valid_problem(&p);
+    p.num_threads = -1;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_THREADS, "num_threads = -1");
+
+    valid_problem(&p);
+    p.query.data = NULL;
+    check_status(sdpa_attention(&p), SDPA_ERR_NULL_POINTER, "query.data NULL");
+    valid_problem(&p);
+    p.out.data = NULL;
+    check_status(sdpa_attention(&p), SDPA_ERR_NULL_POINTER, "out.data NULL");
+    valid_problem(&p);
+    p.key.data = NULL;
+    check_status(sdpa_attention(&p), SDPA_ERR_NULL_POINTER, "key.data NULL");
+    valid_problem(&p);
+    p.mask_kind = SDPA_MASK_BOOL;
+    check_status(sdpa_attention(&p), SDPA_ERR_NULL_POINTER, "bool mask with mask.data NULL");
+
+    valid_problem(&p);
+    p.num_batch_dims = 3;
+    p.batch_shape[0] = p.batch_shape[1] = p.batch_shape[2] = INT64_C(1) << 30;
+    check_status(sdpa_attention(&p), SDPA_ERR_OVERFLOW, "batch 2^30 x 2^30 x 2^30");
+
+    /* an empty output: nothing is read or written, whatever the pointers */
+    valid_problem(&p);
+    p.len_q = 0;
+    p.query.data = p.out.data = p.key.data = p.value.data = NULL;
+    check_status(sdpa_attention(&p), SDPA_OK, "L = 0 with NULL data");
+    valid_problem(&p);
+    p.num_batch_dims = 2;
+    p.batch_shape[0] = 3;
+    p.batch_shape[1] = 0;
+    p.query.data = p.out.data = NULL;
+    check_status(sdpa_attention(&p), SDPA_OK, "batch 3 x 0 with NULL data");
+
+    /* the kernel sets */
+    check_status(sdpa_set_isa("nonsense"), SDPA_ERR_BAD_ISA, "sdpa_set_isa(\"nonsense\")");
+    check_status(sdpa_set_isa(NULL), SDPA_ERR_BAD_ISA, "sdpa_set_isa(NULL)");
+    check(!sdpa_isa_supported("nonsense") && !sdpa_isa_supported(NULL), "sdpa_isa_supported of unknown names is 0");
+    check(sdpa_isa_supported("scalar") == 1, "sdpa_isa_supported(\"scalar\") is 1");
+    for (int i = 0; i < NUM_ISAS; i++) {
+        if (sdpa_isa_supported(ISAS[i])) {
+            sdpa_status st = sdpa_set_isa(ISAS[i]);
+            check(st == SDPA_OK && strcmp(sdpa_isa(), ISAS[i]) == 0, "sdpa_set_isa(\"%s\") -> %s, sdpa_isa() = %s",
+                  ISAS[i], sdpa_status_message(st), sdpa_isa());
+        } else {
+            check_status(sdpa_set_isa(ISAS[i]), SDPA_ERR_BAD_ISA, ISAS[i]);
+        }
+    }
+
+    /* every status has a message, and no two share one */
+    const char *msgs[SDPA_ERR_BAD_ISA + 1];
+    for (int s = SDPA_OK; s <= SDPA_ERR_BAD_ISA; s++) {
+        msgs[s] = sdpa_status_message((sdpa_status)s);
+        int ok = msgs[s] != NULL && msgs[s][0] != '\0';
+        for (int t = 0; ok && t < s; t++) ok = strcmp(msgs[s], msgs[t]) != 0;
+        check(ok, "sdpa_status_message(%d) = \"%s\"", s, msgs[s] ? msgs[s] : "(null)");
+    }
+    const char *unknown = sdpa_status_message((sdpa_status)99);
+    check(unknown != NULL && unknown[0] != '\0', "sdpa_status_message(99) = \"%s\"", unknown ? unknown : "(null)");
+
+    /* build facts */
+    const char *ver = sdpa_version();
+    char want[32];
+    snprintf(want, sizeof(want), "%d.%d.%d", SDPA_VERSION_MAJOR, SDPA_VERSION_MINOR, SDPA_VERSION_PATCH);
+    check(ver != NULL && strcmp(ver, want) == 0, "sdpa_version() = %s, header says %s", ver ? ver : "(null)", want);
+    check(sdpa_default_num_threads() >= 1, "sdpa_default_num_threads() = %d, has_openmp = %d",
+          sdpa_default_num_threads(), sdpa_has_openmp());
+
+    /* sdpa_problem_init */
+    memset(&p, 0xAB, sizeof(p));
+    sdpa_problem_init(&p);
+    check(p.gqa_group == 1 && p.scale == 1.0 && p.mask_kind == SDPA_MASK_NONE && p.num_threads == 0 &&
+              p.weights.data == NULL && p.lse.data == NULL && p.key_lengths == NULL && p.interrupt == NULL &&
+              p.causal == 0 && p.num_batch_dims == 0,
+          "sdpa_problem_init: gqa_group 1, scale 1, no mask, weights, lse, key lengths or callback");
+    sdpa_problem_init(NULL); /* must not crash */
+}
+
+/* The interrupt callback: polled between tiles, nonzero stops the call. */
+static void test_interrupt(void) {
+    /* buffers for the long call; the short one uses a corner of them */
+    const int64_t H = 16, L = 2048, E = 64;
+    const size_t n = (size_t)(H * L * E);
+    float *q = (float *)xcalloc(n, sizeof(float)), *k = (float *)xcalloc(n, sizeof(float));
+    float *v = (float *)xcalloc(n, sizeof(float)), *o = (float *)xcalloc(n, sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        q[i] = (float)rng_uniform();
+        k[i] = (float)rng_uniform();
+        v[i] = (float)rng_uniform();
+    }
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.head_dim = p.head_dim_v = E;
+    sdpa_view *views[4] = {&p.query, &p.key, &p.value, &p.out};
+    float *data[4] = {q, k, v, o};
+    for (int i = 0; i < 4; i++) {
+        views[i]->data = data[i];
+        views[i]->head_stride = L * E;
+        views[i]->row_stride = E;
+        views[i]->col_stride = 1;
+    }
+    p.scale = 0.125;
+
+    int calls = 0;
+    p.num_heads = 2;
+    p.len_q = p.len_kv = quick ? 64 : 512;
+    p.interrupt = keep_going;
+    p.interrupt_data = &calls;
+    sdpa_status st = sdpa_attention(&p);
+    check(st == SDPA_OK, "interrupt callback returning 0: %s (%d polls)", sdpa_status_message(st), calls);
+
+    /* the callback is first polled after 20 ms: the full problem takes longer
+       (about 8 GFLOP), and the call returns soon after that poll */
+    calls = 0;
+    p.num_heads = H;
+    p.len_q = p.len_kv = L;
+    p.interrupt = stop_now;
+    p.num_threads = 1;
+    const clock_t t0 = clock();
+    st = sdpa_attention(&p);
+    const double secs = (double)(clock() - t0) / CLOCKS_PER_SEC;
+    if (st == SDPA_OK && calls == 0)
+        skip("interrupt: the call finished in %.3f s, before the first poll", secs);
+    else
+        check(st == SDPA_ERR_INTERRUPTED && calls == 1, "interrupt callback returning 1 -> %s after %d poll(s), %.3f s",
+              sdpa_status_message(st), calls, secs);
+    free(q);
+    free(k);
+    free(v);
+    free(o);
+}
+
+/* The worked example: Q = K = I, V = [[2, 3], [4, 5]], scale 1/sqrt(2). */
+static void test_seed_example(sdpa_dtype dt) {
+    double q[4] = {1, 0, 0, 1}, v[4] = {2, 3, 4, 5};
+    float qf[4], vf[4], of[4], wf[4];
+    double od[4], wd[4];
+    for (int i = 0; i < 4; i++) qf[i] = (float)q[i], vf[i] = (float)v[i];
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.dtype = dt;
+    p.num_heads = 1;
+    p.len_q = p.len_kv = p.head_dim = p.head_dim_v = 2;
+    p.scale = 1 / sqrt(2.0);
+    int f32 = dt == SDPA_FLOAT32;
+    p.query.data = f32 ? (void *)qf : (void *)q;
+    p.key.data = p.query.data;
+    p.value.data = f32 ? (void *)vf : (void *)v;
+    p.out.data = f32 ? (void *)of : (void *)od;
+    p.weights.data = f32 ? (void *)wf : (void *)wd;
+    sdpa_view *views[5] = {&p.query, &p.key, &p.value, &p.out, &p.weights};
+    for (int i = 0; i < 5; i++) views[i]->row_stride = 2, views[i]->col_stride = 1;
+    sdpa_status st = sdpa_attention(&p);
+    const double ew[4] = {0.67, 0.33, 0.33, 0.67}, eo[4] = {2.66, 3.66, 3.34, 4.34};
+    int ok = st == SDPA_OK;
+    for (int i = 0; i < 4 && ok; i++) {
+        double w = f32 ? wf[i] : wd[i], o = f32 ? of[i] : od[i];
+        ok = lround(w * 100) == lround(ew[i] * 100) && lround(o * 100) == lround(eo[i] * 100);
+    }
+    double w0 = f32 ? wf[0] : wd[0], o0 = f32 ? of[0] : od[0];
+    check(ok, "worked example %s: weights [[0.67, 0.33], [0.33, 0.67]], output [[2.66, 3.66], [3.34, 4.34]] "
+              "(got w00 %.4f, o00 %.4f)",
+          f32 ? "f32" : "f64", w0, o0);
+}
+
+/* ---- the case lists ---- */
+
+static const int64_t SWEEP_LENS[] = {0, 1, 7, 64, 65, 130, 300};
+static const int64_t SWEEP_DIMS[] = {1, 8, 31, 64, 80, 128};
+
+/* L x S over SWEEP_LENS, E and Ev cycling over SWEEP_DIMS, the options drawn
+ * at random (but reproducibly) for each pair. */
+static void sweep(sdpa_dtype dt) {
+    const int nl = quick ? 5 : 7; /* quick: L, S in 0, 1, 7, 64, 65 */
+    const int nd = quick ? 4 : 6; /* quick: E, Ev in 1, 8, 31, 64 */
+    for (int i = 0; i < nl; i++)
+        for (int j = 0; j < nl; j++) {
+            const int64_t L = SWEEP_LENS[i], S = SWEEP_LENS[j];
+            const int64_t E = SWEEP_DIMS[(i + 2 * j) % nd], Ev = SWEEP_DIMS[(2 * i + j + 1) % nd];
+            test_case tc = make_case("sweep", dt, 2, 1, L, S, E, Ev);
+            tc.nb = 1;
+            tc.batch[0] = 2;
+            tc.mask = (int)rng_int(0, 2);
+            tc.causal = (int)rng_int(0, 2);
+            tc.weights = rng_int(0, 1);
+            tc.lse = rng_int(0, 1);
+            tc.style_in = (int)rng_int(0, 2);
+            tc.style_out = (int)rng_int(0, 1);
+            run_case(&tc);
+        }
+}
+
+static void feature_cases(sdpa_dtype dt) {
+    const int64_t big = quick ? 65 : 300, mid = quick ? 33 : 130;
+    const int64_t E = quick ? 8 : 64, Ev = quick ? 31 : 80;
+    test_case tc;
+
+    /* batch dims that broadcast: K and V over dim 0, Q over dim 1, the mask
+       over dim 1 and heads */
+    tc = make_case("broadcast batch", dt, 2, 1, mid, mid + 1, E, Ev);
+    tc.nb = 2, tc.batch[0] = 2, tc.batch[1] = 3;
+    tc.bkv = 1u << 0, tc.bq = 1u << 1;
+    tc.mask = MASK_ADD, tc.bm = (1u << 1) | (1u << 2);
+    run_case(&tc);
+    snprintf(tc.name, sizeof(tc.name), "broadcast batch, mask over keys");
+    tc.mask = MASK_BOOL, tc.bm = (1u << 0) | (1u << 4); /* batch dim 0 and the key dim */
+    tc.weights = 1;
+    run_case(&tc);
+    snprintf(tc.name, sizeof(tc.name), "broadcast batch, 3 dims, strided");
+    tc.nb = 3, tc.batch[0] = 2, tc.batch[1] = 1, tc.batch[2] = 3;
+    tc.bkv = 1u << 2, tc.bq = 1u << 0;
+    tc.mask = MASK_BOOL, tc.bm = (1u << 0) | (1u << 4); /* batch dim 0 and the row dim */
+    tc.style_in = LAYOUT_STRIDED, tc.style_out = LAYOUT_STRIDED;
+    tc.weights = tc.lse = 1;
+    run_case(&tc);
+
+    /* grouped-query attention: 8 query heads on 2 key/value heads */
+    tc = make_case("gqa", dt, 8, 4, mid, big, E, Ev);
+    tc.nb = 1, tc.batch[0] = 2;
+    tc.causal = CAUSAL_BOTTOM_RIGHT, tc.weights = tc.lse = 1;
+    run_case(&tc);
+    tc = make_case("gqa, strided", dt, 6, 3, 3, mid, E, Ev); /* 9 rows per group: tile mode */
+    tc.mask = MASK_BOOL, tc.style_in = LAYOUT_STRIDED, tc.lse = 1;
+    run_case(&tc);
+
+    /* masks with fully masked rows, on their own and with causality */
+    tc = make_case("bool mask", dt, 3, 1, mid, big, E, Ev);
+    tc.mask = MASK_BOOL, tc.weights = tc.lse = 1;
+    run_case(&tc);
+    tc.causal = CAUSAL_TOP_LEFT;
+    snprintf(tc.name, sizeof(tc.name), "bool mask, causal");
+    run_case(&tc);
+    tc = make_case("additive mask", dt, 3, 1, big, mid, E, Ev);
+    tc.mask = MASK_ADD, tc.weights = tc.lse = 1;
+    run_case(&tc);
+    tc.causal = CAUSAL_BOTTOM_RIGHT, tc.style_out = LAYOUT_STRIDED;
+    snprintf(tc.name, sizeof(tc.name), "additive mask, causal");
+    run_case(&tc);
+
+    /* causal: top-left and bottom-right for L < S and L > S, and offsets */
+    const int64_t ls[][2] = {{mid, big}, {big, mid}, {65, 65}, {7, 130}};
+    for (int i = 0; i < 4; i++)
+        for (int c = CAUSAL_TOP_LEFT; c <= CAUSAL_BOTTOM_RIGHT; c++) {
+            tc = make_case("causal", dt, 2, 1, ls[i][0], ls[i][1], E, Ev);
+            tc.causal = c, tc.weights = tc.lse = 1;
+            run_case(&tc);
+        }
+    const int64_t offsets[] = {-5, 17, -200};
+    for (int i = 0; i < 3; i++) {
+        tc = make_case("causal offset", dt, 2, 1, mid, mid, E, Ev);
+        tc.causal = CAUSAL_OFFSET, tc.offset = offsets[i], tc.lse = tc.weights = 1;
+        run_case(&tc);
+    }
+
+    /* key lengths (0, clipped, negative) alone, with causality and in row mode */
+    tc = make_case("key lengths", dt, 2, 1, mid, big, E, Ev);
+    tc.nb = 2, tc.batch[0] = 3, tc.batch[1] = 2, tc.key_lengths = 1;
+    tc.weights = tc.lse = 1, tc.style_in = LAYOUT_STRIDED;
+    run_case(&tc);
+    tc.causal = CAUSAL_BOTTOM_RIGHT, tc.bkl = 1u << 1;
+    snprintf(tc.name, sizeof(tc.name), "key lengths, causal, broadcast");
+    run_case(&tc);
+    tc = make_case("key lengths, no batch dims", dt, 2, 1, mid, big, E, Ev);
+    tc.key_lengths = 1, tc.lse = 1;
+    run_case(&tc);
+
+    /* transposed and strided views: every operand column-major, then padded,
+       permuted and reversed */
+    tc = make_case("transposed", dt, 2, 2, big, mid, E, Ev);
+    tc.nb = 1, tc.batch[0] = 2;
+    tc.style_in = tc.style_out = LAYOUT_TRANSPOSED, tc.weights = tc.lse = 1, tc.mask = MASK_ADD;
+    run_case(&tc);
+    for (int i = 0; i < 3; i++) {
+        tc = make_case("strided", dt, 4, 2, mid - 2 * i, big + i, E + i, Ev - i);
+        tc.nb = 1, tc.batch[0] = 2;
+        tc.style_in = tc.style_out = LAYOUT_STRIDED, tc.weights = tc.lse = 1;
+        tc.mask = 1 + i % 2, tc.causal = i;
+        run_case(&tc);
+    }
+
+    /* scales: 0 (uniform weights) and large (peaked softmax) */
+    tc = make_case("scale 0", dt, 1, 1, mid, big, E, Ev);
+    tc.scale = 1e-300, tc.weights = 1; /* effectively 0 */
+    run_case(&tc);
+    tc = make_case("scale 3", dt, 1, 1, mid, big, 8, Ev);
+    tc.scale = 3, tc.weights = tc.lse = 1;
+    run_case(&tc);
+
+    /* decoding: few query rows per key/value head, long keys (row mode,
+       split into chunks of 1024 keys) */
+    const int64_t S_dec = 3000;
+    const int64_t Ed = quick ? 8 : 64, Evd = quick ? 8 : 128;
+    tc = make_case("decode", dt, 4, 1, 1, S_dec, Ed, Evd);
+    tc.nb = 1, tc.batch[0] = 2, tc.lse = 1;
+    run_case(&tc);
+    tc = make_case("decode gqa 8/2", dt, 8, 4, 1, S_dec, Ed, Evd);
+    tc.weights = tc.lse = 1, tc.mask = MASK_BOOL;
+    run_case(&tc);
+    tc = make_case("decode gqa 8/1", dt, 8, 8, 1, S_dec, Ed, Evd);
+    tc.lse = 1, tc.mask = MASK_ADD, tc.style_in = LAYOUT_TRANSPOSED; /* strided K and V rows */
+    run_case(&tc);
+    tc = make_case("decode L=8 causal", dt, 2, 1, 8, S_dec, Ed, 31);
+    tc.causal = CAUSAL_BOTTOM_RIGHT, tc.weights = tc.lse = 1, tc.style_in = LAYOUT_STRIDED;
+    run_case(&tc);
+    tc = make_case("decode L=4 top-left", dt, 2, 2, 4, S_dec, Ed, Evd);
+    tc.causal = CAUSAL_TOP_LEFT, tc.weights = tc.lse = 1;
+    run_case(&tc);
+    tc = make_case("decode key lengths", dt, 2, 2, 2, S_dec, Ed, Evd);
+    tc.nb = 1, tc.batch[0] = 6, tc.key_lengths = 1, tc.weights = tc.lse = 1, tc.style_out = LAYOUT_STRIDED;
+    run_case(&tc);
+    tc.causal = CAUSAL_BOTTOM_RIGHT, tc.mask = MASK_BOOL, tc.style_in = LAYOUT_STRIDED;
+    snprintf(tc.name, sizeof(tc.name), "decode key lengths, causal, mask");
+    run_case(&tc);
+    const int64_t dec_offsets[] = {-3, -10, 5000};
+    for (int i = 0; i < 3; i++) { /* rows that see no key, and an offset past S */
+        tc = make_case("decode L=8 causal offset", dt, 2, 1, 8, S_dec, Ed, Evd);
+        tc.causal = CAUSAL_OFFSET, tc.offset = dec_offsets[i], tc.weights = tc.lse = 1;
+        run_case(&tc);
+    }
+    tc = make_case("decode chunk edge", dt, 1, 1, 1, 1025, Ed, Evd);
+    tc.lse = 1, tc.weights = 1;
+    run_case(&tc);
+    tc = make_case("decode S=0", dt, 2, 1, 1, 0, Ed, Evd);
+    tc.lse = 1;
+    run_case(&tc);
+
+    /* tiny and empty head dims: E = 0 gives zero scores (uniform weights),
+       Ev = 0 an empty output but full weights and lse */
+    tc = make_case("E=1 Ev=1", dt, 2, 1, mid, big, 1, 1);
+    tc.weights = tc.lse = 1, tc.causal = CAUSAL_TOP_LEFT;
+    run_case(&tc);
+    for (int row_mode = 0; row_mode < 2; row_mode++) {
+        const int64_t L = row_mode ? 2 : mid;
+        tc = make_case("E=0", dt, 2, 1, L, big, 0, Ev);
+        tc.weights = tc.lse = 1, tc.mask = MASK_BOOL;
+        run_case(&tc);
+        tc = make_case("Ev=0", dt, 2, 1, L, big, E, 0);
+        tc.weights = tc.lse = 1, tc.causal = CAUSAL_BOTTOM_RIGHT;
+        run_case(&tc);
+    }
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) quick = 1;
+        else {
+            fprintf(stderr, "usage: %s [--quick]\n", argv[0]);
+            return 2;
+        }
+    }
+    const char *env = getenv("SDPA_TEST_QUICK");
+    if (env && env[0] && strcmp(env, "0") != 0) quick = 1;
+
+    const char *initial_isa = sdpa_isa();
+    printf("# sdpa %s, kernels %s (supported:%s%s%s), OpenMP %s, default threads %d%s\n", sdpa_version(),
+           initial_isa, sdpa_isa_supported("scalar") ? " scalar" : "", sdpa_isa_supported("avx2") ? " avx2" : "",
+           sdpa_isa_supported("avx512") ? " avx512" : "", sdpa_has_openmp() ? "yes" : "no",
+           sdpa_default_num_threads(), quick ? ", quick" : "");
+    for (int i = 0; i < NUM_ISAS; i++)
+        if (!sdpa_isa_supported(ISAS[i])) skip("kernel set %s: not supported by this CPU or build", ISAS[i]);
+
+    const clock_t t0 = clock();
+    test_statuses();
+    sdpa_set_isa(initial_isa);
+    test_seed_example(SDPA_FLOAT32);
+    test_seed_example(SDPA_FLOAT64);
+    test_interrupt();
+    for (int d = 0; d < 2; d++) {
+        const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
+        clock_t t = clock();
+        sweep(dt);
+        printf("# sweep %s: %.2f s cpu\n", d == 0 ? "f32" : "f64", (double)(clock() - t) / CLOCKS_PER_SEC);
+        t = clock();
+        feature_cases(dt);
+        printf("# feature cases %s: %.2f s cpu\n", d == 0 ? "f32" : "f64", (double)(clock() - t) / CLOCKS_PER_SEC);
+    }
+    sdpa_set_isa(initial_isa);
+    printf("# total: %.2f s cpu\n", (double)(clock() - t0) / CLOCKS_PER_SEC);
+
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed ? 1 : 0;
+}
