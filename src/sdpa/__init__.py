@@ -9,12 +9,14 @@
 
 NumPy arrays in, NumPy arrays out.  The work happens in a C core that never
 builds the L x S score matrix (unless the weights are asked for) and runs on
-OpenMP threads.  ``sdpa.reference`` holds a plain NumPy version for checking.
+OpenMP threads (see :func:`set_num_threads`).  ``sdpa.reference`` holds a plain
+NumPy version for checking; ``sdpa.torch`` (which imports torch) takes and
+returns torch tensors.
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union, overload
 
 # Read by the OpenMP runtime when it loads, so set before _core is imported.
 # Worker threads that spin after a call starve the BLAS threads NumPy runs between
@@ -26,6 +28,7 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 import numpy as np
 
 from . import _core, reference
+from ._api import ArrayInput, AttentionResult, FloatArray, get_num_threads, set_num_threads
 from ._api import attention as _attention
 from .kvcache import KVCache, KVCacheFullError
 from .layers import MultiHeadAttention
@@ -37,6 +40,8 @@ __all__ = [
     "KVCache",
     "KVCacheFullError",
     "MultiHeadAttention",
+    "set_num_threads",
+    "get_num_threads",
     "show_config",
     "config",
     "reference",
@@ -46,21 +51,101 @@ __all__ = [
 __version__ = _core.version()
 
 
+@overload
 def scaled_dot_product_attention(
-    query: Any,
-    key: Any,
-    value: Any,
-    attn_mask: Any = None,
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = ...,
+    is_causal: Union[bool, str] = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    return_weights: Literal[False] = ...,
+    return_lse: Literal[False] = ...,
+    key_lengths: Optional[ArrayInput] = ...,
+    out: Optional[np.ndarray[Any, Any]] = ...,
+    num_threads: Optional[int] = ...,
+) -> FloatArray: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = ...,
+    is_causal: Union[bool, str] = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    return_weights: Literal[True],
+    return_lse: Literal[True],
+    key_lengths: Optional[ArrayInput] = ...,
+    out: Optional[np.ndarray[Any, Any]] = ...,
+    num_threads: Optional[int] = ...,
+) -> Tuple[FloatArray, FloatArray, FloatArray]: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = ...,
+    is_causal: Union[bool, str] = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    return_weights: Literal[True],
+    return_lse: Literal[False] = ...,
+    key_lengths: Optional[ArrayInput] = ...,
+    out: Optional[np.ndarray[Any, Any]] = ...,
+    num_threads: Optional[int] = ...,
+) -> Tuple[FloatArray, FloatArray]: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = ...,
+    is_causal: Union[bool, str] = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    return_weights: Literal[False] = ...,
+    return_lse: Literal[True],
+    key_lengths: Optional[ArrayInput] = ...,
+    out: Optional[np.ndarray[Any, Any]] = ...,
+    num_threads: Optional[int] = ...,
+) -> Tuple[FloatArray, FloatArray]: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = ...,
+    is_causal: Union[bool, str] = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    return_weights: bool = ...,
+    return_lse: bool = ...,
+    key_lengths: Optional[ArrayInput] = ...,
+    out: Optional[np.ndarray[Any, Any]] = ...,
+    num_threads: Optional[int] = ...,
+) -> AttentionResult: ...
+def scaled_dot_product_attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = None,
     is_causal: Union[bool, str] = False,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
     *,
     return_weights: bool = False,
     return_lse: bool = False,
-    key_lengths: Any = None,
-    out: Optional[np.ndarray] = None,
+    key_lengths: Optional[ArrayInput] = None,
+    out: Optional[np.ndarray[Any, Any]] = None,
     num_threads: Optional[int] = None,
-) -> Union[np.ndarray, Tuple[np.ndarray, ...]]:
+) -> AttentionResult:
     """Scaled dot-product attention: ``softmax(scale * Q Kᵀ + mask) V``.
 
     The semantics are those of ``torch.nn.functional.scaled_dot_product_attention``
@@ -104,8 +189,10 @@ def scaled_dot_product_attention(
         Preallocated output of shape (..., Hq, L, Ev) and the result dtype; any
         strides; must not overlap the inputs.
     num_threads : int, optional
-        Threads for this call; ``None`` uses the OpenMP default (``OMP_NUM_THREADS``).
-        Results are bitwise identical for every thread count.
+        Threads for this call; ``None`` uses the value set with
+        :func:`set_num_threads`, else the OpenMP default (``OMP_NUM_THREADS``, or a
+        threadpoolctl limit); :func:`get_num_threads` tells which.  Results are
+        bitwise identical for every thread count.
 
     Returns
     -------
@@ -139,16 +226,20 @@ def scaled_dot_product_attention(
     )
 
 
-def config() -> dict:
-    """Build and runtime facts: version, OpenMP, default thread count, the kernel
-    set in use (``isa``; set ``SDPA_ISA=scalar|avx2|avx512`` to force a lower
-    one) and the kernel sets this CPU supports."""
+def config() -> Dict[str, Any]:
+    """Build and runtime facts: version, OpenMP, the OpenMP default thread count
+    (``default_num_threads``), the count a call uses now (``num_threads``, see
+    :func:`get_num_threads`), the kernel set in use (``isa``; set
+    ``SDPA_ISA=scalar|avx2|avx512`` to force a lower one) and the kernel sets this
+    CPU supports."""
+    isas: List[str] = [name for name in _core.ISAS if _core.isa_supported(name)]
     return {
         "version": __version__,
         "openmp": bool(_core.has_openmp()),
         "default_num_threads": int(_core.default_num_threads()),
+        "num_threads": get_num_threads(),
         "isa": _core.isa(),
-        "isas_supported": [name for name in _core.ISAS if _core.isa_supported(name)],
+        "isas_supported": isas,
     }
 
 

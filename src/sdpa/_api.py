@@ -9,9 +9,10 @@ import math
 import numbers
 import os
 import threading
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Type, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _core
 
@@ -19,9 +20,36 @@ MAX_BATCH_DIMS = _core.MAX_BATCH_DIMS
 
 _FLOAT32_KINDS = (np.dtype(np.float16), np.dtype(np.float32))
 
+# numpy.exceptions appeared in NumPy 1.25; older releases have the class at the top level
+_TooHardError: Type[Exception] = getattr(getattr(np, "exceptions", np), "TooHardError")
+# the stubs of some NumPy releases only allow max_work in {0, -1}; any int works
+_shares_memory: Callable[..., bool] = np.shares_memory
 
-def _to_array(x: Any, name: str) -> np.ndarray:
-    """Any array-like to an ndarray, without copying where possible."""
+
+class SupportsDLPack(Protocol):
+    """An object exporting its memory through the DLPack protocol."""
+
+    def __dlpack__(self) -> Any: ...
+
+
+#: What the array arguments accept: NumPy arrays and anything NumPy can read
+#: (``__array__``, the buffer protocol, nested sequences), or a ``__dlpack__`` producer.
+ArrayInput = Union[npt.ArrayLike, SupportsDLPack]
+Array = npt.NDArray[Any]
+#: The arrays sdpa returns: float32 or float64.
+FloatArray = npt.NDArray[np.floating[Any]]
+#: ``scaled_dot_product_attention``'s result: the output, or a tuple holding the
+#: output and the weights and/or log-sum-exp asked for.
+AttentionResult = Union[FloatArray, Tuple[FloatArray, ...]]
+
+
+def _to_array(x: Any, name: str) -> Array:
+    """Any array-like to an ndarray, without copying where possible.
+
+    NumPy arrays are used as they are; objects with ``__array__`` (CPU torch
+    tensors, pandas and xarray objects, ...) hand over their memory through it;
+    objects with only ``__dlpack__`` are read through DLPack, also in place.
+    """
     if isinstance(x, np.ndarray):
         return x
     if not hasattr(x, "__array__") and hasattr(x, "__dlpack__"):
@@ -37,7 +65,7 @@ def _to_array(x: Any, name: str) -> np.ndarray:
         ) from None
 
 
-def _check_real(a: np.ndarray, name: str) -> None:
+def _check_real(a: Array, name: str) -> None:
     """Reject dtypes that cannot be converted to float32/float64 exactly."""
     dt = a.dtype
     if dt.kind == "f":
@@ -61,14 +89,14 @@ def _check_real(a: np.ndarray, name: str) -> None:
     )
 
 
-def _compute_dtype(arrays: Sequence[np.ndarray]) -> np.dtype:
+def _compute_dtype(arrays: Sequence[Array]) -> np.dtype[Any]:
     """float32 when every operand is float16/float32, float64 otherwise."""
     if all(a.dtype.newbyteorder("=") in _FLOAT32_KINDS for a in arrays):
         return np.dtype(np.float32)
     return np.dtype(np.float64)
 
 
-def _as_operand(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _as_operand(a: Array, dtype: np.dtype[Any]) -> Array:
     """Native-endian, aligned array of ``dtype``; copies only when it must."""
     if a.dtype != dtype:  # also covers non-native byte order
         a = a.astype(dtype)
@@ -85,7 +113,7 @@ def _broadcast(shapes: Sequence[Tuple[int, ...]], names: Sequence[str], what: st
         raise ValueError(f"{what} do not broadcast: {seen}") from None
 
 
-def _elem_strides(a: np.ndarray, target_ndim: int) -> List[int]:
+def _elem_strides(a: Array, target_ndim: int) -> List[int]:
     """Strides in elements, right-aligned to ``target_ndim`` dims; 0 where the
     array lacks the dim or has size 1 there (a broadcast)."""
     pad = target_ndim - a.ndim
@@ -95,7 +123,7 @@ def _elem_strides(a: np.ndarray, target_ndim: int) -> List[int]:
     return out
 
 
-def _no_internal_overlap(a: np.ndarray) -> bool:
+def _no_internal_overlap(a: Array) -> bool:
     dims = sorted((abs(st), n) for n, st in zip(a.shape, a.strides) if n > 1)
     extent = a.itemsize
     for st, n in dims:
@@ -105,12 +133,12 @@ def _no_internal_overlap(a: np.ndarray) -> bool:
     return True
 
 
-def _overlaps(a: np.ndarray, b: np.ndarray) -> bool:
+def _overlaps(a: Array, b: Array) -> bool:
     if not np.may_share_memory(a, b):
         return False
     try:
-        return bool(np.shares_memory(a, b, max_work=10**6))
-    except np.exceptions.TooHardError:
+        return bool(_shares_memory(a, b, max_work=10**6))
+    except _TooHardError:
         return True
 
 
@@ -121,14 +149,64 @@ def _physical_memory_bytes() -> Optional[int]:
         return None
 
 
-def _check_threads(num_threads: Optional[int]) -> int:
+_MAX_THREADS = 1 << 16
+
+# Set by set_num_threads(); None: the OpenMP default.  One value for the whole
+# process, seen by every Python thread (as torch.set_num_threads).
+_num_threads: Optional[int] = None
+
+
+def _validate_threads(num_threads: object, name: str) -> Optional[int]:
     if num_threads is None:
-        return 0
+        return None
     if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral):
-        raise TypeError(f"num_threads: expected None or an int, got {type(num_threads).__name__}")
+        raise TypeError(f"{name}: expected None or an int, got {type(num_threads).__name__}")
     if num_threads < 1:
-        raise ValueError(f"num_threads: must be >= 1 (or None for the default), got {num_threads}")
-    return min(int(num_threads), 1 << 16)
+        raise ValueError(f"{name}: must be >= 1 (or None for the default), got {num_threads}")
+    return min(int(num_threads), _MAX_THREADS)
+
+
+def _check_threads(num_threads: Optional[int]) -> int:
+    """The thread count handed to the C core: the call's own, else the one set with
+    set_num_threads(), else 0 (the core asks OpenMP: omp_get_max_threads())."""
+    n = _validate_threads(num_threads, "num_threads")
+    if n is None:
+        n = _num_threads
+    return 0 if n is None else n
+
+
+def set_num_threads(num_threads: Optional[int]) -> None:
+    """Set the number of threads later calls use when they are not given ``num_threads``.
+
+    ``None`` goes back to the OpenMP default: ``OMP_NUM_THREADS``, or the limit set
+    with ``threadpoolctl.threadpool_limits(n, user_api="openmp")``, else one thread
+    per CPU.  The setting holds for the whole process (every Python thread); an
+    explicit ``num_threads=`` argument still wins over it.  Results do not depend on
+    the thread count.
+
+    Raises
+    ------
+    TypeError
+        ``num_threads`` is not an int or None.
+    ValueError
+        ``num_threads`` is smaller than 1.
+    """
+    global _num_threads
+    _num_threads = _validate_threads(num_threads, "num_threads")
+
+
+def get_num_threads() -> int:
+    """The number of threads a call without ``num_threads=`` uses now.
+
+    The value set with :func:`set_num_threads`, else the OpenMP default of the
+    calling thread (``omp_get_max_threads()``, which follows ``OMP_NUM_THREADS`` and
+    threadpoolctl).  Always 1 when sdpa was built without OpenMP.
+    """
+    if not _core.has_openmp():
+        return 1
+    if _num_threads is not None:
+        return _num_threads
+    return max(1, int(_core.default_num_threads()))
 
 
 def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, int]:
@@ -147,46 +225,46 @@ def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, i
     )
 
 
-def attention(
-    query: Any,
-    key: Any,
-    value: Any,
-    attn_mask: Any = None,
-    is_causal: Union[bool, str] = False,
-    scale: Optional[float] = None,
-    enable_gqa: bool = False,
-    *,
-    return_weights: bool = False,
-    return_lse: bool = False,
-    key_lengths: Any = None,
-    out: Optional[np.ndarray] = None,
-    num_threads: Optional[int] = None,
-):
-    q = _to_array(query, "query")
-    k = _to_array(key, "key")
-    v = _to_array(value, "value")
-    for a, name in ((q, "query"), (k, "key"), (v, "value")):
-        _check_real(a, name)
-        if a.ndim < 2:
-            raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {a.shape}")
-    dtype = _compute_dtype((q, k, v))
-    q, k, v = (_as_operand(a, dtype) for a in (q, k, v))
+class ShapePlan(NamedTuple):
+    """The sizes of one call, worked out from the operands' shapes alone."""
 
-    L, E = q.shape[-2:]
-    S, Ek = k.shape[-2:]
-    Sv, Ev = v.shape[-2:]
-    shapes = f"query {q.shape}, key {k.shape}, value {v.shape}"
+    batch_shape: Tuple[int, ...]
+    heads: int  # output heads (0 when a head dim has size 0)
+    group: int  # query heads per key/value head
+    L: int
+    S: int
+    E: int
+    Ev: int
+    out_shape: Tuple[int, ...]
+    weights_shape: Tuple[int, ...]
+
+
+def plan_shapes(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    value_shape: Sequence[int],
+    enable_gqa: bool = False,
+) -> ShapePlan:
+    """Check that the shapes of query, key and value fit together and return the
+    sizes of the problem, output shape included (ValueError naming them if not)."""
+    qs, ks, vs = (tuple(int(n) for n in s) for s in (query_shape, key_shape, value_shape))
+    for shape, name in ((qs, "query"), (ks, "key"), (vs, "value")):
+        if len(shape) < 2:
+            raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {shape}")
+    L, E = qs[-2:]
+    S, Ek = ks[-2:]
+    Sv, Ev = vs[-2:]
+    shapes = f"query {qs}, key {ks}, value {vs}"
     if Ek != E:
         raise ValueError(f"query and key must have the same last dim (E); got {shapes}")
     if Sv != S:
         raise ValueError(f"key and value must have the same sequence length (dim -2); got {shapes}")
 
     # Heads live at dim -3 of inputs with 3+ dims; the dims before are batch dims.
-    ndim = max(q.ndim, k.ndim, v.ndim)
-    has_heads = ndim >= 3
-    hq = q.shape[-3] if q.ndim >= 3 else 1
-    hk = k.shape[-3] if k.ndim >= 3 else 1
-    hv = v.shape[-3] if v.ndim >= 3 else 1
+    has_heads = max(len(qs), len(ks), len(vs)) >= 3
+    hq = qs[-3] if len(qs) >= 3 else 1
+    hk = ks[-3] if len(ks) >= 3 else 1
+    hv = vs[-3] if len(vs) >= 3 else 1
     if hk != hv and hk != 1 and hv != 1:
         raise ValueError(f"key and value have different numbers of heads (dim -3); got {shapes}")
     hkv = max(hk, hv) if min(hk, hv) > 0 else 0
@@ -206,14 +284,58 @@ def attention(
         heads = 0 if 0 in (hq, hkv) else max(hq, hkv)
         group = 1
     batch_shape = _broadcast(
-        [a.shape[:-3] for a in (q, k, v)], ("query", "key", "value"), "the batch dims (before dim -3) of query, key and value"
+        [s[:-3] for s in (qs, ks, vs)],
+        ("query", "key", "value"),
+        "the batch dims (before dim -3) of query, key and value",
     )
-    nb = len(batch_shape)
-    if nb > MAX_BATCH_DIMS:
+    if len(batch_shape) > MAX_BATCH_DIMS:
         raise ValueError(f"at most {MAX_BATCH_DIMS} batch dims are supported; got {shapes}")
 
-    out_shape = batch_shape + ((heads,) if has_heads else ()) + (L, Ev)
-    weights_shape = batch_shape + ((heads,) if has_heads else ()) + (L, S)
+    head_dims = (heads,) if has_heads else ()
+    return ShapePlan(
+        batch_shape=batch_shape,
+        heads=heads,
+        group=group,
+        L=L,
+        S=S,
+        E=E,
+        Ev=Ev,
+        out_shape=batch_shape + head_dims + (L, Ev),
+        weights_shape=batch_shape + head_dims + (L, S),
+    )
+
+
+def attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = None,
+    is_causal: Union[bool, str] = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    *,
+    return_weights: bool = False,
+    return_lse: bool = False,
+    key_lengths: Optional[ArrayInput] = None,
+    out: Optional[Array] = None,
+    num_threads: Optional[int] = None,
+) -> AttentionResult:
+    q = _to_array(query, "query")
+    k = _to_array(key, "key")
+    v = _to_array(value, "value")
+    for a, name in ((q, "query"), (k, "key"), (v, "value")):
+        _check_real(a, name)
+        if a.ndim < 2:
+            raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {a.shape}")
+    dtype = _compute_dtype((q, k, v))
+    q, k, v = (_as_operand(a, dtype) for a in (q, k, v))
+
+    plan = plan_shapes(q.shape, k.shape, v.shape, enable_gqa)
+    L, S, E, Ev = plan.L, plan.S, plan.E, plan.Ev
+    batch_shape, heads, group = plan.batch_shape, plan.heads, plan.group
+    out_shape, weights_shape = plan.out_shape, plan.weights_shape
+    nb = len(batch_shape)
+    shapes = f"query {q.shape}, key {k.shape}, value {v.shape}"
 
     if scale is None:
         scale_value = 1.0 / math.sqrt(E) if E > 0 else 1.0
@@ -226,7 +348,7 @@ def attention(
 
     # mask: bool (True = takes part) or float (added), broadcastable to weights_shape
     mask_kind = _core.MASK_NONE
-    m = None
+    m: Optional[Array] = None
     if attn_mask is not None:
         m = _to_array(attn_mask, "attn_mask")
         if m.dtype == np.bool_:
@@ -252,7 +374,7 @@ def attention(
                 f"{weights_shape} (..., heads, L, S); got {shapes}"
             )
 
-    lengths = None
+    lengths: Optional[Array] = None
     if key_lengths is not None:
         kl = _to_array(key_lengths, "key_lengths")
         if kl.dtype.kind not in "iu":
@@ -285,12 +407,12 @@ def attention(
             raise ValueError("out: the array is not aligned to its element size")
         if not _no_internal_overlap(out):
             raise ValueError(f"out: its elements overlap each other (strides {out.strides})")
-        for a, name in ((q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")):
-            if a is not None and _overlaps(out, a):
+        for operand, name in ((q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")):
+            if operand is not None and _overlaps(out, operand):
                 raise ValueError(f"out: overlaps the memory of {name}")
         result = out
 
-    weights = None
+    weights: Optional[Array] = None
     if return_weights:
         nbytes = math.prod(weights_shape) * dtype.itemsize
         total = _physical_memory_bytes()
@@ -327,6 +449,6 @@ def attention(
             lengths, None if lengths is None else _elem_strides(lengths, nb),
         )
 
-    extra = tuple(x for x, wanted in ((weights, return_weights), (lse, return_lse)) if wanted)
-    return (result,) + extra if extra else result
+    extra = [x for x in (weights, lse) if x is not None]  # each there iff asked for
+    return (result, *extra) if extra else result
 

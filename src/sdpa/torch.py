@@ -1,0 +1,281 @@
+"""sdpa for PyTorch: CPU tensors in, CPU tensors out.
+
+    >>> import torch, sdpa.torch
+    >>> q = k = v = torch.randn(2, 8, 128, 64)
+    >>> out = sdpa.torch.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+:func:`scaled_dot_product_attention` takes the arguments of
+``torch.nn.functional.scaled_dot_product_attention`` and runs sdpa's C core on the
+tensors' memory (no copies on the way in).  It is registered as the operator
+``torch.ops.sdpa.attention`` (a ``torch.library.custom_op`` with a fake
+implementation for shape inference), and :func:`patch` puts it in the place of
+torch's own function, so that an eager model calling
+``F.scaled_dot_product_attention`` runs on sdpa::
+
+    with sdpa.torch.patch(), torch.inference_mode():
+        y = model(x)
+
+Limits: CPU tensors of float32 or float64 (query, key and value of one dtype); no
+dropout (``dropout_p`` must be 0); no autograd (call it under ``torch.no_grad()`` or
+``torch.inference_mode()``, or on tensors that do not require grad).  A query row
+that can see no key gives zeros, where torch gives NaN.
+
+Importing this module imports torch; ``import sdpa`` alone does not.
+"""
+import functools
+from typing import Any, Callable, Dict, List, Optional, Type
+
+import torch
+from torch import Tensor
+
+from . import _api
+from . import scaled_dot_product_attention as _attention_numpy
+
+if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
+    raise ImportError(
+        f"sdpa.torch needs PyTorch >= 2.4 (torch.library.custom_op); found {torch.__version__}"
+    )
+
+__all__ = ["scaled_dot_product_attention", "attention_op", "patch", "unpatch", "is_patched"]
+
+_DTYPES = (torch.float32, torch.float64)
+
+
+def _check_tensors(
+    query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor]
+) -> torch.dtype:
+    """The dtype of the result; TypeError/ValueError for tensors sdpa cannot take."""
+    for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask")):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cpu":
+            raise ValueError(f"{name}: sdpa runs on the CPU; got a tensor on {t.device}")
+    for t, name in ((query, "query"), (key, "key"), (value, "value")):
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}: expected float32 or float64, got {t.dtype}")
+    if not query.dtype == key.dtype == value.dtype:
+        raise TypeError(
+            "query, key and value must have the same dtype; got "
+            f"{query.dtype}, {key.dtype} and {value.dtype}"
+        )
+    if attn_mask is not None and attn_mask.dtype not in (torch.bool, query.dtype):
+        raise TypeError(
+            f"attn_mask: expected a bool mask or a {query.dtype} mask like the query, "
+            f"got {attn_mask.dtype}"
+        )
+    return query.dtype
+
+
+def _as_numpy(t: Tensor) -> Any:
+    # detach(): the data without the autograd history, same memory; numpy(): no copy
+    return t.detach().numpy()
+
+
+@torch.library.custom_op("sdpa::attention", mutates_args=())
+def attention_op(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """The operator ``torch.ops.sdpa.attention``: attention without dropout,
+    arguments as for :func:`scaled_dot_product_attention`.  It has no backward."""
+    _check_tensors(query, key, value, attn_mask)
+    out = _attention_numpy(
+        _as_numpy(query),
+        _as_numpy(key),
+        _as_numpy(value),
+        None if attn_mask is None else _as_numpy(attn_mask),
+        is_causal,
+        scale,
+        enable_gqa,
+    )
+    return torch.from_numpy(out)
+
+
+@attention_op.register_fake
+def _attention_fake(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    dtype = _check_tensors(query, key, value, attn_mask)
+    plan = _api.plan_shapes(query.shape, key.shape, value.shape, enable_gqa)
+    return query.new_empty(plan.out_shape, dtype=dtype)
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` computed by sdpa.
+
+    Parameters
+    ----------
+    query, key, value : torch.Tensor
+        CPU tensors (..., Hq, L, E), (..., Hkv, S, E), (..., Hkv, S, Ev), all
+        float32 or all float64; any strides.  Batch dims broadcast.
+    attn_mask : torch.Tensor, optional
+        bool (True takes part) or of the query's dtype (added to the scores),
+        broadcastable to (..., Hq, L, S).
+    dropout_p : float
+        Must be 0.0: sdpa has no dropout.
+    is_causal : bool
+        Mask with ``tril(ones(L, S))``; may be combined with ``attn_mask``.
+    scale : float, optional
+        Defaults to ``1 / sqrt(E)``.
+    enable_gqa : bool
+        Grouped-query attention (Hq a multiple of Hkv).
+
+    Returns
+    -------
+    torch.Tensor, (..., Hq, L, Ev), of the inputs' dtype; a new, contiguous tensor.
+
+    Raises
+    ------
+    ValueError
+        ``dropout_p`` is not 0, a tensor is not on the CPU, shapes do not fit.
+    TypeError
+        Unsupported dtypes.
+    RuntimeError
+        Gradients are required: grad mode is on and an input requires grad.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(
+            f"dropout_p: sdpa has no dropout, got {dropout_p}; pass 0.0 (as models do in eval mode)"
+        )
+    if torch.is_grad_enabled():
+        for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask")):
+            if isinstance(t, Tensor) and t.requires_grad:
+                raise RuntimeError(
+                    f"sdpa has no backward, but {name} requires grad; run it under "
+                    "torch.no_grad() or torch.inference_mode(), or detach the inputs"
+                )
+    out: Tensor = attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    return out
+
+
+# ------------------------------------------------------------------ patching
+
+_TorchSDPA = Callable[..., Tensor]
+
+# The functions patch() replaced, oldest first: _replaced[0] is torch's own.
+_replaced: List[_TorchSDPA] = []
+
+
+def _handles(
+    query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float
+) -> bool:
+    """Whether sdpa can take this call (for ``patch(fallback=True)``)."""
+    tensors = (query, key, value)
+    if not all(isinstance(t, Tensor) for t in tensors) or dropout_p != 0.0:
+        return False
+    if attn_mask is not None and not isinstance(attn_mask, Tensor):
+        return False
+    if torch.is_grad_enabled() and any(
+        t.requires_grad for t in (query, key, value, attn_mask) if t is not None
+    ):
+        return False
+    try:
+        _check_tensors(query, key, value, attn_mask)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _with_fallback(previous: _TorchSDPA) -> _TorchSDPA:
+    @functools.wraps(scaled_dot_product_attention)
+    def sdpa_or_previous(
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Optional[Tensor] = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: Optional[float] = None,
+        enable_gqa: bool = False,
+    ) -> Tensor:
+        if _handles(query, key, value, attn_mask, dropout_p):
+            return scaled_dot_product_attention(
+                query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa
+            )
+        kwargs: Dict[str, Any] = {}  # keywords older torch releases lack are passed only when set
+        if scale is not None:
+            kwargs["scale"] = scale
+        if enable_gqa:
+            kwargs["enable_gqa"] = enable_gqa
+        return previous(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs
+        )
+
+    return sdpa_or_previous
+
+
+def _restore(depth: int) -> None:
+    """Undo the patches above the first ``depth`` ones."""
+    if len(_replaced) > depth:
+        setattr(torch.nn.functional, "scaled_dot_product_attention", _replaced[depth])
+        del _replaced[depth:]
+
+
+class _Patch:
+    """Returned by :func:`patch`; as a context manager, its exit undoes the patch."""
+
+    def __init__(self, depth: int) -> None:
+        self._depth = depth
+
+    def __enter__(self) -> "_Patch":
+        return self
+
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Any) -> None:
+        _restore(self._depth)
+
+
+def patch(fallback: bool = False) -> _Patch:
+    """Make ``torch.nn.functional.scaled_dot_product_attention`` run on sdpa.
+
+    Takes effect at once; use it as a context manager (``with sdpa.torch.patch():``)
+    to undo it on leaving the block, or call :func:`unpatch`.  Code that calls
+    ``F.scaled_dot_product_attention`` (``F`` being ``torch.nn.functional``) through
+    the module attribute picks the replacement up; references taken before, such as
+    ``from torch.nn.functional import scaled_dot_product_attention``, keep torch's.
+
+    With ``fallback=False`` every call goes to :func:`scaled_dot_product_attention`,
+    whose errors say what sdpa cannot do.  With ``fallback=True`` calls sdpa cannot
+    take (dropout, gradients required, other dtypes or devices) go to the function
+    that was there before.
+
+    Patching is process-wide, for every Python thread.
+    """
+    F = torch.nn.functional
+    depth = len(_replaced)
+    previous: _TorchSDPA = getattr(F, "scaled_dot_product_attention")
+    _replaced.append(previous)
+    setattr(F, "scaled_dot_product_attention", _with_fallback(previous) if fallback else scaled_dot_product_attention)
+    return _Patch(depth)
+
+
+def unpatch() -> None:
+    """Put torch's own ``scaled_dot_product_attention`` back (undoing every
+    :func:`patch`); does nothing when it is not patched."""
+    _restore(0)
+
+
+def is_patched() -> bool:
+    """Whether :func:`patch` is in effect."""
+    return bool(_replaced)

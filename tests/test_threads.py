@@ -1,0 +1,220 @@
+"""Thread control: set_num_threads / get_num_threads, OMP_NUM_THREADS and threadpoolctl."""
+import inspect
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import sdpa
+from sdpa import _core
+
+HAS_OPENMP = sdpa.config()["openmp"]
+needs_openmp = pytest.mark.skipif(not HAS_OPENMP, reason="built without OpenMP")
+
+
+@pytest.fixture(autouse=True)
+def reset_threads():
+    sdpa.set_num_threads(None)
+    yield
+    sdpa.set_num_threads(None)
+
+
+@pytest.fixture
+def core_threads(monkeypatch):
+    """The num_threads each call hands to the C core (0: the OpenMP default)."""
+    real = _core.attention
+    signature = inspect.signature(real)
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(signature.bind(*args, **kwargs).arguments["num_threads"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_core, "attention", recording)
+    return seen
+
+
+def run_python(code, **env):
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout
+
+
+def small_problem():
+    rng = np.random.default_rng(5)
+    return tuple(rng.standard_normal((2, 3, 17, 8)) for _ in range(3))
+
+
+def test_public_names():
+    for name in ("set_num_threads", "get_num_threads"):
+        assert name in sdpa.__all__ and callable(getattr(sdpa, name))
+
+
+def test_default_is_the_openmp_default():
+    expected = _core.default_num_threads() if HAS_OPENMP else 1
+    assert sdpa.get_num_threads() == expected >= 1
+    cfg = sdpa.config()
+    assert cfg["num_threads"] == expected
+    assert cfg["default_num_threads"] == _core.default_num_threads()
+
+
+@needs_openmp
+def test_set_and_reset():
+    sdpa.set_num_threads(3)
+    assert sdpa.get_num_threads() == 3
+    assert sdpa.config()["num_threads"] == 3
+    # the OpenMP default itself is left alone
+    assert sdpa.config()["default_num_threads"] == _core.default_num_threads()
+    sdpa.set_num_threads(np.int64(5))
+    assert sdpa.get_num_threads() == 5 and type(sdpa.get_num_threads()) is int
+    sdpa.set_num_threads(None)
+    assert sdpa.get_num_threads() == _core.default_num_threads()
+
+
+def test_calls_use_the_set_value(core_threads):
+    q, k, v = small_problem()
+    sdpa.scaled_dot_product_attention(q, k, v)
+    sdpa.set_num_threads(3)
+    sdpa.scaled_dot_product_attention(q, k, v)
+    sdpa.scaled_dot_product_attention(q, k, v, num_threads=1)  # an explicit value wins
+    sdpa.scaled_dot_product_attention(q, k, v, num_threads=None)
+    sdpa.set_num_threads(None)
+    sdpa.scaled_dot_product_attention(q, k, v)
+    assert core_threads == [0, 3, 1, 3, 0]
+
+
+def test_layers_use_the_set_value(core_threads):
+    layer = sdpa.MultiHeadAttention(16, 4, rng=0)
+    x = np.random.default_rng(0).standard_normal((2, 5, 16))
+    sdpa.set_num_threads(2)
+    layer(x)
+    layer(x, num_threads=1)
+    assert core_threads == [2, 1]
+
+
+def test_value_seen_from_other_threads(core_threads):
+    q, k, v = small_problem()
+    sdpa.set_num_threads(2)
+    t = threading.Thread(target=sdpa.scaled_dot_product_attention, args=(q, k, v))
+    t.start()
+    t.join()
+    assert core_threads == [2]
+
+
+def test_results_do_not_depend_on_the_setting():
+    q, k, v = small_problem()
+    expected = sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+    for n in (1, 2, 3):
+        sdpa.set_num_threads(n)
+        np.testing.assert_array_equal(sdpa.scaled_dot_product_attention(q, k, v, is_causal=True), expected)
+
+
+@pytest.mark.parametrize("bad", [0, -1, -(2**70)])
+def test_bad_values(bad):
+    sdpa.set_num_threads(2)
+    with pytest.raises(ValueError, match="num_threads"):
+        sdpa.set_num_threads(bad)
+    assert sdpa._api._num_threads == 2  # unchanged by the failed call
+
+
+@pytest.mark.parametrize("bad", [2.0, "2", True, [2], np.float64(2)])
+def test_bad_types(bad):
+    with pytest.raises(TypeError, match="num_threads"):
+        sdpa.set_num_threads(bad)
+    assert sdpa._api._num_threads is None
+
+
+def test_huge_value_is_capped(core_threads):
+    sdpa.set_num_threads(10**9)
+    assert sdpa.get_num_threads() == (1 << 16 if HAS_OPENMP else 1)
+    q = np.ones((1, 1, 2))
+    sdpa.scaled_dot_product_attention(q, q, q, num_threads=10**9)
+    assert core_threads == [1 << 16]
+
+
+@needs_openmp
+def test_follows_omp_num_threads():
+    out = run_python("import sdpa; print(sdpa.get_num_threads())", OMP_NUM_THREADS="3")
+    assert out.strip() == "3"
+
+
+def test_omp_wait_policy_default_kept():
+    code = "import os, sdpa; print(os.environ['OMP_WAIT_POLICY'])"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "PASSIVE", proc.stderr
+    assert run_python(code, OMP_WAIT_POLICY="ACTIVE").strip() == "ACTIVE"
+
+
+# --------------------------------------------------------------------------- threadpoolctl
+
+INFO_CODE = r"""
+import json
+import numpy
+from threadpoolctl import threadpool_info
+before = threadpool_info()
+import sdpa
+after = threadpool_info()
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+@needs_openmp
+def test_threadpool_info_lists_the_openmp_runtime():
+    pytest.importorskip("threadpoolctl")
+    info = json.loads(run_python(INFO_CODE))
+    openmp_before = [lib for lib in info["before"] if lib["user_api"] == "openmp"]
+    openmp_after = [lib for lib in info["after"] if lib["user_api"] == "openmp"]
+    assert openmp_after, info["after"]
+    if not openmp_before:  # then the runtime listed is the one sdpa brought in
+        assert any(os.path.basename(lib["filepath"]).startswith(("libgomp", "libomp", "libiomp", "vcomp"))
+                   for lib in openmp_after), openmp_after
+    for lib in openmp_after:
+        assert lib["num_threads"] >= 1
+
+
+@needs_openmp
+def test_threadpool_limits_apply():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    default = sdpa.get_num_threads()
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        assert sdpa.get_num_threads() == 1
+        assert sdpa.config()["default_num_threads"] == 1
+    assert sdpa.get_num_threads() == default
+    with threadpoolctl.threadpool_limits(limits=2, user_api="openmp"):
+        assert sdpa.get_num_threads() == 2
+
+
+@needs_openmp
+def test_threadpool_limits_in_a_fresh_process():
+    pytest.importorskip("threadpoolctl")
+    code = (
+        "import sdpa, threadpoolctl\n"
+        "d = sdpa.get_num_threads()\n"
+        "with threadpoolctl.threadpool_limits(1, user_api='openmp'):\n"
+        "    inside = sdpa.get_num_threads()\n"
+        "print(d, inside, sdpa.get_num_threads())\n"
+    )
+    default, inside, after = run_python(code, OMP_NUM_THREADS="3").split()
+    assert (default, inside, after) == ("3", "1", "3")
+
+
+@needs_openmp
+def test_set_num_threads_wins_over_threadpool_limits(core_threads):
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    q, k, v = small_problem()
+    sdpa.set_num_threads(2)
+    with threadpoolctl.threadpool_limits(1, user_api="openmp"):
+        assert sdpa.get_num_threads() == 2
+        sdpa.scaled_dot_product_attention(q, k, v)
+    assert core_threads == [2]

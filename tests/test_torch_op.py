@@ -1,0 +1,330 @@
+"""sdpa.torch: the torch operator sdpa::attention, its drop-in function and patch()."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import assert_close
+
+torch = pytest.importorskip("torch")
+if not hasattr(torch.library, "custom_op"):
+    pytest.skip("sdpa.torch needs torch >= 2.4", allow_module_level=True)
+
+import sdpa.torch as st  # noqa: E402
+
+F = torch.nn.functional
+TORCH_SDPA = F.scaled_dot_product_attention  # torch's own, taken before any patch
+
+SHAPES = {
+    # name: (batch, Hq, Hkv, L, S, E, Ev)
+    "small": ((2,), 4, 4, 31, 33, 16, 16),
+    "single-query": ((3,), 2, 2, 1, 65, 80, 31),
+    "no-batch": ((), 3, 3, 9, 8, 8, 8),
+    "two-batch-dims": ((2, 3), 2, 2, 7, 9, 31, 16),
+    "gqa-8-2": ((2,), 8, 2, 33, 63, 32, 32),
+    "gqa-4-1": ((1,), 4, 1, 65, 31, 16, 8),
+}
+VARIANTS = ["plain", "causal", "bool-mask", "float-mask", "scale", "causal+scale"]
+DTYPES = {"f32": (torch.float32, np.float32), "f64": (torch.float64, np.float64)}
+
+
+@pytest.fixture(autouse=True)
+def no_patch_left_behind():
+    yield
+    st.unpatch()
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def make(name, torch_dtype, seed=0):
+    batch, hq, hkv, L, S, E, Ev = SHAPES[name]
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(*batch, hq, L, E, generator=gen, dtype=torch_dtype)
+    k = torch.randn(*batch, hkv, S, E, generator=gen, dtype=torch_dtype)
+    v = torch.randn(*batch, hkv, S, Ev, generator=gen, dtype=torch_dtype)
+    return q, k, v
+
+
+def variant_kwargs(variant, L, S, hq, torch_dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed + 1)
+    keep = torch.rand(hq, L, S, generator=gen) < 0.7
+    keep[..., 0] = True  # rows that see no key: torch gives NaN, sdpa zeros
+    if variant == "plain":
+        return {}
+    if variant == "causal":
+        return {"is_causal": True}
+    if variant == "bool-mask":
+        return {"attn_mask": keep}
+    if variant == "float-mask":
+        noise = torch.randn(hq, L, S, generator=gen, dtype=torch_dtype)
+        return {"attn_mask": torch.where(keep, noise, torch.tensor(float("-inf"), dtype=torch_dtype))}
+    if variant == "scale":
+        return {"scale": 0.37}
+    if variant == "causal+scale":
+        return {"is_causal": True, "scale": 1.3}
+    raise AssertionError(variant)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_matches_torch(name, variant, dtype):
+    torch_dtype, np_dtype = DTYPES[dtype]
+    batch, hq, hkv, L, S, E, Ev = SHAPES[name]
+    q, k, v = make(name, torch_dtype)
+    kwargs = variant_kwargs(variant, L, S, hq, torch_dtype)
+    gqa = hq != hkv
+    ours = st.scaled_dot_product_attention(q, k, v, enable_gqa=gqa, **kwargs)
+    theirs = TORCH_SDPA(q, k, v, enable_gqa=gqa, **kwargs)
+    assert isinstance(ours, torch.Tensor)
+    assert ours.dtype == torch_dtype and ours.device.type == "cpu"
+    assert ours.shape == theirs.shape
+    assert_close(ours.numpy(), theirs.numpy(), np_dtype, head_dim=E, scale=2)
+    # the operator itself gives the same
+    op = torch.ops.sdpa.attention(q, k, v, kwargs.get("attn_mask"), kwargs.get("is_causal", False),
+                                  kwargs.get("scale"), gqa)
+    assert torch.equal(op, ours)
+
+
+def test_mask_and_causal_together():
+    q, k, v = make("small", torch.float32)
+    keep = torch.rand(4, 31, 33, generator=torch.Generator().manual_seed(2)) < 0.7
+    keep[..., 0] = True
+    ours = st.scaled_dot_product_attention(q, k, v, keep, is_causal=True)
+    both = keep & torch.ones(31, 33, dtype=torch.bool).tril()
+    assert_close(ours.numpy(), TORCH_SDPA(q, k, v, both).numpy(), np.float32, scale=2)
+
+
+def test_strided_inputs():
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 31, 4, 16, generator=gen).transpose(1, 2)
+    k = torch.randn(2, 65, 2, 16, generator=gen).transpose(1, 2)
+    v = torch.randn(2, 65, 2, 24, generator=gen).transpose(1, 2)[..., :12]
+    ours = st.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    theirs = TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True)
+    assert ours.is_contiguous()
+    assert_close(ours.numpy(), theirs.numpy(), np.float32, scale=2)
+
+
+def test_grad_mode_tensors_without_grad_are_fine():
+    q, k, v = make("small", torch.float32)
+    with torch.enable_grad():
+        out = st.scaled_dot_product_attention(q, k, v)
+    assert not out.requires_grad
+
+
+def test_inference_mode():
+    q, k, v = make("small", torch.float32)
+    with torch.inference_mode():
+        qi, ki, vi = q.clone(), k.clone(), v.clone()
+        out = st.scaled_dot_product_attention(qi, ki, vi, is_causal=True)
+    assert_close(out.numpy(), TORCH_SDPA(q, k, v, is_causal=True).numpy(), np.float32, scale=2)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_dropout_is_refused():
+    q, k, v = make("small", torch.float32)
+    with pytest.raises(ValueError, match="dropout_p"):
+        st.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+
+
+def test_requires_grad_is_refused():
+    q, k, v = make("small", torch.float32)
+    q.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="no backward.*query requires grad"):
+        st.scaled_dot_product_attention(q, k, v)
+    with torch.no_grad():
+        out = st.scaled_dot_product_attention(q, k, v)
+    assert_close(out.numpy(), TORCH_SDPA(q.detach(), k, v).numpy(), np.float32, scale=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32])
+def test_other_dtypes_are_refused(dtype):
+    q = torch.ones(2, 4, 8, dtype=dtype)
+    with pytest.raises(TypeError, match="query: expected float32 or float64"):
+        st.scaled_dot_product_attention(q, q, q)
+
+
+def test_mixed_dtypes_are_refused():
+    q = torch.ones(2, 4, 8)
+    with pytest.raises(TypeError, match="same dtype"):
+        st.scaled_dot_product_attention(q, q.double(), q)
+    with pytest.raises(TypeError, match="attn_mask"):
+        st.scaled_dot_product_attention(q, q, q, torch.zeros(4, 4, dtype=torch.float64))
+
+
+def test_non_tensor_is_refused():
+    q = torch.ones(2, 4, 8)
+    with pytest.raises((TypeError, RuntimeError)):
+        st.scaled_dot_product_attention(q.numpy(), q, q)
+
+
+def test_shape_errors():
+    q = torch.ones(2, 4, 8)
+    with pytest.raises(ValueError, match="same last dim"):
+        st.scaled_dot_product_attention(q, torch.ones(2, 4, 7), q)
+
+
+# --------------------------------------------------------------------------- the operator
+
+
+def test_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 33, 32)
+        k = torch.empty(2, 2, 63, 32)
+        v = torch.empty(2, 2, 63, 16)
+        out = torch.ops.sdpa.attention(q, k, v, None, True, None, True)
+        assert out.shape == (2, 8, 33, 16) and out.dtype == torch.float32
+        out = torch.ops.sdpa.attention(q[0, 0].double(), k[0, 0].double(), v[0, 0].double())
+        assert out.shape == (33, 16) and out.dtype == torch.float64
+        with pytest.raises(ValueError, match="enable_gqa"):
+            torch.ops.sdpa.attention(q, k, v)
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_opcheck(with_mask):
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck is not available")
+    q, k, v = make("gqa-8-2", torch.float32)
+    mask = (torch.rand(8, 33, 63, generator=torch.Generator().manual_seed(4)) < 0.7) if with_mask else None
+    if mask is not None:
+        mask[..., 0] = True
+    # no input requires grad: sdpa has no backward
+    torch.library.opcheck(torch.ops.sdpa.attention.default, (q, k, v, mask, True, 0.3, True))
+
+
+def test_import_sdpa_does_not_import_torch():
+    code = "import sys, sdpa; sdpa.scaled_dot_product_attention([[1.0]], [[1.0]], [[1.0]]); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------- patch()
+
+
+class TinyAttention(torch.nn.Module):
+    """A self-attention block calling F.scaled_dot_product_attention, as models do."""
+
+    def __init__(self, dim=32, heads=4, kv_heads=2):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.qkv = torch.nn.Linear(dim, (heads + 2 * kv_heads) * self.head_dim)
+        self.out = torch.nn.Linear(dim, dim)
+
+    def forward(self, x, mask=None):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split(
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        )
+        q = q.view(B, T, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+        )
+        return self.out(y.transpose(1, 2).reshape(B, T, -1))
+
+
+@pytest.fixture
+def model_and_input():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(TinyAttention(), torch.nn.GELU(), TinyAttention()).eval()
+    x = torch.randn(3, 17, 32)
+    return model, x
+
+
+def test_patch_as_context_manager(model_and_input, monkeypatch):
+    model, x = model_and_input
+    calls = []
+    real_op = st.attention_op
+
+    with torch.no_grad():
+        expected = model(x)
+        with st.patch():
+            assert st.is_patched()
+            assert F.scaled_dot_product_attention is st.scaled_dot_product_attention
+            monkeypatch.setattr(st, "attention_op", lambda *a: calls.append(1) or real_op(*a))
+            got = model(x)
+        assert not st.is_patched()
+        assert F.scaled_dot_product_attention is TORCH_SDPA
+    assert len(calls) == 2  # both blocks ran on sdpa
+    assert_close(got.numpy(), expected.numpy(), np.float32, scale=5)
+
+
+def test_patch_with_masks(model_and_input):
+    model, x = model_and_input
+    mask = torch.rand(17, 17, generator=torch.Generator().manual_seed(1)) < 0.6
+    mask[:, 0] = True
+    with torch.inference_mode():
+        expected = model[0](x, mask)
+        with st.patch():
+            got = model[0](x, mask)
+    assert_close(got.numpy(), expected.numpy(), np.float32, scale=5)
+
+
+def test_patch_and_unpatch_as_functions(model_and_input):
+    model, x = model_and_input
+    st.patch()
+    try:
+        assert F.scaled_dot_product_attention is st.scaled_dot_product_attention
+        with torch.no_grad():
+            got = model(x)
+    finally:
+        st.unpatch()
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+    st.unpatch()  # a second time does nothing
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+    with torch.no_grad():
+        assert_close(got.numpy(), model(x).numpy(), np.float32, scale=5)
+
+
+def test_nested_patches():
+    with st.patch():
+        with st.patch(fallback=True):
+            assert F.scaled_dot_product_attention is not st.scaled_dot_product_attention
+            assert st.is_patched()
+        assert F.scaled_dot_product_attention is st.scaled_dot_product_attention
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+    with st.patch():
+        st.patch()
+        st.unpatch()  # undoes both
+        assert F.scaled_dot_product_attention is TORCH_SDPA
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_patch_is_undone_on_errors():
+    with pytest.raises(ZeroDivisionError):
+        with st.patch():
+            1 / 0
+    assert F.scaled_dot_product_attention is TORCH_SDPA
+
+
+def test_patched_model_without_no_grad_raises(model_and_input):
+    model, x = model_and_input
+    with st.patch(), pytest.raises(RuntimeError, match="no backward"):
+        model(x)
+
+
+def test_fallback(model_and_input, monkeypatch):
+    model, x = model_and_input
+    calls = []
+    real = st.scaled_dot_product_attention
+    monkeypatch.setattr(st, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    with st.patch(fallback=True):
+        y = model(x)  # grad required: torch's own, with autograd
+        y.sum().backward()
+        assert calls == []
+        with torch.no_grad():
+            model(x)
+        assert len(calls) == 2
+        q = torch.randn(2, 4, 8, dtype=torch.float16)
+        out = F.scaled_dot_product_attention(q, q, q)  # float16: torch's own
+        assert out.dtype == torch.float16 and len(calls) == 2
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q.float(), q.float(), q.float(), dropout_p=0.5)
+        assert len(calls) == 2
