@@ -34,20 +34,21 @@ static void FN(normalize_weights)(const sdpa_problem *p, T *wr, int64_t row, int
     for (int64_t j = row_end; j < S; j++) wr[j * ws] = 0;
 }
 
-/* Applies causality (keys >= lim are masked), the mask row and the key length
- * to n scores of one query row starting at key s0 (scores contiguous). */
+/* Applies the mask row, then causality (keys >= lim are masked, whatever the
+ * additive mask added there), to n scores of one query row starting at key s0
+ * (scores contiguous). */
 static void FN(mask_row)(const sdpa_problem *p, const void *mask_row, T *sr, int64_t s0, int n,
                          int64_t lim) {
-    int64_t first = lim - s0;
-    for (int64_t j = first < 0 ? 0 : first; j < n; j++) sr[j] = -(T)INFINITY;
-    if (p->mask_kind == SDPA_MASK_BOOL) {
+    if (p->mask_kind == SDPA_MASK_ADDITIVE) {
+        const T *mr = (const T *)mask_row;
+        for (int j = 0; j < n; j++) sr[j] += mr[(s0 + j) * p->mask.col_stride];
+    } else if (p->mask_kind == SDPA_MASK_BOOL) {
         const uint8_t *mr = (const uint8_t *)mask_row;
         for (int j = 0; j < n; j++)
             if (!mr[(s0 + j) * p->mask.col_stride]) sr[j] = -(T)INFINITY;
-    } else if (p->mask_kind == SDPA_MASK_ADDITIVE) {
-        const T *mr = (const T *)mask_row;
-        for (int j = 0; j < n; j++) sr[j] += mr[(s0 + j) * p->mask.col_stride];
     }
+    int64_t first = lim - s0;
+    for (int64_t j = first < 0 ? 0 : first; j < n; j++) sr[j] = -(T)INFINITY;
 }
 
 static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
@@ -137,22 +138,23 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
 
             kern->gemm(np, E, k + s0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
 
-            if (p->causal && s0 + np - 1 > r0 + p->causal_offset) {
-                for (int x = 0; x < nr; x++) {
-                    int64_t first = r0 + x + p->causal_offset + 1 - s0;
-                    for (int64_t j = first < 0 ? 0 : first; j < np; j++) st[j * nr + x] = -(T)INFINITY;
+            /* the additive mask first: causality then masks whatever it added, even +inf or NaN */
+            if (p->mask_kind == SDPA_MASK_ADDITIVE) {
+                for (int x = 0; x < prows; x++) {
+                    const T *mr = (const T *)mask + (r0 + x) * p->mask.row_stride;
+                    for (int j = 0; j < np; j++) st[j * nr + x] += mr[(s0 + j) * p->mask.col_stride];
                 }
-            }
-            if (p->mask_kind == SDPA_MASK_BOOL) {
+            } else if (p->mask_kind == SDPA_MASK_BOOL) {
                 for (int x = 0; x < prows; x++) {
                     const uint8_t *mr = (const uint8_t *)mask + (r0 + x) * p->mask.row_stride;
                     for (int j = 0; j < np; j++)
                         if (!mr[(s0 + j) * p->mask.col_stride]) st[j * nr + x] = -(T)INFINITY;
                 }
-            } else if (p->mask_kind == SDPA_MASK_ADDITIVE) {
-                for (int x = 0; x < prows; x++) {
-                    const T *mr = (const T *)mask + (r0 + x) * p->mask.row_stride;
-                    for (int j = 0; j < np; j++) st[j * nr + x] += mr[(s0 + j) * p->mask.col_stride];
+            }
+            if (p->causal && s0 + np - 1 > r0 + p->causal_offset) {
+                for (int x = 0; x < nr; x++) {
+                    int64_t first = r0 + x + p->causal_offset + 1 - s0;
+                    for (int64_t j = first < 0 ? 0 : first; j < np; j++) st[j * nr + x] = -(T)INFINITY;
                 }
             }
             if (weights) {  /* raw scores now; normalised once the row is complete */
@@ -172,9 +174,14 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         const T l = row_l[x], m = row_m[x];
         const T *ax = acc + (int64_t)(x / nr) * Ev * nr + x % nr;
         T *orow = out + row * p->out.row_stride;
-        /* a row with no visible key gives zeros; NaN in l passes through */
-        const T inv = l == 0 ? 0 : 1 / l;
-        for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = ax[c * nr] * inv;
+        /* a row with no visible key gives zeros (even if a V row it multiplied by
+         * a zero weight held NaN); NaN in l passes through */
+        if (l == 0) {
+            for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = 0;
+        } else {
+            const T inv = 1 / l;
+            for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = ax[c * nr] * inv;
+        }
         if (weights) FN(normalize_weights)(p, weights + row * p->weights.row_stride, row, S_b, m, l);
         if (lse) lse[row * p->lse.row_stride] = FN(log_sum_exp)(m, l);
     }

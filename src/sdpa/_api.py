@@ -125,6 +125,8 @@ def _elem_strides(a: Array, target_ndim: int) -> List[int]:
 
 def _no_internal_overlap(a: Array) -> bool:
     dims = sorted((abs(st), n) for n, st in zip(a.shape, a.strides) if n > 1)
+    if a.size == 0:  # no elements, nothing to overlap (NumPy may give them zero strides)
+        return True
     extent = a.itemsize
     for st, n in dims:
         if st < extent:
