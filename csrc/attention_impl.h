@@ -279,13 +279,13 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
 }
 
 /* Combines the chunks of group g in chunk order and writes its rows. */
-static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, const T *partial, int64_t g) {
+static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, int64_t g) {
     const int64_t L = p->len_q, Ev = p->head_dim_v, group = p->gqa_group;
     const int M = pl->rows;
     const int64_t Hkv = p->num_heads / group;
     const int64_t b = g / Hkv, hkv = g % Hkv;
     const int64_t S_b = key_limit(p, b);
-    const T *first = partial + g * pl->num_chunks * pl->partial_elems;
+    T *first = partial + g * pl->num_chunks * pl->partial_elems;
 
     for (int x = 0; x < M; x++) {
         const int64_t h = hkv * group + x / L, l = x % L;
@@ -295,35 +295,39 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, const T *parti
             if (mc > m || mc != mc) m = mc;
             if (m != m) break;
         }
-        T sum = 0;
+        /* combined in double: the chunks of a very long row would otherwise lose
+         * float32 bits in the sum of their partial results */
+        double sum = 0;
         T *orow = (T *)p->out.data + batch_offset(p, &p->out, b) + h * p->out.head_stride +
                   l * p->out.row_stride;
         const int64_t oc = p->out.col_stride;
-        for (int64_t c = 0; c < Ev; c++) orow[c * oc] = 0;
-        if (m != -(T)INFINITY) {
+        if (m == -(T)INFINITY) {
+            for (int64_t c = 0; c < Ev; c++) orow[c * oc] = 0;
+        } else {
+            /* each chunk's weight exp(m_chunk - m) replaces its max in the partial
+             * (this group's partials belong to this thread alone) */
             for (int64_t ch = 0; ch < pl->num_chunks; ch++) {
-                const T *part = first + ch * pl->partial_elems;
-                T mc = part[x], lc = part[M + x];
-                if (lc == 0 && mc == -(T)INFINITY) continue;  /* a chunk this row did not see */
-                T w = EXP(mc - m);
-                sum += w * lc;
-                const T *ac = part + 2 * M + (int64_t)x * Ev;
-                for (int64_t c = 0; c < Ev; c++) orow[c * oc] += w * ac[c];
+                T *part = first + ch * pl->partial_elems;
+                part[x] = (T)exp((double)part[x] - (double)m);  /* 0 for a chunk it did not see */
+                sum += (double)part[x] * (double)part[M + x];
             }
-            if (sum == 0) {
-                for (int64_t c = 0; c < Ev; c++) orow[c * oc] = 0;
-            } else {
-                for (int64_t c = 0; c < Ev; c++) orow[c * oc] /= sum;
+            for (int64_t c = 0; c < Ev; c++) {
+                double acc_c = 0;
+                for (int64_t ch = 0; ch < pl->num_chunks; ch++) {
+                    const T *part = first + ch * pl->partial_elems;
+                    if (part[M + x] != 0) acc_c += (double)part[x] * (double)part[2 * M + (int64_t)x * Ev + c];
+                }
+                orow[c * oc] = sum == 0 ? 0 : (T)(acc_c / sum);
             }
         }
         if (p->weights.data) {
             T *wr = (T *)p->weights.data + batch_offset(p, &p->weights, b) + h * p->weights.head_stride +
                     l * p->weights.row_stride;
-            FN(normalize_weights)(p, wr, l, S_b, m, sum);
+            FN(normalize_weights)(p, wr, l, S_b, m, (T)sum);
         }
         if (p->lse.data) {
             T *lr = (T *)p->lse.data + batch_offset(p, &p->lse, b) + h * p->lse.head_stride;
-            lr[l * p->lse.row_stride] = FN(log_sum_exp)(m, sum);
+            lr[l * p->lse.row_stride] = m == -(T)INFINITY ? m : (T)((double)m + log(sum));
         }
     }
 }
