@@ -6,6 +6,7 @@ SDPA_REQUIRE_OPENMP=1 makes that an error.  Flags stay portable: the SIMD
 kernels pick the instruction set at run time, never at build time.
 """
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,9 @@ def probe_openmp(compiler):
                 f.write(OPENMP_PROBE)
             objs = compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
             exe = os.path.join(tmp, "probe")
-            compiler.link_executable(objs, exe, extra_postargs=ldflags)
+            # the user's LDFLAGS too (e.g. -fsanitize=...), as the extension gets them
+            user_ldflags = shlex.split(os.environ.get("LDFLAGS", ""))
+            compiler.link_executable(objs, exe, extra_postargs=ldflags + user_ldflags)
             if compiler.compiler_type == "msvc" and not exe.endswith(".exe"):
                 exe += ".exe"
             out = subprocess.run([exe], capture_output=True, text=True, timeout=60)
