@@ -1,0 +1,439 @@
+"""Coverage-guided fuzzing of sdpa.scaled_dot_product_attention with atheris.
+
+Every input byte string is decoded into one call: sizes (0 included), dtypes,
+head layouts (equal, grouped-query, broadcast, 2-D), batch dims that broadcast,
+masks, causal modes, key lengths, memory layouts (transposed, reversed,
+strided, zero-stride, unaligned, read-only, lists), ``out=``, thread counts,
+special values (NaN, +-inf, subnormals, huge), and now and then one deliberate
+mistake (mismatched shapes, bad dtypes or arguments).  For each call:
+
+* it must not crash, and the only exceptions allowed are ValueError, TypeError
+  and MemoryError -- and those only for the calls with a deliberate mistake;
+* the inputs must be unchanged afterwards;
+* the result has the documented shape and dtype, and the same bits with another
+  thread count;
+* when every value is finite, it must match the float64 reference
+  (``sdpa.reference``) within a tolerance scaled by the conditioning of each
+  row (see tests/test_fuzz.py for the reasoning).
+
+    pip install atheris
+    python fuzz/fuzz_attention.py -atheris_runs=100000 corpus/
+    python fuzz/fuzz_attention.py --smoke 2000      # random inputs, no atheris needed
+
+See fuzz/README.md for long runs and sanitizer builds.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+if __name__ == "__main__" and "--smoke" not in sys.argv:
+    import atheris
+
+    with atheris.instrument_imports():
+        import sdpa
+else:
+    import sdpa
+
+reference = sdpa.reference.scaled_dot_product_attention
+ALLOWED = (ValueError, TypeError, MemoryError)
+
+
+class Bytes:
+    """Reads decisions from a byte string; zeros once it runs out."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.pos = 0
+
+    def byte(self) -> int:
+        if self.pos < len(self.data):
+            self.pos += 1
+            return self.data[self.pos - 1]
+        return 0
+
+    def int(self, lo: int, hi: int) -> int:
+        """An int in [lo, hi]."""
+        span = hi - lo + 1
+        if span <= 1:
+            return lo
+        x = 0
+        for _ in range(1 if span <= 256 else 2 if span <= 65536 else 4):
+            x = (x << 8) | self.byte()
+        return lo + x % span
+
+    def bool(self) -> bool:
+        return bool(self.byte() & 1)
+
+    def pick(self, seq):
+        return seq[self.int(0, len(seq) - 1)]
+
+    def one_in(self, n: int) -> bool:
+        return self.int(0, n - 1) == 0
+
+
+class Mistake(Exception):
+    """Raised by the decoder when it cannot apply the chosen mistake."""
+
+
+FLOAT_DTYPES = ["float32", "float64", "float16", ">f4", ">f8"]
+OTHER_DTYPES = ["int8", "int32", "int64", "uint16", "bool"]
+SPECIALS = ["nan", "inf", "-inf", "subnormal", "huge", "-huge", "overflow", "zero"]
+MISTAKES = [
+    "E", "S", "heads", "gqa", "ndim", "dtype", "mask-shape", "mask-dtype", "causal", "scale",
+    "threads", "key-lengths", "out-shape", "out-dtype", "out-readonly", "out-overlap", "batch",
+]
+
+
+def special(kind: str, dtype: np.dtype, role: str, rng) -> float:
+    fi = np.finfo(dtype)
+    wide, half = dtype.itemsize == 8, dtype.itemsize == 2
+    table = {
+        "nan": np.nan, "inf": np.inf, "-inf": -np.inf, "zero": 0.0,
+        "subnormal": float(fi.smallest_subnormal) * int(rng.integers(1, 100)),
+        "huge": 6e4 if half else (1e30 if role != "v" or not wide else 1e200) if wide else 1e18,
+        "overflow": 6e4 if half else (1e160 if wide else 1e20),
+    }
+    table["-huge"] = -table["huge"]
+    return table[kind]
+
+
+def make_values(r: Bytes, rng, shape, dtype, role, specials: bool) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        return rng.integers(0 if dtype.kind == "u" else -3, 4, size=shape).astype(dtype)
+    x = rng.standard_normal(shape) * r.pick([1.0, 1.0, 1e-3, 3.0])
+    if specials and x.size:
+        for _ in range(r.int(1, 3)):
+            idx = tuple(int(rng.integers(0, n)) for n in shape)
+            if r.one_in(3):
+                idx = idx[:-1] + (slice(None),)
+            x[idx] = special(r.pick(SPECIALS), dtype.newbyteorder("="), role, rng)
+    with np.errstate(over="ignore"):
+        return x.astype(dtype)
+
+
+def lay_out(r: Bytes, x: np.ndarray) -> np.ndarray:
+    """The values of ``x`` in a layout chosen by the bytes."""
+    kind = r.int(0, 7)
+    if kind == 0 or x.ndim == 0:
+        return x
+    if kind == 1:
+        return np.asfortranarray(x)
+    if kind == 2:  # unaligned
+        raw = bytearray(x.nbytes + 1)
+        y = np.frombuffer(raw, dtype=x.dtype, count=x.size, offset=1).reshape(x.shape)
+        y[...] = x
+        return y
+    if kind == 3 and 0 < x.size <= 4096:  # (an empty array has no list form)
+        return x.tolist()
+    perm = list(range(x.ndim))
+    for i in range(x.ndim - 1, 0, -1):  # a permutation from the bytes
+        j = r.int(0, i)
+        perm[i], perm[j] = perm[j], perm[i]
+    steps = [r.pick([1, 1, 2]) for _ in range(x.ndim)]
+    buf = np.empty(tuple(x.shape[p] * steps[p] for p in perm), dtype=x.dtype)
+    y = buf.transpose(np.argsort(perm))[tuple(slice(None, None, s) for s in steps)]
+    for axis in range(x.ndim):
+        if r.one_in(3):
+            y = np.flip(y, axis)
+    y[...] = x
+    if r.one_in(4):
+        y.flags.writeable = False
+    return y
+
+
+def decode(data: bytes) -> dict:
+    """One call's arguments, and what is expected of it."""
+    r = Bytes(data)
+    rng = np.random.default_rng(r.int(0, 2**32 - 1))
+    regime = r.int(0, 9)
+    if regime < 7:
+        L, S, E, Ev = r.int(0, 12), r.pick([r.int(0, 40), 0, 1, 65]), r.int(0, 24), r.int(0, 24)
+        batch = tuple(r.pick([0, 1, 2, 3]) for _ in range(r.int(0, 2)))
+    elif regime < 9:  # the row path and its 1024-key chunks
+        L, S, E, Ev = r.int(1, 3), r.int(0, 2100), r.int(1, 40), r.int(1, 24)
+        batch = tuple(r.pick([1, 2]) for _ in range(r.int(0, 1)))
+    else:  # several query and key blocks
+        L, S, E, Ev = r.int(13, 150), r.int(0, 150), r.int(1, 70), r.int(1, 40)
+        batch = tuple(r.pick([1, 2]) for _ in range(r.int(0, 1)))
+
+    mode = r.pick(["same", "gqa", "q1", "kv1", "2d"])
+    gqa = False
+    if mode == "2d" and not batch:
+        H, hq, hk, hv = 1, None, None, None
+    elif mode == "gqa":
+        hkv, group = r.int(1, 3), r.int(1, 3)
+        H, hq, gqa = hkv * group, hkv * group, True
+        hk, hv = r.pick([(hkv, hkv), (1, hkv), (hkv, 1)])
+    elif mode == "q1":
+        H = r.int(2, 3)
+        hq, hk, hv = 1, H, H
+    elif mode == "kv1":
+        H = r.int(2, 3)
+        hq, hk, hv = H, 1, 1
+    else:
+        H = r.int(0, 3)
+        hq = hk = hv = H
+    if int(np.prod(batch, dtype=np.int64)) * max(H, 1) * max(L, 1) * max(S, 1) > 100_000:
+        S = min(S, 8)
+
+    mixed = r.one_in(4)
+    dts = [r.pick(FLOAT_DTYPES * 3 + OTHER_DTYPES) for _ in range(3 if mixed else 1)] * (1 if mixed else 3)
+    specials = r.one_in(3)
+    mistake = r.pick(MISTAKES) if r.one_in(8) else None
+
+    def shape_of(h, rows, cols):
+        if h is None:
+            return (rows, cols)
+        return tuple(n if r.bool() else 1 for n in batch) + (h, rows, cols)
+
+    full = {
+        "q": make_values(r, rng, shape_of(hq, L, E), dts[0], "q", specials),
+        "k": make_values(r, rng, shape_of(hk, S, E), dts[1], "k", specials),
+        "v": make_values(r, rng, shape_of(hv, S, Ev), dts[2], "v", specials),
+    }
+    nb = len(batch)
+    shaped = {}
+    for name, x in full.items():
+        if x.ndim > 2 and r.one_in(3):  # leave out leading size-1 dims
+            while x.ndim > 2 and x.shape[0] == 1 and r.bool():
+                x = x[0]
+        shaped[name] = x
+    # the shapes sdpa will see
+    bshape = tuple(np.broadcast_shapes(*(a.shape[:-3] for a in shaped.values())))
+    has_heads = max(a.ndim for a in shaped.values()) >= 3
+    out_shape = bshape + ((H,) if has_heads else ()) + (L, Ev)
+    weights_shape = out_shape[:-1] + (S,)
+    cdtype = np.dtype(np.float32)  # until a list layout turns something into float64
+    if not all(np.dtype(d).newbyteorder("=") in (np.float16, np.float32) for d in dts):
+        cdtype = np.dtype(np.float64)
+
+    kwargs = {}
+    causal = r.pick([False, False, True, "top_left", "bottom_right"])
+    kwargs["is_causal"] = causal
+    mask = None
+    mkind = r.pick([None, None, "bool", "float"])
+    if mkind:
+        mshape = tuple(n if r.bool() else 1 for n in weights_shape)[r.int(0, len(weights_shape)) :]
+        if mkind == "bool":
+            mask = rng.random(mshape) < r.pick([0.0, 0.6, 1.0])
+        else:
+            mask = rng.standard_normal(mshape).astype(np.float16).astype(np.float64)
+            mask[rng.random(mshape) < 0.3] = -np.inf
+            if specials and mask.size:
+                choices = [-np.inf, 6e4, np.inf, np.nan]
+                mask[tuple(int(rng.integers(0, n)) for n in mshape)] = r.pick(choices)
+            mask = mask.astype(r.pick([cdtype, np.float16, np.float64]))
+        kwargs["attn_mask"] = mask
+    kwargs["enable_gqa"] = gqa or (r.one_in(4) and mode == "same" and H > 0)
+    if r.one_in(4):
+        kwargs["scale"] = r.pick([0.0, -0.5, 0.3, 2.0, 1e-3])
+    lengths = None
+    if r.one_in(4):
+        lengths = rng.integers(0, S + 3, size=tuple(n if r.bool() else 1 for n in bshape))
+        kwargs["key_lengths"] = lengths.astype(r.pick(["int64", "int32"]))
+    kwargs["num_threads"] = r.pick([None, 1, 2, 3])
+    kwargs["return_weights"] = r.one_in(3)
+    kwargs["return_lse"] = r.one_in(4)
+    if r.one_in(4):
+        out = np.zeros(tuple(reversed(out_shape)), dtype=cdtype).T  # reversed strides
+        kwargs["out"] = out
+
+    args = {name: lay_out(r, x) for name, x in shaped.items()}
+    if mask is not None and r.bool():
+        kwargs["attn_mask"] = lay_out(r, mask)
+
+    if any(isinstance(a, list) for a in args.values()):  # lists of numbers are float64 (or int)
+        cdtype = np.dtype(np.float64)
+        kwargs.pop("out", None)
+    if mistake is not None:
+        apply_mistake(mistake, args, kwargs, out_shape, rng)
+    return dict(args=args, kwargs=kwargs, full=full, batch=bshape, nb=nb, H=H, gqa=gqa, hq=hq,
+                hk=hk, hv=hv, L=L, S=S, E=E, Ev=Ev, out_shape=out_shape, cdtype=cdtype,
+                mistake=mistake, lengths=lengths, specials=specials)
+
+
+def apply_mistake(kind, args, kwargs, out_shape, rng):
+    q, k, v = (np.asarray(args[n]) for n in "qkv")
+    if kind == "E":
+        args["k"] = np.zeros(k.shape[:-1] + (k.shape[-1] + 1,), np.float32)
+    elif kind == "S":
+        args["v"] = np.zeros(v.shape[:-2] + (v.shape[-2] + 1, v.shape[-1]), np.float32)
+    elif kind == "heads":
+        args["q"] = np.zeros((2, 5, 3, 4))
+        args["k"] = np.zeros((2, 3, 6, 4))
+        args["v"] = np.zeros((2, 3, 6, 4))
+        kwargs.pop("attn_mask", None)
+        kwargs.pop("out", None)
+        kwargs.pop("key_lengths", None)
+        kwargs["enable_gqa"] = bool(rng.integers(0, 2))
+    elif kind == "gqa":
+        args["q"] = np.zeros((3, 2, 4))
+        args["k"] = np.zeros((2, 2, 4))
+        args["v"] = np.zeros((2, 2, 4))
+        kwargs.update(enable_gqa=True, attn_mask=None, out=None, key_lengths=None)
+    elif kind == "ndim":
+        args["q"] = np.zeros(q.shape[-1:], np.float32)
+    elif kind == "dtype":
+        bad = [np.complex64, object, "U3", "datetime64[s]"]
+        if np.dtype(np.longdouble).itemsize > 8:
+            bad.append(np.longdouble)
+        args["v"] = np.zeros(v.shape, dtype=bad[int(rng.integers(0, len(bad)))])
+        if rng.integers(0, 2):
+            args["q"] = np.full(q.shape, 2**60, dtype=np.int64)
+    elif kind == "mask-shape":
+        kwargs["attn_mask"] = np.ones(out_shape[:-1] + (k.shape[-2] + 2,), dtype=bool)
+    elif kind == "mask-dtype":
+        kwargs["attn_mask"] = np.ones(out_shape[:-1] + (k.shape[-2],), dtype=np.int32)
+    elif kind == "causal":
+        kwargs["is_causal"] = ["bottom-right", 1, None, 0.5][int(rng.integers(0, 4))]
+    elif kind == "scale":
+        kwargs["scale"] = ["1", True, [1.0], 1j][int(rng.integers(0, 4))]
+    elif kind == "threads":
+        kwargs["num_threads"] = [0, -1, 1.5, True, "2"][int(rng.integers(0, 5))]
+    elif kind == "key-lengths":
+        bad = [np.array(-1), np.array(1.5), np.zeros((7, 5), np.int64)]
+        kwargs["key_lengths"] = bad[int(rng.integers(0, 3))]
+    elif kind == "out-shape":
+        kwargs["out"] = np.zeros(out_shape[:-1] + (out_shape[-1] + 1,), np.float64)
+    elif kind == "out-dtype":
+        kwargs["out"] = np.zeros(out_shape, np.float16)
+    elif kind == "out-readonly":
+        out = np.zeros(out_shape, np.float64)
+        out.flags.writeable = False
+        kwargs["out"] = out
+    elif kind == "out-overlap":
+        base = np.zeros((4, 5, 6))
+        args["q"] = base[:, :, :4]
+        args["k"] = np.zeros((4, 3, 4))
+        args["v"] = np.zeros((4, 3, 2))
+        kwargs.update(out=base[:, :, 3:5], attn_mask=None, key_lengths=None, enable_gqa=False)
+    elif kind == "batch":
+        args["q"] = np.zeros((1,) * 9 + (2, 3))
+        kwargs.pop("out", None)
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def expected_output(p):
+    """float64 reference for an all-finite problem, and a per-row tolerance."""
+    nb, H, L, S, E = p["nb"], p["H"], p["L"], p["S"], p["E"]
+    bshape = (1,) * (nb - len(p["batch"])) + tuple(p["batch"])
+    full = {n: x.astype(np.float64) for n, x in p["full"].items()}
+    if p["hq"] is None:  # 2-D
+        full = {n: x[None] for n, x in full.items()}
+    N = int(np.prod(bshape, dtype=np.int64))
+
+    def expand(x, grouped):
+        x = np.broadcast_to(x, bshape + x.shape[-3:])
+        if grouped and p["gqa"]:
+            hkv = max(p["hk"], p["hv"])
+            x = np.repeat(np.broadcast_to(x, bshape + (hkv,) + x.shape[-2:]), H // hkv, axis=-3)
+        return np.broadcast_to(x, bshape + (H,) + x.shape[-2:]).reshape((N, H) + x.shape[-2:])
+
+    q, k, v = expand(full["q"], False), expand(full["k"], True), expand(full["v"], True)
+    kw = p["kwargs"]
+    allowed = np.ones((N, H, L, S), dtype=bool)
+    if kw["is_causal"]:
+        allowed &= np.tri(L, S, S - L if kw["is_causal"] == "bottom_right" else 0, dtype=bool)
+    if p["lengths"] is not None:
+        kl = p["lengths"]
+        kl = np.broadcast_to(kl.reshape((1,) * (nb - kl.ndim) + kl.shape), bshape)
+        allowed &= np.arange(S) < kl.reshape(N)[:, None, None, None]
+    additive = np.zeros((N, H, L, S))
+    m = kw.get("attn_mask")
+    if m is not None:
+        m = np.asarray(m)
+        m = np.broadcast_to(m, p["out_shape"][:-1] + (S,)).reshape((N, H, L, S))
+        if m.dtype == bool:
+            allowed &= m
+        else:
+            additive = m.astype(np.float64)
+    scale = kw.get("scale")
+    out = reference(q, k, v, np.where(allowed, additive, -np.inf), False, scale)
+
+    fi = np.finfo(p["cdtype"])
+    eps = float(fi.eps)
+    s = scale if scale is not None else (1 / np.sqrt(E) if E else 1.0)
+    bound = np.abs(s * q) @ np.abs(np.swapaxes(k, -1, -2))
+    bound = np.where(allowed, bound + 2 * np.abs(np.where(np.isfinite(additive), additive, 0)), 0)
+    d = eps * (E + 4) * bound.max(axis=-1, initial=0)
+    vmax = np.abs(v).max(axis=-2, initial=0)[:, :, None, :]
+    tiny = 8 * (S + 1) * float(fi.smallest_subnormal)
+    tol = (np.expm1(2 * d)[..., None] + 16 * eps * (S + E + 8)) * vmax + tiny
+    return out, tol
+
+
+def snapshot(x):
+    return np.array(x, copy=True) if isinstance(x, np.ndarray) else None
+
+
+def TestOneInput(data: bytes) -> None:
+    p = decode(data)
+    args, kwargs = p["args"], p["kwargs"]
+    before = {n: snapshot(a) for n, a in list(args.items()) + [("mask", kwargs.get("attn_mask"))]}
+    try:
+        with np.errstate(all="ignore"):
+            result = sdpa.scaled_dot_product_attention(args["q"], args["k"], args["v"], **kwargs)
+    except ALLOWED as exc:
+        if p["mistake"] is None:
+            raise AssertionError(f"a valid call raised {type(exc).__name__}: {exc}") from exc
+        return
+    for name, a in list(args.items()) + [("mask", kwargs.get("attn_mask"))]:
+        if before[name] is not None:
+            assert np.array_equal(a, before[name], equal_nan=True), f"{name} was modified"
+    if p["mistake"] is not None:
+        return  # some mistakes are not mistakes for every shape; that call worked
+
+    extra = kwargs["return_weights"] or kwargs["return_lse"]
+    out = result[0] if extra else result
+    assert out.shape == p["out_shape"], (out.shape, p["out_shape"])
+    assert out.dtype == p["cdtype"], (out.dtype, p["cdtype"])
+    if kwargs.get("out") is not None:
+        assert out is kwargs["out"]
+
+    other = {None: 1, 1: 2, 2: 3, 3: 1}[kwargs["num_threads"]]
+    again = sdpa.scaled_dot_product_attention(
+        args["q"], args["k"], args["v"], **{**kwargs, "out": None, "num_threads": other}
+    )
+    again = again if isinstance(again, tuple) else (again,)
+    first = result if isinstance(result, tuple) else (result,)
+    for a, b in zip(first, again):
+        assert np.array_equal(a, b, equal_nan=True), "results differ between thread counts"
+
+    # without special values every input is finite and moderate: compare
+    if not p["specials"] and out.size:
+        with np.errstate(all="ignore"):
+            expected, tol = expected_output(p)
+        got = np.asarray(out, dtype=np.float64).reshape(expected.shape)
+        assert np.isfinite(got).all(), "finite inputs gave a non-finite result"
+        err = np.abs(got - expected)
+        assert (err <= tol).all(), f"max error {err.max()} (tolerance there {tol.flat[np.argmax(err)]})"
+
+
+def main() -> None:
+    if "--smoke" in sys.argv:
+        i = sys.argv.index("--smoke")
+        n = int(sys.argv[i + 1]) if len(sys.argv) > i + 1 else 1000
+        rng = np.random.default_rng(int(os.environ.get("FUZZ_SEED", "0")))
+        for _ in range(n):
+            data = rng.integers(0, 256, size=int(rng.integers(0, 300)), dtype=np.uint8).tobytes()
+            try:
+                TestOneInput(data)
+            except BaseException:
+                print(f"failing input: {data.hex()}", file=sys.stderr)
+                raise
+        print(f"{n} inputs ok")
+        return
+    atheris.Setup(sys.argv, TestOneInput)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()
