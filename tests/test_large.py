@@ -258,10 +258,9 @@ def test_contiguous_value_array_past_2_31_elements():
     weights[far] = boost
     expected_row = (weights[:, None][far + near] * v[far + near].astype(np.float64)).sum(0) / weights.sum()
 
-    # The row path (L = 1) sums 32768 chunk partials of 1024 keys in float32: the
-    # classic bound for that is (number of terms) * eps, which is also about what
-    # it loses (2.4e-4 measured); the tiled path (L = 16) stays near 1e-7.
-    for L, rtol in ((1, (S // 1024) * 2.0**-24 * 2), (16, 1e-5)):
+    # The row path (L = 1) combines 32768 chunk partials of 1024 keys, in double
+    # precision, so it stays as close as the tiled path (L = 16).
+    for L, rtol in ((1, 1e-5), (16, 1e-5)):
         q = np.ones((L, E), dtype=np.float32)
         out = attention(q, k, v, scale=1.0)
         np.testing.assert_allclose(out, np.broadcast_to(expected_row, (L, Ev)), rtol=rtol, atol=1e-7)
