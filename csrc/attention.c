@@ -16,6 +16,7 @@
  * head (gqa_group x L), and splits the keys into chunks of this many. */
 #define SDPA_ROW_MODE_MAX_ROWS 8
 #define SDPA_ROW_MODE_CHUNK 1024
+#define SDPA_MIN_FLOPS_PER_THREAD 4e6
 
 /* Work division and scratch layout of one call (offsets in elements). */
 typedef struct plan {
@@ -237,6 +238,13 @@ static sdpa_status make_plan(const sdpa_problem *p, int64_t batch_count, const k
     if (nthreads == 0) nthreads = sdpa_default_num_threads();
     if (nthreads < 1) nthreads = 1;
     if ((int64_t)nthreads > pl->num_tasks) nthreads = (int)(pl->num_tasks > 0 ? pl->num_tasks : 1);
+    /* waking a thread costs tens of microseconds: by default give each at least
+     * SDPA_MIN_FLOPS_PER_THREAD of work (results do not depend on the count); an
+     * explicit thread count is taken as asked */
+    double flops = 2.0 * (double)batch_count * (double)p->num_heads * (double)p->len_q *
+                   (double)p->len_kv * (double)(p->head_dim + p->head_dim_v);
+    double by_work = flops / SDPA_MIN_FLOPS_PER_THREAD;
+    if (p->num_threads == 0 && by_work < (double)nthreads) nthreads = by_work < 1 ? 1 : (int)by_work;
 #ifndef _OPENMP
     nthreads = 1;
 #endif

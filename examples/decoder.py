@@ -11,7 +11,7 @@ caches.  Each block is pre-norm:
 Prints the throughput of prefill and decode, then checks that the cached
 decode gives what one causal pass over the whole sequence gives.
 
-    python examples/decoder.py --layers 4 --tokens 32 --threads 1
+    python examples/decoder.py --layers 4 --tokens 32 --threads 2
 """
 from __future__ import annotations
 
@@ -76,13 +76,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--layers", type=int, default=4, help="decoder blocks (default 4)")
     ap.add_argument("--tokens", type=int, default=32, help="tokens to generate (default 32)")
     ap.add_argument("--prompt", type=int, default=64, help="prompt length (default 64)")
-    # The attention of a small model is a few microseconds per layer and step, so one
-    # thread is the default.  More threads pay off for long contexts and large
-    # batches; 0 means the OpenMP default.  On machines with few cores, OpenMP
-    # threads that spin-wait between calls can slow down NumPy's own BLAS threads
-    # (OMP_WAIT_POLICY=passive or OPENBLAS_NUM_THREADS=1 avoid that).
-    ap.add_argument("--threads", type=int, default=1,
-                    help="attention threads (default 1; 0: the OpenMP default)")
+    # 0: sdpa's default, which gives small problems (a small model's decode step)
+    # fewer threads, so that waking threads does not cost more than it saves.
+    ap.add_argument("--threads", type=int, default=0,
+                    help="attention threads (default 0: sdpa's default)")
     ap.add_argument("--embed", type=int, default=512, help="model width (default 512)")
     ap.add_argument("--heads", type=int, default=8, help="query heads (default 8)")
     ap.add_argument("--kv-heads", type=int, default=2, help="key/value heads (default 2)")
@@ -105,7 +102,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(
         f"sdpa {sdpa.__version__} ({sdpa.config()['isa']}), {args.layers} layers, embed {args.embed}, "
         f"{args.heads} query heads, {args.kv_heads} kv heads, batch {args.batch}, "
-        f"attention threads: {threads or 'OpenMP default'}"
+        f"attention threads: {threads or 'sdpa default'}"
     )
 
     # prefill: the whole prompt in one pass per layer; the last position predicts

@@ -109,7 +109,8 @@ typedef struct sdpa_problem {
     const int64_t *key_lengths;
     int64_t key_lengths_strides[SDPA_MAX_BATCH_DIMS];
 
-    int32_t num_threads;   /* 0 = the OpenMP default                        */
+    int32_t num_threads;   /* 0 = the OpenMP default, fewer for small problems
+                              (at least 4 MFLOP a thread); n > 0: n threads  */
     sdpa_interrupt_fn interrupt;  /* optional */
     void *interrupt_data;
 } sdpa_problem;
