@@ -151,3 +151,23 @@ def check_against_reference(
     assert_close(out_w, expected_out, dtype, head_dim=head_dim)
     assert_close(weights, expected_weights, dtype, head_dim=head_dim)
     return out_w, weights
+
+
+def supported_isas():
+    """The kernel sets this CPU can run ("scalar" always)."""
+    from sdpa import _core
+
+    return [name for name in _core.ISAS if _core.isa_supported(name)]
+
+
+@pytest.fixture(params=supported_isas())
+def isa(request):
+    """Runs the test once per supported kernel set, restoring the one in use after."""
+    from sdpa import _core
+
+    before = _core.isa()
+    _core.set_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        _core.set_isa(before)

@@ -17,13 +17,11 @@ import numpy as np
 import pytest
 
 import sdpa
-from sdpa import _core
 from conftest import assert_close, make_qkv, randn, seed_for
 
 attention = sdpa.scaled_dot_product_attention
 
 DTYPES = [np.float32, np.float64]
-SUPPORTED_ISAS = [name for name in _core.ISAS if _core.isa_supported(name)]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -82,16 +80,6 @@ def check_full(q, k, v, sdpa_kwargs, allowed, *, gqa=False, additive=None, scale
     plain = attention(q, k, v, scale=scale, enable_gqa=gqa, num_threads=threads, **sdpa_kwargs)
     assert_close(plain, exp_out, dtype, head_dim=E)
     return out, weights, lse
-
-
-@pytest.fixture(params=SUPPORTED_ISAS)
-def isa(request):
-    before = _core.isa()
-    _core.set_isa(request.param)
-    try:
-        yield request.param
-    finally:
-        _core.set_isa(before)
 
 
 # --------------------------------------------------------------------------- bottom-right causal

@@ -12,19 +12,9 @@ import pytest
 import sdpa
 from sdpa import _core
 
-from conftest import check_against_reference, make_qkv
+from conftest import supported_isas, check_against_reference, make_qkv
 
-SUPPORTED = [name for name in _core.ISAS if _core.isa_supported(name)]
-
-
-@pytest.fixture(params=SUPPORTED)
-def isa(request):
-    before = _core.isa()
-    _core.set_isa(request.param)
-    try:
-        yield request.param
-    finally:
-        _core.set_isa(before)
+SUPPORTED = supported_isas()
 
 
 def test_scalar_always_supported():

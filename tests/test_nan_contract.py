@@ -36,13 +36,11 @@ import numpy as np
 import pytest
 
 import sdpa
-from sdpa import _core
 from conftest import assert_close, make_qkv, seed_for
 
 attention = sdpa.scaled_dot_product_attention
 reference = sdpa.reference.scaled_dot_product_attention
 
-SUPPORTED_ISAS = [name for name in _core.ISAS if _core.isa_supported(name)]
 DTYPES = [np.float32, np.float64]
 
 # name: (batch, hq, hkv, L, S, E, Ev).  "prefill" runs the tiled path; "decode"
@@ -53,16 +51,6 @@ SHAPES = {
     "decode": ((2,), 8, 2, 1, 1100, 32, 16),
     "few-rows": ((2,), 4, 1, 2, 300, 16, 8),
 }
-
-
-@pytest.fixture(params=SUPPORTED_ISAS)
-def isa(request):
-    before = _core.isa()
-    _core.set_isa(request.param)
-    try:
-        yield request.param
-    finally:
-        _core.set_isa(before)
 
 
 def problem(name, dtype, tag=""):
