@@ -78,7 +78,10 @@ echo "sanitize: building $src with: $san"
 # the extension must really carry the instrumentation
 pkg="$(cd "$work" && "$py" -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec("sdpa").origin))')"
 so="$(ls "$pkg"/_core*.so | head -n 1)"
-if ! nm -D "$so" | grep -q '__asan_report\|__ubsan_handle'; then
+# (nm's output is captured first: with pipefail, grep -q closing the pipe early
+# would make nm fail with SIGPIPE and the check fail at random)
+symbols="$(nm -D "$so")"
+if ! grep -q '__asan_report\|__ubsan_handle' <<<"$symbols"; then
     echo "sanitize: $so is not instrumented" >&2
     exit 1
 fi
