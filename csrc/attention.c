@@ -192,8 +192,8 @@ static size_t round_elems(size_t n, size_t elem) {
     return (n + per - 1) / per * per;
 }
 
-static sdpa_status make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt,
-                             plan *pl) {
+static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt,
+                      plan *pl) {
     size_t elem = p->dtype == SDPA_FLOAT32 ? sizeof(float) : sizeof(double);
     memset(pl, 0, sizeof(*pl));
     if (p->dtype == SDPA_FLOAT32) {
@@ -250,7 +250,6 @@ static sdpa_status make_plan(const sdpa_problem *p, int64_t batch_count, const k
 #endif
     if (forked_after_openmp) nthreads = 1;
     pl->num_threads = nthreads;
-    return SDPA_OK;
 }
 
 /* ---- public API ---- */
@@ -273,8 +272,7 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
 
     const kernel_table *kt = sdpa_kernel_table();
     plan pl;
-    st = make_plan(p, batch_count, kt, &pl);
-    if (st != SDPA_OK) return st;
+    make_plan(p, batch_count, kt, &pl);
     if (p->dtype == SDPA_FLOAT32) return attention_f32(p, &pl, &kt->f32);
     return attention_f64(p, &pl, &kt->f64);
 }

@@ -1,16 +1,16 @@
 /*
  * The fused attention driver for one element type, included by attention.c with
  *   T     the element type            SUF   the name suffix (f32, f64)
- *   KT    the kernel struct type      KSEL  the member of kernel_table (f32, f64)
- *   EXP   libm's exp for T
+ *   KT    the kernel struct type      EXP   libm's exp for T
  *
  * One task = (batch index, query head, block of query rows).  The block is cut
  * into panels of nr rows, kept transposed (Q^T, and the accumulator (P V)^T), so
  * that one vector spans nr query rows.  For each visible key block and panel:
  * scores^T = K (scale Q)^T, mask, online softmax (running max and sum, the
  * accumulator rescaled when the max grows), acc^T += V^T P^T.  The output is
- * acc / sum.  K and V are read in place, with their own strides.  Tasks are independent and each is computed in a fixed order by
- * one thread, so the result does not depend on the number of threads.
+ * acc / sum.  K and V are read in place, with their own strides.  Tasks are
+ * independent and each is computed in a fixed order by one thread, so the
+ * result does not depend on the number of threads.
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -35,20 +35,33 @@ static void FN(normalize_weights)(const sdpa_problem *p, T *wr, int64_t row, int
 }
 
 /* Applies the mask row, then causality (keys >= lim are masked, whatever the
- * additive mask added there), to n scores of one query row starting at key s0
- * (scores contiguous). */
-static void FN(mask_row)(const sdpa_problem *p, const void *mask_row, T *sr, int64_t s0, int n,
-                         int64_t lim) {
+ * additive mask added there), to n scores of one query row starting at key s0;
+ * the scores are sr[j * ss].  mask_row is NULL without a mask. */
+static void FN(mask_scores)(const sdpa_problem *p, const void *mask_row, T *sr, int64_t ss,
+                            int64_t s0, int n, int64_t lim) {
     if (p->mask_kind == SDPA_MASK_ADDITIVE) {
         const T *mr = (const T *)mask_row;
-        for (int j = 0; j < n; j++) sr[j] += mr[(s0 + j) * p->mask.col_stride];
+        for (int j = 0; j < n; j++) sr[j * ss] += mr[(s0 + j) * p->mask.col_stride];
     } else if (p->mask_kind == SDPA_MASK_BOOL) {
         const uint8_t *mr = (const uint8_t *)mask_row;
         for (int j = 0; j < n; j++)
-            if (!mr[(s0 + j) * p->mask.col_stride]) sr[j] = -(T)INFINITY;
+            if (!mr[(s0 + j) * p->mask.col_stride]) sr[j * ss] = -(T)INFINITY;
     }
     int64_t first = lim - s0;
-    for (int64_t j = first < 0 ? 0 : first; j < n; j++) sr[j] = -(T)INFINITY;
+    for (int64_t j = first < 0 ? 0 : first; j < n; j++) sr[j * ss] = -(T)INFINITY;
+}
+
+/* The mask row of query row `row`, from the mask of one (batch, head). */
+static const void *FN(mask_row_of)(const sdpa_problem *p, const void *mask, int64_t row) {
+    const int64_t elem = p->mask_kind == SDPA_MASK_BOOL ? 1 : (int64_t)sizeof(T);
+    return (const char *)mask + row * p->mask.row_stride * elem;
+}
+
+/* Raw (scaled, masked) scores sr[j * ss] of one row into its weights row from
+ * key s0 on; normalize_weights turns them into weights once the row is done. */
+static void FN(store_raw_scores)(const sdpa_problem *p, T *wr, const T *sr, int64_t ss, int64_t s0,
+                                 int n) {
+    for (int j = 0; j < n; j++) wr[(s0 + j) * p->weights.col_stride] = sr[j * ss];
 }
 
 static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
@@ -138,31 +151,17 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
 
             kern->gemm(np, E, k + s0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
 
-            /* the additive mask first: causality then masks whatever it added, even +inf or NaN */
-            if (p->mask_kind == SDPA_MASK_ADDITIVE) {
+            const int diagonal = p->causal && s0 + np - 1 > r0 + p->causal_offset;
+            if (mask || diagonal) {
                 for (int x = 0; x < prows; x++) {
-                    const T *mr = (const T *)mask + (r0 + x) * p->mask.row_stride;
-                    for (int j = 0; j < np; j++) st[j * nr + x] += mr[(s0 + j) * p->mask.col_stride];
-                }
-            } else if (p->mask_kind == SDPA_MASK_BOOL) {
-                for (int x = 0; x < prows; x++) {
-                    const uint8_t *mr = (const uint8_t *)mask + (r0 + x) * p->mask.row_stride;
-                    for (int j = 0; j < np; j++)
-                        if (!mr[(s0 + j) * p->mask.col_stride]) st[j * nr + x] = -(T)INFINITY;
+                    const int64_t lim = p->causal ? r0 + x + p->causal_offset + 1 : kv_end;
+                    FN(mask_scores)(p, mask ? FN(mask_row_of)(p, mask, r0 + x) : NULL, st + x, nr, s0,
+                                    np, lim);
                 }
             }
-            if (p->causal && s0 + np - 1 > r0 + p->causal_offset) {
-                for (int x = 0; x < nr; x++) {
-                    int64_t first = r0 + x + p->causal_offset + 1 - s0;
-                    for (int64_t j = first < 0 ? 0 : first; j < np; j++) st[j * nr + x] = -(T)INFINITY;
-                }
-            }
-            if (weights) {  /* raw scores now; normalised once the row is complete */
-                for (int x = 0; x < prows; x++) {
-                    T *wr = weights + (r0 + x) * p->weights.row_stride;
-                    for (int j = 0; j < np; j++) wr[(s0 + j) * p->weights.col_stride] = st[j * nr + x];
-                }
-            }
+            if (weights)
+                for (int x = 0; x < prows; x++)
+                    FN(store_raw_scores)(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, s0, np);
 
             kern->softmax(st, np, pmax, psum, pacc, Ev);
             kern->gemm((int)Ev, np, v + s0 * vsr, vsc, vsr, st, nr, pacc, nr, 1);
@@ -233,7 +232,7 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     const int64_t q_off = batch_offset(p, &p->query, b);
     const int64_t m_off = p->mask_kind != SDPA_MASK_NONE ? batch_offset(p, &p->mask, b) : 0;
     const int64_t w_off = p->weights.data ? batch_offset(p, &p->weights, b) : 0;
-    const size_t mask_elem = p->mask_kind == SDPA_MASK_BOOL ? 1 : sizeof(T);
+    const int64_t mask_elem = p->mask_kind == SDPA_MASK_BOOL ? 1 : (int64_t)sizeof(T);
     for (int x = 0; x < M; x++) {
         const int64_t h = hkv * group + x / L, l = x % L;
         const T *qr = (const T *)p->query.data + q_off + h * p->query.head_stride + l * p->query.row_stride;
@@ -257,13 +256,11 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             const int64_t lim = p->causal ? l + p->causal_offset + 1 : s_end;
             const void *mrow = NULL;
             if (p->mask_kind != SDPA_MASK_NONE)
-                mrow = (const char *)p->mask.data +
-                       (m_off + h * p->mask.head_stride + l * p->mask.row_stride) * (int64_t)mask_elem;
-            FN(mask_row)(p, mrow, sr, s0, n, lim);
-            if (p->weights.data) {
-                T *wr = (T *)p->weights.data + w_off + h * p->weights.head_stride + l * p->weights.row_stride;
-                for (int j = 0; j < n; j++) wr[(s0 + j) * p->weights.col_stride] = sr[j];
-            }
+                mrow = FN(mask_row_of)(p, (const char *)p->mask.data + (m_off + h * p->mask.head_stride) * mask_elem, l);
+            FN(mask_scores)(p, mrow, sr, 1, s0, n, lim);
+            if (p->weights.data)
+                FN(store_raw_scores)(p, (T *)p->weights.data + w_off + h * p->weights.head_stride +
+                                            l * p->weights.row_stride, sr, 1, s0, n);
             kern->row_softmax(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
         }
         const T *vb = v + s0 * vsr;

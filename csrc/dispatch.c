@@ -77,8 +77,7 @@ const kernel_table *sdpa_kernel_table(void) {
 
 int sdpa_isa_supported(const char *name) {
     int level = level_of_name(name);
-    return level >= 0 && level <= cpu_level() && table_for_level(level) != NULL &&
-           strcmp(table_for_level(level)->name, name) == 0;
+    return level >= 0 && level <= cpu_level();  /* cpu_level is 0 without x86 kernels */
 }
 
 sdpa_status sdpa_set_isa(const char *name) {

@@ -111,11 +111,7 @@ static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev)
 static void FN(exp)(T *x, int64_t n) {
     int64_t i = 0;
     T tmp[LANES] __attribute__((aligned(64)));
-    for (; i + LANES <= n; i += LANES) {
-        for (int l = 0; l < LANES; l++) tmp[l] = x[i + l];
-        V_STORE(tmp, V_EXP(V_LOAD(tmp)));
-        for (int l = 0; l < LANES; l++) x[i + l] = tmp[l];
-    }
+    for (; i + LANES <= n; i += LANES) V_STOREU(x + i, V_EXP(V_LOADU(x + i)));
     if (i < n) {
         for (int l = 0; l < LANES; l++) tmp[l] = i + l < n ? x[i + l] : 0;
         V_STORE(tmp, V_EXP(V_LOAD(tmp)));
