@@ -2,22 +2,13 @@
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, Optional, Union
 
 import numpy as np
 
-from .kvcache import KVCache
+from .kvcache import KVCache, _count
 
 __all__ = ["MultiHeadAttention"]
-
-
-def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name}: must be >= 1, got {value}")
-    return int(value)
 
 
 class MultiHeadAttention:
@@ -121,9 +112,9 @@ class MultiHeadAttention:
         dtype: Any,
     ) -> None:
         """Check and set the sizes and the dtype."""
-        embed_dim = _count(embed_dim, "embed_dim")
-        num_heads = _count(num_heads, "num_heads")
-        num_kv_heads = num_heads if num_kv_heads is None else _count(num_kv_heads, "num_kv_heads")
+        embed_dim = _count(embed_dim, "embed_dim", 1)
+        num_heads = _count(num_heads, "num_heads", 1)
+        num_kv_heads = num_heads if num_kv_heads is None else _count(num_kv_heads, "num_kv_heads", 1)
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_kv_heads: must divide num_heads; got num_heads={num_heads}, "
@@ -136,7 +127,7 @@ class MultiHeadAttention:
                     f"got embed_dim={embed_dim}, num_heads={num_heads}"
                 )
             head_dim = embed_dim // num_heads
-        head_dim = _count(head_dim, "head_dim")
+        head_dim = _count(head_dim, "head_dim", 1)
         dtype = np.dtype(dtype)
         if dtype.kind != "f":
             raise TypeError(f"dtype: expected a floating point dtype, got {dtype}")
@@ -179,8 +170,8 @@ class MultiHeadAttention:
         for a, name in zip(arrays, ("w_q", "w_k", "w_v", "w_o")):
             if a.ndim != 2:
                 raise ValueError(f"{name}: expected a 2-D weight (in, out), got shape {a.shape}")
-        num_heads = _count(num_heads, "num_heads")
-        num_kv_heads = num_heads if num_kv_heads is None else _count(num_kv_heads, "num_kv_heads")
+        num_heads = _count(num_heads, "num_heads", 1)
+        num_kv_heads = num_heads if num_kv_heads is None else _count(num_kv_heads, "num_kv_heads", 1)
         embed_dim = wq.shape[0]
         if wq.shape[1] % num_heads:
             raise ValueError(
