@@ -38,26 +38,28 @@ typedef struct plan {
 
 /* ---- small helpers used by the per-type drivers ---- */
 
-static int64_t batch_offset(const sdpa_problem *p, const sdpa_view *view, int64_t b) {
+/* Offset (elements) of batch index b, counted over batch_shape, for these
+ * batch strides. */
+static int64_t batch_offset_of(const sdpa_problem *p, const int64_t *batch_strides, int64_t b) {
     int64_t off = 0;
     for (int d = p->num_batch_dims - 1; d >= 0; d--) {
         int64_t n = p->batch_shape[d];
-        off += (b % n) * view->batch_strides[d];
+        off += (b % n) * batch_strides[d];
         b /= n;
     }
     return off;
 }
 
+/* The address of (batch index b, head h) in a view of elem-byte elements. */
+static void *view_at(const sdpa_problem *p, const sdpa_view *view, int64_t b, int64_t h, size_t elem) {
+    int64_t off = batch_offset_of(p, view->batch_strides, b) + h * view->head_stride;
+    return (char *)view->data + off * (int64_t)elem;
+}
+
 /* Keys visible to batch index b: S, or its key length clipped to [0, S]. */
 static int64_t key_limit(const sdpa_problem *p, int64_t b) {
     if (!p->key_lengths) return p->len_kv;
-    int64_t off = 0;
-    for (int d = p->num_batch_dims - 1; d >= 0; d--) {
-        int64_t n = p->batch_shape[d];
-        off += (b % n) * p->key_lengths_strides[d];
-        b /= n;
-    }
-    int64_t len = p->key_lengths[off];
+    int64_t len = p->key_lengths[batch_offset_of(p, p->key_lengths_strides, b)];
     return len < 0 ? 0 : (len < p->len_kv ? len : p->len_kv);
 }
 
@@ -197,13 +199,13 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
     size_t elem = p->dtype == SDPA_FLOAT32 ? sizeof(float) : sizeof(double);
     memset(pl, 0, sizeof(*pl));
     if (p->dtype == SDPA_FLOAT32) {
-        pl->nr = kt->nr_f32;
-        pl->tile_q = kt->tile_q_f32;
-        pl->tile_k = kt->tile_k_f32;
+        pl->nr = kt->f32.nr;
+        pl->tile_q = kt->f32.tile_q;
+        pl->tile_k = kt->f32.tile_k;
     } else {
-        pl->nr = kt->nr_f64;
-        pl->tile_q = kt->tile_q_f64;
-        pl->tile_k = kt->tile_k_f64;
+        pl->nr = kt->f64.nr;
+        pl->tile_q = kt->f64.tile_q;
+        pl->tile_k = kt->f64.tile_k;
     }
     const size_t E = (size_t)p->head_dim, Ev = (size_t)p->head_dim_v;
     const int64_t rows = p->gqa_group * p->len_q;
@@ -271,6 +273,7 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
     if (batch_count * p->num_heads * p->len_q == 0) return SDPA_OK;  /* empty output */
 
     const kernel_table *kt = sdpa_kernel_table();
+    if (!kt) return SDPA_ERR_BAD_ISA;  /* SDPA_ISA names a set that cannot be used */
     plan pl;
     make_plan(p, batch_count, kt, &pl);
     if (p->dtype == SDPA_FLOAT32) return attention_f32(p, &pl, &kt->f32);
@@ -310,4 +313,8 @@ int sdpa_default_num_threads(void) {
 #endif
 }
 
-const char *sdpa_version(void) { return "0.1.0"; }
+#define SDPA_STR_(x) #x
+#define SDPA_STR(x) SDPA_STR_(x)
+const char *sdpa_version(void) {
+    return SDPA_STR(SDPA_VERSION_MAJOR) "." SDPA_STR(SDPA_VERSION_MINOR) "." SDPA_STR(SDPA_VERSION_PATCH);
+}

@@ -15,6 +15,14 @@
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)
+/* The elements of operand `view` at (batch index b, head h). */
+#define AT(view, b, h) ((T *)view_at(p, &p->view, b, h, sizeof(T)))
+
+/* The mask at (batch index b, head h), or NULL without one. */
+static const void *FN(mask_at)(const sdpa_problem *p, int64_t b, int64_t h) {
+    if (p->mask_kind == SDPA_MASK_NONE) return NULL;
+    return view_at(p, &p->mask, b, h, p->mask_kind == SDPA_MASK_BOOL ? 1 : sizeof(T));
+}
 
 /* m + log(l): the row's log-sum-exp; -inf for a row that saw no key. */
 static T FN(log_sum_exp)(T m, T l) {
@@ -80,18 +88,12 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     }
     const int64_t b = bh / H, h = bh % H, hkv = h / p->gqa_group;
 
-    const T *q = (const T *)p->query.data + batch_offset(p, &p->query, b) + h * p->query.head_stride;
-    const T *k = (const T *)p->key.data + batch_offset(p, &p->key, b) + hkv * p->key.head_stride;
-    const T *v = (const T *)p->value.data + batch_offset(p, &p->value, b) + hkv * p->value.head_stride;
-    T *out = (T *)p->out.data + batch_offset(p, &p->out, b) + h * p->out.head_stride;
-    const void *mask = NULL;
-    if (p->mask_kind != SDPA_MASK_NONE)
-        mask = (const char *)p->mask.data +
-               (batch_offset(p, &p->mask, b) + h * p->mask.head_stride) *
-                   (p->mask_kind == SDPA_MASK_BOOL ? 1 : (int64_t)sizeof(T));
-    T *weights = NULL;
-    if (p->weights.data)
-        weights = (T *)p->weights.data + batch_offset(p, &p->weights, b) + h * p->weights.head_stride;
+    const T *q = AT(query, b, h);
+    const T *k = AT(key, b, hkv);
+    const T *v = AT(value, b, hkv);
+    T *out = AT(out, b, h);
+    const void *mask = FN(mask_at)(p, b, h);
+    T *weights = p->weights.data ? AT(weights, b, h) : NULL;
     const int64_t ksr = p->key.row_stride, ksc = p->key.col_stride;
     const int64_t vsr = p->value.row_stride, vsc = p->value.col_stride;
 
@@ -131,9 +133,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         int64_t last = l0 + rows + p->causal_offset;  /* exclusive */
         kv_end = last < 0 ? 0 : (last < S_b ? last : S_b);
     }
-    T *lse = NULL;
-    if (p->lse.data)
-        lse = (T *)p->lse.data + batch_offset(p, &p->lse, b) + h * p->lse.head_stride;
+    T *lse = p->lse.data ? AT(lse, b, h) : NULL;
 
     for (int64_t s0 = 0; s0 < kv_end; s0 += tile_k) {
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
@@ -219,8 +219,8 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     if (p->causal && L - 1 + p->causal_offset + 1 < s_end) s_end = L + p->causal_offset;
     if (s_begin >= s_end) return;
 
-    const T *k = (const T *)p->key.data + batch_offset(p, &p->key, b) + hkv * p->key.head_stride;
-    const T *v = (const T *)p->value.data + batch_offset(p, &p->value, b) + hkv * p->value.head_stride;
+    const T *k = AT(key, b, hkv);
+    const T *v = AT(value, b, hkv);
     const int64_t ksr = p->key.row_stride, ksc = p->key.col_stride;
     const int64_t vsr = p->value.row_stride, vsc = p->value.col_stride;
     T *qs = scratch + pl->off_q;     /* M x E, scaled                     */
@@ -229,13 +229,9 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     T *vbuf = scratch + pl->off_v;   /* tile_k x Ev, when V rows are strided */
 
     const T scale = (T)p->scale;
-    const int64_t q_off = batch_offset(p, &p->query, b);
-    const int64_t m_off = p->mask_kind != SDPA_MASK_NONE ? batch_offset(p, &p->mask, b) : 0;
-    const int64_t w_off = p->weights.data ? batch_offset(p, &p->weights, b) : 0;
-    const int64_t mask_elem = p->mask_kind == SDPA_MASK_BOOL ? 1 : (int64_t)sizeof(T);
     for (int x = 0; x < M; x++) {
         const int64_t h = hkv * group + x / L, l = x % L;
-        const T *qr = (const T *)p->query.data + q_off + h * p->query.head_stride + l * p->query.row_stride;
+        const T *qr = (const T *)AT(query, b, h) + l * p->query.row_stride;
         for (int64_t c = 0; c < E; c++) qs[x * E + c] = scale * qr[c * p->query.col_stride];
     }
 
@@ -254,13 +250,10 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             const int64_t h = hkv * group + x / L, l = x % L;
             T *sr = st + (int64_t)x * tile_k;
             const int64_t lim = p->causal ? l + p->causal_offset + 1 : s_end;
-            const void *mrow = NULL;
-            if (p->mask_kind != SDPA_MASK_NONE)
-                mrow = FN(mask_row_of)(p, (const char *)p->mask.data + (m_off + h * p->mask.head_stride) * mask_elem, l);
-            FN(mask_scores)(p, mrow, sr, 1, s0, n, lim);
+            const void *mask = FN(mask_at)(p, b, h);
+            FN(mask_scores)(p, mask ? FN(mask_row_of)(p, mask, l) : NULL, sr, 1, s0, n, lim);
             if (p->weights.data)
-                FN(store_raw_scores)(p, (T *)p->weights.data + w_off + h * p->weights.head_stride +
-                                            l * p->weights.row_stride, sr, 1, s0, n);
+                FN(store_raw_scores)(p, AT(weights, b, h) + l * p->weights.row_stride, sr, 1, s0, n);
             kern->row_softmax(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
         }
         const T *vb = v + s0 * vsr;
@@ -295,8 +288,7 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
         /* combined in double: the chunks of a very long row would otherwise lose
          * float32 bits in the sum of their partial results */
         double sum = 0;
-        T *orow = (T *)p->out.data + batch_offset(p, &p->out, b) + h * p->out.head_stride +
-                  l * p->out.row_stride;
+        T *orow = AT(out, b, h) + l * p->out.row_stride;
         const int64_t oc = p->out.col_stride;
         if (m == -(T)INFINITY) {
             for (int64_t c = 0; c < Ev; c++) orow[c * oc] = 0;
@@ -318,13 +310,11 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
             }
         }
         if (p->weights.data) {
-            T *wr = (T *)p->weights.data + batch_offset(p, &p->weights, b) + h * p->weights.head_stride +
-                    l * p->weights.row_stride;
+            T *wr = AT(weights, b, h) + l * p->weights.row_stride;
             FN(normalize_weights)(p, wr, l, S_b, m, (T)sum);
         }
         if (p->lse.data) {
-            T *lr = (T *)p->lse.data + batch_offset(p, &p->lse, b) + h * p->lse.head_stride;
-            lr[l * p->lse.row_stride] = m == -(T)INFINITY ? m : (T)((double)m + log(sum));
+            AT(lse, b, h)[l * p->lse.row_stride] = m == -(T)INFINITY ? m : (T)((double)m + log(sum));
         }
     }
 }
@@ -384,6 +374,7 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
     return stop ? SDPA_ERR_INTERRUPTED : SDPA_OK;
 }
 
+#undef AT
 #undef FN
 #undef CAT
 #undef CAT_

@@ -1,9 +1,21 @@
-/* Chooses the kernel table: the best level this CPU supports, decided once
- * (cpuid + xgetbv), unless SDPA_ISA names another or sdpa_set_isa switches. */
+/* Chooses the kernel table: the best kernel set this CPU supports, decided once
+ * (cpuid + xgetbv), unless SDPA_ISA names another or sdpa_set_isa switches.
+ * A kernel set named by SDPA_ISA that is unknown, or that this CPU cannot run,
+ * is an error (every call returns SDPA_ERR_BAD_ISA), never a silent fallback. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+
+/* The kernel sets, lowest first; a CPU that runs one runs those before it. */
+static const kernel_table *const isa_tables[] = {
+    &sdpa_kernels_scalar,
+#if SDPA_HAVE_X86_KERNELS
+    &sdpa_kernels_avx2,
+    &sdpa_kernels_avx512,
+#endif
+};
+#define NUM_ISAS ((int)(sizeof(isa_tables) / sizeof(isa_tables[0])))
 
 #if SDPA_HAVE_X86_KERNELS
 #include <cpuid.h>
@@ -14,7 +26,8 @@ static unsigned long long read_xcr0(void) {
     return ((unsigned long long)edx << 32) | eax;
 }
 
-/* 0 = scalar, 1 = avx2 + fma, 2 = avx512 f/bw/dq/vl; OS support included. */
+/* The index of the best set: 0 = scalar, 1 = avx2 + fma, 2 = avx512
+ * f/bw/dq/vl; the OS must save the registers too. */
 static int detect_level(void) {
     unsigned int a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
@@ -34,88 +47,80 @@ static int detect_level(void) {
 static int detect_level(void) { return 0; }
 #endif
 
-static const kernel_table *table_for_level(int level) {
-#if SDPA_HAVE_X86_KERNELS
-    if (level >= 2) return &sdpa_kernels_avx512;
-    if (level == 1) return &sdpa_kernels_avx2;
-#endif
-    (void)level;
-    return &sdpa_kernels_scalar;
-}
-
-static int level_of_name(const char *name) {
-    if (!name) return -1;
-    if (strcmp(name, "scalar") == 0) return 0;
-    if (strcmp(name, "avx2") == 0) return 1;
-    if (strcmp(name, "avx512") == 0) return 2;
-    return -1;
-}
+/* -1 until detected; every thread that races to detect finds the same value */
+static SDPA_ATOMIC(int) cpu_level_cache = -1;
 
 static int cpu_level(void) {
-    static volatile int cached = -1;  /* a benign race: every thread finds the same */
-    int level = cached;
+    int level = sdpa_atomic_load(&cpu_level_cache);
     if (level < 0) {
         level = detect_level();
-        cached = level;
+        sdpa_atomic_store(&cpu_level_cache, level);
     }
     return level;
 }
 
-static const kernel_table *volatile chosen = NULL;
+static int index_of_name(const char *name) {
+    if (!name) return -1;
+    for (int i = 0; i < NUM_ISAS; i++)
+        if (strcmp(name, isa_tables[i]->name) == 0) return i;
+    /* names of sets this build has no code for (non-x86): known, never supported */
+    if (strcmp(name, "avx2") == 0 || strcmp(name, "avx512") == 0) return NUM_ISAS;
+    return -1;
+}
+
+const kernel_table *sdpa_kernel_table_named(const char *name) {
+    int i = index_of_name(name);
+    return i >= 0 && i < NUM_ISAS && i <= cpu_level() ? isa_tables[i] : NULL;
+}
+
+/* The choice: the table in use, or, once SDPA_ISA was found unusable, NULL
+ * with env_error set.  Both are decided on the first call that needs them. */
+enum { CHOICE_UNDECIDED, CHOICE_MADE, CHOICE_ENV_ERROR };
+static SDPA_ATOMIC(int) choice_state = CHOICE_UNDECIDED;
+static SDPA_ATOMIC(const kernel_table *) chosen = NULL;
+static SDPA_ATOMIC(const char *) env_error = NULL;
+
+static void choose(void) {
+    const char *forced = getenv("SDPA_ISA");
+    const kernel_table *kt = isa_tables[cpu_level()];
+    const char *error = NULL;
+    if (forced && *forced) {
+        int i = index_of_name(forced);
+        if (i < 0)
+            error = "SDPA_ISA names no kernel set (the sets are scalar, avx2 and avx512)";
+        else if (i >= NUM_ISAS || i > cpu_level())
+            error = "SDPA_ISA names a kernel set this CPU or build cannot run";
+        else
+            kt = isa_tables[i];
+    }
+    sdpa_atomic_store(&env_error, error);
+    sdpa_atomic_store(&chosen, error ? NULL : kt);
+    sdpa_atomic_store(&choice_state, error ? CHOICE_ENV_ERROR : CHOICE_MADE);
+}
 
 const kernel_table *sdpa_kernel_table(void) {
-    const kernel_table *kt = chosen;
-    if (!kt) {
-        int level = cpu_level();
-        int forced = level_of_name(getenv("SDPA_ISA"));
-        if (forced >= 0 && forced < level) level = forced;  /* never above what the CPU has */
-        kt = table_for_level(level);
-        chosen = kt;
-    }
-    return kt;
+    if (sdpa_atomic_load(&choice_state) == CHOICE_UNDECIDED) choose();
+    return sdpa_atomic_load(&chosen);
 }
 
-int sdpa_isa_supported(const char *name) {
-    int level = level_of_name(name);
-    return level >= 0 && level <= cpu_level();  /* cpu_level is 0 without x86 kernels */
+const char *sdpa_isa_env_error(void) {
+    if (sdpa_atomic_load(&choice_state) == CHOICE_UNDECIDED) choose();
+    return sdpa_atomic_load(&env_error);
 }
+
+int sdpa_isa_supported(const char *name) { return sdpa_kernel_table_named(name) != NULL; }
 
 sdpa_status sdpa_set_isa(const char *name) {
-    if (!sdpa_isa_supported(name)) return SDPA_ERR_BAD_ISA;
-    chosen = table_for_level(level_of_name(name));
+    const kernel_table *kt = sdpa_kernel_table_named(name);
+    if (!kt) return SDPA_ERR_BAD_ISA;
+    /* an explicit choice replaces whatever SDPA_ISA said */
+    sdpa_atomic_store(&chosen, kt);
+    sdpa_atomic_store(&env_error, NULL);
+    sdpa_atomic_store(&choice_state, CHOICE_MADE);
     return SDPA_OK;
 }
 
-const char *sdpa_isa(void) { return sdpa_kernel_table()->name; }
-
-sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t n) {
-    if (!sdpa_isa_supported(name)) return SDPA_ERR_BAD_ISA;
-    const kernel_table *kt = table_for_level(level_of_name(name));
-    if (dtype == SDPA_FLOAT32) kt->f32.exp((float *)x, n);
-    else if (dtype == SDPA_FLOAT64) kt->f64.exp((double *)x, n);
-    else return SDPA_ERR_BAD_DTYPE;
-    return SDPA_OK;
-}
-
-/* Floating-point control flags that change results (x86: MXCSR FTZ and DAZ),
- * as seen by each of num_threads OpenMP threads; for the tests that check that
- * a call leaves them as they were. */
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-#if SDPA_HAVE_X86_KERNELS
-#include <immintrin.h>
-static int fp_flags_here(void) { return (int)(_mm_getcsr() & 0x8040u); }
-#else
-static int fp_flags_here(void) { return 0; }
-#endif
-
-void sdpa_fp_flags_in_threads(int num_threads, int *flags) {
-    for (int i = 0; i < num_threads; i++) flags[i] = -1;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(num_threads)
-    flags[omp_get_thread_num()] = fp_flags_here();
-#else
-    flags[0] = fp_flags_here();
-#endif
+const char *sdpa_isa(void) {
+    const kernel_table *kt = sdpa_kernel_table();
+    return kt ? kt->name : "none";
 }

@@ -48,6 +48,8 @@
  *       *row_max and *row_sum are updated, acc[0..ev) is rescaled.
  */
 typedef struct kernels_f32 {
+    int nr, tile_q, tile_k;  /* panel width (query rows per vector block), query
+                                rows per task (a multiple of nr), keys per block */
     void (*gemm)(int m, int64_t kdim, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
                  int64_t ldb, float *c, int64_t ldc, int accumulate);
     void (*softmax)(float *s, int n, float *row_max, float *row_sum, float *acc, int64_t ev);
@@ -60,6 +62,7 @@ typedef struct kernels_f32 {
 } kernels_f32;
 
 typedef struct kernels_f64 {
+    int nr, tile_q, tile_k;
     void (*gemm)(int m, int64_t kdim, const double *a, int64_t a_rs, int64_t a_ks, const double *b,
                  int64_t ldb, double *c, int64_t ldc, int accumulate);
     void (*softmax)(double *s, int n, double *row_max, double *row_sum, double *acc, int64_t ev);
@@ -71,18 +74,23 @@ typedef struct kernels_f64 {
     void (*row_softmax)(double *s, int n, double *row_max, double *row_sum, double *acc, int64_t ev);
 } kernels_f64;
 
-/* One instruction-set level: its kernels and its blocking parameters. */
+/* One instruction-set level: its kernels and blocking for each element type.
+ * Tables are written with designated initializers. */
 typedef struct kernel_table {
     const char *name;
-    int nr_f32, tile_q_f32, tile_k_f32;  /* panel width (query rows per vector block),
-                                            query rows per task, keys per block */
-    int nr_f64, tile_q_f64, tile_k_f64;
     kernels_f32 f32;
     kernels_f64 f64;
 } kernel_table;
 
-/* The table for this CPU (or the one forced by SDPA_ISA), chosen once. */
+/* The table for this CPU, or the one forced by SDPA_ISA, chosen once; NULL when
+ * SDPA_ISA names a set that is unknown or that this CPU cannot run. */
 const kernel_table *sdpa_kernel_table(void);
+
+/* The table of the named set, or NULL when it is unknown or not supported here. */
+const kernel_table *sdpa_kernel_table_named(const char *name);
+
+/* Why SDPA_ISA cannot be honoured (a static message), or NULL when it can. */
+const char *sdpa_isa_env_error(void);
 
 /* The portable C kernels: the reference every other level is tested against. */
 extern const kernel_table sdpa_kernels_scalar;
@@ -91,11 +99,18 @@ extern const kernel_table sdpa_kernels_avx2;
 extern const kernel_table sdpa_kernels_avx512;
 #endif
 
-/* The exp kernel of the named set, in place (for the accuracy tests). */
-sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t n);
-
-/* flags[i] = the FTZ/DAZ bits of MXCSR in OpenMP thread i (0 off x86; -1 for a
- * thread the runtime did not start). */
-void sdpa_fp_flags_in_threads(int num_threads, int *flags);
+/* Atomic loads and stores of shared state (the kernel choice, flags set once).
+ * MSVC's C mode has no <stdatomic.h> before VS 2022 17.5; its volatile accesses
+ * are acquire/release on x86 and ARM64 (/volatile:ms, the default there). */
+#if defined(_MSC_VER) && !defined(__clang__)
+#define SDPA_ATOMIC(type) volatile type
+#define sdpa_atomic_load(p) (*(p))
+#define sdpa_atomic_store(p, v) (*(p) = (v))
+#else
+#include <stdatomic.h>
+#define SDPA_ATOMIC(type) _Atomic(type)
+#define sdpa_atomic_load(p) atomic_load(p)
+#define sdpa_atomic_store(p, v) atomic_store(p, v)
+#endif
 
 #endif

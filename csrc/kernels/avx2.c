@@ -117,77 +117,13 @@ static inline double hmax_nan_pd(__m256d v) {
     return _mm_cvtsd_f64(a);
 }
 
-/* float: panels of 16 query rows (2 vectors), 6 x 2 accumulators */
-#define T float
-#define SUF avx2_f32
-#define V __m256
-#define LANES 8
-#define NV 2
-#define MR 6
-#define V_ZERO() _mm256_setzero_ps()
-#define V_SET1(x) _mm256_set1_ps(x)
-#define V_LOAD(p) _mm256_load_ps(p)
-#define V_STORE(p, v) _mm256_store_ps(p, v)
-#define V_ADD _mm256_add_ps
-#define V_SUB _mm256_sub_ps
-#define V_MUL _mm256_mul_ps
-#define V_FMA _mm256_fmadd_ps
-#define V_MAX_NAN max_nan_ps
-#define V_NEGINF_TO_ZERO neginf_to_zero_ps
-#define V_EXP exp_avx2_ps
-#define V_LOADU(p) _mm256_loadu_ps(p)
-#define V_STOREU(p, v) _mm256_storeu_ps(p, v)
-#define V_HSUM hsum_ps
-#define V_HMAX_NAN hmax_nan_ps
-#define S_EXP expf
+#include "avx2_f32.h"
 #include "simd_impl.h"
-#undef T
-#undef SUF
-#undef V
-#undef LANES
-#undef NV
-#undef MR
-#undef V_ZERO
-#undef V_SET1
-#undef V_LOAD
-#undef V_STORE
-#undef V_ADD
-#undef V_SUB
-#undef V_MUL
-#undef V_FMA
-#undef V_MAX_NAN
-#undef V_NEGINF_TO_ZERO
-#undef V_EXP
-#undef V_LOADU
-#undef V_STOREU
-#undef V_HSUM
-#undef V_HMAX_NAN
-#undef S_EXP
+#include "simd_end.h"
 
-/* double: panels of 8 query rows (2 vectors), 6 x 2 accumulators */
-#define T double
-#define SUF avx2_f64
-#define V __m256d
-#define LANES 4
-#define NV 2
-#define MR 6
-#define V_ZERO() _mm256_setzero_pd()
-#define V_SET1(x) _mm256_set1_pd(x)
-#define V_LOAD(p) _mm256_load_pd(p)
-#define V_STORE(p, v) _mm256_store_pd(p, v)
-#define V_ADD _mm256_add_pd
-#define V_SUB _mm256_sub_pd
-#define V_MUL _mm256_mul_pd
-#define V_FMA _mm256_fmadd_pd
-#define V_MAX_NAN max_nan_pd
-#define V_NEGINF_TO_ZERO neginf_to_zero_pd
-#define V_EXP exp_avx2_pd
-#define V_LOADU(p) _mm256_loadu_pd(p)
-#define V_STOREU(p, v) _mm256_storeu_pd(p, v)
-#define V_HSUM hsum_pd
-#define V_HMAX_NAN hmax_nan_pd
-#define S_EXP exp
+#include "avx2_f64.h"
 #include "simd_impl.h"
+#include "simd_end.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -196,11 +132,13 @@ static inline double hmax_nan_pd(__m256d v) {
 #endif
 
 const kernel_table sdpa_kernels_avx2 = {
-    "avx2",
-    16, 128, 128,
-    8, 64, 128,
-    {gemm_avx2_f32, softmax_avx2_f32, exp_avx2_f32, dot_avx2_f32, pv_rows_avx2_f32, row_softmax_avx2_f32},
-    {gemm_avx2_f64, softmax_avx2_f64, exp_avx2_f64, dot_avx2_f64, pv_rows_avx2_f64, row_softmax_avx2_f64},
+    .name = "avx2",
+    .f32 = {.nr = panel_rows_avx2_f32, .tile_q = 128, .tile_k = 128,
+            .gemm = gemm_avx2_f32, .softmax = softmax_avx2_f32, .exp = exp_avx2_f32,
+            .dot = dot_avx2_f32, .pv_rows = pv_rows_avx2_f32, .row_softmax = row_softmax_avx2_f32},
+    .f64 = {.nr = panel_rows_avx2_f64, .tile_q = 64, .tile_k = 128,
+            .gemm = gemm_avx2_f64, .softmax = softmax_avx2_f64, .exp = exp_avx2_f64,
+            .dot = dot_avx2_f64, .pv_rows = pv_rows_avx2_f64, .row_softmax = row_softmax_avx2_f64},
 };
 
 #endif /* SDPA_HAVE_X86_KERNELS */

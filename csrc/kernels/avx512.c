@@ -85,77 +85,13 @@ static inline double hmax_nan_pd(__m512d v) {
     return _mm512_reduce_max_pd(v);
 }
 
-/* float: panels of 32 query rows (2 vectors), 8 x 2 accumulators */
-#define T float
-#define SUF avx512_f32
-#define V __m512
-#define LANES 16
-#define NV 2
-#define MR 8
-#define V_ZERO() _mm512_setzero_ps()
-#define V_SET1(x) _mm512_set1_ps(x)
-#define V_LOAD(p) _mm512_load_ps(p)
-#define V_STORE(p, v) _mm512_store_ps(p, v)
-#define V_ADD _mm512_add_ps
-#define V_SUB _mm512_sub_ps
-#define V_MUL _mm512_mul_ps
-#define V_FMA _mm512_fmadd_ps
-#define V_MAX_NAN max_nan_ps
-#define V_NEGINF_TO_ZERO neginf_to_zero_ps
-#define V_EXP exp_avx512_ps
-#define V_LOADU(p) _mm512_loadu_ps(p)
-#define V_STOREU(p, v) _mm512_storeu_ps(p, v)
-#define V_HSUM _mm512_reduce_add_ps
-#define V_HMAX_NAN hmax_nan_ps
-#define S_EXP expf
+#include "avx512_f32.h"
 #include "simd_impl.h"
-#undef T
-#undef SUF
-#undef V
-#undef LANES
-#undef NV
-#undef MR
-#undef V_ZERO
-#undef V_SET1
-#undef V_LOAD
-#undef V_STORE
-#undef V_ADD
-#undef V_SUB
-#undef V_MUL
-#undef V_FMA
-#undef V_MAX_NAN
-#undef V_NEGINF_TO_ZERO
-#undef V_EXP
-#undef V_LOADU
-#undef V_STOREU
-#undef V_HSUM
-#undef V_HMAX_NAN
-#undef S_EXP
+#include "simd_end.h"
 
-/* double: panels of 16 query rows (2 vectors), 8 x 2 accumulators */
-#define T double
-#define SUF avx512_f64
-#define V __m512d
-#define LANES 8
-#define NV 2
-#define MR 8
-#define V_ZERO() _mm512_setzero_pd()
-#define V_SET1(x) _mm512_set1_pd(x)
-#define V_LOAD(p) _mm512_load_pd(p)
-#define V_STORE(p, v) _mm512_store_pd(p, v)
-#define V_ADD _mm512_add_pd
-#define V_SUB _mm512_sub_pd
-#define V_MUL _mm512_mul_pd
-#define V_FMA _mm512_fmadd_pd
-#define V_MAX_NAN max_nan_pd
-#define V_NEGINF_TO_ZERO neginf_to_zero_pd
-#define V_EXP exp_avx512_pd
-#define V_LOADU(p) _mm512_loadu_pd(p)
-#define V_STOREU(p, v) _mm512_storeu_pd(p, v)
-#define V_HSUM _mm512_reduce_add_pd
-#define V_HMAX_NAN hmax_nan_pd
-#define S_EXP exp
+#include "avx512_f64.h"
 #include "simd_impl.h"
+#include "simd_end.h"
 
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -164,11 +100,13 @@ static inline double hmax_nan_pd(__m512d v) {
 #endif
 
 const kernel_table sdpa_kernels_avx512 = {
-    "avx512",
-    32, 128, 128,
-    16, 64, 128,
-    {gemm_avx512_f32, softmax_avx512_f32, exp_avx512_f32, dot_avx512_f32, pv_rows_avx512_f32, row_softmax_avx512_f32},
-    {gemm_avx512_f64, softmax_avx512_f64, exp_avx512_f64, dot_avx512_f64, pv_rows_avx512_f64, row_softmax_avx512_f64},
+    .name = "avx512",
+    .f32 = {.nr = panel_rows_avx512_f32, .tile_q = 128, .tile_k = 128,
+            .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32,
+            .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32},
+    .f64 = {.nr = panel_rows_avx512_f64, .tile_q = 64, .tile_k = 128,
+            .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64,
+            .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64, .row_softmax = row_softmax_avx512_f64},
 };
 
 #endif /* SDPA_HAVE_X86_KERNELS */

@@ -23,9 +23,11 @@
 #undef EXP
 
 const kernel_table sdpa_kernels_scalar = {
-    "scalar",
-    SCALAR_NR, 64, 64,
-    SCALAR_NR, 64, 64,
-    {gemm_f32, softmax_f32, exp_f32, dot_f32, pv_rows_f32, row_softmax_f32},
-    {gemm_f64, softmax_f64, exp_f64, dot_f64, pv_rows_f64, row_softmax_f64},
+    .name = "scalar",
+    .f32 = {.nr = SCALAR_NR, .tile_q = 64, .tile_k = 64,
+            .gemm = gemm_f32, .softmax = softmax_f32, .exp = exp_f32,
+            .dot = dot_f32, .pv_rows = pv_rows_f32, .row_softmax = row_softmax_f32},
+    .f64 = {.nr = SCALAR_NR, .tile_q = 64, .tile_k = 64,
+            .gemm = gemm_f64, .softmax = softmax_f64, .exp = exp_f64,
+            .dot = dot_f64, .pv_rows = pv_rows_f64, .row_softmax = row_softmax_f64},
 };

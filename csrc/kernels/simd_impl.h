@@ -1,7 +1,8 @@
 /*
  * SIMD kernels for one element type and instruction set (contracts in
  * internal.h), written once over a small vector vocabulary.  The including
- * file defines, inside its target region:
+ * file includes a vocabulary header (avx512_f32.h, ...) inside its target
+ * region, then this file, then simd_end.h.  The vocabulary:
  *
  *   T, SUF           element type and name suffix (e.g. float, avx512_f32)
  *   V, LANES         vector type and its number of elements
@@ -21,6 +22,9 @@
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)
 #define NR (NV * LANES)
+
+/* The panel width, for the kernel table: nr query rows per vector block. */
+enum { FN(panel_rows) = NR };
 
 /* The register block: c[r][:] (=|+=) sum_kk a[r*a_rs + kk*a_ks] * b[kk][:], r < mr.
  * Always inlined with a constant mr, so the accumulators live in registers. */

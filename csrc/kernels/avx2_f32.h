@@ -1,0 +1,25 @@
+/* The vector vocabulary of simd_impl.h for AVX2 + FMA float:
+ * panels of 16 query rows (2 vectors), 6 x 2 accumulators.
+ * Included inside the ISA's target region; simd_end.h undoes it. */
+#define T float
+#define SUF avx2_f32
+#define V __m256
+#define LANES 8
+#define NV 2
+#define MR 6
+#define V_ZERO() _mm256_setzero_ps()
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_LOAD(p) _mm256_load_ps(p)
+#define V_STORE(p, v) _mm256_store_ps(p, v)
+#define V_ADD _mm256_add_ps
+#define V_SUB _mm256_sub_ps
+#define V_MUL _mm256_mul_ps
+#define V_FMA _mm256_fmadd_ps
+#define V_MAX_NAN max_nan_ps
+#define V_NEGINF_TO_ZERO neginf_to_zero_ps
+#define V_EXP exp_avx2_ps
+#define V_LOADU(p) _mm256_loadu_ps(p)
+#define V_STOREU(p, v) _mm256_storeu_ps(p, v)
+#define V_HSUM hsum_ps
+#define V_HMAX_NAN hmax_nan_ps
+#define S_EXP expf

@@ -1,0 +1,25 @@
+/* The vector vocabulary of simd_impl.h for AVX-512 float:
+ * panels of 32 query rows (2 vectors), 8 x 2 accumulators.
+ * Included inside the ISA's target region; simd_end.h undoes it. */
+#define T float
+#define SUF avx512_f32
+#define V __m512
+#define LANES 16
+#define NV 2
+#define MR 8
+#define V_ZERO() _mm512_setzero_ps()
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_LOAD(p) _mm512_load_ps(p)
+#define V_STORE(p, v) _mm512_store_ps(p, v)
+#define V_ADD _mm512_add_ps
+#define V_SUB _mm512_sub_ps
+#define V_MUL _mm512_mul_ps
+#define V_FMA _mm512_fmadd_ps
+#define V_MAX_NAN max_nan_ps
+#define V_NEGINF_TO_ZERO neginf_to_zero_ps
+#define V_EXP exp_avx512_ps
+#define V_LOADU(p) _mm512_loadu_ps(p)
+#define V_STOREU(p, v) _mm512_storeu_ps(p, v)
+#define V_HSUM _mm512_reduce_add_ps
+#define V_HMAX_NAN hmax_nan_ps
+#define S_EXP expf

@@ -1,0 +1,23 @@
+/* Undoes a vocabulary header (avx512_f32.h, ...) after simd_impl.h. */
+#undef T
+#undef SUF
+#undef V
+#undef LANES
+#undef NV
+#undef MR
+#undef V_ZERO
+#undef V_SET1
+#undef V_LOAD
+#undef V_STORE
+#undef V_ADD
+#undef V_SUB
+#undef V_MUL
+#undef V_FMA
+#undef V_MAX_NAN
+#undef V_NEGINF_TO_ZERO
+#undef V_EXP
+#undef V_LOADU
+#undef V_STOREU
+#undef V_HSUM
+#undef V_HMAX_NAN
+#undef S_EXP

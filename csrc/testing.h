@@ -1,0 +1,14 @@
+/* Hooks for the test suite only: not part of the C API. */
+#ifndef SDPA_TESTING_H
+#define SDPA_TESTING_H
+
+#include "internal.h"
+
+/* The exp kernel of the named set, in place (for the accuracy tests). */
+sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t n);
+
+/* flags[i] = the FTZ/DAZ bits of MXCSR in OpenMP thread i (0 off x86; -1 for a
+ * thread the runtime did not start). */
+void sdpa_fp_flags_in_threads(int num_threads, int *flags);
+
+#endif
