@@ -2,10 +2,13 @@
 
 OpenMP is probed: a tiny program must compile, link and run with the compiler's
 OpenMP flags.  Without it the extension is built serially with a warning;
-SDPA_REQUIRE_OPENMP=1 makes that an error.  Flags stay portable: the SIMD
-kernels pick the instruction set at run time, never at build time.
+SDPA_REQUIRE_OPENMP=1 makes that an error, and SDPA_DISABLE_OPENMP=1 builds the
+serial extension on purpose.  Flags stay portable: the SIMD kernels pick the
+instruction set at run time, never at build time.  The version is the one in
+csrc/include/sdpa.h.
 """
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -15,6 +18,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import numpy
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
@@ -83,8 +87,16 @@ class BuildExt(build_ext):
         else:
             base = ["-O3", "-std=c11", "-fno-math-errno", "-fvisibility=hidden",
                     "-Wall", "-Wno-unused-function"]
-        omp = probe_openmp(compiler)
-        if omp is None:
+        if os.environ.get("SDPA_DISABLE_OPENMP") == "1":
+            if os.environ.get("SDPA_REQUIRE_OPENMP") == "1":
+                raise RuntimeError("sdpa: SDPA_DISABLE_OPENMP=1 and SDPA_REQUIRE_OPENMP=1 contradict each other")
+            print("sdpa: SDPA_DISABLE_OPENMP=1: building a serial extension", file=sys.stderr)
+            omp = ()
+        else:
+            omp = probe_openmp(compiler)
+        if omp == ():
+            cflags, ldflags = [], []
+        elif omp is None:
             msg = ("sdpa: OpenMP was not found (tried the usual flags for "
                    f"{compiler.compiler_type}); building a serial extension. Install an "
                    "OpenMP runtime (e.g. libomp) for multithreading.")
@@ -106,11 +118,19 @@ def c_sources():
     return [s.replace(os.sep, "/") for s in srcs]
 
 
+def version():
+    """The version the C header declares (csrc/include/sdpa.h)."""
+    header = (HERE / CSRC / "include" / "sdpa.h").read_text()
+    parts = [re.search(rf"#define SDPA_VERSION_{p} (\d+)", header).group(1) for p in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(parts)
+
+
 ext = Extension(
     "sdpa._core",
     sources=["src/sdpa/_core.pyx"] + c_sources(),
-    include_dirs=[f"{CSRC}/include", CSRC],
+    include_dirs=[f"{CSRC}/include", CSRC, numpy.get_include()],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_22_API_VERSION")],
     depends=[str(p.relative_to(HERE)) for p in (HERE / CSRC).rglob("*.h")],
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": BuildExt})
+setup(version=version(), ext_modules=[ext], cmdclass={"build_ext": BuildExt})

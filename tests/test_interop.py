@@ -1,9 +1,8 @@
 """Array-likes in without copies: CPU torch tensors, __array__ and __dlpack__ objects.
 
-The C core is handed the arrays it reads; recording them (by wrapping
-sdpa._core.attention) shows whether they are the caller's memory or copies.
+The C core is handed the arrays it reads; recording them (through
+sdpa._core.set_observer) shows whether they are the caller's memory or copies.
 """
-import inspect
 
 import numpy as np
 import pytest
@@ -13,19 +12,12 @@ from sdpa import _core
 
 
 @pytest.fixture
-def core_inputs(monkeypatch):
+def core_inputs():
     """The q, k, v and mask arrays of each call to the C core."""
-    real = _core.attention
-    signature = inspect.signature(real)
     seen = []
-
-    def recording(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs).arguments
-        seen.append({name: bound[name] for name in ("q", "k", "v", "mask")})
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(_core, "attention", recording)
-    return seen
+    _core.set_observer(lambda handed: seen.append({name: handed[name] for name in ("q", "k", "v", "mask")}))
+    yield seen
+    _core.set_observer(None)
 
 
 def same_memory(a, b):

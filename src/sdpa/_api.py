@@ -1,15 +1,18 @@
-"""Input checking, broadcasting and stride bookkeeping for the public API.
+"""The public attention call, its input normalisation, and the validators and
+dtype rule the other modules share.
 
-Everything here is cheap bookkeeping on shapes and strides; the arithmetic happens
-in the C core (``sdpa._core``), which is handed strided views and never copies.
+A call first goes to ``sdpa._core.try_attention``, which takes NumPy arrays that
+need no conversion at C speed.  Anything else comes here: array-likes are read
+(in place where possible), dtypes converted by the documented rule, every
+argument checked with a message naming it, and the prepared arrays handed to
+``sdpa._core.run``, which reads their shapes and strides itself.
 """
 from __future__ import annotations
 
 import math
 import numbers
 import os
-import threading
-from typing import Any, Callable, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Type, Union
+from typing import Any, Callable, Literal, NamedTuple, Optional, Protocol, Sequence, Tuple, Type, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -89,9 +92,10 @@ def _check_real(a: Array, name: str) -> None:
     )
 
 
-def _compute_dtype(arrays: Sequence[Array]) -> np.dtype[Any]:
-    """float32 when every operand is float16/float32, float64 otherwise."""
-    if all(a.dtype.newbyteorder("=") in _FLOAT32_KINDS for a in arrays):
+def result_dtype(*dtypes: Any) -> np.dtype[Any]:
+    """The dtype sdpa computes and returns for operands of these dtypes: float32
+    when every one is float16 or float32 (either byte order), float64 otherwise."""
+    if all(np.dtype(d).newbyteorder("=") in _FLOAT32_KINDS for d in dtypes):
         return np.dtype(np.float32)
     return np.dtype(np.float64)
 
@@ -111,16 +115,6 @@ def _broadcast(shapes: Sequence[Tuple[int, ...]], names: Sequence[str], what: st
     except ValueError:
         seen = ", ".join(f"{n} {tuple(s)}" for n, s in zip(names, shapes))
         raise ValueError(f"{what} do not broadcast: {seen}") from None
-
-
-def _elem_strides(a: Array, target_ndim: int) -> List[int]:
-    """Strides in elements, right-aligned to ``target_ndim`` dims; 0 where the
-    array lacks the dim or has size 1 there (a broadcast)."""
-    pad = target_ndim - a.ndim
-    out = [0] * pad
-    for size, st in zip(a.shape, a.strides):
-        out.append(0 if size == 1 else st // a.itemsize)
-    return out
 
 
 def _no_internal_overlap(a: Array) -> bool:
@@ -153,12 +147,20 @@ def _physical_memory_bytes() -> Optional[int]:
 
 _MAX_THREADS = 1 << 16
 
-# Set by set_num_threads(); None: the OpenMP default.  One value for the whole
-# process, seen by every Python thread (as torch.set_num_threads).
-_num_threads: Optional[int] = None
+
+def count(value: object, name: str, minimum: int = 0) -> int:
+    """An int (NumPy integers included, bool not) of at least ``minimum``:
+    TypeError / ValueError naming ``name`` otherwise.  The one check of sizes,
+    counts and capacities across sdpa."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    return int(value)
 
 
-def _validate_threads(num_threads: object, name: str) -> Optional[int]:
+def thread_count(num_threads: object, name: str = "num_threads") -> Optional[int]:
+    """None, or a thread count >= 1 (counts above 65536 are taken as 65536)."""
     if num_threads is None:
         return None
     if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral):
@@ -166,15 +168,6 @@ def _validate_threads(num_threads: object, name: str) -> Optional[int]:
     if num_threads < 1:
         raise ValueError(f"{name}: must be >= 1 (or None for the default), got {num_threads}")
     return min(int(num_threads), _MAX_THREADS)
-
-
-def _check_threads(num_threads: Optional[int]) -> int:
-    """The thread count handed to the C core: the call's own, else the one set with
-    set_num_threads(), else 0 (the core asks OpenMP: omp_get_max_threads())."""
-    n = _validate_threads(num_threads, "num_threads")
-    if n is None:
-        n = _num_threads
-    return 0 if n is None else n
 
 
 def set_num_threads(num_threads: Optional[int]) -> None:
@@ -193,8 +186,8 @@ def set_num_threads(num_threads: Optional[int]) -> None:
     ValueError
         ``num_threads`` is smaller than 1.
     """
-    global _num_threads
-    _num_threads = _validate_threads(num_threads, "num_threads")
+    n = thread_count(num_threads)
+    _core.set_threads_setting(0 if n is None else n)
 
 
 def get_num_threads() -> int:
@@ -206,9 +199,7 @@ def get_num_threads() -> int:
     """
     if not _core.has_openmp():
         return 1
-    if _num_threads is not None:
-        return _num_threads
-    return max(1, int(_core.default_num_threads()))
+    return _core.threads_setting() or max(1, int(_core.default_num_threads()))
 
 
 def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, int]:
@@ -307,7 +298,87 @@ def plan_shapes(
     )
 
 
-def attention(
+@overload
+def scaled_dot_product_attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = ...,
+    is_causal: Union[bool, str] = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    return_weights: Literal[False] = ...,
+    return_lse: Literal[False] = ...,
+    key_lengths: Optional[ArrayInput] = ...,
+    out: Optional[Array] = ...,
+    num_threads: Optional[int] = ...,
+) -> FloatArray: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = ...,
+    is_causal: Union[bool, str] = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    return_weights: Literal[True],
+    return_lse: Literal[True],
+    key_lengths: Optional[ArrayInput] = ...,
+    out: Optional[Array] = ...,
+    num_threads: Optional[int] = ...,
+) -> Tuple[FloatArray, FloatArray, FloatArray]: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = ...,
+    is_causal: Union[bool, str] = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    return_weights: Literal[True],
+    return_lse: Literal[False] = ...,
+    key_lengths: Optional[ArrayInput] = ...,
+    out: Optional[Array] = ...,
+    num_threads: Optional[int] = ...,
+) -> Tuple[FloatArray, FloatArray]: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = ...,
+    is_causal: Union[bool, str] = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    return_weights: Literal[False] = ...,
+    return_lse: Literal[True],
+    key_lengths: Optional[ArrayInput] = ...,
+    out: Optional[Array] = ...,
+    num_threads: Optional[int] = ...,
+) -> Tuple[FloatArray, FloatArray]: ...
+@overload
+def scaled_dot_product_attention(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput] = ...,
+    is_causal: Union[bool, str] = ...,
+    scale: Optional[float] = ...,
+    enable_gqa: bool = ...,
+    *,
+    return_weights: bool = ...,
+    return_lse: bool = ...,
+    key_lengths: Optional[ArrayInput] = ...,
+    out: Optional[Array] = ...,
+    num_threads: Optional[int] = ...,
+) -> AttentionResult: ...
+def scaled_dot_product_attention(
     query: ArrayInput,
     key: ArrayInput,
     value: ArrayInput,
@@ -322,6 +393,99 @@ def attention(
     out: Optional[Array] = None,
     num_threads: Optional[int] = None,
 ) -> AttentionResult:
+    """Scaled dot-product attention: ``softmax(scale * Q Kᵀ + mask) V``.
+
+    The semantics are those of ``torch.nn.functional.scaled_dot_product_attention``
+    (without dropout).
+
+    Parameters
+    ----------
+    query : array_like, shape (..., Hq, L, E)
+    key : array_like, shape (..., Hkv, S, E)
+    value : array_like, shape (..., Hkv, S, Ev)
+        Every input has 2 or more dims.  Dim -3 is the head dim; the dims before it
+        are batch dims, which broadcast against each other.  float32 and float64
+        are used as they are; float16 is computed as float32; bool and integers as
+        float64.  Mixed float32/float64 inputs are computed as float64.
+    attn_mask : array_like, optional, broadcastable to (..., Hq, L, S)
+        bool: True means the key takes part in attention.  float: added to the
+        scaled scores (use -inf to mask).
+    is_causal : bool or str, default False
+        True (or ``"top_left"``) masks key ``s`` for query row ``l`` when ``s > l``,
+        i.e. ``tril(ones(L, S))``; ``"bottom_right"`` uses ``tril(ones(L, S), S - L)``,
+        where the last query row sees every key.  Combined with ``attn_mask`` if both
+        are given.
+    scale : float, optional
+        Multiplies ``Q Kᵀ``; defaults to ``1 / sqrt(E)``.
+    enable_gqa : bool, default False
+        Grouped-query attention: Hq must be a multiple of Hkv, and query head ``h``
+        uses key/value head ``h // (Hq // Hkv)``.  Without it, Hq and Hkv must be
+        equal or broadcast (one of them 1).
+    return_weights : bool, default False
+        Also return the attention weights, shape (..., Hq, L, S).  They are only
+        computed when asked for, and need L * S elements per head.
+    return_lse : bool, default False
+        Also return the natural log-sum-exp of each row's scaled, masked scores,
+        shape (..., Hq, L), in the output's dtype (-inf for a row that sees no key).
+        With it, results over disjoint chunks of the keys can be combined exactly
+        by :func:`merge_attention`.
+    key_lengths : array_like of int, optional, broadcastable to the batch dims
+        Keys at or past ``key_lengths[b]`` are ignored for batch index ``b`` (the
+        dims before the head dim), as for right-padded batches; no mask is built.
+    out : numpy.ndarray, optional
+        Preallocated output of shape (..., Hq, L, Ev) and the result dtype; any
+        strides; must not overlap the inputs.
+    num_threads : int, optional
+        Threads for this call; ``None`` uses the value set with
+        :func:`set_num_threads`, else the OpenMP default (``OMP_NUM_THREADS``, or a
+        threadpoolctl limit); :func:`get_num_threads` tells which.  Results are
+        bitwise identical for every thread count.
+
+    Returns
+    -------
+    output : numpy.ndarray, shape (..., Hq, L, Ev)
+        With ``return_weights`` and/or ``return_lse``, a tuple
+        ``(output, weights, lse)`` holding those asked for, in that order.  A query row that can see
+        no key (everything masked, or S == 0) gives zeros.
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit together (the message names them), a bad ``out``.
+    TypeError
+        Unsupported dtypes or argument types.
+    MemoryError
+        The requested weights cannot fit in memory.
+    """
+    result = _core.try_attention(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa,
+        return_weights, return_lse, key_lengths, out, num_threads,
+    )
+    if result is not None:
+        return result
+    # not in the core's own form: convert, check, explain
+    return _attention_general(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa,
+        return_weights, return_lse, key_lengths, out, num_threads,
+    )
+
+
+def _attention_general(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    attn_mask: Optional[ArrayInput],
+    is_causal: Union[bool, str],
+    scale: Optional[float],
+    enable_gqa: bool,
+    return_weights: bool,
+    return_lse: bool,
+    key_lengths: Optional[ArrayInput],
+    out: Optional[Array],
+    num_threads: Optional[int],
+) -> AttentionResult:
+    """scaled_dot_product_attention for any arguments: converts what it can,
+    raises with a message naming the argument for what it cannot."""
     q = _to_array(query, "query")
     k = _to_array(key, "key")
     v = _to_array(value, "value")
@@ -329,14 +493,13 @@ def attention(
         _check_real(a, name)
         if a.ndim < 2:
             raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {a.shape}")
-    dtype = _compute_dtype((q, k, v))
+    dtype = result_dtype(q.dtype, k.dtype, v.dtype)
     q, k, v = (_as_operand(a, dtype) for a in (q, k, v))
 
     plan = plan_shapes(q.shape, k.shape, v.shape, enable_gqa)
     L, S, E, Ev = plan.L, plan.S, plan.E, plan.Ev
-    batch_shape, heads, group = plan.batch_shape, plan.heads, plan.group
+    batch_shape, group = plan.batch_shape, plan.group
     out_shape, weights_shape = plan.out_shape, plan.weights_shape
-    nb = len(batch_shape)
     shapes = f"query {q.shape}, key {k.shape}, value {v.shape}"
 
     if scale is None:
@@ -346,20 +509,17 @@ def attention(
     else:
         raise TypeError(f"scale: expected None or a real number, got {type(scale).__name__}")
     causal, causal_offset = _causal_offset(is_causal, L, S)
-    threads = _check_threads(num_threads)
+    threads = thread_count(num_threads) or 0
 
     # mask: bool (True = takes part) or float (added), broadcastable to weights_shape
-    mask_kind = _core.MASK_NONE
     m: Optional[Array] = None
     if attn_mask is not None:
         m = _to_array(attn_mask, "attn_mask")
         if m.dtype == np.bool_:
-            mask_kind = _core.MASK_BOOL
             if not m.flags.aligned:
                 m = np.array(m, order="C")
         elif m.dtype.kind == "f":
             _check_real(m, "attn_mask")
-            mask_kind = _core.MASK_ADDITIVE
             m = _as_operand(m, dtype)
         else:
             raise TypeError(
@@ -392,7 +552,7 @@ def attention(
             )
         if kl.size and int(kl.min()) < 0:
             raise ValueError(f"key_lengths: must be >= 0, got a minimum of {int(kl.min())}")
-        lengths = np.ascontiguousarray(np.minimum(kl, S), dtype=np.int64)
+        lengths = np.asarray(np.minimum(kl, S), dtype=np.int64)  # a new, native array
 
     if out is None:
         result = np.empty(out_shape, dtype=dtype)
@@ -428,27 +588,11 @@ def attention(
     lse = np.empty(out_shape[:-1], dtype=dtype) if return_lse else None
 
     if result.size or (weights is not None and weights.size) or (lse is not None and lse.size):
-        full = nb + 3  # batch dims + (head, row, col); 2-D problems get a head of 1
-        _core.attention(
-            dtype == np.float64,
-            batch_shape,
-            heads,
-            group,
-            L, S, E, Ev,
-            q, _elem_strides(q, full),
-            k, _elem_strides(k, full),
-            v, _elem_strides(v, full),
-            result, _elem_strides(result, full),
-            mask_kind,
-            m, None if m is None else _elem_strides(m, full),
-            scale_value,
-            causal, causal_offset,
-            weights, None if weights is None else _elem_strides(weights, full),
-            threads,
-            # Ctrl-C is delivered to the main thread: poll for it there
-            threading.current_thread() is threading.main_thread(),
-            lse, None if lse is None else _elem_strides(lse, full - 1),
-            lengths, None if lengths is None else _elem_strides(lengths, nb),
+        _core.run(
+            q, k, v, result,
+            mask=m, weights=weights, lse=lse, key_lengths=lengths,
+            scale=scale_value, causal=causal, causal_offset=causal_offset,
+            group=group, num_threads=threads,
         )
 
     extra = [x for x in (weights, lse) if x is not None]  # each there iff asked for

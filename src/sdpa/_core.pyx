@@ -1,16 +1,37 @@
-# cython: language_level=3, boundscheck=False, wraparound=False
-"""The thin layer between Python and the C core: buffers in, the GIL released
-around the computation, status codes out as exceptions.  All checking of shapes
-and dtypes happens in sdpa._api before this is called."""
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The thin layer between Python and the C core.
+
+Both entry points build one ``sdpa_problem`` from NumPy arrays, reading shapes,
+strides and dtypes from the arrays themselves, release the GIL around the
+computation and turn status codes into exceptions:
+
+``try_attention``
+    The whole public call, for the common case: NumPy arrays of one native
+    dtype, no conversion needed.  Everything is checked here at C speed.  It
+    returns None for anything else (other array-likes, dtypes to convert,
+    arguments to reject), and the caller takes the general path in
+    ``sdpa._api``, which converts what it can and explains what it cannot.
+``run``
+    Arrays that path has prepared.  It checks again that every operand fits the
+    problem its output describes, so no call can make the core read or write
+    out of bounds.
+"""
+cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
-from libc.stdint cimport int32_t, int64_t
+from cpython.pythread cimport PyThread_get_thread_ident
+from libc.math cimport sqrt
+from libc.stdint cimport int32_t, int64_t, uintptr_t
+
+import threading
+
+cnp.import_array()
 
 cdef extern from "sdpa.h" nogil:
     ctypedef enum sdpa_status:
         SDPA_OK
         SDPA_ERR_NO_MEMORY
         SDPA_ERR_INTERRUPTED
+        SDPA_ERR_BAD_ISA
     ctypedef enum sdpa_dtype:
         SDPA_FLOAT32
         SDPA_FLOAT64
@@ -18,18 +39,18 @@ cdef extern from "sdpa.h" nogil:
         SDPA_MASK_NONE
         SDPA_MASK_BOOL
         SDPA_MASK_ADDITIVE
-    int SDPA_MAX_BATCH_DIMS
+    enum: SDPA_MAX_BATCH_DIMS
     ctypedef int (*sdpa_interrupt_fn)(void *user_data) noexcept
     ctypedef struct sdpa_view:
         void *data
-        int64_t batch_strides[8]
+        int64_t batch_strides[SDPA_MAX_BATCH_DIMS]
         int64_t head_stride
         int64_t row_stride
         int64_t col_stride
     ctypedef struct sdpa_problem:
         sdpa_dtype dtype
         int32_t num_batch_dims
-        int64_t batch_shape[8]
+        int64_t batch_shape[SDPA_MAX_BATCH_DIMS]
         int64_t num_heads
         int64_t gqa_group
         int64_t len_q
@@ -48,7 +69,7 @@ cdef extern from "sdpa.h" nogil:
         sdpa_view weights
         sdpa_view lse
         const int64_t *key_lengths
-        int64_t key_lengths_strides[8]
+        int64_t key_lengths_strides[SDPA_MAX_BATCH_DIMS]
         int32_t num_threads
         sdpa_interrupt_fn interrupt
         void *interrupt_data
@@ -62,26 +83,36 @@ cdef extern from "sdpa.h" nogil:
     sdpa_status sdpa_set_isa(const char *name)
     const char *sdpa_isa()
 
-cdef extern from "internal.h" nogil:
+cdef extern from "testing.h" nogil:
     sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t n)
     void sdpa_fp_flags_in_threads(int num_threads, int *flags)
+    const char *sdpa_isa_env_error()
 
 MAX_BATCH_DIMS = SDPA_MAX_BATCH_DIMS
-MASK_NONE = SDPA_MASK_NONE
-MASK_BOOL = SDPA_MASK_BOOL
-MASK_ADDITIVE = SDPA_MASK_ADDITIVE
+ISAS = ("scalar", "avx2", "avx512")
 
+cdef enum:
+    # dims of a full operand: batch dims, then (head, row, column)
+    MAX_DIMS = SDPA_MAX_BATCH_DIMS + 3
+    # thread counts above this are taken as this (a sanity bound, not a tuning knob)
+    MAX_THREADS = 1 << 16
+
+
+# ---------------------------------------------------------------- facts
 
 def version():
     return sdpa_version().decode()
 
 
-ISAS = ("scalar", "avx2", "avx512")
-
-
 def isa():
     """The kernel set in use."""
     return sdpa_isa().decode()
+
+
+def isa_env_error():
+    """Why the SDPA_ISA environment variable cannot be honoured, or None."""
+    cdef const char *msg = sdpa_isa_env_error()
+    return None if msg == NULL else msg.decode()
 
 
 def isa_supported(name):
@@ -95,19 +126,41 @@ def set_isa(name):
                          f"supported: {[n for n in ISAS if isa_supported(n)]}")
 
 
-def kernel_exp(name, x):
+def has_openmp():
+    return bool(sdpa_has_openmp())
+
+
+def default_num_threads():
+    """The OpenMP default of the calling thread (omp_get_max_threads())."""
+    return sdpa_default_num_threads()
+
+
+# Set by sdpa.set_num_threads(); 0: the OpenMP default.  Process-wide.
+cdef int _threads_setting = 0
+
+
+def set_threads_setting(int n):
+    """The thread count calls use when not given one (0: the OpenMP default);
+    sdpa._api validates it first."""
+    global _threads_setting
+    _threads_setting = n
+
+
+def threads_setting():
+    return _threads_setting
+
+
+# ---------------------------------------------------------------- test hooks
+
+def kernel_exp(name, cnp.ndarray x):
     """e**x by the exp kernel of kernel set `name`, in place on a contiguous
     float32/float64 array (for testing the kernels)."""
-    cdef Py_buffer view
-    cdef sdpa_status st
-    PyObject_GetBuffer(x, &view, PyBUF_RECORDS)
-    try:
-        if view.itemsize not in (4, 8) or view.len != view.itemsize * x.size or not x.flags.c_contiguous:
-            raise TypeError("kernel_exp: a contiguous float32/float64 array")
-        st = sdpa_kernel_exp(name.encode(), SDPA_FLOAT32 if view.itemsize == 4 else SDPA_FLOAT64,
-                             view.buf, view.len // view.itemsize)
-    finally:
-        PyBuffer_Release(&view)
+    cdef int t = cnp.PyArray_TYPE(x)
+    if (t != cnp.NPY_FLOAT32 and t != cnp.NPY_FLOAT64) or not cnp.PyArray_IS_C_CONTIGUOUS(x) \
+            or not cnp.PyArray_ISWRITEABLE(x) or not cnp.PyArray_ISNOTSWAPPED(x):
+        raise TypeError("kernel_exp: a contiguous, writable float32/float64 array")
+    cdef sdpa_status st = sdpa_kernel_exp(name.encode(), SDPA_FLOAT32 if t == cnp.NPY_FLOAT32 else SDPA_FLOAT64,
+                                          cnp.PyArray_DATA(x), cnp.PyArray_SIZE(x))
     if st != SDPA_OK:
         raise ValueError(sdpa_status_message(st).decode())
 
@@ -122,12 +175,25 @@ def fp_flags(int num_threads=1):
     return [flags[i] for i in range(num_threads)]
 
 
-def has_openmp():
-    return bool(sdpa_has_openmp())
+# Called, when set, with a dict of what each call hands to the core (the arrays
+# and num_threads), before the computation: tests use it to see that inputs are
+# read in place.
+_observer = None
 
 
-def default_num_threads():
-    return sdpa_default_num_threads()
+def set_observer(fn):
+    global _observer
+    _observer = fn
+
+
+# ---------------------------------------------------------------- building a problem
+
+cdef uintptr_t _main_thread_ident = <uintptr_t>threading.main_thread().ident
+
+
+cdef class _Call:
+    """State of one call: what an interrupt callback raised."""
+    cdef object pending
 
 
 cdef int _poll_signals(void *user_data) noexcept nogil:
@@ -137,97 +203,431 @@ cdef int _poll_signals(void *user_data) noexcept nogil:
         try:
             PyErr_CheckSignals()
         except BaseException as exc:
-            (<_Buffers>user_data).pending = exc
+            (<_Call>user_data).pending = exc
             return 1
         return 0
 
 
-cdef class _Buffers:
-    """Holds the buffers of one call; released when the call ends."""
-    cdef Py_buffer views[8]
-    cdef int count
-    cdef object pending
-
-    def __cinit__(self):
-        self.count = 0
-
-    cdef void *get(self, object arr, bint writable) except NULL:
-        cdef int flags = PyBUF_RECORDS if writable else PyBUF_RECORDS_RO
-        PyObject_GetBuffer(arr, &self.views[self.count], flags)
-        self.count += 1
-        cdef void *ptr = self.views[self.count - 1].buf
-        # an empty array may have no storage: any non-NULL pointer will do, it is never read
-        return ptr if ptr != NULL else <void *>&self.count
-
-    def __dealloc__(self):
-        cdef int i
-        for i in range(self.count):
-            PyBuffer_Release(&self.views[i])
+cdef int _dtype_of(cnp.ndarray a) noexcept:
+    """The core's dtype of a native, aligned float array; -1 for anything else."""
+    if not cnp.PyArray_ISNOTSWAPPED(a) or not cnp.PyArray_ISALIGNED(a):
+        return -1
+    cdef int t = cnp.PyArray_TYPE(a)
+    if t == cnp.NPY_FLOAT32:
+        return SDPA_FLOAT32
+    if t == cnp.NPY_FLOAT64:
+        return SDPA_FLOAT64
+    return -1
 
 
-cdef void _fill_view(sdpa_view *view, void *data, strides, int nb) except *:
+cdef int _fill_view(sdpa_view *view, cnp.ndarray a, int nb, int ncore, const int64_t *expect,
+                    bint output) noexcept:
+    """Fills view from a, right-aligned to nb batch dims and then (head, row,
+    column), or (head, row) when ncore is 2 (lse), the sizes `expect` gives.
+    Every dim of a must equal the expected size, or (inputs only) be 1 to
+    broadcast; a missing leading dim counts as 1.  Strides in elements, 0 where
+    a dim broadcasts.  Returns 0, or 1 when a does not fit."""
+    cdef int nd = nb + ncore
+    cdef int ndim = cnp.PyArray_NDIM(a)
+    cdef int pad = nd - ndim
+    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(a)
+    cdef cnp.npy_intp *strides = cnp.PyArray_STRIDES(a)
+    cdef cnp.npy_intp item = cnp.PyArray_ITEMSIZE(a)
+    cdef int64_t st[MAX_DIMS]
     cdef int i
-    view.data = data
+    if pad < 0 or nd > MAX_DIMS or nb > SDPA_MAX_BATCH_DIMS:
+        return 1
+    for i in range(pad):
+        if output and expect[i] != 1:
+            return 1
+        st[i] = 0
+    for i in range(ndim):
+        if shape[i] == expect[pad + i] and (shape[i] != 1 or output):
+            if strides[i] % item:
+                return 1
+            st[pad + i] = strides[i] // item
+        elif shape[i] == 1 and not output:
+            st[pad + i] = 0
+        else:
+            return 1
     for i in range(nb):
-        view.batch_strides[i] = strides[i]
-    view.head_stride = strides[nb]
-    view.row_stride = strides[nb + 1]
-    view.col_stride = strides[nb + 2]
+        view.batch_strides[i] = st[i]
+    view.head_stride = st[nb]
+    view.row_stride = st[nb + 1]
+    view.col_stride = st[nb + 2] if ncore == 3 else 0
+    view.data = cnp.PyArray_DATA(a)
+    if view.data == NULL:  # storage of an empty array, never read
+        view.data = <void *>view
+    return 0
 
 
-def attention(bint is_float64, tuple batch_shape, int64_t heads, int64_t group,
-              int64_t L, int64_t S, int64_t E, int64_t Ev,
-              q, q_strides, k, k_strides, v, v_strides, out, out_strides,
-              int mask_kind, mask, mask_strides,
-              double scale, bint causal, int64_t causal_offset,
-              weights, weights_strides, int num_threads, bint interruptible=False,
-              lse=None, lse_strides=None, key_lengths=None, key_lengths_strides=None):
-    """Runs the C core on prepared arrays; strides are in elements, right-aligned
-    to batch_shape + (head, row, col)."""
-    cdef sdpa_problem p
+cdef int _fill_lengths(sdpa_problem *p, cnp.ndarray kl) noexcept:
+    """key_lengths: native int64 whose dims broadcast to the batch dims."""
+    cdef int ndim = cnp.PyArray_NDIM(kl)
+    cdef int nb = p.num_batch_dims, pad = nb - ndim, i
+    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(kl)
+    cdef cnp.npy_intp *strides = cnp.PyArray_STRIDES(kl)
+    if pad < 0 or cnp.PyArray_TYPE(kl) != cnp.NPY_INT64 or not cnp.PyArray_ISNOTSWAPPED(kl) \
+            or not cnp.PyArray_ISALIGNED(kl):
+        return 1
+    for i in range(pad):
+        p.key_lengths_strides[i] = 0
+    for i in range(ndim):
+        if shape[i] == 1:
+            p.key_lengths_strides[pad + i] = 0
+        elif shape[i] == p.batch_shape[pad + i] and strides[i] % 8 == 0:
+            p.key_lengths_strides[pad + i] = strides[i] // 8
+        else:
+            return 1
+    p.key_lengths = <const int64_t *>cnp.PyArray_DATA(kl)
+    return 0
+
+
+cdef object _execute(sdpa_problem *p, bint interruptible, dict arrays):
+    """Runs the problem without the GIL; raises on failure."""
     cdef sdpa_status status
-    cdef int nb = len(batch_shape)
+    cdef _Call call = None
+    if _observer is not None:
+        arrays["num_threads"] = p.num_threads
+        _observer(arrays)
+    if interruptible:
+        call = _Call()
+        p.interrupt = _poll_signals
+        p.interrupt_data = <void *>call
+    with nogil:
+        status = sdpa_attention(p)
+    if status == SDPA_OK:
+        return
+    if status == SDPA_ERR_INTERRUPTED:
+        raise call.pending if call is not None and call.pending is not None else KeyboardInterrupt()
+    if status == SDPA_ERR_NO_MEMORY:
+        raise MemoryError("sdpa: " + sdpa_status_message(status).decode())
+    if status == SDPA_ERR_BAD_ISA:
+        import os
+        raise ValueError(f"sdpa: SDPA_ISA={os.environ.get('SDPA_ISA')!r}: "
+                         + (isa_env_error() or sdpa_status_message(status).decode()))
+    raise ValueError("sdpa: " + sdpa_status_message(status).decode())
+
+
+cdef inline bint _interruptible():
+    # Ctrl-C is delivered to the main thread: poll for it there
+    return <uintptr_t>PyThread_get_thread_ident() == _main_thread_ident
+
+
+cdef void _expected(int64_t *dst, const int64_t *batch, int nb, int64_t h, int64_t r, int64_t c) noexcept:
     cdef int i
-    cdef _Buffers bufs = _Buffers()
+    for i in range(nb):
+        dst[i] = batch[i]
+    dst[nb] = h
+    dst[nb + 1] = r
+    dst[nb + 2] = c
+
+
+def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
+        cnp.ndarray out not None, *, cnp.ndarray mask=None, cnp.ndarray weights=None,
+        cnp.ndarray lse=None, cnp.ndarray key_lengths=None, double scale=1.0,
+        bint causal=False, int64_t causal_offset=0, int64_t group=1, int num_threads=0):
+    """Computes attention into `out` (and `weights`, `lse`) from arrays prepared by
+    sdpa._api: q, k, v, out (and weights, lse) of one native float dtype, aligned;
+    a bool mask or one of that dtype; int64 key_lengths.  The problem's sizes are
+    read from out (batch..., heads, L, Ev; 2-D: one head), q (E) and k (S)."""
+    cdef sdpa_problem p
+    cdef int64_t ex[MAX_DIMS]
+    cdef int nd = cnp.PyArray_NDIM(out), nb, i
+    cdef cnp.npy_intp *os = cnp.PyArray_DIMS(out)
+    cdef int dt = _dtype_of(q)
     sdpa_problem_init(&p)
-    p.dtype = SDPA_FLOAT64 if is_float64 else SDPA_FLOAT32
+    if nd < 2 or nd > MAX_DIMS or cnp.PyArray_NDIM(q) < 2 or cnp.PyArray_NDIM(k) < 2 or dt < 0 \
+            or group < 1:
+        raise ValueError("sdpa._core.run: operands that do not describe a problem")
+    for a in (k, v, out, weights, lse):
+        if a is not None and _dtype_of(a) != dt:
+            raise TypeError("sdpa._core.run: operands of different dtypes")
+    nb = nd - 3 if nd >= 3 else 0
+    p.dtype = <sdpa_dtype>dt
     p.num_batch_dims = nb
     for i in range(nb):
-        p.batch_shape[i] = batch_shape[i]
+        p.batch_shape[i] = os[i]
+    p.num_heads = os[nd - 3] if nd >= 3 else 1
+    p.gqa_group = group
+    p.len_q = os[nd - 2]
+    p.head_dim_v = os[nd - 1]
+    p.head_dim = cnp.PyArray_DIMS(q)[cnp.PyArray_NDIM(q) - 1]
+    p.len_kv = cnp.PyArray_DIMS(k)[cnp.PyArray_NDIM(k) - 2]
+    if p.num_heads % group:
+        raise ValueError("sdpa._core.run: group does not divide the heads")
+    bad = False
+    _expected(ex, p.batch_shape, nb, p.num_heads, p.len_q, p.head_dim)
+    bad |= _fill_view(&p.query, q, nb, 3, ex, False)
+    _expected(ex, p.batch_shape, nb, p.num_heads // group, p.len_kv, p.head_dim)
+    bad |= _fill_view(&p.key, k, nb, 3, ex, False)
+    _expected(ex, p.batch_shape, nb, p.num_heads // group, p.len_kv, p.head_dim_v)
+    bad |= _fill_view(&p.value, v, nb, 3, ex, False)
+    _expected(ex, p.batch_shape, nb, p.num_heads, p.len_q, p.head_dim_v)
+    bad |= _fill_view(&p.out, out, nb, 3, ex, True)
+    _expected(ex, p.batch_shape, nb, p.num_heads, p.len_q, p.len_kv)
+    if mask is not None:
+        if cnp.PyArray_TYPE(mask) == cnp.NPY_BOOL:
+            p.mask_kind = SDPA_MASK_BOOL
+        elif _dtype_of(mask) == dt:
+            p.mask_kind = SDPA_MASK_ADDITIVE
+        else:
+            raise TypeError("sdpa._core.run: a mask of another dtype")
+        bad |= _fill_view(&p.mask, mask, nb, 3, ex, False)
+    if weights is not None:
+        bad |= _fill_view(&p.weights, weights, nb, 3, ex, True)
+    if lse is not None:
+        bad |= _fill_view(&p.lse, lse, nb, 2, ex, True)
+    if key_lengths is not None:
+        bad |= _fill_lengths(&p, key_lengths)
+    if bad:
+        raise ValueError("sdpa._core.run: an operand does not fit the problem")
+    for a in (out, weights, lse):
+        if a is not None and not cnp.PyArray_ISWRITEABLE(a):
+            raise ValueError("sdpa._core.run: a read-only output")
+    p.scale = scale
+    p.causal = causal
+    p.causal_offset = causal_offset
+    p.num_threads = num_threads if num_threads > 0 else _threads_setting
+    arrays = None
+    if _observer is not None:
+        arrays = {"q": q, "k": k, "v": v, "mask": mask}
+    _execute(&p, _interruptible(), arrays)
+
+
+# ---------------------------------------------------------------- the fast path
+
+cdef bint _extent(cnp.ndarray a, uintptr_t *lo, uintptr_t *hi) noexcept:
+    """The bytes a's elements span, [lo, hi); False when a has no element."""
+    cdef int i
+    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(a)
+    cdef cnp.npy_intp *strides = cnp.PyArray_STRIDES(a)
+    cdef cnp.npy_intp low = 0, high = cnp.PyArray_ITEMSIZE(a)
+    for i in range(cnp.PyArray_NDIM(a)):
+        if shape[i] == 0:
+            return False
+        if strides[i] < 0:
+            low += (shape[i] - 1) * strides[i]
+        else:
+            high += (shape[i] - 1) * strides[i]
+    lo[0] = <uintptr_t>cnp.PyArray_BYTES(a) + low
+    hi[0] = <uintptr_t>cnp.PyArray_BYTES(a) + high
+    return True
+
+
+cdef bint _disjoint(cnp.ndarray a, cnp.ndarray b) noexcept:
+    """True when a and b surely share no byte (their spans do not meet)."""
+    cdef uintptr_t alo, ahi, blo, bhi
+    if b is None or not _extent(a, &alo, &ahi) or not _extent(b, &blo, &bhi):
+        return True
+    return ahi <= blo or bhi <= alo
+
+
+cdef bint _no_self_overlap(cnp.ndarray a) noexcept:
+    """No two elements of a share memory: sorted by stride, each dim's stride
+    clears everything the smaller dims span."""
+    cdef int n = 0, i, j, nd = cnp.PyArray_NDIM(a)
+    cdef cnp.npy_intp st[MAX_DIMS]
+    cdef cnp.npy_intp sz[MAX_DIMS]
+    cdef cnp.npy_intp extent = cnp.PyArray_ITEMSIZE(a), s, z
+    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(a)
+    cdef cnp.npy_intp *strides = cnp.PyArray_STRIDES(a)
+    if nd > MAX_DIMS:
+        return False
+    for i in range(nd):
+        if shape[i] == 0:
+            return True
+        if shape[i] > 1:
+            s = strides[i] if strides[i] >= 0 else -strides[i]
+            j = n
+            while j > 0 and st[j - 1] > s:
+                st[j] = st[j - 1]
+                sz[j] = sz[j - 1]
+                j -= 1
+            st[j] = s
+            sz[j] = shape[i]
+            n += 1
+    for i in range(n):
+        if st[i] < extent:
+            return False
+        extent = st[i] * (sz[i] - 1) + extent
+    return True
+
+
+cdef inline bint _dims(cnp.ndarray a, int *nd, cnp.npy_intp **shape) noexcept:
+    """a's dims, when it has 2 to MAX_DIMS of them."""
+    nd[0] = cnp.PyArray_NDIM(a)
+    shape[0] = cnp.PyArray_DIMS(a)
+    return 2 <= nd[0] <= MAX_DIMS
+
+
+def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
+                  return_weights, return_lse, key_lengths, out, num_threads):
+    """scaled_dot_product_attention's arguments, as given.  When every one is in
+    the form the core takes as it is, computes and returns the result; returns
+    None when the call needs the general path (conversions, or an error)."""
+    cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None
+    cdef cnp.npy_intp *shapes[3]
+    cdef int nds[3]
+    cdef int nd, nb, mn, i, j, t, dt
+    cdef int64_t hq, hk, hv, hkv, heads, group, L, S, E, Ev, size, n
+    cdef int64_t ex[MAX_DIMS]
+    cdef cnp.npy_intp dims[MAX_DIMS]
+    cdef sdpa_problem p
+    cdef bint has_heads
+
+    if return_weights is not False:
+        return None
+    if not (cnp.PyArray_CheckExact(query) and cnp.PyArray_CheckExact(key)
+            and cnp.PyArray_CheckExact(value)):
+        return None
+    q, k, v = <cnp.ndarray>query, <cnp.ndarray>key, <cnp.ndarray>value
+    if not (_dims(q, &nds[0], &shapes[0]) and _dims(k, &nds[1], &shapes[1])
+            and _dims(v, &nds[2], &shapes[2])):
+        return None
+    dt = _dtype_of(q)
+    if dt < 0 or _dtype_of(k) != dt or _dtype_of(v) != dt:
+        return None
+
+    # the sizes, worked out as sdpa._api.plan_shapes does
+    L = shapes[0][nds[0] - 2]
+    E = shapes[0][nds[0] - 1]
+    S = shapes[1][nds[1] - 2]
+    Ev = shapes[2][nds[2] - 1]
+    if shapes[1][nds[1] - 1] != E or shapes[2][nds[2] - 2] != S:
+        return None
+    nd = max(nds[0], max(nds[1], nds[2]))
+    has_heads = nd >= 3
+    hq = shapes[0][nds[0] - 3] if nds[0] >= 3 else 1
+    hk = shapes[1][nds[1] - 3] if nds[1] >= 3 else 1
+    hv = shapes[2][nds[2] - 3] if nds[2] >= 3 else 1
+    if hk != hv and hk != 1 and hv != 1:
+        return None
+    hkv = max(hk, hv) if min(hk, hv) > 0 else 0
+    if enable_gqa is True:
+        if hkv == 0 or hq % hkv:
+            return None
+        heads = hq
+        group = max(hq // max(hkv, 1), 1)
+    elif enable_gqa is False:
+        if hq != hkv and hq != 1 and hkv != 1:
+            return None
+        heads = 0 if hq == 0 or hkv == 0 else max(hq, hkv)
+        group = 1
+    else:
+        return None
+    nb = nd - 3 if has_heads else 0
+    sdpa_problem_init(&p)
+    p.num_batch_dims = nb
+    for i in range(nb):  # the batch dims broadcast: equal sizes, or 1
+        size = 1
+        for t in range(3):
+            j = i - (nd - nds[t])
+            if j >= 0:
+                n = shapes[t][j]
+                if size == 1:
+                    size = n
+                elif n != 1 and n != size:
+                    return None
+        p.batch_shape[i] = size
+    p.dtype = <sdpa_dtype>dt
     p.num_heads = heads
     p.gqa_group = group
     p.len_q = L
     p.len_kv = S
     p.head_dim = E
     p.head_dim_v = Ev
-    _fill_view(&p.query, bufs.get(q, False), q_strides, nb)
-    _fill_view(&p.key, bufs.get(k, False), k_strides, nb)
-    _fill_view(&p.value, bufs.get(v, False), v_strides, nb)
-    _fill_view(&p.out, bufs.get(out, True), out_strides, nb)
-    p.mask_kind = <sdpa_mask_kind>mask_kind
-    if mask is not None:
-        _fill_view(&p.mask, bufs.get(mask, False), mask_strides, nb)
-    if weights is not None:
-        _fill_view(&p.weights, bufs.get(weights, True), weights_strides, nb)
-    if lse is not None:  # (..., heads, L): the column stride is unused
-        _fill_view(&p.lse, bufs.get(lse, True), list(lse_strides) + [0], nb)
+
+    # scalars
+    if scale is None:
+        p.scale = 1.0 / sqrt(<double>E) if E > 0 else 1.0
+    elif type(scale) is float:
+        p.scale = <double>scale
+    else:
+        return None
+    if is_causal is False:
+        p.causal = 0
+    elif is_causal is True or (type(is_causal) is str and is_causal == "top_left"):
+        p.causal = 1
+    elif type(is_causal) is str and is_causal == "bottom_right":
+        p.causal = 1
+        p.causal_offset = S - L
+    else:
+        return None
+    if num_threads is None:
+        p.num_threads = _threads_setting
+    elif type(num_threads) is int and 1 <= num_threads:
+        p.num_threads = num_threads if num_threads < MAX_THREADS else MAX_THREADS
+    else:
+        return None
+
+    # operands
+    _expected(ex, p.batch_shape, nb, heads, L, E)
+    if _fill_view(&p.query, q, nb, 3, ex, False):
+        return None
+    _expected(ex, p.batch_shape, nb, heads // group, S, E)
+    if _fill_view(&p.key, k, nb, 3, ex, False):
+        return None
+    _expected(ex, p.batch_shape, nb, heads // group, S, Ev)
+    if _fill_view(&p.value, v, nb, 3, ex, False):
+        return None
+    if attn_mask is not None:
+        if not cnp.PyArray_CheckExact(attn_mask):
+            return None
+        m = <cnp.ndarray>attn_mask
+        if cnp.PyArray_TYPE(m) == cnp.NPY_BOOL and cnp.PyArray_ISALIGNED(m):
+            p.mask_kind = SDPA_MASK_BOOL
+        elif _dtype_of(m) == dt:
+            p.mask_kind = SDPA_MASK_ADDITIVE
+        else:
+            return None
+        _expected(ex, p.batch_shape, nb, heads, L, S)
+        if _fill_view(&p.mask, m, nb, 3, ex, False):
+            return None
     if key_lengths is not None:
-        p.key_lengths = <const int64_t *>bufs.get(key_lengths, False)
-        for i in range(nb):
-            p.key_lengths_strides[i] = key_lengths_strides[i]
-    p.scale = scale
-    p.causal = causal
-    p.causal_offset = causal_offset
-    p.num_threads = num_threads
-    if interruptible:
-        p.interrupt = _poll_signals
-        p.interrupt_data = <void *>bufs
-    with nogil:
-        status = sdpa_attention(&p)
-    if status == SDPA_OK:
-        return
-    if status == SDPA_ERR_INTERRUPTED:
-        raise bufs.pending if bufs.pending is not None else KeyboardInterrupt()
-    if status == SDPA_ERR_NO_MEMORY:
-        raise MemoryError("sdpa: " + sdpa_status_message(status).decode())
-    raise ValueError("sdpa: " + sdpa_status_message(status).decode())
+        if not cnp.PyArray_CheckExact(key_lengths):
+            return None
+        kl = <cnp.ndarray>key_lengths
+        if not cnp.PyArray_IS_C_CONTIGUOUS(kl) or _fill_lengths(&p, kl):
+            return None
+        for i in range(cnp.PyArray_SIZE(kl)):
+            if p.key_lengths[i] < 0:
+                return None
+
+    # the output (and lse)
+    mn = nb + 3 if has_heads else 2
+    for i in range(nb):
+        dims[i] = p.batch_shape[i]
+    if has_heads:
+        dims[nb] = heads
+    dims[mn - 2] = L
+    dims[mn - 1] = Ev
+    if out is None:
+        o = cnp.PyArray_EMPTY(mn, dims, cnp.PyArray_TYPE(q), 0)
+    else:
+        if not cnp.PyArray_CheckExact(out):
+            return None
+        o = <cnp.ndarray>out
+        if _dtype_of(o) != dt or not cnp.PyArray_ISWRITEABLE(o) or not _no_self_overlap(o):
+            return None
+        if not (_disjoint(o, q) and _disjoint(o, k) and _disjoint(o, v) and _disjoint(o, m)
+                and _disjoint(o, kl)):
+            return None
+    _expected(ex, p.batch_shape, nb, heads, L, Ev)
+    if _fill_view(&p.out, o, nb, 3, ex, True):
+        return None
+    if return_lse is True:
+        lse = cnp.PyArray_EMPTY(mn - 1, dims, cnp.PyArray_TYPE(q), 0)
+        if _fill_view(&p.lse, lse, nb, 2, ex, True):
+            return None
+    elif return_lse is not False:
+        return None
+
+    if cnp.PyArray_SIZE(o) or (lse is not None and cnp.PyArray_SIZE(lse)):
+        arrays = None
+        if _observer is not None:
+            arrays = {"q": q, "k": k, "v": v, "mask": m}
+        _execute(&p, _interruptible(), arrays)
+    if lse is not None:
+        return o, lse
+    return o
