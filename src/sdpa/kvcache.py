@@ -8,24 +8,17 @@ tokens and no reallocation.
 """
 from __future__ import annotations
 
-import numbers
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
+
+from ._api import count
 
 __all__ = ["KVCache", "KVCacheFullError"]
 
 
 class KVCacheFullError(ValueError):
     """Appending would go past the capacity of a :class:`KVCache` that may not grow."""
-
-
-def _count(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
-    return int(value)
 
 
 class KVCache:
@@ -75,11 +68,11 @@ class KVCache:
         dtype: Any = np.float32,
         grow: bool = False,
     ) -> None:
-        self._batch = _count(batch, "batch", 1)
-        self._heads = _count(num_kv_heads, "num_kv_heads", 1)
-        capacity = _count(capacity, "capacity", 0)
-        self._e = _count(head_dim, "head_dim", 1)
-        self._ev = self._e if head_dim_v is None else _count(head_dim_v, "head_dim_v", 1)
+        self._batch = count(batch, "batch", 1)
+        self._heads = count(num_kv_heads, "num_kv_heads", 1)
+        capacity = count(capacity, "capacity", 0)
+        self._e = count(head_dim, "head_dim", 1)
+        self._ev = self._e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
         self._dtype = np.dtype(dtype)
         if self._dtype.kind != "f":
             raise TypeError(f"dtype: expected a floating point dtype, got {self._dtype}")
@@ -146,6 +139,21 @@ class KVCache:
         view.flags.writeable = False
         return view
 
+    def check_fits(
+        self, batch: int, num_kv_heads: int, head_dim: int, head_dim_v: Optional[int] = None
+    ) -> None:
+        """ValueError unless this cache holds keys and values of these sizes
+        (``head_dim_v`` defaults to ``head_dim``)."""
+        head_dim_v = head_dim if head_dim_v is None else head_dim_v
+        mine = (self._batch, self._heads, self._e, self._ev)
+        if mine != (batch, num_kv_heads, head_dim, head_dim_v):
+            raise ValueError(
+                f"cache: holds (batch={self._batch}, num_kv_heads={self._heads}, "
+                f"head_dim={self._e}, head_dim_v={self._ev}), but this call needs "
+                f"(batch={batch}, num_kv_heads={num_kv_heads}, head_dim={head_dim}, "
+                f"head_dim_v={head_dim_v})"
+            )
+
     def append(self, k: Any, v: Any) -> Tuple[np.ndarray, np.ndarray]:
         """Append the keys and values of T new positions.
 
@@ -207,7 +215,7 @@ class KVCache:
 
     def reserve(self, capacity: int) -> None:
         """Make room for at least ``capacity`` positions (keeps the contents)."""
-        capacity = _count(capacity, "capacity", 0)
+        capacity = count(capacity, "capacity", 0)
         if capacity > self.capacity:
             self._reserve(capacity)
 

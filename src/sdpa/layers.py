@@ -6,7 +6,8 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from .kvcache import KVCache, _count
+from ._api import count, result_dtype, scaled_dot_product_attention
+from .kvcache import KVCache
 
 __all__ = ["MultiHeadAttention"]
 
@@ -112,9 +113,9 @@ class MultiHeadAttention:
         dtype: Any,
     ) -> None:
         """Check and set the sizes and the dtype."""
-        embed_dim = _count(embed_dim, "embed_dim", 1)
-        num_heads = _count(num_heads, "num_heads", 1)
-        num_kv_heads = num_heads if num_kv_heads is None else _count(num_kv_heads, "num_kv_heads", 1)
+        embed_dim = count(embed_dim, "embed_dim", 1)
+        num_heads = count(num_heads, "num_heads", 1)
+        num_kv_heads = num_heads if num_kv_heads is None else count(num_kv_heads, "num_kv_heads", 1)
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_kv_heads: must divide num_heads; got num_heads={num_heads}, "
@@ -127,7 +128,7 @@ class MultiHeadAttention:
                     f"got embed_dim={embed_dim}, num_heads={num_heads}"
                 )
             head_dim = embed_dim // num_heads
-        head_dim = _count(head_dim, "head_dim", 1)
+        head_dim = count(head_dim, "head_dim", 1)
         dtype = np.dtype(dtype)
         if dtype.kind != "f":
             raise TypeError(f"dtype: expected a floating point dtype, got {dtype}")
@@ -170,8 +171,8 @@ class MultiHeadAttention:
         for a, name in zip(arrays, ("w_q", "w_k", "w_v", "w_o")):
             if a.ndim != 2:
                 raise ValueError(f"{name}: expected a 2-D weight (in, out), got shape {a.shape}")
-        num_heads = _count(num_heads, "num_heads", 1)
-        num_kv_heads = num_heads if num_kv_heads is None else _count(num_kv_heads, "num_kv_heads", 1)
+        num_heads = count(num_heads, "num_heads", 1)
+        num_kv_heads = num_heads if num_kv_heads is None else count(num_kv_heads, "num_kv_heads", 1)
         embed_dim = wq.shape[0]
         if wq.shape[1] % num_heads:
             raise ValueError(
@@ -207,47 +208,11 @@ class MultiHeadAttention:
 
     @classmethod
     def from_torch(cls, module: Any, dtype: Any = None) -> "MultiHeadAttention":
-        """A layer with the weights of a ``torch.nn.MultiheadAttention``.
+        """A layer with the weights of a ``torch.nn.MultiheadAttention``: the same
+        as :func:`sdpa.torch.layer_from_module` (which this imports torch for)."""
+        from .torch import layer_from_module
 
-        ``layer(x, causal=False)`` with ``x`` of shape (batch, T, embed_dim) then
-        equals ``module(x, x, x, need_weights=False)[0]`` (for a module with
-        ``batch_first=False``, transpose its (T, batch, embed_dim) input and
-        output).  The module must have ``kdim == vdim == embed_dim`` and neither
-        ``add_bias_kv`` nor ``add_zero_attn``.  Dropout is not applied (as in
-        ``module.eval()``).  ``dtype`` defaults to that of the module's weights.
-        """
-        def to_numpy(t):
-            return None if t is None else t.detach().cpu().numpy()
-
-        embed_dim = int(module.embed_dim)
-        kdim, vdim = int(module.kdim), int(module.vdim)
-        if not (kdim == vdim == embed_dim):
-            raise ValueError(
-                f"from_torch: needs kdim == vdim == embed_dim; got embed_dim={embed_dim}, "
-                f"kdim={kdim}, vdim={vdim}"
-            )
-        if getattr(module, "bias_k", None) is not None or getattr(module, "bias_v", None) is not None:
-            raise ValueError("from_torch: modules with add_bias_kv=True are not supported")
-        if getattr(module, "add_zero_attn", False):
-            raise ValueError("from_torch: modules with add_zero_attn=True are not supported")
-
-        if getattr(module, "in_proj_weight", None) is not None:
-            w = to_numpy(module.in_proj_weight)  # (3 E, E), torch's (out, in)
-            wq, wk, wv = w[:embed_dim], w[embed_dim : 2 * embed_dim], w[2 * embed_dim :]
-        else:
-            wq, wk, wv = (to_numpy(getattr(module, f"{n}_proj_weight")) for n in "qkv")
-        b = to_numpy(getattr(module, "in_proj_bias", None))
-        bq, bk, bv = (None, None, None) if b is None else (
-            b[:embed_dim], b[embed_dim : 2 * embed_dim], b[2 * embed_dim :]
-        )
-        wo = to_numpy(module.out_proj.weight)
-        bo = to_numpy(module.out_proj.bias)
-        if dtype is None:
-            dtype = wq.dtype if wq.dtype.kind == "f" else np.float32
-        return cls.from_weights(
-            wq.T, wk.T, wv.T, wo.T, bq, bk, bv, bo,
-            num_heads=int(module.num_heads), dtype=dtype,
-        )
+        return layer_from_module(module, dtype)
 
     # ------------------------------------------------------------------ use
 
@@ -301,8 +266,6 @@ class MultiHeadAttention:
         -------
         numpy.ndarray of the layer's dtype, the shape of ``x``.
         """
-        from . import scaled_dot_product_attention
-
         x = np.asarray(x)
         if x.ndim not in (2, 3) or x.shape[-1] != self.embed_dim:
             raise ValueError(
@@ -322,12 +285,7 @@ class MultiHeadAttention:
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache: expected a KVCache, got {type(cache).__name__}")
-            if (cache.batch, cache.num_kv_heads, cache.head_dim, cache.head_dim_v) != (B, Hkv, D, D):
-                raise ValueError(
-                    f"cache: holds (batch={cache.batch}, num_kv_heads={cache.num_kv_heads}, "
-                    f"head_dim={cache.head_dim}, head_dim_v={cache.head_dim_v}), but this call "
-                    f"needs (batch={B}, num_kv_heads={Hkv}, head_dim={D}, head_dim_v={D})"
-                )
+            cache.check_fits(B, Hkv, D)
             k, v = cache.append(k, v)
             is_causal: Union[bool, str] = "bottom_right" if causal else False
         else:
@@ -335,10 +293,7 @@ class MultiHeadAttention:
 
         # The output is written straight into (batch, T, heads, D) memory, so the
         # heads are concatenated for the output projection without a copy.
-        # sdpa computes in float32 when every operand is float16/float32
-        low = (np.dtype(np.float16), np.dtype(np.float32))
-        dtype = np.float32 if all(a.dtype in low for a in (q, k, v)) else np.float64
-        merged = np.empty((B, T, Hq, D), dtype=dtype)
+        merged = np.empty((B, T, Hq, D), dtype=result_dtype(q.dtype, k.dtype, v.dtype))
         scaled_dot_product_attention(
             q,
             k,

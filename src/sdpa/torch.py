@@ -25,18 +25,27 @@ Importing this module imports torch; ``import sdpa`` alone does not.
 import functools
 from typing import Any, Callable, Dict, List, Optional, Type
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from . import _api
-from . import scaled_dot_product_attention as _attention_numpy
+from . import _api, _core
+from ._api import scaled_dot_product_attention as _attention_numpy
+from .layers import MultiHeadAttention
 
 if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
     raise ImportError(
         f"sdpa.torch needs PyTorch >= 2.4 (torch.library.custom_op); found {torch.__version__}"
     )
 
-__all__ = ["scaled_dot_product_attention", "attention_op", "patch", "unpatch", "is_patched"]
+__all__ = [
+    "scaled_dot_product_attention",
+    "attention_op",
+    "patch",
+    "unpatch",
+    "is_patched",
+    "layer_from_module",
+]
 
 _DTYPES = (torch.float32, torch.float64)
 
@@ -166,8 +175,92 @@ def scaled_dot_product_attention(
                     f"sdpa has no backward, but {name} requires grad; run it under "
                     "torch.no_grad() or torch.inference_mode(), or detach the inputs"
                 )
+    if _plain_eager(query, key, value, attn_mask):
+        # the common eager call, straight to the core (torch's dispatcher costs
+        # more than the attention of a decoding step); what it declines goes on
+        # to the operator, whose checks explain the problem
+        try:
+            arrays = [query.numpy(), key.numpy(), value.numpy(), None if attn_mask is None else attn_mask.numpy()]
+        except RuntimeError:  # a tensor numpy() cannot expose (negative bit, no storage)
+            arrays = None
+        if arrays is not None:
+            q, k, v, m = arrays
+            result = _core.try_attention(q, k, v, m, is_causal, scale, enable_gqa, False, False, None, None, None)
+            if isinstance(result, np.ndarray):
+                return torch.from_numpy(result)
     out: Tensor = attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     return out
+
+
+_EAGER_DTYPES = (torch.float32, torch.float64)
+
+
+def _plain_eager(query: Any, key: Any, value: Any, attn_mask: Any) -> bool:
+    """Plain CPU tensors in eager mode, none requiring grad: not being traced or
+    compiled, under no dispatch or function mode, no functorch transform."""
+    for t in (query, key, value):
+        if type(t) is not Tensor or not t.is_cpu or t.requires_grad or t.dtype not in _EAGER_DTYPES:
+            return False
+    if attn_mask is not None and (type(attn_mask) is not Tensor or not attn_mask.is_cpu or attn_mask.requires_grad):
+        return False
+    return not (
+        torch.compiler.is_compiling()
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+        or torch._C._are_functorch_transforms_active()
+    )
+
+
+# ------------------------------------------------------------------ layers
+
+
+def layer_from_module(module: Any, dtype: Any = None) -> MultiHeadAttention:
+    """A :class:`sdpa.MultiHeadAttention` with the weights of a
+    ``torch.nn.MultiheadAttention``.
+
+    ``layer(x, causal=False)`` with ``x`` of shape (batch, T, embed_dim) then
+    equals ``module(x, x, x, need_weights=False)[0]`` (for a module with
+    ``batch_first=False``, transpose its (T, batch, embed_dim) input and
+    output).  The module must have ``kdim == vdim == embed_dim`` and neither
+    ``add_bias_kv`` nor ``add_zero_attn``.  Dropout is not applied (as in
+    ``module.eval()``).  ``dtype`` defaults to that of the module's weights.
+    """
+
+    def to_numpy(t: Optional[Tensor]) -> Optional[np.ndarray]:
+        return None if t is None else t.detach().cpu().numpy()
+
+    embed_dim = int(module.embed_dim)
+    kdim, vdim = int(module.kdim), int(module.vdim)
+    if not (kdim == vdim == embed_dim):
+        raise ValueError(
+            f"from_torch: needs kdim == vdim == embed_dim; got embed_dim={embed_dim}, "
+            f"kdim={kdim}, vdim={vdim}"
+        )
+    if getattr(module, "bias_k", None) is not None or getattr(module, "bias_v", None) is not None:
+        raise ValueError("from_torch: modules with add_bias_kv=True are not supported")
+    if getattr(module, "add_zero_attn", False):
+        raise ValueError("from_torch: modules with add_zero_attn=True are not supported")
+
+    def weight(t: Tensor) -> np.ndarray:
+        return t.detach().cpu().numpy()
+
+    if getattr(module, "in_proj_weight", None) is not None:
+        w = weight(module.in_proj_weight)  # (3 E, E), torch's (out, in)
+        wq, wk, wv = w[:embed_dim], w[embed_dim : 2 * embed_dim], w[2 * embed_dim :]
+    else:
+        wq, wk, wv = (weight(getattr(module, f"{n}_proj_weight")) for n in "qkv")
+    b = to_numpy(getattr(module, "in_proj_bias", None))
+    bq, bk, bv = (None, None, None) if b is None else (
+        b[:embed_dim], b[embed_dim : 2 * embed_dim], b[2 * embed_dim :]
+    )
+    wo = weight(module.out_proj.weight)
+    bo = to_numpy(module.out_proj.bias)
+    if dtype is None:
+        dtype = wq.dtype if wq.dtype.kind == "f" else np.float32
+    return MultiHeadAttention.from_weights(
+        wq.T, wk.T, wv.T, wo.T, bq, bk, bv, bo,
+        num_heads=int(module.num_heads), dtype=dtype,
+    )
 
 
 # ------------------------------------------------------------------ patching
