@@ -103,6 +103,27 @@ static inline double hsum_pd(__m256d v) {
     a = _mm_add_sd(a, _mm_unpackhi_pd(a, a));
     return _mm_cvtsd_f64(a);
 }
+/* lane i of the result = the sum of the lanes of a[i] (8 or 4 vectors) */
+static inline __m256 hsum_lanes_ps(const __m256 *a) {
+    __m256 s2[4], s4[2];
+    for (int i = 0; i < 4; i++)  /* [a0+a2 b0+b2 a1+a3 b1+b3] per 128-bit half */
+        s2[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                              _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 2; i++) {  /* [a b c d] of each half */
+        __m256d x = _mm256_castps_pd(s2[2 * i]), y = _mm256_castps_pd(s2[2 * i + 1]);
+        s4[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+                              _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(s4[0], s4[1], 0x20), _mm256_permute2f128_ps(s4[0], s4[1], 0x31));
+}
+static inline __m256d hsum_lanes_pd(const __m256d *a) {
+    __m256d s2[2];
+    for (int i = 0; i < 2; i++)  /* [a0+a1 b0+b1] per 128-bit half */
+        s2[i] = _mm256_add_pd(_mm256_unpacklo_pd(a[2 * i], a[2 * i + 1]),
+                              _mm256_unpackhi_pd(a[2 * i], a[2 * i + 1]));
+    return _mm256_add_pd(_mm256_permute2f128_pd(s2[0], s2[1], 0x20), _mm256_permute2f128_pd(s2[0], s2[1], 0x31));
+}
+
 static inline float hmax_nan_ps(__m256 v) {
     if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) return NAN;
     __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

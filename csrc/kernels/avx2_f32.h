@@ -21,5 +21,6 @@
 #define V_LOADU(p) _mm256_loadu_ps(p)
 #define V_STOREU(p, v) _mm256_storeu_ps(p, v)
 #define V_HSUM hsum_ps
+#define V_HSUM_LANES hsum_lanes_ps
 #define V_HMAX_NAN hmax_nan_ps
 #define S_EXP expf

@@ -21,5 +21,6 @@
 #define V_LOADU(p) _mm256_loadu_pd(p)
 #define V_STOREU(p, v) _mm256_storeu_pd(p, v)
 #define V_HSUM hsum_pd
+#define V_HSUM_LANES hsum_lanes_pd
 #define V_HMAX_NAN hmax_nan_pd
 #define S_EXP exp

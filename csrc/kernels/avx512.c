@@ -76,6 +76,34 @@ static inline __m512d neginf_to_zero_pd(__m512d x) {
                               _mm512_setzero_pd());
 }
 
+/* lane i of the result = the sum of the lanes of a[i]: 16 (8) horizontal sums
+ * in 15 (7) adds, halving the vectors at each step */
+static inline __m512 hsum_lanes_ps(const __m512 *a) {
+    __m512 s2[8], s4[4], s8[2];
+    for (int i = 0; i < 8; i++)  /* [a0+a2 b0+b2 a1+a3 b1+b3] per 128-bit group */
+        s2[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                              _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {  /* [a b c d] of each 128-bit group */
+        __m512d x = _mm512_castps_pd(s2[2 * i]), y = _mm512_castps_pd(s2[2 * i + 1]);
+        s4[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                              _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    for (int i = 0; i < 2; i++)  /* groups 0+1 and 2+3 of four vectors each */
+        s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s4[2 * i], s4[2 * i + 1], 0x88),
+                              _mm512_shuffle_f32x4(s4[2 * i], s4[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(s8[0], s8[1], 0x88), _mm512_shuffle_f32x4(s8[0], s8[1], 0xDD));
+}
+static inline __m512d hsum_lanes_pd(const __m512d *a) {
+    __m512d s2[4], s4[2];
+    for (int i = 0; i < 4; i++)  /* [a0+a1 b0+b1] per 128-bit group */
+        s2[i] = _mm512_add_pd(_mm512_unpacklo_pd(a[2 * i], a[2 * i + 1]),
+                              _mm512_unpackhi_pd(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 2; i++)
+        s4[i] = _mm512_add_pd(_mm512_shuffle_f64x2(s2[2 * i], s2[2 * i + 1], 0x88),
+                              _mm512_shuffle_f64x2(s2[2 * i], s2[2 * i + 1], 0xDD));
+    return _mm512_add_pd(_mm512_shuffle_f64x2(s4[0], s4[1], 0x88), _mm512_shuffle_f64x2(s4[0], s4[1], 0xDD));
+}
+
 static inline float hmax_nan_ps(__m512 v) {
     if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return NAN;
     return _mm512_reduce_max_ps(v);

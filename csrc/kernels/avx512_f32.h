@@ -21,5 +21,6 @@
 #define V_LOADU(p) _mm512_loadu_ps(p)
 #define V_STOREU(p, v) _mm512_storeu_ps(p, v)
 #define V_HSUM _mm512_reduce_add_ps
+#define V_HSUM_LANES hsum_lanes_ps
 #define V_HMAX_NAN hmax_nan_ps
 #define S_EXP expf

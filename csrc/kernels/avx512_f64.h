@@ -21,5 +21,6 @@
 #define V_LOADU(p) _mm512_loadu_pd(p)
 #define V_STOREU(p, v) _mm512_storeu_pd(p, v)
 #define V_HSUM _mm512_reduce_add_pd
+#define V_HSUM_LANES hsum_lanes_pd
 #define V_HMAX_NAN hmax_nan_pd
 #define S_EXP exp

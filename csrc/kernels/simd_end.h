@@ -19,5 +19,6 @@
 #undef V_LOADU
 #undef V_STOREU
 #undef V_HSUM
+#undef V_HSUM_LANES
 #undef V_HMAX_NAN
 #undef S_EXP

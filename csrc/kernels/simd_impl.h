@@ -15,6 +15,7 @@
  *   V_EXP(x)               e^x (see the exp notes in the including file)
  *   V_LOADU(p) V_STOREU(p, v)                     (any alignment)
  *   V_HSUM(v)              the sum of the lanes
+ *   V_HSUM_LANES(a)        a vector whose lane i is V_HSUM(a[i]), a[0..LANES)
  *   V_HMAX_NAN(v)          the largest lane, NaN if a lane is NaN
  *   S_EXP(x)               libm's exp for T
  */
@@ -129,30 +130,28 @@ static void FN(dot)(int m, int n, int64_t e, const T *q, int64_t ldq, const T *k
                     int64_t lds) {
     const int64_t ev = e / LANES * LANES;
     int j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const T *k0 = k + j * ldk, *k1 = k0 + ldk, *k2 = k1 + ldk, *k3 = k2 + ldk;
+    /* LANES keys at a time: one accumulator per key, reduced together */
+    for (; j + LANES <= n; j += LANES) {
+        const T *kj = k + j * ldk;
         for (int x = 0; x < m; x++) {
             const T *qx = q + x * ldq;
-            V a0 = V_ZERO(), a1 = V_ZERO(), a2 = V_ZERO(), a3 = V_ZERO();
+            V acc[LANES];
+            for (int t = 0; t < LANES; t++) acc[t] = V_ZERO();
             for (int64_t c = 0; c < ev; c += LANES) {
                 V qv = V_LOADU(qx + c);
-                a0 = V_FMA(qv, V_LOADU(k0 + c), a0);
-                a1 = V_FMA(qv, V_LOADU(k1 + c), a1);
-                a2 = V_FMA(qv, V_LOADU(k2 + c), a2);
-                a3 = V_FMA(qv, V_LOADU(k3 + c), a3);
+                for (int t = 0; t < LANES; t++) acc[t] = V_FMA(qv, V_LOADU(kj + t * ldk + c), acc[t]);
             }
-            T r0 = V_HSUM(a0), r1 = V_HSUM(a1), r2 = V_HSUM(a2), r3 = V_HSUM(a3);
-            for (int64_t c = ev; c < e; c++) {
-                r0 += qx[c] * k0[c];
-                r1 += qx[c] * k1[c];
-                r2 += qx[c] * k2[c];
-                r3 += qx[c] * k3[c];
+            V r = V_HSUM_LANES(acc);
+            if (ev < e) {
+                T tail[LANES] __attribute__((aligned(64)));
+                for (int t = 0; t < LANES; t++) {
+                    T sum = 0;
+                    for (int64_t c = ev; c < e; c++) sum += qx[c] * kj[t * ldk + c];
+                    tail[t] = sum;
+                }
+                r = V_ADD(r, V_LOAD(tail));
             }
-            T *sx = s + x * lds + j;
-            sx[0] = r0;
-            sx[1] = r1;
-            sx[2] = r2;
-            sx[3] = r3;
+            V_STOREU(s + x * lds + j, r);
         }
     }
     for (; j < n; j++) {
