@@ -78,10 +78,19 @@ static void aligned_free(void *block) {
     if (block) free(((void **)block)[-1]);
 }
 
-/* The interrupt callback is polled by thread 0 at most every 20 ms. */
-typedef struct interrupt_clock {
-    double next;
-} interrupt_clock;
+/*
+ * Interrupts: thread 0 of a call (the caller's thread) polls the interrupt
+ * callback at most every 20 ms, at the start of each task and inside the key
+ * loops, so that even a call that is one long task stops soon.  It reads the
+ * clock only every 8th poll, which keeps a poll to a few instructions.  Every
+ * thread sees the stop flag and leaves its task.
+ */
+typedef struct interrupt_state {
+    const sdpa_problem *p;
+    SDPA_ATOMIC(int) stop;  /* shared by the threads of the call */
+    double next;            /* thread 0 only */
+    unsigned polls;         /* thread 0 only */
+} interrupt_state;
 
 static double monotonic_seconds(void) {
 #ifdef _OPENMP
@@ -93,12 +102,22 @@ static double monotonic_seconds(void) {
 #endif
 }
 
-static void interrupt_clock_start(interrupt_clock *c) { c->next = monotonic_seconds() + 0.02; }
+static void interrupt_start(interrupt_state *st, const sdpa_problem *p) {
+    st->p = p;
+    sdpa_atomic_store(&st->stop, 0);
+    st->next = p->interrupt ? monotonic_seconds() + 0.02 : 0;
+    st->polls = 0;
+}
 
-static int interrupt_due(interrupt_clock *c) {
+/* Whether the call is to stop now; thread tid 0 polls the callback. */
+static int should_stop(interrupt_state *st, int tid) {
+    if (sdpa_atomic_load(&st->stop)) return 1;
+    if (tid != 0 || !st->p->interrupt || (++st->polls & 7) != 0) return 0;
     double now = monotonic_seconds();
-    if (now < c->next) return 0;
-    c->next = now + 0.02;
+    if (now < st->next) return 0;
+    st->next = now + 0.02;
+    if (!st->p->interrupt(st->p->interrupt_data)) return 0;
+    sdpa_atomic_store(&st->stop, 1);
     return 1;
 }
 

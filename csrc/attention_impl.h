@@ -73,7 +73,7 @@ static void FN(store_raw_scores)(const sdpa_problem *p, T *wr, const T *sr, int6
 }
 
 static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
-                         int64_t task) {
+                         int64_t task, interrupt_state *irq, int tid) {
     const int64_t H = p->num_heads, L = p->len_q;
     const int64_t E = p->head_dim, Ev = p->head_dim_v;
     const int tile_q = pl->tile_q, tile_k = pl->tile_k, nr = pl->nr;
@@ -136,6 +136,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     T *lse = p->lse.data ? AT(lse, b, h) : NULL;
 
     for (int64_t s0 = 0; s0 < kv_end; s0 += tile_k) {
+        if (should_stop(irq, tid)) return;  /* the output is unspecified then */
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
         for (int pn = 0; pn < panels; pn++) {
             const int64_t r0 = l0 + (int64_t)pn * nr;
@@ -196,7 +197,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
  * length is fixed, so the result does not depend on the number of threads.
  */
 static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
-                             T *partial, int64_t task) {
+                             T *partial, int64_t task, interrupt_state *irq, int tid) {
     const int64_t L = p->len_q, E = p->head_dim, Ev = p->head_dim_v, group = p->gqa_group;
     const int M = pl->rows, tile_k = pl->tile_k;
     const int64_t Hkv = p->num_heads / group;
@@ -236,6 +237,7 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     }
 
     for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
+        if (should_stop(irq, tid)) return;
         const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
         const T *kb = k + s0 * ksr;
         int64_t ldk = ksr;
@@ -300,13 +302,20 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
                 part[x] = (T)exp((double)part[x] - (double)m);  /* 0 for a chunk it did not see */
                 sum += (double)part[x] * (double)part[M + x];
             }
-            for (int64_t c = 0; c < Ev; c++) {
-                double acc_c = 0;
-                for (int64_t ch = 0; ch < pl->num_chunks; ch++) {
-                    const T *part = first + ch * pl->partial_elems;
-                    if (part[M + x] != 0) acc_c += (double)part[x] * (double)part[2 * M + (int64_t)x * Ev + c];
+            const double inv = sum == 0 ? 0 : 1 / sum;
+            if (pl->num_chunks == 1) {  /* the row's own result: acc / sum (sum >= 1 here) */
+                const T *acc = first + 2 * M + (int64_t)x * Ev;
+                for (int64_t c = 0; c < Ev; c++) orow[c * oc] = (T)((double)acc[c] * inv);
+            } else {
+                for (int64_t c = 0; c < Ev; c++) {
+                    double acc_c = 0;
+                    for (int64_t ch = 0; ch < pl->num_chunks; ch++) {
+                        const T *part = first + ch * pl->partial_elems;
+                        if (part[M + x] != 0)  /* a chunk that saw no key adds nothing, NaN included */
+                            acc_c += (double)part[x] * (double)part[2 * M + (int64_t)x * Ev + c];
+                    }
+                    orow[c * oc] = (T)(acc_c * inv);
                 }
-                orow[c * oc] = sum == 0 ? 0 : (T)(acc_c / sum);
             }
         }
         if (p->weights.data) {
@@ -319,21 +328,14 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
     }
 }
 
-/* One task, unless the call was interrupted; thread 0 polls the interrupt. */
+/* One task, unless the call was interrupted. */
 static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
-                        T *partial, int64_t t, int tid, volatile int *stop, interrupt_clock *clk) {
-    if (*stop) return;
-    if (tid == 0 && p->interrupt && interrupt_due(clk) && p->interrupt(p->interrupt_data)) {
-        *stop = 1;
-#ifdef _OPENMP
-#pragma omp flush
-#endif
-        return;
-    }
+                        T *partial, int64_t t, int tid, interrupt_state *irq) {
+    if (should_stop(irq, tid)) return;
     if (pl->row_mode)
-        FN(run_row_task)(p, pl, kern, scratch, partial, t);
+        FN(run_row_task)(p, pl, kern, scratch, partial, t, irq, tid);
     else
-        FN(run_task)(p, pl, kern, scratch, t);
+        FN(run_task)(p, pl, kern, scratch, t, irq, tid);
 }
 
 static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT *kern) {
@@ -344,14 +346,14 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
     if (!scratch) return SDPA_ERR_NO_MEMORY;
     T *partial = scratch + per_thread * (size_t)nthreads;
 
-    volatile int stop = 0;
-    interrupt_clock clk;
-    interrupt_clock_start(&clk);
+    interrupt_state irq;
+    interrupt_start(&irq, p);
     if (nthreads == 1) {  /* no OpenMP region at all (also what a forked child needs) */
         for (int64_t t = 0; t < pl->num_tasks; t++)
-            FN(do_task)(p, pl, kern, scratch, partial, t, 0, &stop, &clk);
+            FN(do_task)(p, pl, kern, scratch, partial, t, 0, &irq);
         if (pl->row_mode)
-            for (int64_t g = 0; g < pl->num_groups && !stop; g++) FN(merge_rows)(p, pl, partial, g);
+            for (int64_t g = 0; g < pl->num_groups && !sdpa_atomic_load(&irq.stop); g++)
+                FN(merge_rows)(p, pl, partial, g);
     } else {
 #ifdef _OPENMP
         note_openmp_used();
@@ -361,17 +363,17 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
             T *mine = scratch + (size_t)tid * per_thread;
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < pl->num_tasks; t++)
-                FN(do_task)(p, pl, kern, mine, partial, t, tid, &stop, &clk);
+                FN(do_task)(p, pl, kern, mine, partial, t, tid, &irq);
             if (pl->row_mode) {  /* after the implicit barrier above: every chunk is done */
 #pragma omp for schedule(static)
                 for (int64_t g = 0; g < pl->num_groups; g++)
-                    if (!stop) FN(merge_rows)(p, pl, partial, g);
+                    if (!sdpa_atomic_load(&irq.stop)) FN(merge_rows)(p, pl, partial, g);
             }
         }
 #endif
     }
     aligned_free(scratch);
-    return stop ? SDPA_ERR_INTERRUPTED : SDPA_OK;
+    return sdpa_atomic_load(&irq.stop) ? SDPA_ERR_INTERRUPTED : SDPA_OK;
 }
 
 #undef AT
