@@ -17,7 +17,7 @@
 #   PYTEST_ADDOPTS       extra pytest options, as usual
 #
 # Needs gcc with its ASan and UBSan runtimes (libasan, libubsan) and access to
-# PyPI for numpy, cython, setuptools, wheel, pytest and hypothesis.  About 4
+# PyPI for the pinned versions in .ci/requirements-sanitize.txt.  About 4
 # minutes on 2 cores with three kernel sets.
 set -euo pipefail
 
@@ -61,7 +61,7 @@ rm -rf "$venv"
 python3 -m venv "$venv"
 py="$venv/bin/python"
 "$py" -m pip install -q --upgrade pip
-"$py" -m pip install -q --upgrade numpy cython setuptools wheel pytest hypothesis
+"$py" -m pip install -q -r "$here/requirements-sanitize.txt"
 
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
 echo "sanitize: building $src with: $san"
