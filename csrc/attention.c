@@ -17,6 +17,12 @@
 #define SDPA_ROW_MODE_MAX_ROWS 8
 #define SDPA_ROW_MODE_CHUNK 1024
 #define SDPA_MIN_FLOPS_PER_THREAD 4e6
+/* Thread counts are capped at this many per CPU (and at least this many). */
+#define SDPA_THREADS_PER_CPU 4
+#define SDPA_MIN_THREAD_CAP 8
+/* Longer key sequences are refused, so that offsets and key positions keep
+ * far from int64 overflow. */
+#define SDPA_MAX_LEN_KV ((int64_t)1 << 61)
 
 /* Work division and scratch layout of one call (offsets in elements). */
 typedef struct plan {
@@ -122,6 +128,38 @@ static int should_stop(interrupt_state *st, int tid) {
 }
 
 /*
+ * Floating-point mode: every thread of a call computes under the caller's
+ * control flags (x86 MXCSR: flush-to-zero, denormals-are-zero, rounding;
+ * AArch64 FPCR), so results do not depend on which thread computed a row.
+ * Worker threads take the caller's flags for the call and get their own back
+ * after it.
+ */
+#if SDPA_HAVE_X86_KERNELS
+#include <immintrin.h>
+typedef unsigned int fp_mode;
+#define FP_CONTROL_BITS 0xFFC0u /* MXCSR without the sticky exception flags */
+static fp_mode fp_mode_get(void) { return _mm_getcsr(); }
+static void fp_mode_adopt(fp_mode caller) {
+    _mm_setcsr((_mm_getcsr() & ~FP_CONTROL_BITS) | (caller & FP_CONTROL_BITS));
+}
+static void fp_mode_restore(fp_mode own) { fp_mode_adopt(own); }
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+typedef uint64_t fp_mode;
+static fp_mode fp_mode_get(void) {
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return fpcr;
+}
+static void fp_mode_adopt(fp_mode caller) { __asm__ volatile("msr fpcr, %0" : : "r"(caller)); }
+static void fp_mode_restore(fp_mode own) { fp_mode_adopt(own); }
+#else
+typedef int fp_mode;
+static fp_mode fp_mode_get(void) { return 0; }
+static void fp_mode_adopt(fp_mode caller) { (void)caller; }
+static void fp_mode_restore(fp_mode own) { (void)own; }
+#endif
+
+/*
  * Fork safety: GNU OpenMP cannot start a thread team in a child forked after the
  * parent ran one (the child waits forever for the parent's pool threads).  A
  * child forked after sdpa used threads therefore computes on its calling
@@ -181,7 +219,8 @@ static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
     if (p->num_batch_dims < 0 || p->num_batch_dims > SDPA_MAX_BATCH_DIMS) return SDPA_ERR_BAD_SHAPE;
     if (p->num_heads < 0 || p->len_q < 0 || p->len_kv < 0 || p->head_dim < 0 || p->head_dim_v < 0)
         return SDPA_ERR_BAD_SHAPE;
-    if (p->len_q > INT32_MAX || p->head_dim > INT32_MAX || p->head_dim_v > INT32_MAX)
+    if (p->len_q > INT32_MAX || p->head_dim > INT32_MAX || p->head_dim_v > INT32_MAX ||
+        p->len_kv > SDPA_MAX_LEN_KV)
         return SDPA_ERR_BAD_SHAPE;
     if (p->gqa_group < 1 || p->num_heads % p->gqa_group != 0) return SDPA_ERR_BAD_GQA;
     if (p->mask_kind != SDPA_MASK_NONE && p->mask_kind != SDPA_MASK_BOOL &&
@@ -257,6 +296,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
 
     int nthreads = p->num_threads;
     if (nthreads == 0) nthreads = sdpa_default_num_threads();
+    if (nthreads > sdpa_max_threads()) nthreads = sdpa_max_threads();
     if (nthreads < 1) nthreads = 1;
     if ((int64_t)nthreads > pl->num_tasks) nthreads = (int)(pl->num_tasks > 0 ? pl->num_tasks : 1);
     /* waking a thread costs tens of microseconds: by default give each at least
@@ -293,10 +333,15 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
 
     const kernel_table *kt = sdpa_kernel_table();
     if (!kt) return SDPA_ERR_BAD_ISA;  /* SDPA_ISA names a set that cannot be used */
+    /* Row l sees keys s <= l + causal_offset: an offset >= S shows every key,
+     * one <= -L none.  Clamped to [-L, S], the driver's sums cannot overflow. */
+    sdpa_problem q = *p;
+    if (q.causal_offset > q.len_kv) q.causal_offset = q.len_kv;
+    if (q.causal_offset < -q.len_q) q.causal_offset = -q.len_q;
     plan pl;
-    make_plan(p, batch_count, kt, &pl);
-    if (p->dtype == SDPA_FLOAT32) return attention_f32(p, &pl, &kt->f32);
-    return attention_f64(p, &pl, &kt->f64);
+    make_plan(&q, batch_count, kt, &pl);
+    if (q.dtype == SDPA_FLOAT32) return attention_f32(&q, &pl, &kt->f32);
+    return attention_f64(&q, &pl, &kt->f64);
 }
 
 const char *sdpa_status_message(sdpa_status status) {
@@ -321,6 +366,19 @@ int sdpa_has_openmp(void) {
     return 1;
 #else
     return 0;
+#endif
+}
+
+int sdpa_max_threads(void) {
+#ifdef _OPENMP
+    /* more threads than this never help, and a runtime that cannot create the
+     * threads asked for ends the process (libgomp) */
+    int procs = omp_get_num_procs(), limit = omp_get_thread_limit();
+    int cap = procs > 0 && procs <= INT32_MAX / SDPA_THREADS_PER_CPU ? SDPA_THREADS_PER_CPU * procs : 1;
+    if (cap < SDPA_MIN_THREAD_CAP) cap = SDPA_MIN_THREAD_CAP;
+    return limit > 0 && limit < cap ? limit : cap;
+#else
+    return 1;
 #endif
 }
 

@@ -357,9 +357,12 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
     } else {
 #ifdef _OPENMP
         note_openmp_used();
+        const fp_mode caller_mode = fp_mode_get();
 #pragma omp parallel num_threads(nthreads)
         {
             const int tid = omp_get_thread_num();
+            const fp_mode own_mode = fp_mode_get();
+            fp_mode_adopt(caller_mode);
             T *mine = scratch + (size_t)tid * per_thread;
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < pl->num_tasks; t++)
@@ -369,6 +372,7 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
                 for (int64_t g = 0; g < pl->num_groups; g++)
                     if (!sdpa_atomic_load(&irq.stop)) FN(merge_rows)(p, pl, partial, g);
             }
+            fp_mode_restore(own_mode);
         }
 #endif
     }

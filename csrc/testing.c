@@ -1,8 +1,11 @@
-/* Hooks for the test suite (testing.h): a kernel set's exp on its own, and the
- * floating-point control flags each OpenMP thread runs with. */
+/* Hooks for the test suite (testing.h): a kernel set's exp on its own, the
+ * floating-point control flags each OpenMP thread runs with, and a switch for
+ * flush-to-zero in the calling thread. */
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include <stdint.h>
 
 #include "testing.h"
 
@@ -18,8 +21,29 @@ sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t
 #if SDPA_HAVE_X86_KERNELS
 #include <immintrin.h>
 static int fp_flags_here(void) { return (int)(_mm_getcsr() & 0x8040u); }
+int sdpa_set_flush_to_zero(int on) {
+    _mm_setcsr(on ? _mm_getcsr() | 0x8040u : _mm_getcsr() & ~0x8040u);
+    return 1;
+}
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+static int fp_flags_here(void) {
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return (int)((fpcr >> 24) & 1);
+}
+int sdpa_set_flush_to_zero(int on) {
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    fpcr = on ? fpcr | (1ull << 24) : fpcr & ~(1ull << 24);
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr));
+    return 1;
+}
 #else
 static int fp_flags_here(void) { return 0; }
+int sdpa_set_flush_to_zero(int on) {
+    (void)on;
+    return 0;
+}
 #endif
 
 void sdpa_fp_flags_in_threads(int num_threads, int *flags) {

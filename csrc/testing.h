@@ -11,4 +11,8 @@ sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t
  * thread the runtime did not start). */
 void sdpa_fp_flags_in_threads(int num_threads, int *flags);
 
+/* Turns flush-to-zero and denormals-are-zero on or off in the calling thread
+ * (x86 MXCSR FTZ + DAZ; AArch64 FPCR.FZ); returns 0 where there is no such mode. */
+int sdpa_set_flush_to_zero(int on);
+
 #endif

@@ -82,7 +82,7 @@ typedef struct sdpa_problem {
     int64_t num_heads;     /* query heads = output heads (Hq)                   */
     int64_t gqa_group;     /* query heads per key/value head (>= 1, divides Hq) */
     int64_t len_q;         /* L  */
-    int64_t len_kv;        /* S  */
+    int64_t len_kv;        /* S (at most 2^61) */
     int64_t head_dim;      /* E  */
     int64_t head_dim_v;    /* Ev */
 
@@ -94,10 +94,10 @@ typedef struct sdpa_problem {
     sdpa_mask_kind mask_kind;
     sdpa_view mask;        /* (..., Hq, L, S), broadcast by zero strides     */
 
-    double scale;          /* multiplies Q K^T                                */
+    double scale;          /* multiplies Q K^T (NaN or inf: NaN results)       */
     int32_t causal;        /* nonzero: key s is masked for row l when          */
     int64_t causal_offset; /*   s > l + causal_offset (0: top-left aligned,    */
-                           /*   S - L: bottom-right aligned)                   */
+                           /*   S - L: bottom-right aligned); any int64 value  */
 
     sdpa_view weights;     /* optional (..., Hq, L, S) output; data NULL = skip */
     sdpa_view lse;         /* optional (..., Hq, L) output: log-sum-exp of the
@@ -110,7 +110,8 @@ typedef struct sdpa_problem {
     int64_t key_lengths_strides[SDPA_MAX_BATCH_DIMS];
 
     int32_t num_threads;   /* 0 = the OpenMP default, fewer for small problems
-                              (at least 4 MFLOP a thread); n > 0: n threads  */
+                              (at least 4 MFLOP a thread); n > 0: n threads.
+                              Either is capped at sdpa_max_threads().        */
     sdpa_interrupt_fn interrupt;  /* optional */
     void *interrupt_data;
 } sdpa_problem;
@@ -119,7 +120,10 @@ typedef struct sdpa_problem {
  * num_threads 0.  Callers then set sizes, views and dtype. */
 SDPA_API void sdpa_problem_init(sdpa_problem *p);
 
-/* Computes the attention described by *p.  Thread safe; p is not modified. */
+/* Computes the attention described by *p.  Thread safe; p is not modified.
+ * Every thread computes under the caller's floating-point control flags (x86
+ * MXCSR flush-to-zero, denormals-are-zero and rounding; AArch64 FPCR), which
+ * are left as they were. */
 SDPA_API sdpa_status sdpa_attention(const sdpa_problem *p);
 
 /* A static, human-readable message for a status. */
@@ -135,9 +139,11 @@ SDPA_API int sdpa_isa_supported(const char *name);
 SDPA_API sdpa_status sdpa_set_isa(const char *name);
 SDPA_API const char *sdpa_isa(void);
 
-/* Build and runtime facts. */
+/* Build and runtime facts.  sdpa_max_threads: the most threads a call uses,
+ * 4 per CPU but at least 8, and not above OMP_THREAD_LIMIT (1 without OpenMP). */
 SDPA_API int sdpa_has_openmp(void);
 SDPA_API int sdpa_default_num_threads(void);
+SDPA_API int sdpa_max_threads(void);
 SDPA_API const char *sdpa_version(void);
 
 #ifdef __cplusplus

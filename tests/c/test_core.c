@@ -405,7 +405,7 @@ static void instance_reference(instance *in) {
                         dot += load(in->q.data, dt, q0 + c * in->q.stride[nb + 2]) *
                                load(in->k.data, dt, k0 + j * in->k.stride[nb + 1] + c * in->k.stride[nb + 2]);
                     double sj = p->scale * dot;
-                    int visible = j < S_b && (!p->causal || j <= l + p->causal_offset);
+                    int visible = j < S_b && (!p->causal || j - l <= p->causal_offset); /* no overflow */
                     const int64_t mj = m0 + j * (tc->mask != MASK_NONE ? in->mask.stride[nb + 2] : 0);
                     if (tc->mask == MASK_BOOL) visible &= in->mask.data[mj] != 0;
                     if (tc->mask == MASK_ADD) sj += load(in->mask.data, dt, mj);
@@ -622,6 +622,10 @@ static void test_statuses(void) {
         check_status(sdpa_attention(&p), SDPA_ERR_BAD_SHAPE, what);
     }
     valid_problem(&p);
+    p.len_kv = ((int64_t)1 << 61) + 1; /* longer key sequences are refused (stride 0 would allow them) */
+    p.key.row_stride = p.value.row_stride = 0;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_SHAPE, "len_kv = 2^61 + 1");
+    valid_problem(&p);
     p.num_batch_dims = 1;
     p.batch_shape[0] = -3;
     check_status(sdpa_attention(&p), SDPA_ERR_BAD_SHAPE, "batch_shape[0] = -3");
@@ -681,6 +685,8 @@ static void test_statuses(void) {
 
     /* the kernel sets */
     check_status(sdpa_set_isa("nonsense"), SDPA_ERR_BAD_ISA, "sdpa_set_isa(\"nonsense\")");
+    check(sdpa_has_openmp() ? sdpa_max_threads() >= 8 : sdpa_max_threads() == 1, "sdpa_max_threads() = %d",
+          sdpa_max_threads());
     check_status(sdpa_set_isa(NULL), SDPA_ERR_BAD_ISA, "sdpa_set_isa(NULL)");
     check(!sdpa_isa_supported("nonsense") && !sdpa_isa_supported(NULL), "sdpa_isa_supported of unknown names is 0");
     check(sdpa_isa_supported("scalar") == 1, "sdpa_isa_supported(\"scalar\") is 1");
@@ -892,8 +898,9 @@ static void feature_cases(sdpa_dtype dt) {
             tc.causal = c, tc.weights = tc.lse = 1;
             run_case(&tc);
         }
-    const int64_t offsets[] = {-5, 17, -200};
-    for (int i = 0; i < 3; i++) {
+    /* offsets near the ends of int64 must neither overflow nor mask every key */
+    const int64_t offsets[] = {-5, 17, -200, INT64_MAX, INT64_MAX - 5, INT64_MIN, INT64_MIN + 5};
+    for (int i = 0; i < (int)(sizeof(offsets) / sizeof(offsets[0])); i++) {
         tc = make_case("causal offset", dt, 2, 1, mid, mid, E, Ev);
         tc.causal = CAUSAL_OFFSET, tc.offset = offsets[i], tc.lse = tc.weights = 1;
         run_case(&tc);
@@ -958,8 +965,9 @@ static void feature_cases(sdpa_dtype dt) {
     tc.causal = CAUSAL_BOTTOM_RIGHT, tc.mask = MASK_BOOL, tc.style_in = LAYOUT_STRIDED;
     snprintf(tc.name, sizeof(tc.name), "decode key lengths, causal, mask");
     run_case(&tc);
-    const int64_t dec_offsets[] = {-3, -10, 5000};
-    for (int i = 0; i < 3; i++) { /* rows that see no key, and an offset past S */
+    const int64_t dec_offsets[] = {-3, -10, 5000, INT64_MAX, INT64_MAX - 5, INT64_MIN};
+    for (int i = 0; i < (int)(sizeof(dec_offsets) / sizeof(dec_offsets[0])); i++) {
+        /* rows that see no key, an offset past S, and the ends of int64 */
         tc = make_case("decode L=8 causal offset", dt, 2, 1, 8, S_dec, Ed, Evd);
         tc.causal = CAUSAL_OFFSET, tc.offset = dec_offsets[i], tc.weights = tc.lse = 1;
         run_case(&tc);
