@@ -316,6 +316,63 @@ def test_out_overlapping_other_inputs(rng, which):
     assert which in str(exc.value)
 
 
+def test_out_overlapping_converted_inputs(rng):
+    """The caller's own arrays count, not only the converted copies the core reads."""
+    buf = np.zeros((2, 3, 5, 8), np.float32)
+    q16 = buf.view(np.float16)[..., :4]  # float16 query living inside out's memory
+    k, v = (randn(rng, (2, 3, 7, 4), np.float32) for _ in range(2))
+    q16[...] = randn(rng, q16.shape)
+    before = q16.copy()
+    with pytest.raises(ValueError, match="query"):
+        attention(q16, k, v, out=buf[..., :4])
+    np.testing.assert_array_equal(q16, before)
+    q = randn(rng, (2, 3, 5, 4), np.float32)
+    mask16 = buf.view(np.float16)[..., :7]
+    with pytest.raises(ValueError, match="attn_mask"):
+        attention(q, k, v, mask16, out=buf[..., :4])
+
+
+def test_out_overlapping_key_lengths(rng):
+    q, k, v = make_qkv(rng, batch=(2,), hq=1, L=1, S=7, E=4, Ev=4, dtype=np.float64)
+    out = np.zeros((2, 1, 1, 4))
+    lengths = out.reshape(-1).view(np.int64)[:2]  # key_lengths stored inside out
+    lengths[:] = [3, 5]
+    with pytest.raises(ValueError, match="key_lengths"):
+        attention(q, k, v, key_lengths=lengths, out=out)
+    assert list(lengths) == [3, 5]
+
+
+def test_int64_beyond_2_53_is_rejected_before_conversion():
+    q = np.array([[2**53 + 1, 0]], np.int64)
+    with pytest.raises(TypeError, match=r"query: .*2\*\*53"):
+        attention(q, np.ones((1, 2)), np.ones((1, 2)))
+    with pytest.raises(TypeError, match=r"value: .*2\*\*53"):
+        attention(np.ones((1, 2)), np.ones((1, 2)), np.array([[-(2**53) - 1, 0]], np.int64))
+    attention(np.array([[2**53, -(2**53)]], np.int64), np.ones((1, 2)), np.ones((1, 2)))  # exact: fine
+    with pytest.raises(TypeError, match="2\\*\\*53"):
+        attention(np.array([[2**64 - 1, 0]], np.uint64), np.ones((1, 2)), np.ones((1, 2)))
+
+
+@pytest.mark.parametrize("scale", [10**400, -(10**400)])
+def test_scale_too_large_for_a_float_names_scale(qkv, scale):
+    with pytest.raises(ValueError, match="scale"):
+        attention(*qkv, scale=scale)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), np.float32("nan")])
+def test_nan_scale_gives_nan(qkv, scale):
+    assert np.all(np.isnan(attention(*qkv, scale=scale)))
+
+
+def test_infinite_scale_gives_nan_or_blind_rows(qkv):
+    """Scores become +-inf (or NaN for a zero product): a row with a +inf score
+    is NaN, a row whose scores are all -inf sees no key and gives zeros."""
+    for scale in (float("inf"), -float("inf")):
+        out = attention(*qkv, scale=scale)
+        nan_rows, zero_rows = np.all(np.isnan(out), axis=-1), np.all(out == 0, axis=-1)
+        assert np.all(nan_rows | zero_rows)
+
+
 def test_errors_leave_out_untouched(qkv):
     out = np.full((2, 3, 5, 4), 7.0)
     with pytest.raises(ValueError):

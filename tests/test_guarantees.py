@@ -52,6 +52,40 @@ def test_fp_control_flags_unchanged_in_every_thread(num_threads):
     assert np.any(out1 != 0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_thread_computes_in_the_callers_fp_mode(dtype):
+    """With flush-to-zero on in the caller (torch.set_flush_denormal(True)), every
+    worker computes under it too: the same bits for any thread count, and the
+    workers' own flags are back afterwards."""
+    rng = np.random.default_rng(2)
+    tiny = np.finfo(dtype).tiny / 8  # subnormal
+    q = rng.standard_normal((2, 4, 64, 16)).astype(dtype)
+    k = rng.standard_normal((2, 4, 96, 16)).astype(dtype)
+    v = (rng.standard_normal((2, 4, 96, 16)) * tiny).astype(dtype)
+    _core.fp_flags(3)  # three workers, started with flush-to-zero off
+    if not _core.set_flush_to_zero(True):
+        pytest.skip("no flush-to-zero mode on this CPU")
+    try:
+        results = [sdpa.scaled_dot_product_attention(q, k, v, num_threads=n) for n in (1, 2, 3, 2, 3)]
+        decode = [sdpa.scaled_dot_product_attention(q[:, :, :1], k, v, num_threads=n) for n in (1, 2, 3)]
+        # the workers' own flags come back after a call (teams of one size keep
+        # their threads; a thread started while the caller flushes inherits that)
+        _core.fp_flags(3)
+        workers_before = _core.fp_flags(3)
+        sdpa.scaled_dot_product_attention(q, k, v, num_threads=3)
+        workers_after = _core.fp_flags(3)
+        caller_after = _core.fp_flags(1)
+    finally:
+        _core.set_flush_to_zero(False)
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+    for r in decode[1:]:
+        np.testing.assert_array_equal(r, decode[0])
+    assert not np.any(results[0]) and not np.any(decode[0])  # the subnormal values were read as 0
+    assert workers_after == workers_before
+    assert caller_after[0] != 0  # the caller's own flags stay as it set them
+
+
 IMPORT_CODE = """
 import json, os, sys
 before = dict(os.environ)

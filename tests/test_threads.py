@@ -129,10 +129,34 @@ def test_bad_types(bad):
 
 def test_huge_value_is_capped(core_threads):
     sdpa.set_num_threads(10**9)
-    assert sdpa.get_num_threads() == (1 << 16 if HAS_OPENMP else 1)
+    # the core caps what it is handed at max_threads (4 per CPU, at least 8)
+    assert sdpa.get_num_threads() == (sdpa.config()["max_threads"] if HAS_OPENMP else 1)
     q = np.ones((1, 1, 2))
     sdpa.scaled_dot_product_attention(q, q, q, num_threads=10**9)
     assert core_threads == [1 << 16]
+
+
+RLIMIT_CODE = """
+import resource
+import numpy as np
+resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29))  # 1.5 GiB of address space
+import sdpa
+q = np.ones((16, 32, 128, 16), np.float32)  # 512 tasks: room for 512 threads
+out = sdpa.scaled_dot_product_attention(q, q, q, num_threads=512)
+print("ok", float(out.sum()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS as Linux applies it")
+def test_too_many_threads_do_not_end_the_process():
+    """512 threads' stacks do not fit in 1.5 GiB; the cap keeps the runtime from
+    failing to create them (libgomp would print an error and exit)."""
+    assert run_python(RLIMIT_CODE).split()[0] == "ok"
+
+
+def test_max_threads_reported():
+    cap = sdpa.config()["max_threads"]
+    assert cap == (max(8, 4 * os.cpu_count()) if HAS_OPENMP else 1) or cap < 4 * os.cpu_count()
 
 
 @needs_openmp

@@ -60,7 +60,8 @@ if _core.isa_env_error():  # every call would fail: say so now, once
 
 def config() -> Dict[str, Any]:
     """Build and runtime facts: version, OpenMP, the OpenMP default thread count
-    (``default_num_threads``), the count a call uses now (``num_threads``, see
+    (``default_num_threads``), the most threads a call uses (``max_threads``: 4
+    per CPU, at least 8), the count a call uses now (``num_threads``, see
     :func:`get_num_threads`), the kernel set in use (``isa``; set
     ``SDPA_ISA=scalar|avx2|avx512`` to force a lower one) and the kernel sets this
     CPU supports."""
@@ -69,6 +70,7 @@ def config() -> Dict[str, Any]:
         "version": __version__,
         "openmp": bool(_core.has_openmp()),
         "default_num_threads": int(_core.default_num_threads()),
+        "max_threads": int(_core.max_threads()),
         "num_threads": get_num_threads(),
         "isa": _core.isa(),
         "isas_supported": isas,

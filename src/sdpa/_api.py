@@ -81,7 +81,8 @@ def _check_real(a: Array, name: str) -> None:
     if dt.kind == "b" or (dt.kind in "iu" and dt.itemsize <= 4):
         return
     if dt.kind in "iu":  # 64-bit integers are exact in float64 only up to 2**53
-        if a.size and int(np.max(np.abs(a.astype(np.float64, copy=False)))) > 2**53:
+        # checked on the integers themselves: a conversion first would round them
+        if a.size and (int(a.max()) > 2**53 or int(a.min()) < -(2**53)):
             raise TypeError(
                 f"{name}: integer values beyond 2**53 cannot be represented exactly in float64"
             )
@@ -160,7 +161,8 @@ def count(value: object, name: str, minimum: int = 0) -> int:
 
 
 def thread_count(num_threads: object, name: str = "num_threads") -> Optional[int]:
-    """None, or a thread count >= 1 (counts above 65536 are taken as 65536)."""
+    """None, or a thread count >= 1 (counts above 65536 are taken as 65536; the
+    core then uses at most ``sdpa.config()["max_threads"]``)."""
     if num_threads is None:
         return None
     if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral):
@@ -199,7 +201,8 @@ def get_num_threads() -> int:
     """
     if not _core.has_openmp():
         return 1
-    return _core.threads_setting() or max(1, int(_core.default_num_threads()))
+    n = _core.threads_setting() or max(1, int(_core.default_num_threads()))
+    return min(n, _core.max_threads())
 
 
 def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, int]:
@@ -489,7 +492,8 @@ def _attention_general(
     q = _to_array(query, "query")
     k = _to_array(key, "key")
     v = _to_array(value, "value")
-    for a, name in ((q, "query"), (k, "key"), (v, "value")):
+    given = [(q, "query"), (k, "key"), (v, "value")]  # the caller's memory, before any conversion
+    for a, name in given:
         _check_real(a, name)
         if a.ndim < 2:
             raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {a.shape}")
@@ -505,7 +509,10 @@ def _attention_general(
     if scale is None:
         scale_value = 1.0 / math.sqrt(E) if E > 0 else 1.0
     elif isinstance(scale, numbers.Real) and not isinstance(scale, bool):
-        scale_value = float(scale)
+        try:
+            scale_value = float(scale)  # NaN and inf are taken: every result is then NaN
+        except OverflowError:
+            raise ValueError(f"scale: {scale!r} is too large for a float64") from None
     else:
         raise TypeError(f"scale: expected None or a real number, got {type(scale).__name__}")
     causal, causal_offset = _causal_offset(is_causal, L, S)
@@ -515,6 +522,7 @@ def _attention_general(
     m: Optional[Array] = None
     if attn_mask is not None:
         m = _to_array(attn_mask, "attn_mask")
+        given.append((m, "attn_mask"))
         if m.dtype == np.bool_:
             if not m.flags.aligned:
                 m = np.array(m, order="C")
@@ -539,6 +547,7 @@ def _attention_general(
     lengths: Optional[Array] = None
     if key_lengths is not None:
         kl = _to_array(key_lengths, "key_lengths")
+        given.append((kl, "key_lengths"))
         if kl.dtype.kind not in "iu":
             raise TypeError(f"key_lengths: expected integers, got dtype {kl.dtype}")
         try:
@@ -569,7 +578,9 @@ def _attention_general(
             raise ValueError("out: the array is not aligned to its element size")
         if not _no_internal_overlap(out):
             raise ValueError(f"out: its elements overlap each other (strides {out.strides})")
-        for operand, name in ((q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")):
+        # the arrays the core reads, and the caller's own where they were converted
+        operands = given + [(q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")]
+        for operand, name in operands:
             if operand is not None and _overlaps(out, operand):
                 raise ValueError(f"out: overlaps the memory of {name}")
         result = out

@@ -78,6 +78,7 @@ cdef extern from "sdpa.h" nogil:
     const char *sdpa_status_message(sdpa_status status)
     int sdpa_has_openmp()
     int sdpa_default_num_threads()
+    int sdpa_max_threads()
     const char *sdpa_version()
     int sdpa_isa_supported(const char *name)
     sdpa_status sdpa_set_isa(const char *name)
@@ -86,6 +87,7 @@ cdef extern from "sdpa.h" nogil:
 cdef extern from "testing.h" nogil:
     sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t n)
     void sdpa_fp_flags_in_threads(int num_threads, int *flags)
+    int sdpa_set_flush_to_zero(int on)
     const char *sdpa_isa_env_error()
 
 MAX_BATCH_DIMS = SDPA_MAX_BATCH_DIMS
@@ -135,6 +137,11 @@ def default_num_threads():
     return sdpa_default_num_threads()
 
 
+def max_threads():
+    """The most threads a call uses: 4 per CPU, at least 8 (1 without OpenMP)."""
+    return sdpa_max_threads()
+
+
 # Set by sdpa.set_num_threads(); 0: the OpenMP default.  Process-wide.
 cdef int _threads_setting = 0
 
@@ -173,6 +180,13 @@ def fp_flags(int num_threads=1):
     cdef int flags[256]
     sdpa_fp_flags_in_threads(num_threads, flags)
     return [flags[i] for i in range(num_threads)]
+
+
+def set_flush_to_zero(bint on):
+    """Flush-to-zero and denormals-are-zero on or off in the calling thread, as
+    torch.set_flush_denormal does (for tests); False where the CPU has no such
+    mode."""
+    return bool(sdpa_set_flush_to_zero(on))
 
 
 # Called, when set, with a dict of what each call hands to the core (the arrays

@@ -8,6 +8,7 @@ tokens and no reallocation.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Optional, Tuple
 
 import numpy as np
@@ -47,6 +48,11 @@ class KVCache:
         True reallocates with (at least) twice the capacity, so that appends stay
         amortized O(tokens).
 
+    A cache may be shared by Python threads: :meth:`append`, :meth:`reserve`
+    and :meth:`reset` hold a lock, so concurrent appends each land whole, one
+    after the other (in an unspecified order), and :attr:`keys` / :attr:`values`
+    see a cache between two of them.
+
     Examples
     --------
     >>> import numpy as np
@@ -77,6 +83,7 @@ class KVCache:
         if self._dtype.kind != "f":
             raise TypeError(f"dtype: expected a floating point dtype, got {self._dtype}")
         self.grow = bool(grow)
+        self._lock = threading.Lock()
         self._length = 0
         self._k = np.zeros((self._batch, self._heads, capacity, self._e), dtype=self._dtype)
         self._v = np.zeros((self._batch, self._heads, capacity, self._ev), dtype=self._dtype)
@@ -127,7 +134,8 @@ class KVCache:
     def keys(self) -> np.ndarray:
         """The filled keys, (batch, num_kv_heads, length, head_dim): a read-only view
         of the storage, valid until the next :meth:`reset` or growth."""
-        view = self._k[:, :, : self._length]
+        with self._lock:
+            view = self._k[:, :, : self._length]
         view.flags.writeable = False
         return view
 
@@ -135,7 +143,8 @@ class KVCache:
     def values(self) -> np.ndarray:
         """The filled values, (batch, num_kv_heads, length, head_dim_v): a read-only
         view of the storage, valid until the next :meth:`reset` or growth."""
-        view = self._v[:, :, : self._length]
+        with self._lock:
+            view = self._v[:, :, : self._length]
         view.flags.writeable = False
         return view
 
@@ -200,26 +209,31 @@ class KVCache:
             )
         if T < 1:
             raise ValueError(f"k and v: expected at least one token (dim 2), got k {k.shape}")
-        end = self._length + T
-        if end > self.capacity:
-            if not self.grow:
-                raise KVCacheFullError(
-                    f"KVCache is full: {self._length} of {self.capacity} positions are used "
-                    f"and {T} more do not fit; make it larger or pass grow=True"
-                )
-            self._reserve(max(end, 2 * self.capacity))
-        np.copyto(self._k[:, :, self._length : end], k, casting="same_kind")
-        np.copyto(self._v[:, :, self._length : end], v, casting="same_kind")
-        self._length = end
-        return self.keys, self.values
+        with self._lock:
+            start, end = self._length, self._length + T
+            if end > self.capacity:
+                if not self.grow:
+                    raise KVCacheFullError(
+                        f"KVCache is full: {start} of {self.capacity} positions are used "
+                        f"and {T} more do not fit; make it larger or pass grow=True"
+                    )
+                self._reserve(max(end, 2 * self.capacity))
+            np.copyto(self._k[:, :, start:end], k, casting="same_kind")
+            np.copyto(self._v[:, :, start:end], v, casting="same_kind")
+            self._length = end
+            keys, values = self._k[:, :, :end], self._v[:, :, :end]
+        keys.flags.writeable = False
+        values.flags.writeable = False
+        return keys, values
 
     def reserve(self, capacity: int) -> None:
         """Make room for at least ``capacity`` positions (keeps the contents)."""
         capacity = count(capacity, "capacity", 0)
-        if capacity > self.capacity:
-            self._reserve(capacity)
+        with self._lock:
+            if capacity > self.capacity:
+                self._reserve(capacity)
 
-    def _reserve(self, capacity: int) -> None:
+    def _reserve(self, capacity: int) -> None:  # with the lock held
         n = self._length
         k = np.zeros((self._batch, self._heads, capacity, self._e), dtype=self._dtype)
         v = np.zeros((self._batch, self._heads, capacity, self._ev), dtype=self._dtype)
@@ -229,7 +243,8 @@ class KVCache:
 
     def reset(self) -> None:
         """Forget every position (the storage is kept for reuse)."""
-        self._length = 0
+        with self._lock:
+            self._length = 0
 
     def __repr__(self) -> str:
         return (
