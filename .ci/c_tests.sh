@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI for the C core on its own, without Python: a CMake build (Release, OpenMP
-# required) in a temporary directory, the exported symbols, ctest, the C
-# example, and the C tests (--quick) under valgrind memcheck.
+# required) in a temporary directory, the exported symbols, ctest (the C tests,
+# the example, the fuzz harness on random inputs), the C tests (--quick) under
+# valgrind memcheck, and the fuzz harness under ASan + UBSan.
 #
 #   bash .ci/c_tests.sh            (SDPA_C_BUILD_DIR=dir keeps the build there)
 set -euo pipefail
@@ -54,5 +55,11 @@ fi
 OMP_NUM_THREADS=2 valgrind --tool=memcheck --error-exitcode=1 --leak-check=full \
     --suppressions="$ROOT/tests/c/valgrind.supp" \
     "$BUILD/sdpa_test_core" --quick
+
+echo "== the C API fuzz harness, random inputs, under ASan + UBSan"
+cc -O1 -g -std=c11 -fopenmp -fsanitize=address,undefined -fno-sanitize-recover=all \
+    -DSDPA_FUZZ_STANDALONE -I"$ROOT/csrc/include" -I"$ROOT/csrc" \
+    "$ROOT/fuzz/fuzz_problem.c" "$ROOT"/csrc/*.c "$ROOT"/csrc/kernels/*.c -lm -o "$BUILD/fuzz_problem_asan"
+ASAN_OPTIONS=detect_leaks=1 "$BUILD/fuzz_problem_asan" --runs 4000 --seed 1
 
 echo "== C tests passed"

@@ -1,0 +1,466 @@
+/*
+ * Fuzzing the C API: every field of sdpa_problem comes from the input bytes.
+ *
+ * Sizes (0 and negative included), dtypes and mask kinds (unknown ones too),
+ * GQA groups, batch dims, strides of every view (dense, permuted, padded,
+ * reversed, zero for inputs), scale (0, huge, NaN, inf), causality with any
+ * int64 offset (both ends of the range), key lengths (negative, past S, int64
+ * extremes) with their strides, weights and lse outputs, thread counts, an
+ * interrupt callback, and values with NaN, infinities and subnormals.  For
+ * each problem:
+ *
+ *   - a problem the harness built invalid must get an error status, a valid
+ *     one SDPA_OK (or SDPA_ERR_INTERRUPTED when its callback stops it);
+ *   - outputs are compared with a double-precision reference written here,
+ *     when every input value is finite;
+ *   - the bits must not change with the thread count;
+ *   - the inputs must be unchanged.
+ *
+ * Built with libFuzzer (clang -fsanitize=fuzzer,address,undefined, see
+ * fuzz/README.md), or with -DSDPA_FUZZ_STANDALONE as a program that runs
+ * files given as arguments, or N random inputs: sdpa_fuzz_problem --runs N
+ * [--seed S].  A failed check prints the problem and aborts;
+ * SDPA_FUZZ_VERBOSE=1 prints every problem and its status.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdpa.h"
+
+#define MAX_DIMS (SDPA_MAX_BATCH_DIMS + 3)
+
+/* ---- reading decisions from the bytes (zeros once they run out) ---- */
+
+typedef struct reader {
+    const uint8_t *data;
+    size_t size, pos;
+} reader;
+
+static uint64_t take(reader *r, int nbytes) {
+    uint64_t x = 0;
+    for (int i = 0; i < nbytes; i++) x = (x << 8) | (r->pos < r->size ? r->data[r->pos++] : 0);
+    return x;
+}
+
+/* an int in [lo, hi] (hi - lo < 2^32) */
+static int64_t range(reader *r, int64_t lo, int64_t hi) {
+    uint64_t span = (uint64_t)(hi - lo) + 1;
+    return lo + (int64_t)(take(r, span <= 256 ? 1 : span <= 65536 ? 2 : 4) % span);
+}
+
+/* true one time in n; never on zero bytes, so a short input is a plain problem */
+static int one_in(reader *r, int n) { return range(r, 0, n - 1) == n - 1; }
+
+/* ---- failing ---- */
+
+static char problem_text[2048];
+static long stat_skipped, stat_refused, stat_computed, stat_compared, stat_interrupted;
+
+static void fail(const char *what) {
+    fprintf(stderr, "fuzz_problem: %s\n%s\n", what, problem_text);
+    abort();
+}
+
+/* ---- operands ---- */
+
+typedef struct operand {
+    int nd;                   /* logical dims: batch..., head, row[, col]   */
+    int64_t n[MAX_DIMS];
+    int64_t stride[MAX_DIMS]; /* elements; may be 0 (inputs) or negative    */
+    size_t elem;
+    size_t total;             /* elements allocated                         */
+    unsigned char *base, *data;
+} operand;
+
+/* Lays out an operand: dims in a random order, some padded, some reversed,
+ * and (inputs only) some broadcast with stride 0. */
+static int make_operand(reader *r, operand *o, int nd, const int64_t *n, size_t elem, int input) {
+    memset(o, 0, sizeof(*o));
+    o->nd = nd, o->elem = elem;
+    int order[MAX_DIMS];
+    for (int d = 0; d < nd; d++) order[d] = nd - 1 - d, o->n[d] = n[d];
+    if (one_in(r, 3))
+        for (int i = nd - 1; i > 0; i--) {
+            int j = (int)range(r, 0, i), t = order[i];
+            order[i] = order[j], order[j] = t;
+        }
+    int64_t cur = 1, offset = 0;
+    for (int i = 0; i < nd; i++) {
+        const int d = order[i];
+        const int zero = input && one_in(r, 6);
+        const int64_t stored = zero || n[d] == 0 ? 1 : n[d];
+        int64_t s = zero ? 0 : cur;
+        if (!zero && one_in(r, 5)) {
+            s = -s;
+            offset += (stored - 1) * cur;
+        }
+        o->stride[d] = s;
+        cur *= stored + (one_in(r, 4) ? range(r, 1, 2) : 0);
+        if (cur > (1 << 22)) return 0; /* too large for a fuzz input */
+    }
+    o->total = (size_t)cur;
+    o->base = (unsigned char *)calloc(o->total ? o->total : 1, elem);
+    if (!o->base) return 0;
+    o->data = o->base + offset * (int64_t)elem;
+    return 1;
+}
+
+static void free_operand(operand *o) { free(o->base); }
+
+static int64_t offset_of(const operand *o, const int64_t *idx) {
+    int64_t off = 0;
+    for (int d = 0; d < o->nd; d++) off += idx[d] * o->stride[d];
+    return off;
+}
+
+static sdpa_view view_of(const operand *o, int nb) {
+    sdpa_view v;
+    memset(&v, 0, sizeof(v));
+    v.data = o->data;
+    for (int d = 0; d < nb; d++) v.batch_strides[d] = o->stride[d];
+    v.head_stride = o->stride[nb];
+    v.row_stride = o->stride[nb + 1];
+    v.col_stride = o->nd > nb + 2 ? o->stride[nb + 2] : 0;
+    return v;
+}
+
+static double load(const operand *o, sdpa_dtype dt, int64_t off) {
+    return dt == SDPA_FLOAT64 ? ((const double *)o->data)[off] : ((const float *)o->data)[off];
+}
+
+/* Values: small multiples of 1/32, and with `specials` now and then NaN,
+ * infinities, a subnormal or a huge value. */
+static double value(reader *r, int specials) {
+    int kind = (int)range(r, 0, 15);
+    if (!specials || kind >= 6) return (double)((int64_t)take(r, 1) - 128) / 32.0;
+    static const double special[6] = {NAN, INFINITY, -INFINITY, 1e-40, -3e38, 1e300};
+    return special[kind];
+}
+
+static void fill(reader *r, operand *o, sdpa_dtype dt, int specials) {
+    for (size_t i = 0; i < o->total; i++) {
+        double x = value(r, specials);
+        if (dt == SDPA_FLOAT64) ((double *)o->base)[i] = x;
+        else ((float *)o->base)[i] = (float)x;
+    }
+}
+
+/* ---- the interrupt callback: stops after a number of polls ---- */
+
+typedef struct stopper {
+    int polls, stop_after;
+} stopper;
+
+static int poll_stopper(void *data) {
+    stopper *s = (stopper *)data;
+    return ++s->polls > s->stop_after;
+}
+
+/* ---- one input ---- */
+
+static const sdpa_status ERRORS_OF_INVALID[] = {SDPA_ERR_NULL_POINTER, SDPA_ERR_BAD_DTYPE, SDPA_ERR_BAD_SHAPE,
+                                                SDPA_ERR_BAD_GQA, SDPA_ERR_BAD_MASK, SDPA_ERR_BAD_THREADS,
+                                                SDPA_ERR_OVERFLOW};
+
+static int is_validation_error(sdpa_status st) {
+    for (size_t i = 0; i < sizeof(ERRORS_OF_INVALID) / sizeof(ERRORS_OF_INVALID[0]); i++)
+        if (st == ERRORS_OF_INVALID[i]) return 1;
+    return 0;
+}
+
+static int run_input(const uint8_t *data, size_t size) {
+    reader rd = {data, size, 0}, *r = &rd;
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    int valid = 1;
+
+    /* element type, sizes, heads */
+    p.dtype = one_in(r, 40) ? (sdpa_dtype)range(r, 2, 9) : (sdpa_dtype)range(r, 0, 1);
+    if (p.dtype != SDPA_FLOAT32 && p.dtype != SDPA_FLOAT64) valid = 0;
+    const sdpa_dtype dt = p.dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32;
+    const size_t elem = dt == SDPA_FLOAT64 ? 8 : 4;
+    int nb = (int)range(r, 0, 3);
+    if (one_in(r, 40)) nb = one_in(r, 2) ? -1 : SDPA_MAX_BATCH_DIMS + 1, valid = 0;
+    p.num_batch_dims = nb;
+    const int nbv = nb < 0 ? 0 : nb > SDPA_MAX_BATCH_DIMS ? SDPA_MAX_BATCH_DIMS : nb;
+    int64_t batch_count = 1;
+    for (int d = 0; d < nbv; d++) {
+        p.batch_shape[d] = range(r, 0, 3);
+        if (one_in(r, 60)) p.batch_shape[d] = -range(r, 1, 3), valid = 0;
+        batch_count *= p.batch_shape[d] > 0 ? p.batch_shape[d] : 0;
+    }
+    const int64_t hkv = range(r, 0, 3), group = range(r, 1, 4);
+    p.num_heads = hkv * group;
+    p.gqa_group = group;
+    if (one_in(r, 40)) p.gqa_group = range(r, -1, 0), valid = 0;
+    else if (one_in(r, 40) && p.num_heads % (group + 1)) p.gqa_group = group + 1, valid = 0;
+    p.len_q = range(r, 0, 20);
+    p.len_kv = range(r, 0, 70);
+    p.head_dim = range(r, 0, 40);
+    p.head_dim_v = range(r, 0, 40);
+    if (one_in(r, 40)) {
+        int64_t *field[] = {&p.num_heads, &p.len_q, &p.len_kv, &p.head_dim, &p.head_dim_v};
+        *field[range(r, 0, 4)] = -range(r, 1, 5);
+        valid = 0;
+    }
+    const int64_t H = p.num_heads > 0 ? p.num_heads : 0, L = p.len_q > 0 ? p.len_q : 0;
+    const int64_t S = p.len_kv > 0 ? p.len_kv : 0, E = p.head_dim > 0 ? p.head_dim : 0;
+    const int64_t Ev = p.head_dim_v > 0 ? p.head_dim_v : 0;
+    const int64_t G = p.gqa_group > 0 ? p.gqa_group : 1, Hkv = H / G;
+
+    /* masks, scale, causality, key lengths, outputs, threads */
+    p.mask_kind = (sdpa_mask_kind)range(r, 0, 2);
+    if (one_in(r, 40)) p.mask_kind = (sdpa_mask_kind)range(r, 3, 9), valid = 0;
+    static const double scales[] = {0, -1, 1e30, NAN, INFINITY};
+    p.scale = one_in(r, 8) ? scales[range(r, 0, 4)] : (E > 0 ? 1 / sqrt((double)E) : 1) * (1 + 0.25 * range(r, -2, 2));
+    p.causal = (int32_t)range(r, 0, 1);
+    static const int64_t far[] = {INT64_MAX, INT64_MAX - 5, INT64_MIN, INT64_MIN + 5, (int64_t)1 << 62};
+    switch (range(r, 0, 3)) {
+        case 0: p.causal_offset = 0; break;
+        case 1: p.causal_offset = S - L; break;
+        case 2: p.causal_offset = range(r, -30, 80); break;
+        default: p.causal_offset = far[range(r, 0, 4)]; break;
+    }
+    const int with_lengths = one_in(r, 3), with_weights = one_in(r, 4), with_lse = one_in(r, 3);
+    p.num_threads = (int32_t)range(r, 0, 3);
+    if (one_in(r, 60)) p.num_threads = -1, valid = 0;
+    stopper stop = {0, (int)range(r, 0, 3)};
+    if (one_in(r, 10)) p.interrupt = poll_stopper, p.interrupt_data = &stop;
+
+    /* the operands */
+    int64_t shape[MAX_DIMS];
+    for (int d = 0; d < nbv; d++) shape[d] = p.batch_shape[d] > 0 ? p.batch_shape[d] : 0;
+    operand q, k, v, out, mask, weights, lse, lengths;
+    operand *all[8] = {&q, &k, &v, &out, &mask, &weights, &lse, &lengths};
+    for (int i = 0; i < 8; i++) memset(all[i], 0, sizeof(operand));
+    int ok = 1;
+    const int specials = one_in(r, 4);
+    shape[nbv] = H, shape[nbv + 1] = L, shape[nbv + 2] = E;
+    ok &= make_operand(r, &q, nbv + 3, shape, elem, 1);
+    shape[nbv] = Hkv, shape[nbv + 1] = S;
+    ok = ok && make_operand(r, &k, nbv + 3, shape, elem, 1);
+    shape[nbv + 2] = Ev;
+    ok = ok && make_operand(r, &v, nbv + 3, shape, elem, 1);
+    shape[nbv] = H, shape[nbv + 1] = L;
+    ok = ok && make_operand(r, &out, nbv + 3, shape, elem, 0);
+    shape[nbv + 2] = S;
+    const size_t mask_elem = p.mask_kind == SDPA_MASK_BOOL ? 1 : elem;
+    if (ok && (p.mask_kind == SDPA_MASK_BOOL || p.mask_kind == SDPA_MASK_ADDITIVE))
+        ok = make_operand(r, &mask, nbv + 3, shape, mask_elem, 1);
+    if (ok && with_weights) ok = make_operand(r, &weights, nbv + 3, shape, elem, 0);
+    if (ok && with_lse) ok = make_operand(r, &lse, nbv + 2, shape, elem, 0);
+    if (ok && with_lengths) ok = make_operand(r, &lengths, nbv, shape, sizeof(int64_t), 1);
+    if (!ok) {
+        stat_skipped++;
+        for (int i = 0; i < 8; i++) free_operand(all[i]);
+        return 0;
+    }
+    fill(r, &q, dt, specials);
+    fill(r, &k, dt, specials);
+    fill(r, &v, dt, specials);
+    if (p.mask_kind == SDPA_MASK_BOOL)
+        for (size_t i = 0; i < mask.total; i++) mask.base[i] = (unsigned char)(take(r, 1) % 5 != 0);
+    else if (p.mask_kind == SDPA_MASK_ADDITIVE)
+        for (size_t i = 0; i < mask.total; i++) {
+            double x = one_in(r, 4) ? -INFINITY : value(r, specials);  /* -inf masks */
+            if (dt == SDPA_FLOAT64) ((double *)mask.base)[i] = x;
+            else ((float *)mask.base)[i] = (float)x;
+        }
+    static const int64_t far_len[] = {INT64_MAX, INT64_MIN, -1, (int64_t)1 << 40};
+    for (size_t i = 0; i < lengths.total; i++)
+        ((int64_t *)lengths.base)[i] = one_in(r, 6) ? far_len[range(r, 0, 3)] : range(r, 0, S + 3);
+
+    p.query = view_of(&q, nbv), p.key = view_of(&k, nbv), p.value = view_of(&v, nbv), p.out = view_of(&out, nbv);
+    if (mask.base) p.mask = view_of(&mask, nbv);
+    if (with_weights) p.weights = view_of(&weights, nbv);
+    if (with_lse) p.lse = view_of(&lse, nbv);
+    if (with_lengths) {
+        p.key_lengths = (const int64_t *)lengths.data;
+        for (int d = 0; d < nbv; d++) p.key_lengths_strides[d] = lengths.stride[d];
+    }
+    if (one_in(r, 60)) { /* a required pointer missing: an error when there is work */
+        p.query.data = NULL;
+        if (batch_count * H * L > 0) valid = 0;
+    }
+    snprintf(problem_text, sizeof(problem_text),
+             "dtype=%d nb=%d batch=%lld,%lld,%lld H=%lld G=%lld L=%lld S=%lld E=%lld Ev=%lld mask=%d scale=%g "
+             "causal=%d offset=%lld lengths=%d weights=%d lse=%d threads=%d interrupt=%d specials=%d valid=%d",
+             (int)p.dtype, nb, (long long)p.batch_shape[0], (long long)p.batch_shape[1],
+             (long long)p.batch_shape[2], (long long)p.num_heads, (long long)p.gqa_group, (long long)p.len_q,
+             (long long)p.len_kv, (long long)p.head_dim, (long long)p.head_dim_v, (int)p.mask_kind, p.scale,
+             p.causal, (long long)p.causal_offset, with_lengths, with_weights, with_lse, p.num_threads,
+             p.interrupt != NULL, specials, valid);
+
+    /* inputs kept, to check they are not written */
+    unsigned char *copies[4];
+    const operand *inputs[4] = {&q, &k, &v, &mask};
+    for (int i = 0; i < 4; i++) {
+        size_t bytes = inputs[i]->total * inputs[i]->elem;
+        copies[i] = (unsigned char *)malloc(bytes ? bytes : 1);
+        if (inputs[i]->base) memcpy(copies[i], inputs[i]->base, bytes);
+    }
+
+    sdpa_status st = sdpa_attention(&p);
+    stat_refused += st != SDPA_OK && st != SDPA_ERR_INTERRUPTED;
+    if (getenv("SDPA_FUZZ_VERBOSE")) fprintf(stderr, "%d %s\n%s\n", (int)st, sdpa_status_message(st), problem_text);
+    stat_interrupted += st == SDPA_ERR_INTERRUPTED;
+    stat_computed += st == SDPA_OK && batch_count * H * L > 0;
+    if (!valid) {
+        if (st == SDPA_OK || !is_validation_error(st)) fail("an invalid problem was not refused");
+    } else if (st == SDPA_ERR_INTERRUPTED) {
+        if (!p.interrupt) fail("interrupted without a callback");
+    } else if (st != SDPA_OK) {
+        fail("a valid problem was refused");
+    }
+    for (int i = 0; i < 4; i++)
+        if (inputs[i]->base && memcmp(copies[i], inputs[i]->base, inputs[i]->total * inputs[i]->elem))
+            fail("an input was written");
+
+    if (valid && st == SDPA_OK) {
+        /* the same bits with another thread count */
+        operand out2;
+        int64_t oshape[MAX_DIMS];
+        for (int d = 0; d < out.nd; d++) oshape[d] = out.n[d];
+        reader none = {NULL, 0, 0};
+        if (make_operand(&none, &out2, out.nd, oshape, elem, 0)) {
+            sdpa_problem p2 = p;
+            p2.out = view_of(&out2, nbv);
+            p2.weights.data = NULL, p2.lse.data = NULL, p2.interrupt = NULL;
+            p2.num_threads = p.num_threads == 3 ? 1 : 3;
+            if (sdpa_attention(&p2) != SDPA_OK) fail("the second call failed");
+            int64_t idx[MAX_DIMS] = {0};
+            int64_t count = 1;
+            for (int d = 0; d < out.nd; d++) count *= out.n[d];
+            for (int64_t i = 0; i < count; i++) {
+                int64_t rem = i;
+                for (int d = out.nd - 1; d >= 0; d--) idx[d] = rem % out.n[d], rem /= out.n[d];
+                const int64_t a = offset_of(&out, idx), b = offset_of(&out2, idx);
+                if (memcmp(out.data + a * (int64_t)elem, out2.data + b * (int64_t)elem, elem))
+                    fail("the result depends on the thread count");
+            }
+            free_operand(&out2);
+        }
+
+        /* the reference, for small finite values and a moderate scale (a huge
+         * one turns rounding differences of the scores into different weights) */
+        if (!specials && fabs(p.scale) <= 100) {
+            stat_compared++;
+            const int64_t total = batch_count * H * L;
+            double *s = (double *)malloc(sizeof(double) * (size_t)(S ? S : 1));
+            int64_t idx[MAX_DIMS];
+            for (int64_t row = 0; row < total; row++) {
+                int64_t rem = row;
+                const int64_t l = rem % L;
+                rem /= L;
+                const int64_t h = rem % H;
+                rem /= H;
+                for (int d = nbv - 1; d >= 0; d--) idx[d] = rem % p.batch_shape[d], rem /= p.batch_shape[d];
+                int64_t limit = S;
+                if (with_lengths) {
+                    int64_t len = ((const int64_t *)lengths.data)[offset_of(&lengths, idx)];
+                    limit = len < 0 ? 0 : len < S ? len : S;
+                }
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < S; j++) {
+                    int visible = j < limit && (!p.causal || j - l <= p.causal_offset);
+                    idx[nbv] = h, idx[nbv + 1] = l;
+                    double dot = 0;
+                    for (int64_t c = 0; c < E; c++) {
+                        idx[nbv + 2] = c;
+                        const double qv = load(&q, dt, offset_of(&q, idx));
+                        idx[nbv] = h / G, idx[nbv + 1] = j;
+                        dot += qv * load(&k, dt, offset_of(&k, idx));
+                        idx[nbv] = h, idx[nbv + 1] = l;
+                    }
+                    double sj = p.scale * dot;
+                    if (mask.base) {
+                        idx[nbv + 2] = j;
+                        const int64_t mo = offset_of(&mask, idx);
+                        if (p.mask_kind == SDPA_MASK_BOOL) visible &= mask.data[mo] != 0;
+                        else sj += load(&mask, dt, mo);
+                    }
+                    s[j] = visible ? sj : -INFINITY;
+                    if (s[j] > mx) mx = s[j];
+                }
+                double sum = 0;
+                for (int64_t j = 0; j < S; j++) sum += s[j] == -INFINITY ? 0 : exp(s[j] - mx);
+                const double tol = dt == SDPA_FLOAT64 ? 1e-9 : 2e-3;
+                idx[nbv] = h, idx[nbv + 1] = l;
+                for (int64_t c = 0; c < Ev; c++) {
+                    double ref = 0, scale = 0;
+                    for (int64_t j = 0; j < S; j++) {
+                        if (s[j] == -INFINITY) continue;
+                        idx[nbv] = h / G, idx[nbv + 1] = j, idx[nbv + 2] = c;
+                        const double w = exp(s[j] - mx) / sum, vv = load(&v, dt, offset_of(&v, idx));
+                        ref += w * vv;
+                        scale += fabs(w * vv);
+                    }
+                    idx[nbv] = h, idx[nbv + 1] = l, idx[nbv + 2] = c;
+                    const double got = load(&out, dt, offset_of(&out, idx));
+                    /* scores carry rounding in proportion to their size */
+                    const double bound = tol * (1 + scale) * (isfinite(mx) ? 1 + fabs(mx) : 1);
+                    if (!(fabs(got - ref) <= bound)) {
+                        fprintf(stderr, "row %lld h %lld l %lld c %lld: got %g ref %g\n", (long long)row, (long long)h, (long long)l, (long long)c, got, ref);
+                        fail("output differs from the reference");
+                    }
+                }
+                if (with_lse) {
+                    idx[nbv] = h, idx[nbv + 1] = l;
+                    const double got = load(&lse, dt, offset_of(&lse, idx));
+                    const double ref = sum > 0 ? mx + log(sum) : -INFINITY;
+                    if (!(got == ref || fabs(got - ref) <= tol * (1 + fabs(ref)))) fail("lse differs from the reference");
+                }
+            }
+            free(s);
+        }
+    }
+    for (int i = 0; i < 4; i++) free(copies[i]);
+    for (int i = 0; i < 8; i++) free_operand(all[i]);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) { return run_input(data, size); }
+
+#ifdef SDPA_FUZZ_STANDALONE
+/* Without libFuzzer: the files named on the command line, or --runs N inputs
+ * of random bytes from --seed S (a splitmix64 stream). */
+int main(int argc, char **argv) {
+    long runs = 0;
+    uint64_t seed = 1;
+    int files = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+        else {
+            FILE *f = fopen(argv[i], "rb");
+            if (!f) {
+                perror(argv[i]);
+                return 2;
+            }
+            static uint8_t buf[1 << 16];
+            size_t n = fread(buf, 1, sizeof(buf), f);
+            fclose(f);
+            run_input(buf, n);
+            files++;
+        }
+    }
+    uint8_t buf[4096];
+    for (long i = 0; i < runs; i++) {
+        uint64_t z = 0;
+        for (size_t j = 0; j < sizeof(buf); j++) {
+            z = (seed += 0x9e3779b97f4a7c15ull);
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+            buf[j] = (uint8_t)(z ^ (z >> 31));
+        }
+        run_input(buf, (size_t)((z >> 40) % sizeof(buf)));
+    }
+    printf("fuzz_problem: %ld random inputs and %d files passed: %ld computed (%ld checked against the "
+           "reference), %ld refused, %ld interrupted, %ld too large to lay out\n",
+           runs, files, stat_computed, stat_compared, stat_refused, stat_interrupted, stat_skipped);
+    return 0;
+}
+#endif
