@@ -165,22 +165,22 @@ static void fp_mode_restore(fp_mode own) { (void)own; }
  * child forked after sdpa used threads therefore computes on its calling
  * thread only.
  */
-static volatile int openmp_used = 0;
-static volatile int forked_after_openmp = 0;
+static SDPA_ATOMIC(int) openmp_used = 0;
+static SDPA_ATOMIC(int) forked_after_openmp = 0;
 
 #if defined(_OPENMP) && !defined(_WIN32)
 #include <pthread.h>
 static void on_fork_child(void) {
-    if (openmp_used) forked_after_openmp = 1;
+    if (sdpa_atomic_load(&openmp_used)) sdpa_atomic_store(&forked_after_openmp, 1);
 }
 static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
 static void install_fork_handler(void) { pthread_atfork(NULL, NULL, on_fork_child); }
 static void note_openmp_used(void) {
     pthread_once(&fork_handler_once, install_fork_handler);
-    openmp_used = 1;
+    sdpa_atomic_store(&openmp_used, 1);
 }
 #else
-static void note_openmp_used(void) { openmp_used = 1; }
+static void note_openmp_used(void) { sdpa_atomic_store(&openmp_used, 1); }
 #endif
 
 /* ---- the two element types ---- */
@@ -309,7 +309,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
 #ifndef _OPENMP
     nthreads = 1;
 #endif
-    if (forked_after_openmp) nthreads = 1;
+    if (sdpa_atomic_load(&forked_after_openmp)) nthreads = 1;
     pl->num_threads = nthreads;
 }
 
