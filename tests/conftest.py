@@ -153,6 +153,12 @@ def check_against_reference(
     return out_w, weights
 
 
+def under_sanitizer() -> bool:
+    """Whether a sanitizer runtime is preloaded (.ci/sanitize.sh, .ci/tsan.sh): they
+    reserve terabytes of address space, so address-space limits cannot be tested."""
+    return any(name in os.environ.get("LD_PRELOAD", "") for name in ("asan", "tsan", "ubsan"))
+
+
 def supported_isas():
     """The kernel sets this CPU can run ("scalar" always)."""
     from sdpa import _core
