@@ -1,7 +1,7 @@
 """Builds sdpa._core: the Cython wrapper plus the C core in csrc/.
 
 OpenMP is probed: a tiny program must compile, link and run with the compiler's
-OpenMP flags.  Without it the extension is built serially with a warning;
+OpenMP flags (or those in SDPA_OPENMP_CFLAGS / SDPA_OPENMP_LDFLAGS).  Without it the extension is built serially with a warning;
 SDPA_REQUIRE_OPENMP=1 makes that an error, and SDPA_DISABLE_OPENMP=1 builds the
 serial extension on purpose.  Flags stay portable: the SIMD kernels pick the
 instruction set at run time, never at build time.  The version is the one in
@@ -39,6 +39,11 @@ int main(void) {
 
 
 def openmp_flag_candidates(compiler_type):
+    if "SDPA_OPENMP_CFLAGS" in os.environ or "SDPA_OPENMP_LDFLAGS" in os.environ:
+        # an OpenMP of the builder's choice, e.g. LLVM's libomp with gcc:
+        # SDPA_OPENMP_CFLAGS=-fopenmp SDPA_OPENMP_LDFLAGS="-L/usr/lib/llvm-14/lib -lomp"
+        return [(shlex.split(os.environ.get("SDPA_OPENMP_CFLAGS", "")),
+                 shlex.split(os.environ.get("SDPA_OPENMP_LDFLAGS", "")))]
     if compiler_type == "msvc":
         return [(["/openmp"], [])]
     if sys.platform == "darwin":
