@@ -10,6 +10,7 @@
 #include <omp.h>
 #endif
 
+#include "convert.h"
 #include "internal.h"
 
 /* Row mode serves problems with at most this many query rows per key/value
@@ -26,6 +27,7 @@
 
 /* Work division and scratch layout of one call (offsets in elements). */
 typedef struct plan {
+    sdpa_dtype kv_dtype;  /* of key and value, resolved                 */
     int64_t num_bh;       /* batch count x heads                 */
     int64_t num_qblocks;  /* ceil(L / tile_q)                    */
     int64_t num_tasks;    /* num_bh x num_qblocks                */
@@ -183,24 +185,51 @@ static void note_openmp_used(void) {
 static void note_openmp_used(void) { sdpa_atomic_store(&openmp_used, 1); }
 #endif
 
-/* ---- the two element types ---- */
+/* ---- element types ---- */
+
+size_t sdpa_dtype_size(sdpa_dtype dt) {
+    switch (dt) {
+        case SDPA_FLOAT64: return 8;
+        case SDPA_BFLOAT16:
+        case SDPA_FLOAT16: return 2;
+        default: return 4;
+    }
+}
+
+/* Contiguous 16-bit rows to float with the kernel set's widening kernel. */
+static int widen_rows_f32(const kernels_f32 *kern, sdpa_dtype dt, const void *src, float *dst, int64_t n) {
+    if (dt != SDPA_BFLOAT16 && dt != SDPA_FLOAT16) return 0;
+    kern->widen(dt, (const uint16_t *)src, dst, n);
+    return 1;
+}
+
+static int widen_rows_f64(const kernels_f64 *kern, sdpa_dtype dt, const void *src, double *dst, int64_t n) {
+    (void)kern, (void)dt, (void)src, (void)dst, (void)n;
+    return 0;  /* a float64 problem reads only float64 */
+}
+
+/* ---- the two compute types ---- */
 
 #define T float
+#define TDT SDPA_FLOAT32
 #define SUF f32
 #define KT kernels_f32
 #define EXP expf
 #include "attention_impl.h"
 #undef T
+#undef TDT
 #undef SUF
 #undef KT
 #undef EXP
 
 #define T double
+#define TDT SDPA_FLOAT64
 #define SUF f64
 #define KT kernels_f64
 #define EXP exp
 #include "attention_impl.h"
 #undef T
+#undef TDT
 #undef SUF
 #undef KT
 #undef EXP
@@ -214,8 +243,21 @@ static int mul_ok(int64_t a, int64_t b, int64_t *r) {
     return 1;
 }
 
+static int is_single_or_half(sdpa_dtype dt) {
+    return dt == SDPA_FLOAT32 || dt == SDPA_BFLOAT16 || dt == SDPA_FLOAT16;
+}
+
+/* key and value's dtype, SDPA_DTYPE_OF_QUERY resolved */
+static sdpa_dtype kv_dtype_of(const sdpa_problem *p) {
+    return p->kv_dtype == SDPA_DTYPE_OF_QUERY ? p->dtype : p->kv_dtype;
+}
+
 static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
-    if (p->dtype != SDPA_FLOAT32 && p->dtype != SDPA_FLOAT64) return SDPA_ERR_BAD_DTYPE;
+    if (p->dtype == SDPA_FLOAT64) {
+        if (kv_dtype_of(p) != SDPA_FLOAT64) return SDPA_ERR_BAD_DTYPE;
+    } else if (!is_single_or_half(p->dtype) || !is_single_or_half(kv_dtype_of(p))) {
+        return SDPA_ERR_BAD_DTYPE;
+    }
     if (p->num_batch_dims < 0 || p->num_batch_dims > SDPA_MAX_BATCH_DIMS) return SDPA_ERR_BAD_SHAPE;
     if (p->num_heads < 0 || p->len_q < 0 || p->len_kv < 0 || p->head_dim < 0 || p->head_dim_v < 0)
         return SDPA_ERR_BAD_SHAPE;
@@ -254,9 +296,10 @@ static size_t round_elems(size_t n, size_t elem) {
 
 static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt,
                       plan *pl) {
-    size_t elem = p->dtype == SDPA_FLOAT32 ? sizeof(float) : sizeof(double);
+    size_t elem = p->dtype == SDPA_FLOAT64 ? sizeof(double) : sizeof(float);  /* compute type */
     memset(pl, 0, sizeof(*pl));
-    if (p->dtype == SDPA_FLOAT32) {
+    pl->kv_dtype = kv_dtype_of(p);
+    if (p->dtype != SDPA_FLOAT64) {
         pl->nr = kt->f32.nr;
         pl->tile_q = kt->f32.tile_q;
         pl->tile_k = kt->f32.tile_k;
@@ -291,6 +334,10 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
         pl->off_s = off;   off += round_elems(tk * nr, elem);
         pl->off_m = off;   off += round_elems(tq, elem);
         pl->off_l = off;   off += round_elems(tq, elem);
+        if (pl->kv_dtype != (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32)) {
+            pl->off_k = off; off += round_elems(tk * E, elem);  /* K and V tiles converted */
+            pl->off_v = off; off += round_elems(tk * Ev, elem);
+        }
     }
     pl->scratch_elems = off;
 
@@ -319,6 +366,7 @@ void sdpa_problem_init(sdpa_problem *p) {
     if (!p) return;
     memset(p, 0, sizeof(*p));
     p->dtype = SDPA_FLOAT32;
+    p->kv_dtype = SDPA_DTYPE_OF_QUERY;
     p->gqa_group = 1;
     p->scale = 1.0;
     p->mask_kind = SDPA_MASK_NONE;
@@ -340,8 +388,8 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
     if (q.causal_offset < -q.len_q) q.causal_offset = -q.len_q;
     plan pl;
     make_plan(&q, batch_count, kt, &pl);
-    if (q.dtype == SDPA_FLOAT32) return attention_f32(&q, &pl, &kt->f32);
-    return attention_f64(&q, &pl, &kt->f64);
+    if (q.dtype == SDPA_FLOAT64) return attention_f64(&q, &pl, &kt->f64);
+    return attention_f32(&q, &pl, &kt->f32);
 }
 
 const char *sdpa_status_message(sdpa_status status) {

@@ -1,7 +1,13 @@
 /*
- * The fused attention driver for one element type, included by attention.c with
- *   T     the element type            SUF   the name suffix (f32, f64)
+ * The fused attention driver for one compute type, included by attention.c with
+ *   T     the compute type            SUF   the name suffix (f32, f64)
  *   KT    the kernel struct type      EXP   libm's exp for T
+ *   TDT   the sdpa_dtype of T
+ *
+ * Query and out may be stored in another dtype than T (16-bit for T = float),
+ * and so may key and value (pl->kv_dtype): the query is converted as it is
+ * packed, key and value tiles into scratch before the kernels read them, and
+ * the output as it is written.  Weights, lse and an additive mask are T.
  *
  * One task = (batch index, query head, block of query rows).  The block is cut
  * into panels of nr rows, kept transposed (Q^T, and the accumulator (P V)^T), so
@@ -22,6 +28,49 @@
 static const void *FN(mask_at)(const sdpa_problem *p, int64_t b, int64_t h) {
     if (p->mask_kind == SDPA_MASK_NONE) return NULL;
     return view_at(p, &p->mask, b, h, p->mask_kind == SDPA_MASK_BOOL ? 1 : sizeof(T));
+}
+
+/* Element i of a buffer of dtype dt, as T. */
+static inline T FN(load)(const void *base, int64_t i, sdpa_dtype dt) {
+    switch (dt) {
+        case SDPA_BFLOAT16: return (T)sdpa_bf16_to_f32(((const uint16_t *)base)[i]);
+        case SDPA_FLOAT16: return (T)sdpa_f16_to_f32(((const uint16_t *)base)[i]);
+        case SDPA_FLOAT32: return (T)((const float *)base)[i];
+        default: return (T)((const double *)base)[i];
+    }
+}
+
+/* Stores x as element i of a buffer of dtype dt. */
+static inline void FN(store)(void *base, int64_t i, sdpa_dtype dt, T x) {
+    switch (dt) {
+        case SDPA_BFLOAT16: ((uint16_t *)base)[i] = sdpa_f32_to_bf16((float)x); break;
+        case SDPA_FLOAT16: ((uint16_t *)base)[i] = sdpa_f32_to_f16((float)x); break;
+        case SDPA_FLOAT32: ((float *)base)[i] = (float)x; break;
+        default: ((double *)base)[i] = (double)x; break;
+    }
+}
+
+/* dst[i] = scale * src[i * stride] for i < n, src of dtype dt. */
+static void FN(load_scaled)(T *dst, const void *src, int64_t n, int64_t stride, sdpa_dtype dt, T scale) {
+    if (dt == TDT) {
+        const T *s = (const T *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = scale * s[i * stride];
+    } else {
+        for (int64_t i = 0; i < n; i++) dst[i] = scale * FN(load)(src, i * stride, dt);
+    }
+}
+
+/* Rows [s0, s0 + n) of a key or value view (dt elements) as T, row-major with
+ * ld = cols, in buf: with a widening kernel for contiguous 16-bit rows. */
+static void FN(convert_rows)(const KT *kern, T *buf, const char *base, const sdpa_view *view, sdpa_dtype dt,
+                             int64_t s0, int n, int64_t cols) {
+    const size_t elem = sdpa_dtype_size(dt);
+    for (int j = 0; j < n; j++) {
+        const char *row = base + (s0 + j) * view->row_stride * (int64_t)elem;
+        T *dst = buf + (int64_t)j * cols;
+        if (view->col_stride == 1 && FN(widen_rows)(kern, dt, row, dst, cols)) continue;
+        for (int64_t c = 0; c < cols; c++) dst[c] = FN(load)(row, c * view->col_stride, dt);
+    }
 }
 
 /* m + log(l): the row's log-sum-exp; -inf for a row that saw no key. */
@@ -88,14 +137,19 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     }
     const int64_t b = bh / H, h = bh % H, hkv = h / p->gqa_group;
 
-    const T *q = AT(query, b, h);
-    const T *k = AT(key, b, hkv);
-    const T *v = AT(value, b, hkv);
-    T *out = AT(out, b, h);
+    const sdpa_dtype qdt = p->dtype, kvdt = pl->kv_dtype;
+    const char *q = (const char *)view_at(p, &p->query, b, h, sdpa_dtype_size(qdt));
+    const char *k = (const char *)view_at(p, &p->key, b, hkv, sdpa_dtype_size(kvdt));
+    const char *v = (const char *)view_at(p, &p->value, b, hkv, sdpa_dtype_size(kvdt));
+    char *out = (char *)view_at(p, &p->out, b, h, sdpa_dtype_size(qdt));
     const void *mask = FN(mask_at)(p, b, h);
     T *weights = p->weights.data ? AT(weights, b, h) : NULL;
-    const int64_t ksr = p->key.row_stride, ksc = p->key.col_stride;
-    const int64_t vsr = p->value.row_stride, vsc = p->value.col_stride;
+    /* K and V in place (T elements), or converted a tile at a time */
+    const int convert_kv = kvdt != TDT;
+    const int64_t ksr = convert_kv ? E : p->key.row_stride, ksc = convert_kv ? 1 : p->key.col_stride;
+    const int64_t vsr = convert_kv ? Ev : p->value.row_stride, vsc = convert_kv ? 1 : p->value.col_stride;
+    T *kbuf = scratch + pl->off_k;   /* a K tile as T, tile_k x E (convert_kv) */
+    T *vbuf = scratch + pl->off_v;   /* a V tile as T, tile_k x Ev            */
 
     T *qt = scratch + pl->off_q;     /* panels of Q^T, each E x nr, scaled   */
     T *acc = scratch + pl->off_acc;  /* panels of (P V)^T, each Ev x nr      */
@@ -112,11 +166,11 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         T *panel = qt + (int64_t)pn * E * nr;
         const int64_t r0 = l0 + (int64_t)pn * nr;
         const int prows = (int)(L - r0 < nr ? L - r0 : nr);
-        const T *q0 = q + r0 * p->query.row_stride;
+        const size_t qe = sdpa_dtype_size(qdt);
+        const char *q0 = q + r0 * p->query.row_stride * (int64_t)qe;
         for (int64_t c = 0; c < E; c++) {
             T *pc = panel + c * nr;
-            const T *qc = q0 + c * p->query.col_stride;
-            for (int x = 0; x < prows; x++) pc[x] = scale * qc[x * p->query.row_stride];
+            FN(load_scaled)(pc, q0 + c * p->query.col_stride * (int64_t)qe, prows, p->query.row_stride, qdt, scale);
             for (int x = prows; x < nr; x++) pc[x] = 0;
         }
     }
@@ -138,6 +192,12 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     for (int64_t s0 = 0; s0 < kv_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;  /* the output is unspecified then */
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
+        const T *kt = (const T *)k + s0 * ksr, *vt = (const T *)v + s0 * vsr;
+        if (convert_kv) {  /* once per tile, for every panel */
+            FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E);
+            FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev);
+            kt = kbuf, vt = vbuf;
+        }
         for (int pn = 0; pn < panels; pn++) {
             const int64_t r0 = l0 + (int64_t)pn * nr;
             const int prows = (int)(L - r0 < nr ? L - r0 : nr);
@@ -150,7 +210,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             T *pmax = row_m + (int64_t)pn * nr, *psum = row_l + (int64_t)pn * nr;
             T *pacc = acc + (int64_t)pn * Ev * nr;
 
-            kern->gemm(np, E, k + s0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
+            kern->gemm(np, E, kt, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
 
             const int diagonal = p->causal && s0 + np - 1 > r0 + p->causal_offset;
             if (mask || diagonal) {
@@ -165,7 +225,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                     FN(store_raw_scores)(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, s0, np);
 
             kern->softmax(st, np, pmax, psum, pacc, Ev);
-            kern->gemm((int)Ev, np, v + s0 * vsr, vsc, vsr, st, nr, pacc, nr, 1);
+            kern->gemm((int)Ev, np, vt, vsc, vsr, st, nr, pacc, nr, 1);
         }
     }
 
@@ -173,14 +233,15 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         const int64_t row = l0 + x;
         const T l = row_l[x], m = row_m[x];
         const T *ax = acc + (int64_t)(x / nr) * Ev * nr + x % nr;
-        T *orow = out + row * p->out.row_stride;
+        const int64_t o0 = row * p->out.row_stride, oc = p->out.col_stride;
         /* a row with no visible key gives zeros (even if a V row it multiplied by
          * a zero weight held NaN); NaN in l passes through */
-        if (l == 0) {
-            for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = 0;
+        const T inv = l == 0 ? 0 : 1 / l;
+        if (qdt == TDT) {
+            T *orow = (T *)out + o0;
+            for (int64_t c = 0; c < Ev; c++) orow[c * oc] = l == 0 ? 0 : ax[c * nr] * inv;
         } else {
-            const T inv = 1 / l;
-            for (int64_t c = 0; c < Ev; c++) orow[c * p->out.col_stride] = ax[c * nr] * inv;
+            for (int64_t c = 0; c < Ev; c++) FN(store)(out, o0 + c * oc, qdt, l == 0 ? 0 : ax[c * nr] * inv);
         }
         if (weights) FN(normalize_weights)(p, weights + row * p->weights.row_stride, row, S_b, m, l);
         if (lse) lse[row * p->lse.row_stride] = FN(log_sum_exp)(m, l);
@@ -220,30 +281,31 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     if (p->causal && L - 1 + p->causal_offset + 1 < s_end) s_end = L + p->causal_offset;
     if (s_begin >= s_end) return;
 
-    const T *k = AT(key, b, hkv);
-    const T *v = AT(value, b, hkv);
+    const sdpa_dtype qdt = p->dtype, kvdt = pl->kv_dtype;
+    const size_t qe = sdpa_dtype_size(qdt);
+    const char *k = (const char *)view_at(p, &p->key, b, hkv, sdpa_dtype_size(kvdt));
+    const char *v = (const char *)view_at(p, &p->value, b, hkv, sdpa_dtype_size(kvdt));
     const int64_t ksr = p->key.row_stride, ksc = p->key.col_stride;
     const int64_t vsr = p->value.row_stride, vsc = p->value.col_stride;
     T *qs = scratch + pl->off_q;     /* M x E, scaled                     */
     T *st = scratch + pl->off_s;     /* M x tile_k scores                 */
-    T *kbuf = scratch + pl->off_k;   /* tile_k x E, when K rows are strided */
-    T *vbuf = scratch + pl->off_v;   /* tile_k x Ev, when V rows are strided */
+    T *kbuf = scratch + pl->off_k;   /* tile_k x E: strided or converted K rows */
+    T *vbuf = scratch + pl->off_v;   /* tile_k x Ev: strided or converted V rows */
 
     const T scale = (T)p->scale;
     for (int x = 0; x < M; x++) {
         const int64_t h = hkv * group + x / L, l = x % L;
-        const T *qr = (const T *)AT(query, b, h) + l * p->query.row_stride;
-        for (int64_t c = 0; c < E; c++) qs[x * E + c] = scale * qr[c * p->query.col_stride];
+        const char *qr = (const char *)view_at(p, &p->query, b, h, qe) + l * p->query.row_stride * (int64_t)qe;
+        FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
     }
 
     for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;
         const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
-        const T *kb = k + s0 * ksr;
+        const T *kb = (const T *)k + s0 * ksr;
         int64_t ldk = ksr;
-        if (ksc != 1) {
-            for (int j = 0; j < n; j++)
-                for (int64_t c = 0; c < E; c++) kbuf[j * E + c] = kb[j * ksr + c * ksc];
+        if (ksc != 1 || kvdt != TDT) {
+            FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E);
             kb = kbuf;
             ldk = E;
         }
@@ -258,11 +320,10 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                 FN(store_raw_scores)(p, AT(weights, b, h) + l * p->weights.row_stride, sr, 1, s0, n);
             kern->row_softmax(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
         }
-        const T *vb = v + s0 * vsr;
+        const T *vb = (const T *)v + s0 * vsr;
         int64_t ldv = vsr;
-        if (vsc != 1) {
-            for (int j = 0; j < n; j++)
-                for (int64_t c = 0; c < Ev; c++) vbuf[j * Ev + c] = vb[j * vsr + c * vsc];
+        if (vsc != 1 || kvdt != TDT) {
+            FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev);
             vb = vbuf;
             ldv = Ev;
         }
@@ -290,10 +351,12 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
         /* combined in double: the chunks of a very long row would otherwise lose
          * float32 bits in the sum of their partial results */
         double sum = 0;
-        T *orow = AT(out, b, h) + l * p->out.row_stride;
+        char *orow = (char *)view_at(p, &p->out, b, h, sdpa_dtype_size(p->dtype)) +
+                     l * p->out.row_stride * (int64_t)sdpa_dtype_size(p->dtype);
         const int64_t oc = p->out.col_stride;
+        const sdpa_dtype odt = p->dtype;
         if (m == -(T)INFINITY) {
-            for (int64_t c = 0; c < Ev; c++) orow[c * oc] = 0;
+            for (int64_t c = 0; c < Ev; c++) FN(store)(orow, c * oc, odt, 0);
         } else {
             /* each chunk's weight exp(m_chunk - m) replaces its max in the partial
              * (this group's partials belong to this thread alone) */
@@ -305,7 +368,10 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
             const double inv = sum == 0 ? 0 : 1 / sum;
             if (pl->num_chunks == 1) {  /* the row's own result: acc / sum (sum >= 1 here) */
                 const T *acc = first + 2 * M + (int64_t)x * Ev;
-                for (int64_t c = 0; c < Ev; c++) orow[c * oc] = (T)((double)acc[c] * inv);
+                if (odt == TDT)
+                    for (int64_t c = 0; c < Ev; c++) ((T *)orow)[c * oc] = (T)((double)acc[c] * inv);
+                else
+                    for (int64_t c = 0; c < Ev; c++) FN(store)(orow, c * oc, odt, (T)((double)acc[c] * inv));
             } else {
                 for (int64_t c = 0; c < Ev; c++) {
                     double acc_c = 0;
@@ -314,7 +380,7 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
                         if (part[M + x] != 0)  /* a chunk that saw no key adds nothing, NaN included */
                             acc_c += (double)part[x] * (double)part[2 * M + (int64_t)x * Ev + c];
                     }
-                    orow[c * oc] = (T)(acc_c * inv);
+                    FN(store)(orow, c * oc, odt, (T)(acc_c * inv));
                 }
             }
         }

@@ -26,13 +26,14 @@ static unsigned long long read_xcr0(void) {
     return ((unsigned long long)edx << 32) | eax;
 }
 
-/* The index of the best set: 0 = scalar, 1 = avx2 + fma, 2 = avx512
+/* The index of the best set: 0 = scalar, 1 = avx2 + fma + f16c, 2 = avx512
  * f/bw/dq/vl; the OS must save the registers too. */
 static int detect_level(void) {
     unsigned int a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     const int has_fma = (c >> 12) & 1, has_osxsave = (c >> 27) & 1, has_avx = (c >> 28) & 1;
-    if (!has_osxsave || !has_avx || !has_fma) return 0;
+    const int has_f16c = (c >> 29) & 1;
+    if (!has_osxsave || !has_avx || !has_fma || !has_f16c) return 0;
     unsigned long long xcr0 = read_xcr0();
     if ((xcr0 & 0x6) != 0x6) return 0;  /* the OS saves SSE and AVX state */
     if (__get_cpuid_max(0, NULL) < 7) return 0;

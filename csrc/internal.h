@@ -50,6 +50,8 @@
 typedef struct kernels_f32 {
     int nr, tile_q, tile_k;  /* panel width (query rows per vector block), query
                                 rows per task (a multiple of nr), keys per block */
+    /* dst[i] = src[i] as float, for n contiguous bfloat16 or float16 values */
+    void (*widen)(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n);
     void (*gemm)(int m, int64_t kdim, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
                  int64_t ldb, float *c, int64_t ldc, int accumulate);
     void (*softmax)(float *s, int n, float *row_max, float *row_sum, float *acc, int64_t ev);
@@ -81,6 +83,12 @@ typedef struct kernel_table {
     kernels_f32 f32;
     kernels_f64 f64;
 } kernel_table;
+
+/* Bytes of one element of dt. */
+size_t sdpa_dtype_size(sdpa_dtype dt);
+
+/* The portable widening kernel (scalar conversions of convert.h). */
+void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n);
 
 /* The table for this CPU, or the one forced by SDPA_ISA, chosen once; NULL when
  * SDPA_ISA names a set that is unknown or that this CPU cannot run. */

@@ -1,7 +1,8 @@
 /*
  * Fuzzing the C API: every field of sdpa_problem comes from the input bytes.
  *
- * Sizes (0 and negative included), dtypes and mask kinds (unknown ones too),
+ * Sizes (0 and negative included), the query's and the key/value dtypes (16-bit
+ * ones, combinations that are refused, unknown values) and mask kinds,
  * GQA groups, batch dims, strides of every view (dense, permuted, padded,
  * reversed, zero for inputs), scale (0, huge, NaN, inf), causality with any
  * int64 offset (both ends of the range), key lengths (negative, past S, int64
@@ -28,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "convert.h"
 #include "sdpa.h"
 
 #define MAX_DIMS (SDPA_MAX_BATCH_DIMS + 3)
@@ -128,8 +130,15 @@ static sdpa_view view_of(const operand *o, int nb) {
 }
 
 static double load(const operand *o, sdpa_dtype dt, int64_t off) {
-    return dt == SDPA_FLOAT64 ? ((const double *)o->data)[off] : ((const float *)o->data)[off];
+    switch (dt) {
+        case SDPA_FLOAT64: return ((const double *)o->data)[off];
+        case SDPA_BFLOAT16: return sdpa_bf16_to_f32(((const uint16_t *)o->data)[off]);
+        case SDPA_FLOAT16: return sdpa_f16_to_f32(((const uint16_t *)o->data)[off]);
+        default: return ((const float *)o->data)[off];
+    }
 }
+
+static size_t dtype_size(sdpa_dtype dt) { return dt == SDPA_FLOAT64 ? 8 : dt == SDPA_FLOAT32 ? 4 : 2; }
 
 /* Values: small multiples of 1/32, and with `specials` now and then NaN,
  * infinities, a subnormal or a huge value. */
@@ -140,12 +149,17 @@ static double value(reader *r, int specials) {
     return special[kind];
 }
 
-static void fill(reader *r, operand *o, sdpa_dtype dt, int specials) {
-    for (size_t i = 0; i < o->total; i++) {
-        double x = value(r, specials);
-        if (dt == SDPA_FLOAT64) ((double *)o->base)[i] = x;
-        else ((float *)o->base)[i] = (float)x;
+static void store(unsigned char *base, size_t i, sdpa_dtype dt, double x) {
+    switch (dt) {
+        case SDPA_FLOAT64: ((double *)base)[i] = x; break;
+        case SDPA_BFLOAT16: ((uint16_t *)base)[i] = sdpa_f32_to_bf16((float)x); break;
+        case SDPA_FLOAT16: ((uint16_t *)base)[i] = sdpa_f32_to_f16((float)x); break;
+        default: ((float *)base)[i] = (float)x; break;
     }
+}
+
+static void fill(reader *r, operand *o, sdpa_dtype dt, int specials) {
+    for (size_t i = 0; i < o->total; i++) store(o->base, i, dt, value(r, specials));
 }
 
 /* ---- the interrupt callback: stops after a number of polls ---- */
@@ -178,10 +192,18 @@ static int run_input(const uint8_t *data, size_t size) {
     int valid = 1;
 
     /* element type, sizes, heads */
-    p.dtype = one_in(r, 40) ? (sdpa_dtype)range(r, 2, 9) : (sdpa_dtype)range(r, 0, 1);
-    if (p.dtype != SDPA_FLOAT32 && p.dtype != SDPA_FLOAT64) valid = 0;
-    const sdpa_dtype dt = p.dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32;
-    const size_t elem = dt == SDPA_FLOAT64 ? 8 : 4;
+    /* the query's dtype and the key/value dtype: float64 goes with float64 only,
+     * the others (float32, bfloat16, float16) with each other */
+    p.dtype = one_in(r, 40) ? (sdpa_dtype)range(r, 4, 9) : (sdpa_dtype)range(r, 0, 3);
+    if (p.dtype > SDPA_FLOAT16) valid = 0;
+    if (one_in(r, 3)) {
+        p.kv_dtype = one_in(r, 40) ? (sdpa_dtype)range(r, 4, 9) : (sdpa_dtype)range(r, 0, 3);
+        if (p.kv_dtype > SDPA_FLOAT16 || (p.dtype == SDPA_FLOAT64) != (p.kv_dtype == SDPA_FLOAT64)) valid = 0;
+    }
+    const sdpa_dtype dt = p.dtype <= SDPA_FLOAT16 ? p.dtype : SDPA_FLOAT32;
+    const sdpa_dtype kvdt = p.kv_dtype == SDPA_DTYPE_OF_QUERY ? dt : p.kv_dtype <= SDPA_FLOAT16 ? p.kv_dtype : SDPA_FLOAT32;
+    const sdpa_dtype cdt = dt == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32; /* weights, lse, mask */
+    const size_t elem = dtype_size(dt), kvelem = dtype_size(kvdt), celem = dtype_size(cdt);
     int nb = (int)range(r, 0, 3);
     if (one_in(r, 40)) nb = one_in(r, 2) ? -1 : SDPA_MAX_BATCH_DIMS + 1, valid = 0;
     p.num_batch_dims = nb;
@@ -241,17 +263,17 @@ static int run_input(const uint8_t *data, size_t size) {
     shape[nbv] = H, shape[nbv + 1] = L, shape[nbv + 2] = E;
     ok &= make_operand(r, &q, nbv + 3, shape, elem, 1);
     shape[nbv] = Hkv, shape[nbv + 1] = S;
-    ok = ok && make_operand(r, &k, nbv + 3, shape, elem, 1);
+    ok = ok && make_operand(r, &k, nbv + 3, shape, kvelem, 1);
     shape[nbv + 2] = Ev;
-    ok = ok && make_operand(r, &v, nbv + 3, shape, elem, 1);
+    ok = ok && make_operand(r, &v, nbv + 3, shape, kvelem, 1);
     shape[nbv] = H, shape[nbv + 1] = L;
     ok = ok && make_operand(r, &out, nbv + 3, shape, elem, 0);
     shape[nbv + 2] = S;
-    const size_t mask_elem = p.mask_kind == SDPA_MASK_BOOL ? 1 : elem;
+    const size_t mask_elem = p.mask_kind == SDPA_MASK_BOOL ? 1 : celem;
     if (ok && (p.mask_kind == SDPA_MASK_BOOL || p.mask_kind == SDPA_MASK_ADDITIVE))
         ok = make_operand(r, &mask, nbv + 3, shape, mask_elem, 1);
-    if (ok && with_weights) ok = make_operand(r, &weights, nbv + 3, shape, elem, 0);
-    if (ok && with_lse) ok = make_operand(r, &lse, nbv + 2, shape, elem, 0);
+    if (ok && with_weights) ok = make_operand(r, &weights, nbv + 3, shape, celem, 0);
+    if (ok && with_lse) ok = make_operand(r, &lse, nbv + 2, shape, celem, 0);
     if (ok && with_lengths) ok = make_operand(r, &lengths, nbv, shape, sizeof(int64_t), 1);
     if (!ok) {
         stat_skipped++;
@@ -259,16 +281,13 @@ static int run_input(const uint8_t *data, size_t size) {
         return 0;
     }
     fill(r, &q, dt, specials);
-    fill(r, &k, dt, specials);
-    fill(r, &v, dt, specials);
+    fill(r, &k, kvdt, specials);
+    fill(r, &v, kvdt, specials);
     if (p.mask_kind == SDPA_MASK_BOOL)
         for (size_t i = 0; i < mask.total; i++) mask.base[i] = (unsigned char)(take(r, 1) % 5 != 0);
     else if (p.mask_kind == SDPA_MASK_ADDITIVE)
-        for (size_t i = 0; i < mask.total; i++) {
-            double x = one_in(r, 4) ? -INFINITY : value(r, specials);  /* -inf masks */
-            if (dt == SDPA_FLOAT64) ((double *)mask.base)[i] = x;
-            else ((float *)mask.base)[i] = (float)x;
-        }
+        for (size_t i = 0; i < mask.total; i++)
+            store(mask.base, i, cdt, one_in(r, 4) ? -INFINITY : value(r, specials)); /* -inf masks */
     static const int64_t far_len[] = {INT64_MAX, INT64_MIN, -1, (int64_t)1 << 40};
     for (size_t i = 0; i < lengths.total; i++)
         ((int64_t *)lengths.base)[i] = one_in(r, 6) ? far_len[range(r, 0, 3)] : range(r, 0, S + 3);
@@ -286,9 +305,9 @@ static int run_input(const uint8_t *data, size_t size) {
         if (batch_count * H * L > 0) valid = 0;
     }
     snprintf(problem_text, sizeof(problem_text),
-             "dtype=%d nb=%d batch=%lld,%lld,%lld H=%lld G=%lld L=%lld S=%lld E=%lld Ev=%lld mask=%d scale=%g "
+             "dtype=%d/%d nb=%d batch=%lld,%lld,%lld H=%lld G=%lld L=%lld S=%lld E=%lld Ev=%lld mask=%d scale=%g "
              "causal=%d offset=%lld lengths=%d weights=%d lse=%d threads=%d interrupt=%d specials=%d valid=%d",
-             (int)p.dtype, nb, (long long)p.batch_shape[0], (long long)p.batch_shape[1],
+             (int)p.dtype, (int)p.kv_dtype, nb, (long long)p.batch_shape[0], (long long)p.batch_shape[1],
              (long long)p.batch_shape[2], (long long)p.num_heads, (long long)p.gqa_group, (long long)p.len_q,
              (long long)p.len_kv, (long long)p.head_dim, (long long)p.head_dim_v, (int)p.mask_kind, p.scale,
              p.causal, (long long)p.causal_offset, with_lengths, with_weights, with_lse, p.num_threads,
@@ -372,7 +391,7 @@ static int run_input(const uint8_t *data, size_t size) {
                         idx[nbv + 2] = c;
                         const double qv = load(&q, dt, offset_of(&q, idx));
                         idx[nbv] = h / G, idx[nbv + 1] = j;
-                        dot += qv * load(&k, dt, offset_of(&k, idx));
+                        dot += qv * load(&k, kvdt, offset_of(&k, idx));
                         idx[nbv] = h, idx[nbv + 1] = l;
                     }
                     double sj = p.scale * dot;
@@ -380,21 +399,22 @@ static int run_input(const uint8_t *data, size_t size) {
                         idx[nbv + 2] = j;
                         const int64_t mo = offset_of(&mask, idx);
                         if (p.mask_kind == SDPA_MASK_BOOL) visible &= mask.data[mo] != 0;
-                        else sj += load(&mask, dt, mo);
+                        else sj += load(&mask, cdt, mo);
                     }
                     s[j] = visible ? sj : -INFINITY;
                     if (s[j] > mx) mx = s[j];
                 }
                 double sum = 0;
                 for (int64_t j = 0; j < S; j++) sum += s[j] == -INFINITY ? 0 : exp(s[j] - mx);
-                const double tol = dt == SDPA_FLOAT64 ? 1e-9 : 2e-3;
+                /* (a 16-bit output adds its own rounding) */
+                const double tol = dt == SDPA_FLOAT64 ? 1e-9 : dt == SDPA_BFLOAT16 ? 1e-2 : 2e-3;
                 idx[nbv] = h, idx[nbv + 1] = l;
                 for (int64_t c = 0; c < Ev; c++) {
                     double ref = 0, scale = 0;
                     for (int64_t j = 0; j < S; j++) {
                         if (s[j] == -INFINITY) continue;
                         idx[nbv] = h / G, idx[nbv + 1] = j, idx[nbv + 2] = c;
-                        const double w = exp(s[j] - mx) / sum, vv = load(&v, dt, offset_of(&v, idx));
+                        const double w = exp(s[j] - mx) / sum, vv = load(&v, kvdt, offset_of(&v, idx));
                         ref += w * vv;
                         scale += fabs(w * vv);
                     }
@@ -409,7 +429,7 @@ static int run_input(const uint8_t *data, size_t size) {
                 }
                 if (with_lse) {
                     idx[nbv] = h, idx[nbv + 1] = l;
-                    const double got = load(&lse, dt, offset_of(&lse, idx));
+                    const double got = load(&lse, cdt, offset_of(&lse, idx));
                     const double ref = sum > 0 ? mx + log(sum) : -INFINITY;
                     if (!(got == ref || fabs(got - ref) <= tol * (1 + fabs(ref)))) fail("lse differs from the reference");
                 }

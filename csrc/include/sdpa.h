@@ -46,15 +46,25 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_ISA = 10           /* unknown or unsupported kernel set     */
 } sdpa_status;
 
+/*
+ * Element types.  A problem computes in float64 when its dtype is
+ * SDPA_FLOAT64, else in float32 (products and softmax statistics in float32,
+ * whatever the storage); weights, lse and an additive mask are stored in that
+ * compute type.  The 16-bit types are stored as uint16_t.
+ */
 typedef enum sdpa_dtype {
-    SDPA_FLOAT32 = 0,  /* float in, float out, accumulates in float   */
-    SDPA_FLOAT64 = 1   /* double in, double out, accumulates in double */
+    SDPA_FLOAT32 = 0,   /* float                                          */
+    SDPA_FLOAT64 = 1,   /* double                                         */
+    SDPA_BFLOAT16 = 2,  /* bfloat16: the upper 16 bits of a float          */
+    SDPA_FLOAT16 = 3,   /* IEEE 754 binary16                               */
+    SDPA_DTYPE_OF_QUERY = -1  /* kv_dtype only: the same as dtype          */
 } sdpa_dtype;
 
 typedef enum sdpa_mask_kind {
     SDPA_MASK_NONE = 0,
     SDPA_MASK_BOOL = 1,     /* uint8/bool elements: nonzero = takes part        */
-    SDPA_MASK_ADDITIVE = 2  /* elements of the problem's dtype, added to scores */
+    SDPA_MASK_ADDITIVE = 2  /* elements of the compute type (float, or double for
+                               SDPA_FLOAT64), added to the scores             */
 } sdpa_mask_kind;
 
 /*
@@ -76,7 +86,12 @@ typedef struct sdpa_view {
 typedef int (*sdpa_interrupt_fn)(void *user_data);
 
 typedef struct sdpa_problem {
-    sdpa_dtype dtype;
+    sdpa_dtype dtype;      /* of query and out: SDPA_FLOAT32, _FLOAT64,
+                              _BFLOAT16 or _FLOAT16                            */
+    sdpa_dtype kv_dtype;   /* of key and value: SDPA_DTYPE_OF_QUERY (the
+                              default), or with a float32 or 16-bit dtype any
+                              of SDPA_FLOAT32, _BFLOAT16, _FLOAT16 (a float32
+                              query can attend a 16-bit cache in place)      */
     int32_t num_batch_dims;                    /* 0..SDPA_MAX_BATCH_DIMS       */
     int64_t batch_shape[SDPA_MAX_BATCH_DIMS];
     int64_t num_heads;     /* query heads = output heads (Hq)                   */
@@ -99,10 +114,12 @@ typedef struct sdpa_problem {
     int64_t causal_offset; /*   s > l + causal_offset (0: top-left aligned,    */
                            /*   S - L: bottom-right aligned); any int64 value  */
 
-    sdpa_view weights;     /* optional (..., Hq, L, S) output; data NULL = skip */
-    sdpa_view lse;         /* optional (..., Hq, L) output: log-sum-exp of the
-                              scaled, masked scores of each row (-inf for a row
-                              with no visible key); col_stride unused           */
+    sdpa_view weights;     /* optional (..., Hq, L, S) output, compute type;
+                              data NULL = skip                                 */
+    sdpa_view lse;         /* optional (..., Hq, L) output, compute type: the
+                              log-sum-exp of the scaled, masked scores of each
+                              row (-inf for a row with no visible key);
+                              col_stride unused                                */
 
     /* optional: keys at or past key_lengths[b] are ignored for batch index b
        (read through key_lengths_strides over batch_shape; values clip to [0, S]) */
@@ -116,8 +133,9 @@ typedef struct sdpa_problem {
     void *interrupt_data;
 } sdpa_problem;
 
-/* Fills *p with an empty problem: no mask, no weights, gqa_group 1, scale 1,
- * num_threads 0.  Callers then set sizes, views and dtype. */
+/* Fills *p with an empty problem: float32, key and value of the query's
+ * dtype, no mask, no weights, gqa_group 1, scale 1, num_threads 0.  Callers
+ * then set sizes, views and dtypes. */
 SDPA_API void sdpa_problem_init(sdpa_problem *p);
 
 /* Computes the attention described by *p.  Thread safe; p is not modified.

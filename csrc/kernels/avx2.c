@@ -1,14 +1,14 @@
-/* AVX2 + FMA kernels, compiled for that target whatever the build flags;
+/* AVX2 + FMA (+ F16C) kernels, compiled for that target whatever the build flags;
  * dispatch.c only selects them on a CPU that has it. */
 #include "../internal.h"
 
 #if SDPA_HAVE_X86_KERNELS
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 
 #include <immintrin.h>
@@ -103,6 +103,19 @@ static inline double hsum_pd(__m256d v) {
     a = _mm_add_sd(a, _mm_unpackhi_pd(a, a));
     return _mm_cvtsd_f64(a);
 }
+static void widen_avx2(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    if (dt == SDPA_BFLOAT16) {
+        for (; i + 8 <= n; i += 8) {
+            __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+            _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+        }
+    } else {
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    }
+    if (i < n) sdpa_widen_portable(dt, src + i, dst + i, n - i);
+}
+
 /* lane i of the result = the sum of the lanes of a[i] (8 or 4 vectors) */
 static inline __m256 hsum_lanes_ps(const __m256 *a) {
     __m256 s2[4], s4[2];
@@ -154,7 +167,7 @@ static inline double hmax_nan_pd(__m256d v) {
 
 const kernel_table sdpa_kernels_avx2 = {
     .name = "avx2",
-    .f32 = {.nr = panel_rows_avx2_f32, .tile_q = 128, .tile_k = 128,
+    .f32 = {.nr = panel_rows_avx2_f32, .tile_q = 128, .tile_k = 128, .widen = widen_avx2,
             .gemm = gemm_avx2_f32, .softmax = softmax_avx2_f32, .exp = exp_avx2_f32,
             .dot = dot_avx2_f32, .pv_rows = pv_rows_avx2_f32, .row_softmax = row_softmax_avx2_f32},
     .f64 = {.nr = panel_rows_avx2_f64, .tile_q = 64, .tile_k = 128,

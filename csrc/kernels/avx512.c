@@ -76,6 +76,20 @@ static inline __m512d neginf_to_zero_pd(__m512d x) {
                               _mm512_setzero_pd());
 }
 
+static void widen_avx512(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    if (dt == SDPA_BFLOAT16) {
+        for (; i + 16 <= n; i += 16) {
+            __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
+            _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+        }
+    } else {
+        for (; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
+    }
+    if (i < n) sdpa_widen_portable(dt, src + i, dst + i, n - i);
+}
+
 /* lane i of the result = the sum of the lanes of a[i]: 16 (8) horizontal sums
  * in 15 (7) adds, halving the vectors at each step */
 static inline __m512 hsum_lanes_ps(const __m512 *a) {
@@ -129,7 +143,7 @@ static inline double hmax_nan_pd(__m512d v) {
 
 const kernel_table sdpa_kernels_avx512 = {
     .name = "avx512",
-    .f32 = {.nr = panel_rows_avx512_f32, .tile_q = 128, .tile_k = 128,
+    .f32 = {.nr = panel_rows_avx512_f32, .tile_q = 128, .tile_k = 128, .widen = widen_avx512,
             .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32,
             .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32},
     .f64 = {.nr = panel_rows_avx512_f64, .tile_q = 64, .tile_k = 128,

@@ -2,7 +2,15 @@
  * target.  They define the contracts in internal.h for every other level. */
 #include <math.h>
 
+#include "../convert.h"
 #include "../internal.h"
+
+void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n) {
+    if (dt == SDPA_BFLOAT16)
+        for (int64_t i = 0; i < n; i++) dst[i] = sdpa_bf16_to_f32(src[i]);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = sdpa_f16_to_f32(src[i]);
+}
 
 #define SCALAR_NR 16
 
@@ -24,7 +32,7 @@
 
 const kernel_table sdpa_kernels_scalar = {
     .name = "scalar",
-    .f32 = {.nr = SCALAR_NR, .tile_q = 64, .tile_k = 64,
+    .f32 = {.nr = SCALAR_NR, .tile_q = 64, .tile_k = 64, .widen = sdpa_widen_portable,
             .gemm = gemm_f32, .softmax = softmax_f32, .exp = exp_f32,
             .dot = dot_f32, .pv_rows = pv_rows_f32, .row_softmax = row_softmax_f32},
     .f64 = {.nr = SCALAR_NR, .tile_q = 64, .tile_k = 64,

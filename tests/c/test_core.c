@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "convert.h" /* the library's own scalar 16-bit conversions */
 #include "sdpa.h"
 
 /* ---- reporting ---- */
@@ -161,12 +162,39 @@ static sdpa_view buffer_view(const buffer *b, int nb) {
 }
 
 static double load(const void *data, sdpa_dtype dt, int64_t off) {
-    return dt == SDPA_FLOAT32 ? (double)((const float *)data)[off] : ((const double *)data)[off];
+    switch (dt) {
+        case SDPA_FLOAT32: return (double)((const float *)data)[off];
+        case SDPA_BFLOAT16: return (double)sdpa_bf16_to_f32(((const uint16_t *)data)[off]);
+        case SDPA_FLOAT16: return (double)sdpa_f16_to_f32(((const uint16_t *)data)[off]);
+        default: return ((const double *)data)[off];
+    }
 }
 
 static void store(void *data, sdpa_dtype dt, int64_t off, double x) {
-    if (dt == SDPA_FLOAT32) ((float *)data)[off] = (float)x;
-    else ((double *)data)[off] = x;
+    switch (dt) {
+        case SDPA_FLOAT32: ((float *)data)[off] = (float)x; break;
+        case SDPA_BFLOAT16: ((uint16_t *)data)[off] = sdpa_f32_to_bf16((float)x); break;
+        case SDPA_FLOAT16: ((uint16_t *)data)[off] = sdpa_f32_to_f16((float)x); break;
+        default: ((double *)data)[off] = x; break;
+    }
+}
+
+static size_t dtype_size(sdpa_dtype dt) {
+    return dt == SDPA_FLOAT64 ? 8 : dt == SDPA_FLOAT32 ? 4 : 2;
+}
+
+/* The compute type: float64 for float64 problems, float32 for the others
+ * (weights, lse and additive masks are stored in it). */
+static sdpa_dtype compute_dtype(sdpa_dtype dt) { return dt == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32; }
+
+static const char *dtype_name(sdpa_dtype dt) {
+    switch (dt) {
+        case SDPA_FLOAT32: return "f32";
+        case SDPA_FLOAT64: return "f64";
+        case SDPA_BFLOAT16: return "bf16";
+        case SDPA_FLOAT16: return "f16";
+        default: return "?";
+    }
 }
 
 /* Fills every stored element of a float buffer with uniform values in [lo, hi). */
@@ -202,7 +230,8 @@ enum causal_mode { CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT, CAUSAL_OFF
 
 typedef struct test_case {
     char name[96];
-    sdpa_dtype dtype;
+    sdpa_dtype dtype;     /* of query and out                                */
+    sdpa_dtype kv_dtype;  /* of key and value                                */
     int nb;
     int64_t batch[SDPA_MAX_BATCH_DIMS];
     int64_t H, G, L, S, E, Ev;
@@ -224,6 +253,7 @@ static test_case make_case(const char *name, sdpa_dtype dt, int64_t H, int64_t G
     memset(&tc, 0, sizeof(tc));
     snprintf(tc.name, sizeof(tc.name), "%s", name);
     tc.dtype = dt;
+    tc.kv_dtype = dt;
     tc.H = H;
     tc.G = G;
     tc.L = L;
@@ -251,8 +281,8 @@ static const char *const ISAS[] = {"scalar", "avx2", "avx512"};
 static void instance_build(instance *in, const test_case *tc) {
     memset(in, 0, sizeof(*in));
     in->tc = tc;
-    const sdpa_dtype dt = tc->dtype;
-    const size_t es = dt == SDPA_FLOAT32 ? sizeof(float) : sizeof(double);
+    const sdpa_dtype dt = tc->dtype, kvdt = tc->kv_dtype, cdt = compute_dtype(dt);
+    const size_t es = dtype_size(dt), kves = dtype_size(kvdt), ces = dtype_size(cdt);
     const int nb = tc->nb;
     const int64_t Hkv = tc->H / tc->G;
     int64_t dims[MAX_DIMS];
@@ -263,11 +293,11 @@ static void instance_build(instance *in, const test_case *tc) {
     buffer_make(&in->q, nb + 3, dims, es, tc->bq, tc->style_in);
     fill_uniform(&in->q, dt, -1, 1);
     dims[nb] = Hkv, dims[nb + 1] = tc->S, dims[nb + 2] = tc->E;
-    buffer_make(&in->k, nb + 3, dims, es, tc->bkv, tc->style_in);
-    fill_uniform(&in->k, dt, -1, 1);
+    buffer_make(&in->k, nb + 3, dims, kves, tc->bkv, tc->style_in);
+    fill_uniform(&in->k, kvdt, -1, 1);
     dims[nb + 2] = tc->Ev;
-    buffer_make(&in->v, nb + 3, dims, es, tc->bkv, tc->style_in);
-    fill_uniform(&in->v, dt, -1, 1);
+    buffer_make(&in->v, nb + 3, dims, kves, tc->bkv, tc->style_in);
+    fill_uniform(&in->v, kvdt, -1, 1);
     dims[nb] = tc->H, dims[nb + 1] = tc->L, dims[nb + 2] = tc->Ev;
     buffer_make(&in->out, nb + 3, dims, es, 0, tc->style_out);
 
@@ -276,10 +306,10 @@ static void instance_build(instance *in, const test_case *tc) {
         /* bool: 80% visible; additive: values in [-1, 1), 10% -inf.  About one
            stored row in ten is then masked completely. */
         const int is_bool = tc->mask == MASK_BOOL;
-        buffer_make(&in->mask, nb + 3, dims, is_bool ? 1 : es, tc->bm, tc->style_in);
+        buffer_make(&in->mask, nb + 3, dims, is_bool ? 1 : ces, tc->bm, tc->style_in);
         for (int64_t i = 0; i < in->mask.total; i++) {
             if (is_bool) in->mask.base[i] = rng_uniform() < 0.8;
-            else store(in->mask.base, dt, i, rng_uniform() < 0.1 ? -INFINITY : 2 * rng_uniform() - 1);
+            else store(in->mask.base, cdt, i, rng_uniform() < 0.1 ? -INFINITY : 2 * rng_uniform() - 1);
         }
         int64_t idx[MAX_DIMS] = {0};
         const int64_t rows = tc->S > 0 ? product(dims, nb + 2) : 0;
@@ -288,13 +318,13 @@ static void instance_build(instance *in, const test_case *tc) {
             for (idx[nb + 2] = 0; idx[nb + 2] < tc->S; idx[nb + 2]++) {
                 const int64_t off = buffer_off(&in->mask, idx);
                 if (is_bool) in->mask.data[off] = 0;
-                else store(in->mask.data, dt, off, -INFINITY);
+                else store(in->mask.data, cdt, off, -INFINITY);
             }
             idx[nb + 2] = 0;
         }
     }
-    if (tc->weights) buffer_make(&in->weights, nb + 3, dims, es, 0, tc->style_out);
-    if (tc->lse) buffer_make(&in->lse, nb + 2, dims, es, 0, tc->style_out);
+    if (tc->weights) buffer_make(&in->weights, nb + 3, dims, ces, 0, tc->style_out);
+    if (tc->lse) buffer_make(&in->lse, nb + 2, dims, ces, 0, tc->style_out);
     if (tc->key_lengths) {
         /* nb == 0 still has one key length: a 1-dim buffer of size 1 */
         int64_t one = 1;
@@ -315,6 +345,7 @@ static void instance_build(instance *in, const test_case *tc) {
     sdpa_problem *p = &in->p;
     sdpa_problem_init(p);
     p->dtype = dt;
+    if (kvdt != dt) p->kv_dtype = kvdt;
     p->num_batch_dims = nb;
     for (int d = 0; d < nb; d++) p->batch_shape[d] = tc->batch[d];
     p->num_heads = tc->H;
@@ -403,12 +434,12 @@ static void instance_reference(instance *in) {
                     double dot = 0;
                     for (int64_t c = 0; c < E; c++)
                         dot += load(in->q.data, dt, q0 + c * in->q.stride[nb + 2]) *
-                               load(in->k.data, dt, k0 + j * in->k.stride[nb + 1] + c * in->k.stride[nb + 2]);
+                               load(in->k.data, tc->kv_dtype, k0 + j * in->k.stride[nb + 1] + c * in->k.stride[nb + 2]);
                     double sj = p->scale * dot;
                     int visible = j < S_b && (!p->causal || j - l <= p->causal_offset); /* no overflow */
                     const int64_t mj = m0 + j * (tc->mask != MASK_NONE ? in->mask.stride[nb + 2] : 0);
                     if (tc->mask == MASK_BOOL) visible &= in->mask.data[mj] != 0;
-                    if (tc->mask == MASK_ADD) sj += load(in->mask.data, dt, mj);
+                    if (tc->mask == MASK_ADD) sj += load(in->mask.data, compute_dtype(dt), mj);
                     s[j] = visible ? sj : -INFINITY;
                     if (s[j] > mx) mx = s[j];
                 }
@@ -424,7 +455,7 @@ static void instance_reference(instance *in) {
                 for (int64_t c = 0; c < Ev; c++) {
                     double acc = 0;
                     for (int64_t j = 0; j < S; j++)
-                        acc += w[j] * load(in->v.data, dt, v0 + j * in->v.stride[nb + 1] + c * in->v.stride[nb + 2]);
+                        acc += w[j] * load(in->v.data, tc->kv_dtype, v0 + j * in->v.stride[nb + 1] + c * in->v.stride[nb + 2]);
                     in->ref_out[row * Ev + c] = acc;
                 }
                 in->ref_lse[row] = mx + log(sum);
@@ -443,7 +474,7 @@ static double rel_err(double got, double ref) {
     return fabs(got - ref) / (1 + fabs(ref));
 }
 
-#define SENTINEL (-777.0)
+#define SENTINEL (-776.0) /* exact in every element type */
 
 typedef struct compare_result {
     double err_out, err_w, err_lse; /* largest rel_err of each output */
@@ -484,8 +515,8 @@ static double compare_buffer(const buffer *b, sdpa_dtype dt, const double *ref, 
 
 static void reset_outputs(instance *in) {
     fill_all(&in->out, in->tc->dtype, SENTINEL);
-    if (in->weights.base) fill_all(&in->weights, in->tc->dtype, SENTINEL);
-    if (in->lse.base) fill_all(&in->lse, in->tc->dtype, SENTINEL);
+    if (in->weights.base) fill_all(&in->weights, compute_dtype(in->tc->dtype), SENTINEL);
+    if (in->lse.base) fill_all(&in->lse, compute_dtype(in->tc->dtype), SENTINEL);
 }
 
 /* A copy of the raw bytes of every output buffer, padding included. */
@@ -509,8 +540,11 @@ static void describe(const test_case *tc, char *buf, size_t size) {
     int n = 0;
     for (int d = 0; d < tc->nb; d++)
         n += snprintf(batch + n, sizeof(batch) - (size_t)n, "%s%lld", d ? "x" : "", (long long)tc->batch[d]);
+    char dts[16];
+    snprintf(dts, sizeof(dts), "%s%s%s", dtype_name(tc->dtype), tc->kv_dtype != tc->dtype ? "/" : "",
+             tc->kv_dtype != tc->dtype ? dtype_name(tc->kv_dtype) : "");
     snprintf(buf, size, "%s %s B=%s H=%lld/%lld L=%lld S=%lld E=%lld Ev=%lld mask=%s causal=%s%s%s%s layout=%d/%d",
-             tc->name, tc->dtype == SDPA_FLOAT32 ? "f32" : "f64", batch, (long long)tc->H,
+             tc->name, dts, batch, (long long)tc->H,
              (long long)(tc->H / tc->G), (long long)tc->L, (long long)tc->S, (long long)tc->E,
              (long long)tc->Ev, MASK_NAMES[tc->mask], CAUSAL_NAMES[tc->causal], tc->weights ? " +weights" : "",
              tc->lse ? " +lse" : "", tc->key_lengths ? " +key_lengths" : "", tc->style_in, tc->style_out);
@@ -521,7 +555,13 @@ static void run_case(const test_case *tc) {
     instance in;
     instance_build(&in, tc);
     instance_reference(&in);
-    const double tol = tc->dtype == SDPA_FLOAT32 ? 2e-5 : 1e-12;
+    /* the reference reads the stored (rounded) inputs; a 16-bit output adds
+     * its own rounding, half an ulp: 2^-9 (bfloat16) or 2^-12 (float16) */
+    const double tol = tc->dtype == SDPA_FLOAT64 ? 1e-12
+                       : tc->dtype == SDPA_BFLOAT16 ? 4e-3
+                       : tc->dtype == SDPA_FLOAT16 ? 6e-4 : 2e-5;
+    const double tol_c = tc->dtype == SDPA_FLOAT64 ? 1e-12 : 2e-5; /* weights, lse: compute type */
+    const sdpa_dtype cdt = compute_dtype(tc->dtype);
     char desc[256];
     describe(tc, desc, sizeof(desc));
 
@@ -545,8 +585,8 @@ static void run_case(const test_case *tc) {
             }
             if (threads == 1) {
                 r.err_out = compare_buffer(&in.out, tc->dtype, in.ref_out, tol, "out", &r);
-                if (in.weights.base) r.err_w = compare_buffer(&in.weights, tc->dtype, in.ref_w, tol, "weights", &r);
-                if (in.lse.base) r.err_lse = compare_buffer(&in.lse, tc->dtype, in.ref_lse, tol, "lse", &r);
+                if (in.weights.base) r.err_w = compare_buffer(&in.weights, cdt, in.ref_w, tol_c, "weights", &r);
+                if (in.lse.base) r.err_lse = compare_buffer(&in.lse, cdt, in.ref_lse, tol_c, "lse", &r);
                 first = snapshot(&in, &first_len);
             } else {
                 size_t len;
@@ -560,7 +600,7 @@ static void run_case(const test_case *tc) {
             check(0, "[%s] %s: status %d (%s)", ISAS[i], desc, (int)bad, sdpa_status_message(bad));
             continue;
         }
-        const int accurate = r.err_out <= tol && r.err_w <= tol && r.err_lse <= tol && r.pad_touched == 0;
+        const int accurate = r.err_out <= tol && r.err_w <= tol_c && r.err_lse <= tol_c && r.pad_touched == 0;
         check(accurate, "[%s] %s: max err out %.2g weights %.2g lse %.2g%s%s%s", ISAS[i], desc, r.err_out,
               r.err_w, r.err_lse, r.pad_touched ? ", elements outside the views written" : "",
               r.where[0] ? ", first: " : "", r.where);
@@ -823,7 +863,7 @@ static const int64_t SWEEP_DIMS[] = {1, 8, 31, 64, 80, 128};
 
 /* L x S over SWEEP_LENS, E and Ev cycling over SWEEP_DIMS, the options drawn
  * at random (but reproducibly) for each pair. */
-static void sweep(sdpa_dtype dt) {
+static void sweep(sdpa_dtype dt, sdpa_dtype kvdt) {
     const int nl = quick ? 5 : 7; /* quick: L, S in 0, 1, 7, 64, 65 */
     const int nd = quick ? 4 : 6; /* quick: E, Ev in 1, 8, 31, 64 */
     for (int i = 0; i < nl; i++)
@@ -831,6 +871,7 @@ static void sweep(sdpa_dtype dt) {
             const int64_t L = SWEEP_LENS[i], S = SWEEP_LENS[j];
             const int64_t E = SWEEP_DIMS[(i + 2 * j) % nd], Ev = SWEEP_DIMS[(2 * i + j + 1) % nd];
             test_case tc = make_case("sweep", dt, 2, 1, L, S, E, Ev);
+            tc.kv_dtype = kvdt;
             tc.nb = 1;
             tc.batch[0] = 2;
             tc.mask = (int)rng_int(0, 2);
@@ -843,14 +884,25 @@ static void sweep(sdpa_dtype dt) {
         }
 }
 
-static void feature_cases(sdpa_dtype dt) {
+/* make_case with the key/value dtype of the feature cases */
+static sdpa_dtype case_kv_dtype;
+
+static test_case make_kv_case(const char *name, sdpa_dtype dt, int64_t H, int64_t G, int64_t L, int64_t S,
+                              int64_t E, int64_t Ev) {
+    test_case tc = make_case(name, dt, H, G, L, S, E, Ev);
+    tc.kv_dtype = case_kv_dtype;
+    return tc;
+}
+
+static void feature_cases(sdpa_dtype dt, sdpa_dtype kvdt) {
+    case_kv_dtype = kvdt;
     const int64_t big = quick ? 65 : 300, mid = quick ? 33 : 130;
     const int64_t E = quick ? 8 : 64, Ev = quick ? 31 : 80;
     test_case tc;
 
     /* batch dims that broadcast: K and V over dim 0, Q over dim 1, the mask
        over dim 1 and heads */
-    tc = make_case("broadcast batch", dt, 2, 1, mid, mid + 1, E, Ev);
+    tc = make_kv_case("broadcast batch", dt, 2, 1, mid, mid + 1, E, Ev);
     tc.nb = 2, tc.batch[0] = 2, tc.batch[1] = 3;
     tc.bkv = 1u << 0, tc.bq = 1u << 1;
     tc.mask = MASK_ADD, tc.bm = (1u << 1) | (1u << 2);
@@ -868,22 +920,22 @@ static void feature_cases(sdpa_dtype dt) {
     run_case(&tc);
 
     /* grouped-query attention: 8 query heads on 2 key/value heads */
-    tc = make_case("gqa", dt, 8, 4, mid, big, E, Ev);
+    tc = make_kv_case("gqa", dt, 8, 4, mid, big, E, Ev);
     tc.nb = 1, tc.batch[0] = 2;
     tc.causal = CAUSAL_BOTTOM_RIGHT, tc.weights = tc.lse = 1;
     run_case(&tc);
-    tc = make_case("gqa, strided", dt, 6, 3, 3, mid, E, Ev); /* 9 rows per group: tile mode */
+    tc = make_kv_case("gqa, strided", dt, 6, 3, 3, mid, E, Ev); /* 9 rows per group: tile mode */
     tc.mask = MASK_BOOL, tc.style_in = LAYOUT_STRIDED, tc.lse = 1;
     run_case(&tc);
 
     /* masks with fully masked rows, on their own and with causality */
-    tc = make_case("bool mask", dt, 3, 1, mid, big, E, Ev);
+    tc = make_kv_case("bool mask", dt, 3, 1, mid, big, E, Ev);
     tc.mask = MASK_BOOL, tc.weights = tc.lse = 1;
     run_case(&tc);
     tc.causal = CAUSAL_TOP_LEFT;
     snprintf(tc.name, sizeof(tc.name), "bool mask, causal");
     run_case(&tc);
-    tc = make_case("additive mask", dt, 3, 1, big, mid, E, Ev);
+    tc = make_kv_case("additive mask", dt, 3, 1, big, mid, E, Ev);
     tc.mask = MASK_ADD, tc.weights = tc.lse = 1;
     run_case(&tc);
     tc.causal = CAUSAL_BOTTOM_RIGHT, tc.style_out = LAYOUT_STRIDED;
@@ -894,38 +946,38 @@ static void feature_cases(sdpa_dtype dt) {
     const int64_t ls[][2] = {{mid, big}, {big, mid}, {65, 65}, {7, 130}};
     for (int i = 0; i < 4; i++)
         for (int c = CAUSAL_TOP_LEFT; c <= CAUSAL_BOTTOM_RIGHT; c++) {
-            tc = make_case("causal", dt, 2, 1, ls[i][0], ls[i][1], E, Ev);
+            tc = make_kv_case("causal", dt, 2, 1, ls[i][0], ls[i][1], E, Ev);
             tc.causal = c, tc.weights = tc.lse = 1;
             run_case(&tc);
         }
     /* offsets near the ends of int64 must neither overflow nor mask every key */
     const int64_t offsets[] = {-5, 17, -200, INT64_MAX, INT64_MAX - 5, INT64_MIN, INT64_MIN + 5};
     for (int i = 0; i < (int)(sizeof(offsets) / sizeof(offsets[0])); i++) {
-        tc = make_case("causal offset", dt, 2, 1, mid, mid, E, Ev);
+        tc = make_kv_case("causal offset", dt, 2, 1, mid, mid, E, Ev);
         tc.causal = CAUSAL_OFFSET, tc.offset = offsets[i], tc.lse = tc.weights = 1;
         run_case(&tc);
     }
 
     /* key lengths (0, clipped, negative) alone, with causality and in row mode */
-    tc = make_case("key lengths", dt, 2, 1, mid, big, E, Ev);
+    tc = make_kv_case("key lengths", dt, 2, 1, mid, big, E, Ev);
     tc.nb = 2, tc.batch[0] = 3, tc.batch[1] = 2, tc.key_lengths = 1;
     tc.weights = tc.lse = 1, tc.style_in = LAYOUT_STRIDED;
     run_case(&tc);
     tc.causal = CAUSAL_BOTTOM_RIGHT, tc.bkl = 1u << 1;
     snprintf(tc.name, sizeof(tc.name), "key lengths, causal, broadcast");
     run_case(&tc);
-    tc = make_case("key lengths, no batch dims", dt, 2, 1, mid, big, E, Ev);
+    tc = make_kv_case("key lengths, no batch dims", dt, 2, 1, mid, big, E, Ev);
     tc.key_lengths = 1, tc.lse = 1;
     run_case(&tc);
 
     /* transposed and strided views: every operand column-major, then padded,
        permuted and reversed */
-    tc = make_case("transposed", dt, 2, 2, big, mid, E, Ev);
+    tc = make_kv_case("transposed", dt, 2, 2, big, mid, E, Ev);
     tc.nb = 1, tc.batch[0] = 2;
     tc.style_in = tc.style_out = LAYOUT_TRANSPOSED, tc.weights = tc.lse = 1, tc.mask = MASK_ADD;
     run_case(&tc);
     for (int i = 0; i < 3; i++) {
-        tc = make_case("strided", dt, 4, 2, mid - 2 * i, big + i, E + i, Ev - i);
+        tc = make_kv_case("strided", dt, 4, 2, mid - 2 * i, big + i, E + i, Ev - i);
         tc.nb = 1, tc.batch[0] = 2;
         tc.style_in = tc.style_out = LAYOUT_STRIDED, tc.weights = tc.lse = 1;
         tc.mask = 1 + i % 2, tc.causal = i;
@@ -933,10 +985,10 @@ static void feature_cases(sdpa_dtype dt) {
     }
 
     /* scales: 0 (uniform weights) and large (peaked softmax) */
-    tc = make_case("scale 0", dt, 1, 1, mid, big, E, Ev);
+    tc = make_kv_case("scale 0", dt, 1, 1, mid, big, E, Ev);
     tc.scale = 1e-300, tc.weights = 1; /* effectively 0 */
     run_case(&tc);
-    tc = make_case("scale 3", dt, 1, 1, mid, big, 8, Ev);
+    tc = make_kv_case("scale 3", dt, 1, 1, mid, big, 8, Ev);
     tc.scale = 3, tc.weights = tc.lse = 1;
     run_case(&tc);
 
@@ -944,22 +996,22 @@ static void feature_cases(sdpa_dtype dt) {
        split into chunks of 1024 keys) */
     const int64_t S_dec = 3000;
     const int64_t Ed = quick ? 8 : 64, Evd = quick ? 8 : 128;
-    tc = make_case("decode", dt, 4, 1, 1, S_dec, Ed, Evd);
+    tc = make_kv_case("decode", dt, 4, 1, 1, S_dec, Ed, Evd);
     tc.nb = 1, tc.batch[0] = 2, tc.lse = 1;
     run_case(&tc);
-    tc = make_case("decode gqa 8/2", dt, 8, 4, 1, S_dec, Ed, Evd);
+    tc = make_kv_case("decode gqa 8/2", dt, 8, 4, 1, S_dec, Ed, Evd);
     tc.weights = tc.lse = 1, tc.mask = MASK_BOOL;
     run_case(&tc);
-    tc = make_case("decode gqa 8/1", dt, 8, 8, 1, S_dec, Ed, Evd);
+    tc = make_kv_case("decode gqa 8/1", dt, 8, 8, 1, S_dec, Ed, Evd);
     tc.lse = 1, tc.mask = MASK_ADD, tc.style_in = LAYOUT_TRANSPOSED; /* strided K and V rows */
     run_case(&tc);
-    tc = make_case("decode L=8 causal", dt, 2, 1, 8, S_dec, Ed, 31);
+    tc = make_kv_case("decode L=8 causal", dt, 2, 1, 8, S_dec, Ed, 31);
     tc.causal = CAUSAL_BOTTOM_RIGHT, tc.weights = tc.lse = 1, tc.style_in = LAYOUT_STRIDED;
     run_case(&tc);
-    tc = make_case("decode L=4 top-left", dt, 2, 2, 4, S_dec, Ed, Evd);
+    tc = make_kv_case("decode L=4 top-left", dt, 2, 2, 4, S_dec, Ed, Evd);
     tc.causal = CAUSAL_TOP_LEFT, tc.weights = tc.lse = 1;
     run_case(&tc);
-    tc = make_case("decode key lengths", dt, 2, 2, 2, S_dec, Ed, Evd);
+    tc = make_kv_case("decode key lengths", dt, 2, 2, 2, S_dec, Ed, Evd);
     tc.nb = 1, tc.batch[0] = 6, tc.key_lengths = 1, tc.weights = tc.lse = 1, tc.style_out = LAYOUT_STRIDED;
     run_case(&tc);
     tc.causal = CAUSAL_BOTTOM_RIGHT, tc.mask = MASK_BOOL, tc.style_in = LAYOUT_STRIDED;
@@ -968,28 +1020,28 @@ static void feature_cases(sdpa_dtype dt) {
     const int64_t dec_offsets[] = {-3, -10, 5000, INT64_MAX, INT64_MAX - 5, INT64_MIN};
     for (int i = 0; i < (int)(sizeof(dec_offsets) / sizeof(dec_offsets[0])); i++) {
         /* rows that see no key, an offset past S, and the ends of int64 */
-        tc = make_case("decode L=8 causal offset", dt, 2, 1, 8, S_dec, Ed, Evd);
+        tc = make_kv_case("decode L=8 causal offset", dt, 2, 1, 8, S_dec, Ed, Evd);
         tc.causal = CAUSAL_OFFSET, tc.offset = dec_offsets[i], tc.weights = tc.lse = 1;
         run_case(&tc);
     }
-    tc = make_case("decode chunk edge", dt, 1, 1, 1, 1025, Ed, Evd);
+    tc = make_kv_case("decode chunk edge", dt, 1, 1, 1, 1025, Ed, Evd);
     tc.lse = 1, tc.weights = 1;
     run_case(&tc);
-    tc = make_case("decode S=0", dt, 2, 1, 1, 0, Ed, Evd);
+    tc = make_kv_case("decode S=0", dt, 2, 1, 1, 0, Ed, Evd);
     tc.lse = 1;
     run_case(&tc);
 
     /* tiny and empty head dims: E = 0 gives zero scores (uniform weights),
        Ev = 0 an empty output but full weights and lse */
-    tc = make_case("E=1 Ev=1", dt, 2, 1, mid, big, 1, 1);
+    tc = make_kv_case("E=1 Ev=1", dt, 2, 1, mid, big, 1, 1);
     tc.weights = tc.lse = 1, tc.causal = CAUSAL_TOP_LEFT;
     run_case(&tc);
     for (int row_mode = 0; row_mode < 2; row_mode++) {
         const int64_t L = row_mode ? 2 : mid;
-        tc = make_case("E=0", dt, 2, 1, L, big, 0, Ev);
+        tc = make_kv_case("E=0", dt, 2, 1, L, big, 0, Ev);
         tc.weights = tc.lse = 1, tc.mask = MASK_BOOL;
         run_case(&tc);
-        tc = make_case("Ev=0", dt, 2, 1, L, big, E, 0);
+        tc = make_kv_case("Ev=0", dt, 2, 1, L, big, E, 0);
         tc.weights = tc.lse = 1, tc.causal = CAUSAL_BOTTOM_RIGHT;
         run_case(&tc);
     }
@@ -1023,11 +1075,22 @@ int main(int argc, char **argv) {
     for (int d = 0; d < 2; d++) {
         const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
         clock_t t = clock();
-        sweep(dt);
-        printf("# sweep %s: %.2f s cpu\n", d == 0 ? "f32" : "f64", (double)(clock() - t) / CLOCKS_PER_SEC);
+        sweep(dt, dt);
+        printf("# sweep %s: %.2f s cpu\n", dtype_name(dt), (double)(clock() - t) / CLOCKS_PER_SEC);
         t = clock();
-        feature_cases(dt);
-        printf("# feature cases %s: %.2f s cpu\n", d == 0 ? "f32" : "f64", (double)(clock() - t) / CLOCKS_PER_SEC);
+        feature_cases(dt, dt);
+        printf("# feature cases %s: %.2f s cpu\n", dtype_name(dt), (double)(clock() - t) / CLOCKS_PER_SEC);
+    }
+    /* 16-bit storage: both 16-bit types alone, and a float32 query against a 16-bit cache */
+    const sdpa_dtype pairs[][2] = {{SDPA_BFLOAT16, SDPA_BFLOAT16}, {SDPA_FLOAT16, SDPA_FLOAT16},
+                                   {SDPA_FLOAT32, SDPA_BFLOAT16}, {SDPA_FLOAT32, SDPA_FLOAT16},
+                                   {SDPA_BFLOAT16, SDPA_FLOAT32}};
+    for (int i = 0; i < (int)(sizeof(pairs) / sizeof(pairs[0])); i++) {
+        if (quick && i % 2) continue; /* under valgrind: bfloat16 alone, float32/float16, bfloat16/float32 */
+        clock_t t = clock();
+        feature_cases(pairs[i][0], pairs[i][1]);
+        printf("# feature cases %s/%s: %.2f s cpu\n", dtype_name(pairs[i][0]), dtype_name(pairs[i][1]),
+               (double)(clock() - t) / CLOCKS_PER_SEC);
     }
     sdpa_set_isa(initial_isa);
     printf("# total: %.2f s cpu\n", (double)(clock() - t0) / CLOCKS_PER_SEC);
