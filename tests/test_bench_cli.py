@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from sdpa import bench, reference
+from sdpa.bench import peers
 
 # Tiny problems: one prefill (GQA, causal, L != S) and one decode step.
 TINY = ("tiny", 1, 4, 2, 16, 24, 8, True)
@@ -122,8 +123,8 @@ def test_run_suite_on_tiny_shapes(refs):
 
 
 def test_skips_show_as_dashes(monkeypatch):
-    monkeypatch.setattr(bench, "_load_torch", lambda: None)
-    monkeypatch.setattr(bench, "_torch_error", "torch is not installed")
+    monkeypatch.setattr(peers, "_load_torch", lambda: None)
+    monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
     rows = bench.run_suite([TINY], threads=[1], numpy_max_bytes=16, **FAST)
     impls = rows[0]["impls"]
     assert impls["numpy"]["status"] == "skipped" and "score matrix" in impls["numpy"]["reason"]
