@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 
 from .. import scaled_dot_product_attention as _sdpa
+from ..reference import causal_mask
 from .shapes import GiB, Shape, score_bytes
 
 __all__ = ["IMPLEMENTATIONS", "NUMPY_MAX_SCORE_BYTES", "numpy_attention", "make_runner", "skip_reason"]
@@ -33,7 +34,7 @@ def numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = 
     scores = qg @ np.swapaxes(kg, -1, -2)  # (B, Hkv, group, L, S)
     scores *= 1.0 / math.sqrt(E)
     if causal:
-        np.copyto(scores, -np.inf, where=~np.tri(L, S, dtype=bool))
+        np.copyto(scores, -np.inf, where=~causal_mask(L, S))
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
