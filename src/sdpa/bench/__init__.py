@@ -44,7 +44,7 @@ from .shapes import (
 )
 from .suite import iter_suite, run_suite
 from .threads import default_threads
-from .timing import Progress, time_call
+from .timing import Progress, median_time, time_call
 
 __all__ = [
     "Shape",
@@ -68,6 +68,7 @@ __all__ = [
     "parse_shape",
     "score_bytes",
     "time_call",
+    "median_time",
     "Progress",
     "iter_suite",
     "default_threads",
