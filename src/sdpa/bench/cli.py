@@ -1,4 +1,4 @@
-"""The command line: ``python -m sdpa.bench``."""
+"""The command line: ``python -m sdpa.bench`` (the throughput suite, or ``--latency``)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,28 @@ import sys
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Sequence
 
-from .machine import machine_info, measure_references, reference_steps
-from .peers import IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES
+from .latency import LATENCY_THREADS, iter_latency
+from .machine import machine_info, measure_references, package_version, reference_steps
+from .peers import IMPLEMENTATIONS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES
 from .plot import plot_results
-from .report import describe_skips, format_references, format_table, write_json
-from .shapes import QUICK_SHAPES, SHAPES, attention_flops, parse_shape, split_shapes
+from .report import (
+    describe_skips,
+    format_latency_table,
+    format_references,
+    format_table,
+    write_json,
+)
+from .shapes import LATENCY_SHAPES, QUICK_SHAPES, SHAPES, Shape, attention_flops, parse_shape, split_shapes
 from .suite import iter_suite
 from .threads import default_threads
 from .timing import Progress
 
 __all__ = ["main"]
+
+
+#: --min-time and --repeat unless given; with --latency --quick, the second pair.
+_TIMING = (0.5, 5)
+_QUICK_LATENCY_TIMING = (0.05, 3)
 
 
 def _int_list(text: str) -> List[int]:
@@ -38,29 +50,42 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Time sdpa against NumPy and PyTorch attention on this machine.",
         epilog="Columns are explained in benchmarks/README.md.",
     )
+    p.add_argument(
+        "--latency",
+        action="store_true",
+        help="microseconds per call on small shapes: sdpa, sdpa.torch, torch and ONNX Runtime",
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--shapes",
         help="comma-separated shape names (see --list) or NAME:B,Hq,Hkv,L,S,E[,causal] specs",
     )
-    which.add_argument("--quick", action="store_true", help="a few small shapes only (smoke runs)")
+    which.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few small shapes only (smoke runs); with --latency, short timing "
+        f"(--min-time {_QUICK_LATENCY_TIMING[0]} --repeat {_QUICK_LATENCY_TIMING[1]})",
+    )
     p.add_argument("--list", action="store_true", help="list the shapes and exit")
     p.add_argument(
-        "--threads", type=_int_list, help="comma-separated thread counts (default: 1,N for N CPUs)"
+        "--threads",
+        type=_int_list,
+        help="comma-separated thread counts (default: 1,N for N CPUs; with --latency: "
+        + ",".join(map(str, LATENCY_THREADS))
+        + ")",
     )
     p.add_argument(
-        "--impls", default=",".join(IMPLEMENTATIONS), help="implementations to run (default: %(default)s)"
+        "--impls",
+        help=f"implementations to run (default: {','.join(IMPLEMENTATIONS)}; "
+        f"with --latency: {','.join(LATENCY_IMPLEMENTATIONS)})",
     )
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.add_argument(
         "--min-time",
         type=float,
-        default=0.5,
-        help="seconds of timed runs per measurement (default: %(default)s)",
+        help=f"seconds of timed runs per measurement (default: {_TIMING[0]})",
     )
-    p.add_argument(
-        "--repeat", type=int, default=5, help="at least this many timed runs (default: %(default)s)"
-    )
+    p.add_argument("--repeat", type=int, help=f"at least this many timed runs (default: {_TIMING[1]})")
     p.add_argument("--gemm-size", type=int, default=2048, help="n of the n x n reference matmul; 0 skips it")
     p.add_argument(
         "--bandwidth-mib", type=int, default=512, help="size of the bandwidth reference array; 0 skips it"
@@ -84,27 +109,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _build_parser().parse_args(argv)
 
     if args.list:
-        for s in SHAPES + [q for q in QUICK_SHAPES if q not in SHAPES]:
-            tag = " (--quick)" if s in QUICK_SHAPES else ""
+        extra = [q for q in QUICK_SHAPES if q not in SHAPES] + LATENCY_SHAPES
+        for s in SHAPES + extra:
+            tag = " (--quick)" if s in QUICK_SHAPES else " (--latency)" if s in LATENCY_SHAPES else ""
             print(f"{s.name:16s} {s.describe():46s} {attention_flops(s) / 1e9:10.2f} GFLOP{tag}")
         return 0
 
+    known = LATENCY_IMPLEMENTATIONS if args.latency else IMPLEMENTATIONS
+    min_time, repeat = _QUICK_LATENCY_TIMING if args.latency and args.quick else _TIMING
+    args.min_time = min_time if args.min_time is None else args.min_time
+    args.repeat = repeat if args.repeat is None else args.repeat
     try:
-        if args.quick:
+        if args.quick and not args.latency:
             shapes = list(QUICK_SHAPES)
         elif args.shapes:
             shapes = [parse_shape(s) for s in split_shapes(args.shapes)]
         else:
-            shapes = list(SHAPES)
-        impls = [i.strip() for i in args.impls.split(",") if i.strip()]
-        bad = [i for i in impls if i not in IMPLEMENTATIONS]
+            shapes = list(LATENCY_SHAPES if args.latency else SHAPES)
+        impls = [i.strip() for i in (args.impls or ",".join(known)).split(",") if i.strip()]
+        bad = [i for i in impls if i not in known]
         if bad or not impls:
-            raise ValueError(f"--impls: choose from {', '.join(IMPLEMENTATIONS)}")
+            raise ValueError(f"--impls: choose from {', '.join(known)}")
         if args.repeat < 1 or args.min_time < 0:
             raise ValueError("--repeat must be >= 1 and --min-time >= 0")
+        if args.latency and args.plot:
+            raise ValueError("--plot draws the throughput suite, not --latency")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+    if args.latency:
+        return _run_latency(args, shapes, impls)
 
     if args.plot:
         try:
@@ -158,22 +193,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         progress.close()
 
-    cfg = info["sdpa_config"]
-    print(
-        f"sdpa {info['sdpa']} ({', '.join(f'{k}={v}' for k, v in cfg.items() if k != 'version')})"
-        if isinstance(cfg, dict)
-        else f"sdpa {info['sdpa']}"
-    )
-    blas = next((b for b in info["threadpools"] if b.get("user_api") == "blas"), None)
-    blas_text = (
-        f", BLAS {blas.get('internal_api')} {blas.get('version')} ({blas.get('architecture')})"
-        if blas
-        else ""
-    )
-    print(
-        f"{info['cpu_model'] or info['machine']}, {info['cpu_count']} CPUs, numpy {info['numpy']}"
-        f"{blas_text}, torch {info['torch'] or 'not installed'}, {args.dtype}"
-    )
+    _print_header(info, args.dtype)
     ref_text = format_references(references)
     if ref_text:
         print(ref_text)
@@ -205,4 +225,81 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.plot:
         plot_results(rows, args.plot, references)
         print(f"wrote {args.plot}", file=sys.stderr)
+    return 130 if interrupted else 0
+
+
+def _print_header(info: Dict[str, Any], dtype: str, extra: str = "") -> None:
+    """The two lines above every table: sdpa's build, and the machine and versions."""
+    cfg = info["sdpa_config"]
+    print(
+        f"sdpa {info['sdpa']} ({', '.join(f'{k}={v}' for k, v in cfg.items() if k != 'version')})"
+        if isinstance(cfg, dict)
+        else f"sdpa {info['sdpa']}"
+    )
+    blas = next((b for b in info["threadpools"] if b.get("user_api") == "blas"), None)
+    blas_text = (
+        f", BLAS {blas.get('internal_api')} {blas.get('version')} ({blas.get('architecture')})"
+        if blas
+        else ""
+    )
+    print(
+        f"{info['cpu_model'] or info['machine']}, {info['cpu_count']} CPUs, numpy {info['numpy']}"
+        f"{blas_text}, torch {info['torch'] or 'not installed'}{extra}, {dtype}"
+    )
+
+
+def _run_latency(args: argparse.Namespace, shapes: List[Shape], impls: List[str]) -> int:
+    """``--latency``: the latency table; the exit status."""
+    threads = args.threads or list(LATENCY_THREADS)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    steps = len(shapes) * len(threads) * len(impls)
+    progress = Progress(steps, enabled=show)
+
+    info = machine_info()
+    info["onnxruntime"] = package_version("onnxruntime")
+    rows: List[Dict[str, Any]] = []
+    interrupted = False
+    try:
+        for row in iter_latency(
+            shapes,
+            threads,
+            impls,
+            args.dtype,
+            min_time=args.min_time,
+            repeat=args.repeat,
+            seed=args.seed,
+            progress=progress,
+        ):
+            rows.append(row)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+
+    _print_header(info, args.dtype, f", onnxruntime {info['onnxruntime'] or 'not installed'}")
+    print()
+    print(format_latency_table(rows))
+    print("  µs per call: median of timed loops of back-to-back calls; ratios of times (below 1.00x: faster)")
+    for note in describe_skips(rows):
+        print(f"  {note}")
+    if interrupted:
+        print("(interrupted: partial results)")
+
+    if args.json:
+        payload = {
+            "machine": info,
+            "settings": {
+                "mode": "latency",
+                "shapes": [asdict(s) for s in shapes],
+                "threads": threads,
+                "impls": impls,
+                "dtype": args.dtype,
+                "min_time": args.min_time,
+                "repeat": args.repeat,
+                "seed": args.seed,
+                "complete": not interrupted,
+            },
+            "latency": rows,
+        }
+        write_json(args.json, payload)
     return 130 if interrupted else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -19,7 +20,7 @@ from .shapes import MiB
 from .threads import BlasThreads, threads_text
 from .timing import Progress, time_call
 
-__all__ = ["measure_references", "reference_steps", "lookup", "machine_info"]
+__all__ = ["measure_references", "reference_steps", "lookup", "machine_info", "package_version"]
 
 
 def measure_references(
@@ -160,6 +161,14 @@ def _threadpool_info() -> List[Dict[str, Any]]:
         return []
     keep = ("user_api", "internal_api", "version", "architecture", "threading_layer", "num_threads", "prefix")
     return [{k: lib.get(k) for k in keep if k in lib} for lib in threadpool_info()]
+
+
+def package_version(name: str) -> Optional[str]:
+    """The installed version of the distribution ``name`` (without importing it), or None."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def machine_info() -> Dict[str, Any]:

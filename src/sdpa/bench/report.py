@@ -8,7 +8,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .shapes import MiB
 
-__all__ = ["format_table", "format_references", "describe_skips", "write_json"]
+__all__ = [
+    "format_table",
+    "format_references",
+    "describe_skips",
+    "format_latency_table",
+    "write_json",
+]
 
 
 def _fmt_rate(x: Optional[float]) -> str:
@@ -30,6 +36,11 @@ def _fmt_impl(row: Dict[str, Any], impl: str, key: str = "gflops") -> str:
     if r["status"] == "error":
         return "err"
     return _fmt_rate(r.get(key))
+
+
+def _fmt_ratio(x: Optional[float]) -> str:
+    """``1.23x``, or ``-`` for None."""
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def format_table(rows: Sequence[Dict[str, Any]], dtype: str = "float32") -> str:
@@ -59,12 +70,17 @@ def format_table(rows: Sequence[Dict[str, Any]], dtype: str = "float32") -> str:
                 _fmt_impl(row, "sdpa"),
                 _fmt_impl(row, "numpy"),
                 _fmt_impl(row, "torch"),
-                "-" if ratio is None else f"{ratio:.2f}x",
+                _fmt_ratio(ratio),
                 "" if pct is None else f"{pct:.1f}%",
                 _fmt_impl(row, "sdpa", "gbps") if decode else "",
                 "" if pct_bw is None else f"{pct_bw:.0f}%",
             ]
         )
+    return _render(header, lines)
+
+
+def _render(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    """Columns as wide as their widest cell: the first left-aligned, the others right."""
     widths = [
         max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)
     ]
@@ -108,6 +124,39 @@ def describe_skips(rows: Sequence[Dict[str, Any]]) -> List[str]:
             if r["status"] != "ok":
                 notes[f"{row['shape']}: {impl} {r['status']} ({r['reason']})"] = None
     return list(notes)
+
+
+#: The latency table's implementation columns, in order, with their headers.
+_LATENCY_COLUMNS = (("sdpa", "sdpa µs"), ("sdpa.torch", "sdpa.torch µs"), ("torch", "torch µs"), ("ort", "ORT µs"))
+
+
+def format_latency_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """The latency results as a plain-text table, one line per (shape, threads).
+
+    Figures are microseconds per call (``absent``: the package is not installed,
+    ``err``: the call raised, ``-``: not run); ratios are of times, so below 1.00x
+    the first takes less time.
+    """
+    header = ["shape", "threads"] + [title for _, title in _LATENCY_COLUMNS]
+    header += ["sdpa/torch", "sdpa.torch/torch", "sdpa/ORT"]
+    lines: List[List[str]] = []
+    for row in rows:
+        cells = [row["shape"], str(row["threads"])]
+        for impl, _ in _LATENCY_COLUMNS:
+            r = row["impls"].get(impl)
+            if r is None:
+                cells.append("-")
+            elif r["status"] == "ok":
+                cells.append(_fmt_rate(r["median_s"] * 1e6))
+            else:
+                cells.append("err" if r["status"] == "error" else r["status"])
+        cells += [
+            _fmt_ratio(row.get("sdpa_over_torch")),
+            _fmt_ratio(row.get("sdpa_torch_over_torch")),
+            _fmt_ratio(row.get("sdpa_over_ort")),
+        ]
+        lines.append(cells)
+    return _render(header, lines)
 
 
 def write_json(path: str, payload: Dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ __all__ = [
     "Shape",
     "SHAPES",
     "QUICK_SHAPES",
+    "LATENCY_SHAPES",
     "ShapeLike",
     "parse_shape",
     "split_shapes",
@@ -90,7 +91,15 @@ QUICK_SHAPES: List[Shape] = [
     Shape("decode-gqa-4k", 1, 32, 8, 1, 4096, 128, False),
 ]
 
-_SHAPES_BY_NAME: Dict[str, Shape] = {s.name: s for s in SHAPES + QUICK_SHAPES}
+#: Small problems, where fixed costs per call weigh most (``--latency``): a decode step
+#: of a small model, one of a larger GQA model, and a short causal prefill.
+LATENCY_SHAPES: List[Shape] = [
+    Shape("decode-256", 1, 8, 8, 1, 256, 64, False),
+    Shape("decode-gqa-1k", 1, 32, 8, 1, 1024, 128, False),
+    Shape("tiny-prefill", 1, 8, 8, 32, 32, 64, True),
+]
+
+_SHAPES_BY_NAME: Dict[str, Shape] = {s.name: s for s in SHAPES + QUICK_SHAPES + LATENCY_SHAPES}
 
 ShapeLike = Union[Shape, str, Sequence[Any]]
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional
 
-__all__ = ["default_threads", "threads_text", "BlasThreads"]
+from .. import _core, set_num_threads
+
+__all__ = ["default_threads", "threads_text", "BlasThreads", "SdpaThreads", "TorchThreads"]
 
 
 def default_threads() -> List[int]:
@@ -48,3 +50,36 @@ class BlasThreads:
         if self._limits is not None:
             self._limits.restore_original_limits()
             self._limits = None
+
+
+class SdpaThreads:
+    """Context manager: sdpa calls without ``num_threads=`` use ``n`` threads inside it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._saved = 0
+
+    def __enter__(self) -> "SdpaThreads":
+        self._saved = _core.threads_setting()  # 0: none set, the OpenMP default applies
+        set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        set_num_threads(self._saved or None)
+
+
+class TorchThreads:
+    """Context manager: ``torch.set_num_threads(n)`` inside it, the count before restored after."""
+
+    def __init__(self, torch: Any, n: int) -> None:
+        self.torch = torch
+        self.n = n
+        self._saved = 0
+
+    def __enter__(self) -> "TorchThreads":
+        self._saved = self.torch.get_num_threads()
+        self.torch.set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.torch.set_num_threads(self._saved)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+import itertools
 import statistics
 import sys
 import time
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Tuple
 
-__all__ = ["time_call", "median_time", "Progress"]
+__all__ = ["time_call", "median_time", "loop_times", "Progress"]
 
 
 def time_call(
@@ -29,6 +31,39 @@ def time_call(
 def median_time(fn: Callable[[], Any], min_time: float = 0.0, repeat: int = 5) -> float:
     """The median of :func:`time_call`'s figures: seconds per call, after one warm-up."""
     return statistics.median(time_call(fn, min_time, repeat))
+
+
+def loop_times(
+    fn: Callable[[], Any], min_time: float = 0.5, repeat: int = 5, max_number: int = 1_000_000
+) -> Tuple[List[float], int]:
+    """Seconds per call, one figure per timed loop of ``number`` back-to-back calls.
+
+    For calls of microseconds, where the clock read around each call would weigh.
+    Loops of 1, 2, 4, ... calls warm up first and pick ``number``, the first count whose
+    loop lasts ``min_time / repeat`` seconds; then ``repeat`` loops of that many calls
+    are timed, so together they take about ``min_time``.  Returns the per-call time of
+    each timed loop, and ``number``.
+    """
+    target = min_time / max(repeat, 1)
+    number = 1
+    while _time_loop(fn, number) < target and number < max_number:
+        number *= 2
+    return [_time_loop(fn, number) / number for _ in range(repeat)], number
+
+
+def _time_loop(fn: Callable[[], Any], number: int) -> float:
+    """Seconds taken by ``number`` calls in a row, with the garbage collector off (as in timeit)."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        calls = itertools.repeat(None, number)
+        t0 = time.perf_counter()
+        for _ in calls:
+            fn()
+        return time.perf_counter() - t0
+    finally:
+        if gc_was_enabled:
+            gc.enable()
 
 
 class Progress:
