@@ -252,12 +252,13 @@ def _installed(module):
 def test_cli_latency_smoke(tmp_path, capsys):
     """--latency on its own shapes, one loop of one call each: every peer that is installed runs."""
     path = tmp_path / "latency.json"
-    argv = ["--latency", "--repeat", "1", "--min-time", "0", "--no-progress"]
+    argv = ["--latency", "--repeat", "1", "--min-time", "0", "--no-generate", "--no-progress"]
     assert bench.main(argv + ["--json", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "sdpa µs" in out and "sdpa.torch/torch" in out
+    assert "sdpa µs" in out and "sdpa.torch/torch" in out and "generate()" not in out
     data = json.loads(path.read_text())
     assert data["settings"]["mode"] == "latency" and data["settings"]["threads"] == [2]
+    assert data["generate"] == []
     assert [r["shape"] for r in data["latency"]] == [s.name for s in bench.LATENCY_SHAPES]
     expected = {"sdpa": "ok", "sdpa.torch": "ok", "torch": "ok", "ort": "ok"}
     if not _installed("torch"):
@@ -269,6 +270,46 @@ def test_cli_latency_smoke(tmp_path, capsys):
         assert row["impls"]["sdpa"]["calls_per_loop"] == 1 and row["impls"]["sdpa"]["loops"] == 1
         assert (row["sdpa_over_torch"] is None) == (expected["torch"] != "ok")
         assert (row["sdpa_over_ort"] is None) == (expected["ort"] != "ok")
+
+
+def test_cli_latency_with_generate(tmp_path, capsys):
+    """generate() of the tiny Llama follows the table (or says why it cannot run)."""
+    path = tmp_path / "latency.json"
+    argv = ["--latency", "--shapes", "decode-256", "--impls", "sdpa", "--threads", "1"]
+    argv += ["--repeat", "1", "--min-time", "0", "--no-progress", "--json", str(path)]
+    assert bench.main(argv) == 0
+    assert "generate() of a tiny random-weight Llama, 1 thread:" in capsys.readouterr().out
+    [generated] = json.loads(path.read_text())["generate"]
+    assert generated["threads"] == 1
+    assert generated["status"] == ("ok" if _installed("torch") and _installed("transformers") else "absent")
+
+
+def test_generate_with_and_without_the_patch(monkeypatch):
+    if not (_installed("torch") and _installed("transformers")):
+        result = bench.measure_generate(1, min_time=0.0, repeat=1)
+        assert result["status"] == "absent", result
+        assert "absent" in bench.format_generate(result)
+        return
+    import sdpa.torch
+
+    calls = []
+    attention = sdpa.torch.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(sdpa.torch, "scaled_dot_product_attention", counted)  # what patch() installs
+    result = bench.measure_generate(1, min_time=0.0, repeat=1)
+    assert result["status"] == "ok", result
+    # the warm-up and the timed run with the patch: each new token calls it once per layer
+    assert len(calls) >= 2 * 32 * 2
+    assert result["new_tokens"] == 32 and result["prompt_tokens"] == 16
+    assert result["same_tokens"] is True
+    assert len(result["torch"]["times_s"]) == len(result["sdpa"]["times_s"]) == 1
+    assert result["sdpa_over_torch"] == result["sdpa"]["median_s"] / result["torch"]["median_s"]
+    text = bench.format_generate(result)
+    assert "sdpa.torch.patch()" in text and "same tokens" in text
 
 
 def test_cli_latency_rejects_throughput_options(capsys):

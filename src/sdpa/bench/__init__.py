@@ -13,10 +13,11 @@ what each column means.
 
 ``--latency`` instead times small problems (decode steps, a short prefill) in
 microseconds per call: sdpa on NumPy arrays, ``sdpa.torch`` on tensors, torch's
-own function and ONNX Runtime's Attention operator.
+own function and ONNX Runtime's Attention operator, then the greedy ``generate()``
+of a tiny random-weight Llama (transformers) with and without ``sdpa.torch.patch()``.
 
 Only the standard library and NumPy are needed; PyTorch, ONNX Runtime,
-threadpoolctl and matplotlib are used when they are installed.
+transformers, threadpoolctl and matplotlib are used when they are installed.
 
 The modules, by concern: :mod:`~sdpa.bench.shapes` (the problems and their work
 counts), :mod:`~sdpa.bench.timing` (the timer and the progress bar),
@@ -24,18 +25,20 @@ counts), :mod:`~sdpa.bench.timing` (the timer and the progress bar),
 (machine facts and reference measurements), :mod:`~sdpa.bench.peers` (the
 implementations), :mod:`~sdpa.bench.onnxgraph` (the ONNX model ONNX Runtime
 runs), :mod:`~sdpa.bench.suite` (the throughput suite), :mod:`~sdpa.bench.latency`
-(the latency mode), :mod:`~sdpa.bench.report` (tables and JSON),
-:mod:`~sdpa.bench.plot` (the figure) and :mod:`~sdpa.bench.cli` (the command line).
+(the latency mode), :mod:`~sdpa.bench.generate` (the Llama ``generate()``),
+:mod:`~sdpa.bench.report` (tables and JSON), :mod:`~sdpa.bench.plot` (the figure)
+and :mod:`~sdpa.bench.cli` (the command line).
 """
 
 from __future__ import annotations
 
 from .cli import main
+from .generate import measure_generate
 from .latency import LATENCY_THREADS, iter_latency, run_latency
 from .machine import machine_info, measure_references
 from .peers import IMPLEMENTATIONS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES, numpy_attention
 from .plot import plot_results
-from .report import format_latency_table, format_references, format_table
+from .report import format_generate, format_latency_table, format_references, format_table
 from .shapes import (
     LATENCY_SHAPES,
     QUICK_SHAPES,
@@ -88,4 +91,6 @@ __all__ = [
     "iter_latency",
     "run_latency",
     "format_latency_table",
+    "measure_generate",
+    "format_generate",
 ]

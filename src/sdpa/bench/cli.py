@@ -8,12 +8,14 @@ import sys
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Sequence
 
+from .generate import measure_generate
 from .latency import LATENCY_THREADS, iter_latency
 from .machine import machine_info, measure_references, package_version, reference_steps
 from .peers import IMPLEMENTATIONS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES
 from .plot import plot_results
 from .report import (
     describe_skips,
+    format_generate,
     format_latency_table,
     format_references,
     format_table,
@@ -21,7 +23,7 @@ from .report import (
 )
 from .shapes import LATENCY_SHAPES, QUICK_SHAPES, SHAPES, Shape, attention_flops, parse_shape, split_shapes
 from .suite import iter_suite
-from .threads import default_threads
+from .threads import default_threads, threads_text
 from .timing import Progress
 
 __all__ = ["main"]
@@ -53,7 +55,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--latency",
         action="store_true",
-        help="microseconds per call on small shapes: sdpa, sdpa.torch, torch and ONNX Runtime",
+        help="microseconds per call on small shapes: sdpa, sdpa.torch, torch and ONNX Runtime, "
+        "then generate() of a tiny Llama with and without sdpa.torch.patch()",
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
@@ -86,6 +89,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help=f"seconds of timed runs per measurement (default: {_TIMING[0]})",
     )
     p.add_argument("--repeat", type=int, help=f"at least this many timed runs (default: {_TIMING[1]})")
+    p.add_argument(
+        "--generate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --latency: time generate() of a tiny Llama too, when transformers is installed "
+        "(default: on)",
+    )
     p.add_argument("--gemm-size", type=int, default=2048, help="n of the n x n reference matmul; 0 skips it")
     p.add_argument(
         "--bandwidth-mib", type=int, default=512, help="size of the bandwidth reference array; 0 skips it"
@@ -249,15 +259,17 @@ def _print_header(info: Dict[str, Any], dtype: str, extra: str = "") -> None:
 
 
 def _run_latency(args: argparse.Namespace, shapes: List[Shape], impls: List[str]) -> int:
-    """``--latency``: the latency table; the exit status."""
+    """``--latency``: the latency table, then generate() of the tiny Llama; the exit status."""
     threads = args.threads or list(LATENCY_THREADS)
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    steps = len(shapes) * len(threads) * len(impls)
+    steps = len(shapes) * len(threads) * len(impls) + (len(threads) if args.generate else 0)
     progress = Progress(steps, enabled=show)
 
     info = machine_info()
     info["onnxruntime"] = package_version("onnxruntime")
+    info["transformers"] = package_version("transformers")
     rows: List[Dict[str, Any]] = []
+    generated: List[Dict[str, Any]] = []
     interrupted = False
     try:
         for row in iter_latency(
@@ -271,17 +283,29 @@ def _run_latency(args: argparse.Namespace, shapes: List[Shape], impls: List[str]
             progress=progress,
         ):
             rows.append(row)
+        for n in threads if args.generate else []:
+            progress.show(f"generate() of a tiny Llama, {threads_text(n)}")
+            generated.append(measure_generate(n, min_time=args.min_time, repeat=args.repeat, seed=args.seed))
+            progress.advance()
     except KeyboardInterrupt:
         interrupted = True
     finally:
         progress.close()
 
-    _print_header(info, args.dtype, f", onnxruntime {info['onnxruntime'] or 'not installed'}")
+    _print_header(
+        info,
+        args.dtype,
+        f", onnxruntime {info['onnxruntime'] or 'not installed'}"
+        f", transformers {info['transformers'] or 'not installed'}",
+    )
     print()
     print(format_latency_table(rows))
     print("  µs per call: median of timed loops of back-to-back calls; ratios of times (below 1.00x: faster)")
     for note in describe_skips(rows):
         print(f"  {note}")
+    for result in generated:
+        print()
+        print(format_generate(result))
     if interrupted:
         print("(interrupted: partial results)")
 
@@ -297,9 +321,11 @@ def _run_latency(args: argparse.Namespace, shapes: List[Shape], impls: List[str]
                 "min_time": args.min_time,
                 "repeat": args.repeat,
                 "seed": args.seed,
+                "generate": args.generate,
                 "complete": not interrupted,
             },
             "latency": rows,
+            "generate": generated,
         }
         write_json(args.json, payload)
     return 130 if interrupted else 0

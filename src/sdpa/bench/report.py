@@ -13,6 +13,7 @@ __all__ = [
     "format_references",
     "describe_skips",
     "format_latency_table",
+    "format_generate",
     "write_json",
 ]
 
@@ -157,6 +158,27 @@ def format_latency_table(rows: Sequence[Dict[str, Any]]) -> str:
         ]
         lines.append(cells)
     return _render(header, lines)
+
+
+def format_generate(result: Dict[str, Any]) -> str:
+    """The ``generate()`` measurement of :func:`~sdpa.bench.generate.measure_generate` as text."""
+    threads = result["threads"]
+    title = f"generate() of a tiny random-weight Llama, {threads} thread{'s' if threads != 1 else ''}:"
+    if result["status"] != "ok":
+        return f"{title} {result['status']} ({result['reason']})"
+    model = result["model"]
+    runs = len(result["torch"]["times_s"])
+    lines = [
+        f"{title} {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, "
+        f"{model['num_attention_heads']}/{model['num_key_value_heads']} heads; "
+        f"{result['prompt_tokens']}-token prompt, {result['new_tokens']} new tokens, greedy; "
+        f"median of {runs} run{'s' if runs != 1 else ''}",
+        f"  torch's attention     {result['torch']['median_s']:.4f} s",
+        f"  sdpa.torch.patch()    {result['sdpa']['median_s']:.4f} s  "
+        f"sdpa/torch {_fmt_ratio(result['sdpa_over_torch'])}, "
+        + ("same tokens" if result["same_tokens"] else "DIFFERENT TOKENS"),
+    ]
+    return "\n".join(lines)
 
 
 def write_json(path: str, payload: Dict[str, Any]) -> None:
