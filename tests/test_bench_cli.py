@@ -13,6 +13,7 @@ import pytest
 
 from sdpa import bench, reference
 from sdpa.bench import peers
+from sdpa.bench.report import describe_latency_skips
 from sdpa.bench.shapes import make_inputs
 
 # Tiny problems: one prefill (GQA, causal, L != S) and one decode step.
@@ -243,6 +244,12 @@ def test_latency_rows_report_absent_packages(monkeypatch):
     assert rows[0]["sdpa_over_torch"] is None and rows[0]["sdpa_over_ort"] is None
     line = bench.format_latency_table(rows).splitlines()[2].split()
     assert line[:2] == ["tiny-decode", "1"] and line[3:6] == ["absent"] * 3 and line[6:] == ["-"] * 3
+    notes = describe_latency_skips(rows)
+    assert notes == [
+        "sdpa.torch absent (torch is not installed)",
+        "torch absent (torch is not installed)",
+        "ort absent (onnxruntime is not installed)",
+    ]
 
 
 def _installed(module):

@@ -14,6 +14,7 @@ from .machine import machine_info, measure_references, package_version, referenc
 from .peers import IMPLEMENTATIONS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES
 from .plot import plot_results
 from .report import (
+    describe_latency_skips,
     describe_skips,
     format_generate,
     format_latency_table,
@@ -301,7 +302,7 @@ def _run_latency(args: argparse.Namespace, shapes: List[Shape], impls: List[str]
     print()
     print(format_latency_table(rows))
     print("  µs per call: median of timed loops of back-to-back calls; ratios of times (below 1.00x: faster)")
-    for note in describe_skips(rows):
+    for note in describe_latency_skips(rows):
         print(f"  {note}")
     for result in generated:
         print()

@@ -13,6 +13,7 @@ __all__ = [
     "format_references",
     "describe_skips",
     "format_latency_table",
+    "describe_latency_skips",
     "format_generate",
     "write_json",
 ]
@@ -158,6 +159,20 @@ def format_latency_table(rows: Sequence[Dict[str, Any]]) -> str:
         ]
         lines.append(cells)
     return _render(header, lines)
+
+
+def describe_latency_skips(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """One note per implementation that did not run, naming the shapes unless it is all of them."""
+    shapes: Dict[str, Dict[str, None]] = {}  # note -> the shapes it applies to, in order
+    for row in rows:
+        for impl, r in row["impls"].items():
+            if r["status"] != "ok":
+                note = f"{impl} {r['status']} ({r['reason']})"
+                shapes.setdefault(note, {})[row["shape"]] = None
+    every = list(dict.fromkeys(row["shape"] for row in rows))
+    return [
+        note if list(names) == every else f"{', '.join(names)}: {note}" for note, names in shapes.items()
+    ]
 
 
 def format_generate(result: Dict[str, Any]) -> str:
