@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import math
@@ -11,6 +12,9 @@ import numpy as np
 import pytest
 
 from sdpa import bench, reference
+from sdpa.bench import peers
+from sdpa.bench.report import describe_latency_skips
+from sdpa.bench.shapes import make_inputs
 
 # Tiny problems: one prefill (GQA, causal, L != S) and one decode step.
 TINY = ("tiny", 1, 4, 2, 16, 24, 8, True)
@@ -122,8 +126,8 @@ def test_run_suite_on_tiny_shapes(refs):
 
 
 def test_skips_show_as_dashes(monkeypatch):
-    monkeypatch.setattr(bench, "_load_torch", lambda: None)
-    monkeypatch.setattr(bench, "_torch_error", "torch is not installed")
+    monkeypatch.setattr(peers, "_load_torch", lambda: None)
+    monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
     rows = bench.run_suite([TINY], threads=[1], numpy_max_bytes=16, **FAST)
     impls = rows[0]["impls"]
     assert impls["numpy"]["status"] == "skipped" and "score matrix" in impls["numpy"]["reason"]
@@ -194,3 +198,128 @@ def test_cli_lists_shapes(capsys):
     assert bench.main(["--list"]) == 0
     out = capsys.readouterr().out
     assert all(s.name in out for s in bench.SHAPES)
+
+
+# --------------------------------------------------------------------------- latency mode
+
+
+def test_latency_shapes_are_the_documented_ones():
+    dims = {s.name: (s.B, s.Hq, s.Hkv, s.L, s.S, s.E, s.causal) for s in bench.LATENCY_SHAPES}
+    assert dims == {
+        "decode-256": (1, 8, 8, 1, 256, 64, False),
+        "decode-gqa-1k": (1, 32, 8, 1, 1024, 128, False),
+        "tiny-prefill": (1, 8, 8, 32, 32, 64, True),
+    }
+    assert bench.parse_shape("decode-256") is bench.LATENCY_SHAPES[0]
+
+
+def test_loop_times_runs_tight_loops():
+    calls = []
+    times, number = bench.loop_times(lambda: calls.append(1), min_time=0.0, repeat=3)
+    assert len(times) == 3 and number == 1 and len(calls) == 4  # one warm-up loop
+    times, number = bench.loop_times(lambda: time.sleep(0.001), min_time=0.02, repeat=2)
+    assert number >= 8 and all(t >= 0.001 for t in times)
+
+
+@pytest.mark.parametrize("shape", [TINY, TINY_DECODE, ("ev", 2, 4, 4, 3, 5, 8, False, 6)])
+def test_onnx_runtime_attention_matches_the_reference(shape):
+    pytest.importorskip("onnxruntime")
+    shape = bench.parse_shape(shape)
+    q, k, v = make_inputs(shape, np.dtype(np.float32), 0)
+    run = peers.make_latency_runner("ort", shape, q, k, v, threads=1)
+    want = reference.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, enable_gqa=shape.gqa)
+    np.testing.assert_allclose(run(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_latency_rows_report_absent_packages(monkeypatch):
+    monkeypatch.setattr(peers, "_load_torch", lambda: None)
+    monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
+    monkeypatch.setattr(peers, "_load_onnxruntime", lambda: None)
+    monkeypatch.setattr(peers, "_ort_error", "onnxruntime is not installed")
+    rows = bench.run_latency([TINY_DECODE], threads=[1], min_time=0.0, repeat=1)
+    impls = rows[0]["impls"]
+    assert impls["sdpa"]["status"] == "ok" and impls["sdpa"]["median_s"] > 0
+    assert impls["ort"] == {"status": "absent", "reason": "onnxruntime is not installed"}
+    assert impls["torch"]["status"] == impls["sdpa.torch"]["status"] == "absent"
+    assert rows[0]["sdpa_over_torch"] is None and rows[0]["sdpa_over_ort"] is None
+    line = bench.format_latency_table(rows).splitlines()[2].split()
+    assert line[:2] == ["tiny-decode", "1"] and line[3:6] == ["absent"] * 3 and line[6:] == ["-"] * 3
+    notes = describe_latency_skips(rows)
+    assert notes == [
+        "sdpa.torch absent (torch is not installed)",
+        "torch absent (torch is not installed)",
+        "ort absent (onnxruntime is not installed)",
+    ]
+
+
+def _installed(module):
+    return importlib.util.find_spec(module) is not None
+
+
+def test_cli_latency_smoke(tmp_path, capsys):
+    """--latency on its own shapes, one loop of one call each: every peer that is installed runs."""
+    path = tmp_path / "latency.json"
+    argv = ["--latency", "--repeat", "1", "--min-time", "0", "--no-generate", "--no-progress"]
+    assert bench.main(argv + ["--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa µs" in out and "sdpa.torch/torch" in out and "generate()" not in out
+    data = json.loads(path.read_text())
+    assert data["settings"]["mode"] == "latency" and data["settings"]["threads"] == [2]
+    assert data["generate"] == []
+    assert [r["shape"] for r in data["latency"]] == [s.name for s in bench.LATENCY_SHAPES]
+    expected = {"sdpa": "ok", "sdpa.torch": "ok", "torch": "ok", "ort": "ok"}
+    if not _installed("torch"):
+        expected.update({"sdpa.torch": "absent", "torch": "absent"})
+    if not _installed("onnxruntime"):
+        expected["ort"] = "absent"
+    for row in data["latency"]:
+        assert {impl: r["status"] for impl, r in row["impls"].items()} == expected, row["impls"]
+        assert row["impls"]["sdpa"]["calls_per_loop"] == 1 and row["impls"]["sdpa"]["loops"] == 1
+        assert (row["sdpa_over_torch"] is None) == (expected["torch"] != "ok")
+        assert (row["sdpa_over_ort"] is None) == (expected["ort"] != "ok")
+
+
+def test_cli_latency_with_generate(tmp_path, capsys):
+    """generate() of the tiny Llama follows the table (or says why it cannot run)."""
+    path = tmp_path / "latency.json"
+    argv = ["--latency", "--shapes", "decode-256", "--impls", "sdpa", "--threads", "1"]
+    argv += ["--repeat", "1", "--min-time", "0", "--no-progress", "--json", str(path)]
+    assert bench.main(argv) == 0
+    assert "generate() of a tiny random-weight Llama, 1 thread:" in capsys.readouterr().out
+    [generated] = json.loads(path.read_text())["generate"]
+    assert generated["threads"] == 1
+    assert generated["status"] == ("ok" if _installed("torch") and _installed("transformers") else "absent")
+
+
+def test_generate_with_and_without_the_patch(monkeypatch):
+    if not (_installed("torch") and _installed("transformers")):
+        result = bench.measure_generate(1, min_time=0.0, repeat=1)
+        assert result["status"] == "absent", result
+        assert "absent" in bench.format_generate(result)
+        return
+    import sdpa.torch
+
+    calls = []
+    attention = sdpa.torch.scaled_dot_product_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(sdpa.torch, "scaled_dot_product_attention", counted)  # what patch() installs
+    result = bench.measure_generate(1, min_time=0.0, repeat=1)
+    assert result["status"] == "ok", result
+    # the warm-up and the timed run with the patch: each new token calls it once per layer
+    assert len(calls) >= 2 * 32 * 2
+    assert result["new_tokens"] == 32 and result["prompt_tokens"] == 16
+    assert result["same_tokens"] is True
+    assert len(result["torch"]["times_s"]) == len(result["sdpa"]["times_s"]) == 1
+    assert result["sdpa_over_torch"] == result["sdpa"]["median_s"] / result["torch"]["median_s"]
+    text = bench.format_generate(result)
+    assert "sdpa.torch.patch()" in text and "same tokens" in text
+
+
+def test_cli_latency_rejects_throughput_options(capsys):
+    assert bench.main(["--latency", "--impls", "numpy", "--no-progress"]) == 2
+    assert "sdpa.torch" in capsys.readouterr().err
+    assert bench.main(["--latency", "--plot", "x.png", "--no-progress"]) == 2

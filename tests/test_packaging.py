@@ -71,7 +71,10 @@ def sdist(source, tmp_path_factory):
 
 def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    for name in ("sdpa/__init__.py", "sdpa/_api.py", "sdpa/torch.py", "sdpa/_core.pyi", "sdpa/py.typed"):
+    for name in (
+        "sdpa/__init__.py", "sdpa/_api.py", "sdpa/torch.py", "sdpa/_core.pyi", "sdpa/py.typed",
+        "sdpa/bench/__init__.py", "sdpa/bench/__main__.py",
+    ):
         assert name in names, name
     assert any(n.startswith("sdpa/_core.") and n.endswith((".so", ".pyd")) for n in names), names
     assert not any(n.startswith(("csrc/", "tests/")) for n in names)

@@ -3,21 +3,12 @@ against NumPy, with the time of both."""
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
 import sdpa
 from sdpa import reference
-
-
-def _median_time(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+from sdpa.bench.timing import median_time
 
 
 def main(argv=None) -> int:
@@ -51,11 +42,13 @@ def main(argv=None) -> int:
     ok = err < 1e-4
     print(f"  max |sdpa - NumPy float64| = {err:.2e}  ({'OK' if ok else 'MISMATCH'})")
 
-    t_sdpa = _median_time(
+    t_sdpa = median_time(
         lambda: sdpa.scaled_dot_product_attention(q, k, v, is_causal=True, num_threads=args.threads),
-        args.repeat,
+        repeat=args.repeat,
     )
-    t_numpy = _median_time(lambda: reference.scaled_dot_product_attention(q, k, v, is_causal=True), args.repeat)
+    t_numpy = median_time(
+        lambda: reference.scaled_dot_product_attention(q, k, v, is_causal=True), repeat=args.repeat
+    )
     flops = 2 * B * H * (E + E) * (L * (L + 1) // 2)
     print(f"  sdpa : {t_sdpa * 1e3:8.2f} ms  {flops / t_sdpa / 1e9:7.1f} GFLOP/s")
     print(f"  NumPy: {t_numpy * 1e3:8.2f} ms  {flops / t_numpy / 1e9:7.1f} GFLOP/s  (float64 reference)")

@@ -1,0 +1,96 @@
+"""Side-by-side attention benchmark: sdpa against NumPy and PyTorch on this machine.
+
+    python -m sdpa.bench                      # the whole suite, 1 and all threads
+    python -m sdpa.bench --quick              # a few small shapes (CI smoke run)
+    python -m sdpa.bench --shapes 1k,gqa-2k --threads 1,2 --json out.json --plot out.png
+    python -m sdpa.bench --latency            # microseconds per call on small problems
+
+Every implementation runs in the same process on the same inputs, and the results
+are reported as throughput next to ratios measured in the same run: sdpa against
+PyTorch, and against the machine's own matmul throughput (a NumPy gemm) and read
+bandwidth (a NumPy reduction over a large array).  See benchmarks/README.md for
+what each column means.
+
+``--latency`` instead times small problems (decode steps, a short prefill) in
+microseconds per call: sdpa on NumPy arrays, ``sdpa.torch`` on tensors, torch's
+own function and ONNX Runtime's Attention operator, then the greedy ``generate()``
+of a tiny random-weight Llama (transformers) with and without ``sdpa.torch.patch()``.
+
+Only the standard library and NumPy are needed; PyTorch, ONNX Runtime,
+transformers, threadpoolctl and matplotlib are used when they are installed.
+
+The modules, by concern: :mod:`~sdpa.bench.shapes` (the problems and their work
+counts), :mod:`~sdpa.bench.timing` (the timer and the progress bar),
+:mod:`~sdpa.bench.threads` (thread counts and limits), :mod:`~sdpa.bench.machine`
+(machine facts and reference measurements), :mod:`~sdpa.bench.peers` (the
+implementations), :mod:`~sdpa.bench.onnxgraph` (the ONNX model ONNX Runtime
+runs), :mod:`~sdpa.bench.suite` (the throughput suite), :mod:`~sdpa.bench.latency`
+(the latency mode), :mod:`~sdpa.bench.generate` (the Llama ``generate()``),
+:mod:`~sdpa.bench.report` (tables and JSON), :mod:`~sdpa.bench.plot` (the figure)
+and :mod:`~sdpa.bench.cli` (the command line).
+"""
+
+from __future__ import annotations
+
+from .cli import main
+from .generate import measure_generate
+from .latency import LATENCY_THREADS, iter_latency, run_latency
+from .machine import machine_info, measure_references
+from .peers import IMPLEMENTATIONS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES, numpy_attention
+from .plot import plot_results
+from .report import format_generate, format_latency_table, format_references, format_table
+from .shapes import (
+    LATENCY_SHAPES,
+    QUICK_SHAPES,
+    SHAPES,
+    GiB,
+    MiB,
+    Shape,
+    ShapeLike,
+    attention_flops,
+    causal_pairs,
+    kv_bytes,
+    parse_shape,
+    score_bytes,
+)
+from .suite import iter_suite, run_suite
+from .threads import default_threads
+from .timing import Progress, loop_times, median_time, time_call
+
+__all__ = [
+    "Shape",
+    "SHAPES",
+    "QUICK_SHAPES",
+    "IMPLEMENTATIONS",
+    "attention_flops",
+    "causal_pairs",
+    "kv_bytes",
+    "numpy_attention",
+    "machine_info",
+    "measure_references",
+    "run_suite",
+    "format_table",
+    "plot_results",
+    "main",
+    "GiB",
+    "MiB",
+    "NUMPY_MAX_SCORE_BYTES",
+    "ShapeLike",
+    "parse_shape",
+    "score_bytes",
+    "time_call",
+    "median_time",
+    "Progress",
+    "iter_suite",
+    "default_threads",
+    "format_references",
+    "LATENCY_SHAPES",
+    "LATENCY_IMPLEMENTATIONS",
+    "LATENCY_THREADS",
+    "loop_times",
+    "iter_latency",
+    "run_latency",
+    "format_latency_table",
+    "measure_generate",
+    "format_generate",
+]

@@ -1,0 +1,7 @@
+"""``python -m sdpa.bench``: see :mod:`sdpa.bench.cli`."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

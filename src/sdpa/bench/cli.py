@@ -1,0 +1,332 @@
+"""The command line: ``python -m sdpa.bench`` (the throughput suite, or ``--latency``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import asdict
+from typing import Any, Dict, List, Optional, Sequence
+
+from .generate import measure_generate
+from .latency import LATENCY_THREADS, iter_latency
+from .machine import machine_info, measure_references, package_version, reference_steps
+from .peers import IMPLEMENTATIONS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES
+from .plot import plot_results
+from .report import (
+    describe_latency_skips,
+    describe_skips,
+    format_generate,
+    format_latency_table,
+    format_references,
+    format_table,
+    write_json,
+)
+from .shapes import LATENCY_SHAPES, QUICK_SHAPES, SHAPES, Shape, attention_flops, parse_shape, split_shapes
+from .suite import iter_suite
+from .threads import default_threads, threads_text
+from .timing import Progress
+
+__all__ = ["main"]
+
+
+#: --min-time and --repeat unless given; with --latency --quick, the second pair.
+_TIMING = (0.5, 5)
+_QUICK_LATENCY_TIMING = (0.05, 3)
+
+
+def _int_list(text: str) -> List[int]:
+    """``--threads``: comma-separated counts, each >= 1, duplicates dropped."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"thread counts must be >= 1, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m sdpa.bench``."""
+    p = argparse.ArgumentParser(
+        prog="python -m sdpa.bench",
+        description="Time sdpa against NumPy and PyTorch attention on this machine.",
+        epilog="Columns are explained in benchmarks/README.md.",
+    )
+    p.add_argument(
+        "--latency",
+        action="store_true",
+        help="microseconds per call on small shapes: sdpa, sdpa.torch, torch and ONNX Runtime, "
+        "then generate() of a tiny Llama with and without sdpa.torch.patch()",
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--shapes",
+        help="comma-separated shape names (see --list) or NAME:B,Hq,Hkv,L,S,E[,causal] specs",
+    )
+    which.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few small shapes only (smoke runs); with --latency, short timing "
+        f"(--min-time {_QUICK_LATENCY_TIMING[0]} --repeat {_QUICK_LATENCY_TIMING[1]})",
+    )
+    p.add_argument("--list", action="store_true", help="list the shapes and exit")
+    p.add_argument(
+        "--threads",
+        type=_int_list,
+        help="comma-separated thread counts (default: 1,N for N CPUs; with --latency: "
+        + ",".join(map(str, LATENCY_THREADS))
+        + ")",
+    )
+    p.add_argument(
+        "--impls",
+        help=f"implementations to run (default: {','.join(IMPLEMENTATIONS)}; "
+        f"with --latency: {','.join(LATENCY_IMPLEMENTATIONS)})",
+    )
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument(
+        "--min-time",
+        type=float,
+        help=f"seconds of timed runs per measurement (default: {_TIMING[0]})",
+    )
+    p.add_argument("--repeat", type=int, help=f"at least this many timed runs (default: {_TIMING[1]})")
+    p.add_argument(
+        "--generate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --latency: time generate() of a tiny Llama too, when transformers is installed "
+        "(default: on)",
+    )
+    p.add_argument("--gemm-size", type=int, default=2048, help="n of the n x n reference matmul; 0 skips it")
+    p.add_argument(
+        "--bandwidth-mib", type=int, default=512, help="size of the bandwidth reference array; 0 skips it"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="FILE", help="write machine facts and every measurement as JSON")
+    p.add_argument(
+        "--plot", metavar="FILE.png", help="draw GFLOP/s against length and threads (needs matplotlib)"
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the benchmark as the command line asks; the exit status (2: bad options, 130: interrupted)."""
+    args = _build_parser().parse_args(argv)
+
+    if args.list:
+        extra = [q for q in QUICK_SHAPES if q not in SHAPES] + LATENCY_SHAPES
+        for s in SHAPES + extra:
+            tag = " (--quick)" if s in QUICK_SHAPES else " (--latency)" if s in LATENCY_SHAPES else ""
+            print(f"{s.name:16s} {s.describe():46s} {attention_flops(s) / 1e9:10.2f} GFLOP{tag}")
+        return 0
+
+    known = LATENCY_IMPLEMENTATIONS if args.latency else IMPLEMENTATIONS
+    min_time, repeat = _QUICK_LATENCY_TIMING if args.latency and args.quick else _TIMING
+    args.min_time = min_time if args.min_time is None else args.min_time
+    args.repeat = repeat if args.repeat is None else args.repeat
+    try:
+        if args.quick and not args.latency:
+            shapes = list(QUICK_SHAPES)
+        elif args.shapes:
+            shapes = [parse_shape(s) for s in split_shapes(args.shapes)]
+        else:
+            shapes = list(LATENCY_SHAPES if args.latency else SHAPES)
+        impls = [i.strip() for i in (args.impls or ",".join(known)).split(",") if i.strip()]
+        bad = [i for i in impls if i not in known]
+        if bad or not impls:
+            raise ValueError(f"--impls: choose from {', '.join(known)}")
+        if args.repeat < 1 or args.min_time < 0:
+            raise ValueError("--repeat must be >= 1 and --min-time >= 0")
+        if args.latency and args.plot:
+            raise ValueError("--plot draws the throughput suite, not --latency")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    if args.latency:
+        return _run_latency(args, shapes, impls)
+
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401, PLC0415
+        except ImportError:
+            print("error: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+            return 2
+
+    threads = args.threads or default_threads()
+    if "OPENBLAS_CORETYPE" in os.environ and "numpy" in impls:
+        print(
+            "note: OPENBLAS_CORETYPE is set; NumPy's matmul (the numpy column and the gemm "
+            "reference) may run a slower kernel than this CPU allows",
+            file=sys.stderr,
+        )
+
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    steps = reference_steps(threads, args.gemm_size, args.bandwidth_mib) + len(shapes) * len(threads) * len(
+        impls
+    )
+    progress = Progress(steps, enabled=show)
+
+    info = machine_info()
+    rows: List[Dict[str, Any]] = []
+    references: Dict[str, Any] = {}
+    interrupted = False
+    try:
+        references = measure_references(
+            threads,
+            args.dtype,
+            gemm_n=args.gemm_size,
+            bandwidth_mib=args.bandwidth_mib,
+            min_time=args.min_time,
+            repeat=args.repeat,
+            progress=progress,
+        )
+        for row in iter_suite(
+            shapes,
+            threads,
+            impls,
+            args.dtype,
+            min_time=args.min_time,
+            repeat=args.repeat,
+            references=references,
+            seed=args.seed,
+            progress=progress,
+        ):
+            rows.append(row)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+
+    _print_header(info, args.dtype)
+    ref_text = format_references(references)
+    if ref_text:
+        print(ref_text)
+    print()
+    print(format_table(rows, args.dtype))
+    for note in describe_skips(rows):
+        print(f"  {note}")
+    if interrupted:
+        print("(interrupted: partial results)")
+
+    if args.json:
+        payload = {
+            "machine": info,
+            "settings": {
+                "shapes": [asdict(s) for s in shapes],
+                "threads": threads,
+                "impls": impls,
+                "dtype": args.dtype,
+                "min_time": args.min_time,
+                "repeat": args.repeat,
+                "seed": args.seed,
+                "numpy_max_score_bytes": NUMPY_MAX_SCORE_BYTES,
+                "complete": not interrupted,
+            },
+            "references": references,
+            "results": rows,
+        }
+        write_json(args.json, payload)
+    if args.plot:
+        plot_results(rows, args.plot, references)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 130 if interrupted else 0
+
+
+def _print_header(info: Dict[str, Any], dtype: str, extra: str = "") -> None:
+    """The two lines above every table: sdpa's build, and the machine and versions."""
+    cfg = info["sdpa_config"]
+    print(
+        f"sdpa {info['sdpa']} ({', '.join(f'{k}={v}' for k, v in cfg.items() if k != 'version')})"
+        if isinstance(cfg, dict)
+        else f"sdpa {info['sdpa']}"
+    )
+    blas = next((b for b in info["threadpools"] if b.get("user_api") == "blas"), None)
+    blas_text = (
+        f", BLAS {blas.get('internal_api')} {blas.get('version')} ({blas.get('architecture')})"
+        if blas
+        else ""
+    )
+    print(
+        f"{info['cpu_model'] or info['machine']}, {info['cpu_count']} CPUs, numpy {info['numpy']}"
+        f"{blas_text}, torch {info['torch'] or 'not installed'}{extra}, {dtype}"
+    )
+
+
+def _run_latency(args: argparse.Namespace, shapes: List[Shape], impls: List[str]) -> int:
+    """``--latency``: the latency table, then generate() of the tiny Llama; the exit status."""
+    threads = args.threads or list(LATENCY_THREADS)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    steps = len(shapes) * len(threads) * len(impls) + (len(threads) if args.generate else 0)
+    progress = Progress(steps, enabled=show)
+
+    info = machine_info()
+    info["onnxruntime"] = package_version("onnxruntime")
+    info["transformers"] = package_version("transformers")
+    rows: List[Dict[str, Any]] = []
+    generated: List[Dict[str, Any]] = []
+    interrupted = False
+    try:
+        for row in iter_latency(
+            shapes,
+            threads,
+            impls,
+            args.dtype,
+            min_time=args.min_time,
+            repeat=args.repeat,
+            seed=args.seed,
+            progress=progress,
+        ):
+            rows.append(row)
+        for n in threads if args.generate else []:
+            progress.show(f"generate() of a tiny Llama, {threads_text(n)}")
+            generated.append(measure_generate(n, min_time=args.min_time, repeat=args.repeat, seed=args.seed))
+            progress.advance()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+
+    _print_header(
+        info,
+        args.dtype,
+        f", onnxruntime {info['onnxruntime'] or 'not installed'}"
+        f", transformers {info['transformers'] or 'not installed'}",
+    )
+    print()
+    print(format_latency_table(rows))
+    print("  µs per call: median of timed loops of back-to-back calls; ratios of times (below 1.00x: faster)")
+    for note in describe_latency_skips(rows):
+        print(f"  {note}")
+    for result in generated:
+        print()
+        print(format_generate(result))
+    if interrupted:
+        print("(interrupted: partial results)")
+
+    if args.json:
+        payload = {
+            "machine": info,
+            "settings": {
+                "mode": "latency",
+                "shapes": [asdict(s) for s in shapes],
+                "threads": threads,
+                "impls": impls,
+                "dtype": args.dtype,
+                "min_time": args.min_time,
+                "repeat": args.repeat,
+                "seed": args.seed,
+                "generate": args.generate,
+                "complete": not interrupted,
+            },
+            "latency": rows,
+            "generate": generated,
+        }
+        write_json(args.json, payload)
+    return 130 if interrupted else 0

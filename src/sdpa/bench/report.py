@@ -1,0 +1,204 @@
+"""The results as text: the tables printed to stdout, and the JSON file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Dict, List, Optional, Sequence
+
+from .shapes import MiB
+
+__all__ = [
+    "format_table",
+    "format_references",
+    "describe_skips",
+    "format_latency_table",
+    "describe_latency_skips",
+    "format_generate",
+    "write_json",
+]
+
+
+def _fmt_rate(x: Optional[float]) -> str:
+    """A rate with three significant figures or so; empty for None."""
+    if x is None:
+        return ""
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def _fmt_impl(row: Dict[str, Any], impl: str, key: str = "gflops") -> str:
+    """One implementation's figure in a row: ``-`` when skipped, ``err`` when it raised."""
+    r = row["impls"].get(impl)
+    if r is None or r["status"] == "skipped":
+        return "-"
+    if r["status"] == "error":
+        return "err"
+    return _fmt_rate(r.get(key))
+
+
+def _fmt_ratio(x: Optional[float]) -> str:
+    """``1.23x``, or ``-`` for None."""
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def format_table(rows: Sequence[Dict[str, Any]], dtype: str = "float32") -> str:
+    """The results as a plain-text table, one line per (shape, threads)."""
+    gemm = "sgemm" if dtype == "float32" else "dgemm" if dtype == "float64" else "gemm"
+    header = [
+        "shape",
+        "threads",
+        "sdpa GFLOP/s",
+        "numpy GFLOP/s",
+        "torch GFLOP/s",
+        "sdpa/torch",
+        f"% {gemm}",
+        "sdpa GB/s",
+        "% bw",
+    ]
+    lines: List[List[str]] = []
+    for row in rows:
+        ratio = row.get("sdpa_over_torch")
+        pct = row.get("sdpa_pct_gemm")
+        decode = row.get("decode")
+        pct_bw = row.get("sdpa_pct_bandwidth") if decode else None
+        lines.append(
+            [
+                row["shape"],
+                str(row["threads"]),
+                _fmt_impl(row, "sdpa"),
+                _fmt_impl(row, "numpy"),
+                _fmt_impl(row, "torch"),
+                _fmt_ratio(ratio),
+                "" if pct is None else f"{pct:.1f}%",
+                _fmt_impl(row, "sdpa", "gbps") if decode else "",
+                "" if pct_bw is None else f"{pct_bw:.0f}%",
+            ]
+        )
+    return _render(header, lines)
+
+
+def _render(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    """Columns as wide as their widest cell: the first left-aligned, the others right."""
+    widths = [
+        max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)
+    ]
+
+    def render(cells: Sequence[str]) -> str:
+        out = [cells[0].ljust(widths[0])]
+        out += [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([render(header), rule] + [render(line) for line in lines])
+
+
+def format_references(references: Dict[str, Any]) -> str:
+    """The machine references as one line each (empty when none were measured)."""
+    lines = []
+    gemm = references.get("gemm", {})
+    if gemm.get("results"):
+        parts = [
+            f"{e['gflops']:.1f} GFLOP/s ({e['threads'] if e['threads'] is not None else 'default'} thr)"
+            for e in gemm["results"]
+        ]
+        how = (
+            "BLAS threads set with threadpoolctl"
+            if gemm["threads_controlled"]
+            else "default BLAS threads: threadpoolctl not installed"
+        )
+        lines.append(f"{gemm['dtype']} gemm {gemm['n']}^3: " + ", ".join(parts) + f"  [{how}]")
+    bw = references.get("bandwidth", {})
+    if bw.get("results"):
+        parts = [f"{e['gbps']:.1f} GB/s ({e['threads']} thr)" for e in bw["results"]]
+        lines.append(f"read bandwidth, np.add.reduce over {bw['bytes'] // MiB} MiB: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def describe_skips(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """One note per implementation not measured on a shape, saying why."""
+    notes: Dict[str, None] = {}
+    for row in rows:
+        for impl, r in row["impls"].items():
+            if r["status"] != "ok":
+                notes[f"{row['shape']}: {impl} {r['status']} ({r['reason']})"] = None
+    return list(notes)
+
+
+#: The latency table's implementation columns, in order, with their headers.
+_LATENCY_COLUMNS = (("sdpa", "sdpa µs"), ("sdpa.torch", "sdpa.torch µs"), ("torch", "torch µs"), ("ort", "ORT µs"))
+
+
+def format_latency_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """The latency results as a plain-text table, one line per (shape, threads).
+
+    Figures are microseconds per call (``absent``: the package is not installed,
+    ``err``: the call raised, ``-``: not run); ratios are of times, so below 1.00x
+    the first takes less time.
+    """
+    header = ["shape", "threads"] + [title for _, title in _LATENCY_COLUMNS]
+    header += ["sdpa/torch", "sdpa.torch/torch", "sdpa/ORT"]
+    lines: List[List[str]] = []
+    for row in rows:
+        cells = [row["shape"], str(row["threads"])]
+        for impl, _ in _LATENCY_COLUMNS:
+            r = row["impls"].get(impl)
+            if r is None:
+                cells.append("-")
+            elif r["status"] == "ok":
+                cells.append(_fmt_rate(r["median_s"] * 1e6))
+            else:
+                cells.append("err" if r["status"] == "error" else r["status"])
+        cells += [
+            _fmt_ratio(row.get("sdpa_over_torch")),
+            _fmt_ratio(row.get("sdpa_torch_over_torch")),
+            _fmt_ratio(row.get("sdpa_over_ort")),
+        ]
+        lines.append(cells)
+    return _render(header, lines)
+
+
+def describe_latency_skips(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """One note per implementation that did not run, naming the shapes unless it is all of them."""
+    shapes: Dict[str, Dict[str, None]] = {}  # note -> the shapes it applies to, in order
+    for row in rows:
+        for impl, r in row["impls"].items():
+            if r["status"] != "ok":
+                note = f"{impl} {r['status']} ({r['reason']})"
+                shapes.setdefault(note, {})[row["shape"]] = None
+    every = list(dict.fromkeys(row["shape"] for row in rows))
+    return [
+        note if list(names) == every else f"{', '.join(names)}: {note}" for note, names in shapes.items()
+    ]
+
+
+def format_generate(result: Dict[str, Any]) -> str:
+    """The ``generate()`` measurement of :func:`~sdpa.bench.generate.measure_generate` as text."""
+    threads = result["threads"]
+    title = f"generate() of a tiny random-weight Llama, {threads} thread{'s' if threads != 1 else ''}:"
+    if result["status"] != "ok":
+        return f"{title} {result['status']} ({result['reason']})"
+    model = result["model"]
+    runs = len(result["torch"]["times_s"])
+    lines = [
+        f"{title} {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, "
+        f"{model['num_attention_heads']}/{model['num_key_value_heads']} heads; "
+        f"{result['prompt_tokens']}-token prompt, {result['new_tokens']} new tokens, greedy; "
+        f"median of {runs} run{'s' if runs != 1 else ''}",
+        f"  torch's attention     {result['torch']['median_s']:.4f} s",
+        f"  sdpa.torch.patch()    {result['sdpa']['median_s']:.4f} s  "
+        f"sdpa/torch {_fmt_ratio(result['sdpa_over_torch'])}, "
+        + ("same tokens" if result["same_tokens"] else "DIFFERENT TOKENS"),
+    ]
+    return "\n".join(lines)
+
+
+def write_json(path: str, payload: Dict[str, Any]) -> None:
+    """Write ``payload`` to ``path`` as indented JSON, and say so on stderr."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(payload, f, indent=1, default=str)
+        f.write("\n")
+    print(f"wrote {path}", file=sys.stderr)
