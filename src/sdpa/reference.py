@@ -8,11 +8,12 @@ to check the fused implementation, and for readers who want the maths in code.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
+import numpy.typing as npt
 
-__all__ = ["scaled_dot_product_attention", "causal_mask", "multi_head_attention"]
+__all__ = ["scaled_dot_product_attention", "causal_mask", "key_length_mask", "multi_head_attention"]
 
 
 def causal_mask(L: int, S: int, *, bottom_right: bool = False) -> np.ndarray:
@@ -25,29 +26,54 @@ def causal_mask(L: int, S: int, *, bottom_right: bool = False) -> np.ndarray:
     return np.tri(L, S, k=(S - L) if bottom_right else 0, dtype=bool)
 
 
+def key_length_mask(key_lengths: npt.ArrayLike, S: int) -> np.ndarray:
+    """The bool mask (True = takes part) that ``key_lengths`` stands for.
+
+    Key ``s`` takes part for batch index ``b`` when ``s < key_lengths[b]``, so
+    lengths below 0 act as 0 and lengths above ``S`` as ``S``.  The shape is
+    ``key_lengths.shape + (1, 1, S)``: it broadcasts against scores of shape
+    (..., H, L, S) when ``key_lengths`` broadcasts against the batch dims (...).
+    """
+    return np.arange(S) < np.asarray(key_lengths)[..., None, None, None]
+
+
 def scaled_dot_product_attention(
-    query,
-    key,
-    value,
-    attn_mask=None,
-    is_causal: bool = False,
+    query: npt.ArrayLike,
+    key: npt.ArrayLike,
+    value: npt.ArrayLike,
+    attn_mask: Optional[npt.ArrayLike] = None,
+    is_causal: Union[bool, str] = False,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
     *,
     return_weights: bool = False,
-) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
+    return_lse: bool = False,
+    key_lengths: Optional[npt.ArrayLike] = None,
+) -> Union[np.ndarray, Tuple[np.ndarray, ...]]:
     """Attention computed in float64 with NumPy, step by step.
 
     Shapes: query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev);
-    returns the output (..., Hq, L, Ev) as float64, and with ``return_weights`` also
-    the weights (..., Hq, L, S).  ``attn_mask`` is bool (True = takes part) or float
-    (added to the scaled scores).  A query row that can see no key gives zeros.
+    returns the output (..., Hq, L, Ev) as float64.  ``attn_mask`` is bool (True =
+    takes part) or float (added to the scaled scores).  ``is_causal`` is False,
+    True or ``"top_left"`` (:func:`causal_mask`), or ``"bottom_right"``.
+    ``key_lengths`` (ints broadcastable to the batch dims, the dims before the head
+    dim -3) leaves out the keys at or past ``key_lengths[b]`` for batch index
+    ``b`` (:func:`key_length_mask`; values are clipped to [0, S]): they take no
+    part, and their values are not read.  A query row that can see no key gives
+    zeros.
+
+    With ``return_weights`` the weights (..., Hq, L, S) are returned too, and with
+    ``return_lse`` the natural log-sum-exp of each row's scaled, masked scores,
+    (..., Hq, L): ``-inf`` for a row that sees no key, NaN for a row that sees a NaN
+    score.  With either, the result is the tuple ``(output, weights, lse)`` holding those
+    asked for, in that order, as :func:`sdpa.scaled_dot_product_attention` returns.
     """
     q = np.asarray(query, dtype=np.float64)
     k = np.asarray(key, dtype=np.float64)
     v = np.asarray(value, dtype=np.float64)
     L, E = q.shape[-2], q.shape[-1]
     S = k.shape[-2]
+    has_heads = max(q.ndim, k.ndim, v.ndim) >= 3
     if enable_gqa and q.ndim >= 3 and k.ndim >= 3:
         group = q.shape[-3] // k.shape[-3]
         k = np.repeat(k, group, axis=-3)
@@ -70,6 +96,14 @@ def scaled_dot_product_attention(
             allowed = m if allowed is None else (allowed & m)
         else:
             scores = scores + m.astype(np.float64)
+    if key_lengths is not None:
+        batch_shape = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
+        present = key_length_mask(np.broadcast_to(key_lengths, batch_shape), S)
+        if not has_heads:  # 2-D inputs: no batch dims, no head dim
+            present = present.reshape(1, S)
+        allowed = present if allowed is None else (allowed & present)
+        # the values of those keys are not read (0 * NaN would be NaN)
+        v = np.where(np.swapaxes(present, -1, -2), v, 0.0)
     if allowed is not None:
         scores = np.where(allowed, scores, -np.inf)
     # 3. row-wise softmax, stable: subtract the row max; rows with no key give zeros
@@ -83,21 +117,29 @@ def scaled_dot_product_attention(
     weights = np.where(np.isnan(denom), np.nan, weights)
     # 4. weighted sum of the values
     out = weights @ v
+
+    extra: List[np.ndarray] = []
     if return_weights:
-        return out, weights
-    return out
+        extra.append(weights)
+    if return_lse:
+        # log(sum(exp(scores))) = row max + log(denom): -inf where denom is 0, NaN
+        # where it is NaN; broadcast to the output's rows, like sdpa's
+        with np.errstate(divide="ignore"):
+            lse = (finite_max + np.log(denom))[..., 0]
+        extra.append(np.broadcast_to(lse, out.shape[:-1]).copy())
+    return (out, *extra) if extra else out
 
 
 def multi_head_attention(
-    x,
-    w_q,
-    w_k,
-    w_v,
-    w_o,
-    b_q=None,
-    b_k=None,
-    b_v=None,
-    b_o=None,
+    x: npt.ArrayLike,
+    w_q: npt.ArrayLike,
+    w_k: npt.ArrayLike,
+    w_v: npt.ArrayLike,
+    w_o: npt.ArrayLike,
+    b_q: Optional[npt.ArrayLike] = None,
+    b_k: Optional[npt.ArrayLike] = None,
+    b_v: Optional[npt.ArrayLike] = None,
+    b_o: Optional[npt.ArrayLike] = None,
     num_heads: int = 1,
     num_kv_heads: Optional[int] = None,
     causal: Union[bool, str] = False,
@@ -115,7 +157,7 @@ def multi_head_attention(
     x = np.asarray(x, dtype=np.float64)
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
 
-    def project(w, b, heads):
+    def project(w: npt.ArrayLike, b: Optional[npt.ArrayLike], heads: int) -> np.ndarray:
         y = x @ np.asarray(w, dtype=np.float64)
         if b is not None:
             y = y + np.asarray(b, dtype=np.float64)
