@@ -14,7 +14,11 @@ mistake (mismatched shapes, bad dtypes or arguments).  For each call:
   thread count;
 * when every value is finite, it must match the float64 reference
   (``sdpa.reference``) within a tolerance scaled by the conditioning of each
-  row (see tests/test_fuzz.py for the reasoning).
+  row: ``sdpa.testing.assert_matches_reference`` compares it, as it does for
+  tests/test_fuzz.py.
+
+The values, special values, layouts and broadcast shapes come from
+``sdpa.testing``, with the input's bytes taking its decisions.
 
     pip install atheris
     python fuzz/fuzz_attention.py -atheris_runs=100000 corpus/
@@ -37,12 +41,25 @@ if __name__ == "__main__" and "--smoke" not in sys.argv:
 else:
     import sdpa
 
-reference = sdpa.reference.scaled_dot_product_attention
+# imported after sdpa, outside the instrumentation: coverage of the checks
+# themselves would only distract the search
+from sdpa.testing import (  # noqa: E402
+    FLOAT_DTYPES,
+    OTHER_DTYPES,
+    SPECIALS,
+    assert_matches_reference,
+    broadcastable_shape,
+    place,
+    random_values,
+    result_dtype,
+)
+
 ALLOWED = (ValueError, TypeError, MemoryError)
 
 
 class Bytes:
-    """Reads decisions from a byte string; zeros once it runs out."""
+    """Reads decisions from a byte string; zeros once it runs out.  These are
+    the ``sdpa.testing.Choices`` the generators there take."""
 
     def __init__(self, data: bytes):
         self.data = data
@@ -54,7 +71,7 @@ class Bytes:
             return self.data[self.pos - 1]
         return 0
 
-    def int(self, lo: int, hi: int) -> int:
+    def integer(self, lo: int, hi: int) -> int:
         """An int in [lo, hi]."""
         span = hi - lo + 1
         if span <= 1:
@@ -64,144 +81,108 @@ class Bytes:
             x = (x << 8) | self.byte()
         return lo + x % span
 
-    def bool(self) -> bool:
+    def boolean(self) -> bool:
         return bool(self.byte() & 1)
 
     def pick(self, seq):
-        return seq[self.int(0, len(seq) - 1)]
+        return seq[self.integer(0, len(seq) - 1)]
 
     def one_in(self, n: int) -> bool:
-        return self.int(0, n - 1) == 0
+        return self.integer(0, n - 1) == 0
 
 
 class Mistake(Exception):
     """Raised by the decoder when it cannot apply the chosen mistake."""
 
 
-FLOAT_DTYPES = ["float32", "float64", "float16", ">f4", ">f8"]
-OTHER_DTYPES = ["int8", "int32", "int64", "uint16", "bool"]
-SPECIALS = ["nan", "inf", "-inf", "subnormal", "huge", "-huge", "overflow", "zero"]
+DTYPES = FLOAT_DTYPES * 3 + OTHER_DTYPES + ["uint16"]
+MAGNITUDES = [1.0, 1.0, 1e-3, 3.0]  # moderate: finite problems are compared
 MISTAKES = [
     "E", "S", "heads", "gqa", "ndim", "dtype", "mask-shape", "mask-dtype", "causal", "scale",
     "threads", "key-lengths", "out-shape", "out-dtype", "out-readonly", "out-overlap", "batch",
 ]
 
 
-def special(kind: str, dtype: np.dtype, role: str, rng) -> float:
-    fi = np.finfo(dtype)
-    wide, half = dtype.itemsize == 8, dtype.itemsize == 2
-    table = {
-        "nan": np.nan, "inf": np.inf, "-inf": -np.inf, "zero": 0.0,
-        "subnormal": float(fi.smallest_subnormal) * int(rng.integers(1, 100)),
-        "huge": 6e4 if half else (1e30 if role != "v" or not wide else 1e200) if wide else 1e18,
-        "overflow": 6e4 if half else (1e160 if wide else 1e20),
-    }
-    table["-huge"] = -table["huge"]
-    return table[kind]
-
-
-def make_values(r: Bytes, rng, shape, dtype, role, specials: bool) -> np.ndarray:
-    dtype = np.dtype(dtype)
-    if dtype.kind == "b":
-        return rng.random(shape) < 0.5
-    if dtype.kind in "iu":
-        return rng.integers(0 if dtype.kind == "u" else -3, 4, size=shape).astype(dtype)
-    x = rng.standard_normal(shape) * r.pick([1.0, 1.0, 1e-3, 3.0])
-    if specials and x.size:
-        for _ in range(r.int(1, 3)):
-            idx = tuple(int(rng.integers(0, n)) for n in shape)
-            if r.one_in(3):
-                idx = idx[:-1] + (slice(None),)
-            x[idx] = special(r.pick(SPECIALS), dtype.newbyteorder("="), role, rng)
-    with np.errstate(over="ignore"):
-        return x.astype(dtype)
-
-
-def lay_out(r: Bytes, x: np.ndarray) -> np.ndarray:
+def lay_out(r: Bytes, x: np.ndarray):
     """The values of ``x`` in a layout chosen by the bytes."""
-    kind = r.int(0, 7)
+    kind = r.integer(0, 7)
     if kind == 0 or x.ndim == 0:
         return x
     if kind == 1:
-        return np.asfortranarray(x)
-    if kind == 2:  # unaligned
-        raw = bytearray(x.nbytes + 1)
-        y = np.frombuffer(raw, dtype=x.dtype, count=x.size, offset=1).reshape(x.shape)
-        y[...] = x
-        return y
+        return place(x, {"kind": "fortran"})
+    if kind == 2:
+        return place(x, {"kind": "unaligned"})
     if kind == 3 and 0 < x.size <= 4096:  # (an empty array has no list form)
-        return x.tolist()
+        return place(x, {"kind": "list"})
     perm = list(range(x.ndim))
     for i in range(x.ndim - 1, 0, -1):  # a permutation from the bytes
-        j = r.int(0, i)
+        j = r.integer(0, i)
         perm[i], perm[j] = perm[j], perm[i]
     steps = [r.pick([1, 1, 2]) for _ in range(x.ndim)]
-    buf = np.empty(tuple(x.shape[p] * steps[p] for p in perm), dtype=x.dtype)
-    y = buf.transpose(np.argsort(perm))[tuple(slice(None, None, s) for s in steps)]
-    for axis in range(x.ndim):
-        if r.one_in(3):
-            y = np.flip(y, axis)
-    y[...] = x
-    if r.one_in(4):
-        y.flags.writeable = False
-    return y
+    flips = [r.one_in(3) for _ in range(x.ndim)]
+    layout = {"kind": "strided", "perm": perm, "steps": steps, "flips": flips, "readonly": r.one_in(4)}
+    return place(x, layout)
 
 
 def decode(data: bytes) -> dict:
     """One call's arguments, and what is expected of it."""
     r = Bytes(data)
-    rng = np.random.default_rng(r.int(0, 2**32 - 1))
-    regime = r.int(0, 9)
+    rng = np.random.default_rng(r.integer(0, 2**32 - 1))
+    regime = r.integer(0, 9)
     if regime < 7:
-        L, S, E, Ev = r.int(0, 12), r.pick([r.int(0, 40), 0, 1, 65]), r.int(0, 24), r.int(0, 24)
-        batch = tuple(r.pick([0, 1, 2, 3]) for _ in range(r.int(0, 2)))
+        L, S = r.integer(0, 12), r.pick([r.integer(0, 40), 0, 1, 65])
+        E, Ev = r.integer(0, 24), r.integer(0, 24)
+        batch = tuple(r.pick([0, 1, 2, 3]) for _ in range(r.integer(0, 2)))
     elif regime < 9:  # the row path and its 1024-key chunks
-        L, S, E, Ev = r.int(1, 3), r.int(0, 2100), r.int(1, 40), r.int(1, 24)
-        batch = tuple(r.pick([1, 2]) for _ in range(r.int(0, 1)))
+        L, S, E, Ev = r.integer(1, 3), r.integer(0, 2100), r.integer(1, 40), r.integer(1, 24)
+        batch = tuple(r.pick([1, 2]) for _ in range(r.integer(0, 1)))
     else:  # several query and key blocks
-        L, S, E, Ev = r.int(13, 150), r.int(0, 150), r.int(1, 70), r.int(1, 40)
-        batch = tuple(r.pick([1, 2]) for _ in range(r.int(0, 1)))
+        L, S, E, Ev = r.integer(13, 150), r.integer(0, 150), r.integer(1, 70), r.integer(1, 40)
+        batch = tuple(r.pick([1, 2]) for _ in range(r.integer(0, 1)))
 
     mode = r.pick(["same", "gqa", "q1", "kv1", "2d"])
     gqa = False
     if mode == "2d" and not batch:
         H, hq, hk, hv = 1, None, None, None
     elif mode == "gqa":
-        hkv, group = r.int(1, 3), r.int(1, 3)
+        hkv, group = r.integer(1, 3), r.integer(1, 3)
         H, hq, gqa = hkv * group, hkv * group, True
         hk, hv = r.pick([(hkv, hkv), (1, hkv), (hkv, 1)])
     elif mode == "q1":
-        H = r.int(2, 3)
+        H = r.integer(2, 3)
         hq, hk, hv = 1, H, H
     elif mode == "kv1":
-        H = r.int(2, 3)
+        H = r.integer(2, 3)
         hq, hk, hv = H, 1, 1
     else:
-        H = r.int(0, 3)
+        H = r.integer(0, 3)
         hq = hk = hv = H
     if int(np.prod(batch, dtype=np.int64)) * max(H, 1) * max(L, 1) * max(S, 1) > 100_000:
         S = min(S, 8)
 
     mixed = r.one_in(4)
-    dts = [r.pick(FLOAT_DTYPES * 3 + OTHER_DTYPES) for _ in range(3 if mixed else 1)] * (1 if mixed else 3)
+    dts = [r.pick(DTYPES) for _ in range(3 if mixed else 1)] * (1 if mixed else 3)
     specials = r.one_in(3)
     mistake = r.pick(MISTAKES) if r.one_in(8) else None
 
     def shape_of(h, rows, cols):
         if h is None:
             return (rows, cols)
-        return tuple(n if r.bool() else 1 for n in batch) + (h, rows, cols)
+        return tuple(n if r.boolean() else 1 for n in batch) + (h, rows, cols)
+
+    def values(shape, dtype, role):
+        kinds = SPECIALS if specials else ()
+        return random_values(rng, shape, dtype, role, kinds, choices=r, magnitudes=MAGNITUDES)
 
     full = {
-        "q": make_values(r, rng, shape_of(hq, L, E), dts[0], "q", specials),
-        "k": make_values(r, rng, shape_of(hk, S, E), dts[1], "k", specials),
-        "v": make_values(r, rng, shape_of(hv, S, Ev), dts[2], "v", specials),
+        "q": values(shape_of(hq, L, E), dts[0], "q"),
+        "k": values(shape_of(hk, S, E), dts[1], "k"),
+        "v": values(shape_of(hv, S, Ev), dts[2], "v"),
     }
-    nb = len(batch)
     shaped = {}
     for name, x in full.items():
         if x.ndim > 2 and r.one_in(3):  # leave out leading size-1 dims
-            while x.ndim > 2 and x.shape[0] == 1 and r.bool():
+            while x.ndim > 2 and x.shape[0] == 1 and r.boolean():
                 x = x[0]
         shaped[name] = x
     # the shapes sdpa will see
@@ -209,9 +190,7 @@ def decode(data: bytes) -> dict:
     has_heads = max(a.ndim for a in shaped.values()) >= 3
     out_shape = bshape + ((H,) if has_heads else ()) + (L, Ev)
     weights_shape = out_shape[:-1] + (S,)
-    cdtype = np.dtype(np.float32)  # until a list layout turns something into float64
-    if not all(np.dtype(d).newbyteorder("=") in (np.float16, np.float32) for d in dts):
-        cdtype = np.dtype(np.float64)
+    cdtype = result_dtype(*full.values())  # until a list layout turns something into float64
 
     kwargs = {}
     causal = r.pick([False, False, True, "top_left", "bottom_right"])
@@ -219,7 +198,7 @@ def decode(data: bytes) -> dict:
     mask = None
     mkind = r.pick([None, None, "bool", "float"])
     if mkind:
-        mshape = tuple(n if r.bool() else 1 for n in weights_shape)[r.int(0, len(weights_shape)) :]
+        mshape = broadcastable_shape(r, weights_shape, len(weights_shape))
         if mkind == "bool":
             mask = rng.random(mshape) < r.pick([0.0, 0.6, 1.0])
         else:
@@ -233,9 +212,8 @@ def decode(data: bytes) -> dict:
     kwargs["enable_gqa"] = gqa or (r.one_in(4) and mode == "same" and H > 0)
     if r.one_in(4):
         kwargs["scale"] = r.pick([0.0, -0.5, 0.3, 2.0, 1e-3])
-    lengths = None
     if r.one_in(4):
-        lengths = rng.integers(0, S + 3, size=tuple(n if r.bool() else 1 for n in bshape))
+        lengths = rng.integers(0, S + 3, size=broadcastable_shape(r, bshape, len(bshape)))
         kwargs["key_lengths"] = lengths.astype(r.pick(["int64", "int32"]))
     kwargs["num_threads"] = r.pick([None, 1, 2, 3])
     kwargs["return_weights"] = r.one_in(3)
@@ -245,7 +223,7 @@ def decode(data: bytes) -> dict:
         kwargs["out"] = out
 
     args = {name: lay_out(r, x) for name, x in shaped.items()}
-    if mask is not None and r.bool():
+    if mask is not None and r.boolean():
         kwargs["attn_mask"] = lay_out(r, mask)
 
     if any(isinstance(a, list) for a in args.values()):  # lists of numbers are float64 (or int)
@@ -253,9 +231,8 @@ def decode(data: bytes) -> dict:
         kwargs.pop("out", None)
     if mistake is not None:
         apply_mistake(mistake, args, kwargs, out_shape, rng)
-    return dict(args=args, kwargs=kwargs, full=full, batch=bshape, nb=nb, H=H, gqa=gqa, hq=hq,
-                hk=hk, hv=hv, L=L, S=S, E=E, Ev=Ev, out_shape=out_shape, cdtype=cdtype,
-                mistake=mistake, lengths=lengths, specials=specials)
+    return dict(args=args, kwargs=kwargs, out_shape=out_shape, cdtype=cdtype, mistake=mistake,
+                specials=specials)
 
 
 def apply_mistake(kind, args, kwargs, out_shape, rng):
@@ -321,55 +298,6 @@ def apply_mistake(kind, args, kwargs, out_shape, rng):
 # --------------------------------------------------------------------------- the checks
 
 
-def expected_output(p):
-    """float64 reference for an all-finite problem, and a per-row tolerance."""
-    nb, H, L, S, E = p["nb"], p["H"], p["L"], p["S"], p["E"]
-    bshape = (1,) * (nb - len(p["batch"])) + tuple(p["batch"])
-    full = {n: x.astype(np.float64) for n, x in p["full"].items()}
-    if p["hq"] is None:  # 2-D
-        full = {n: x[None] for n, x in full.items()}
-    N = int(np.prod(bshape, dtype=np.int64))
-
-    def expand(x, grouped):
-        x = np.broadcast_to(x, bshape + x.shape[-3:])
-        if grouped and p["gqa"]:
-            hkv = max(p["hk"], p["hv"])
-            x = np.repeat(np.broadcast_to(x, bshape + (hkv,) + x.shape[-2:]), H // hkv, axis=-3)
-        return np.broadcast_to(x, bshape + (H,) + x.shape[-2:]).reshape((N, H) + x.shape[-2:])
-
-    q, k, v = expand(full["q"], False), expand(full["k"], True), expand(full["v"], True)
-    kw = p["kwargs"]
-    allowed = np.ones((N, H, L, S), dtype=bool)
-    if kw["is_causal"]:
-        allowed &= np.tri(L, S, S - L if kw["is_causal"] == "bottom_right" else 0, dtype=bool)
-    if p["lengths"] is not None:
-        kl = p["lengths"]
-        kl = np.broadcast_to(kl.reshape((1,) * (nb - kl.ndim) + kl.shape), bshape)
-        allowed &= np.arange(S) < kl.reshape(N)[:, None, None, None]
-    additive = np.zeros((N, H, L, S))
-    m = kw.get("attn_mask")
-    if m is not None:
-        m = np.asarray(m)
-        m = np.broadcast_to(m, p["out_shape"][:-1] + (S,)).reshape((N, H, L, S))
-        if m.dtype == bool:
-            allowed &= m
-        else:
-            additive = m.astype(np.float64)
-    scale = kw.get("scale")
-    out = reference(q, k, v, np.where(allowed, additive, -np.inf), False, scale)
-
-    fi = np.finfo(p["cdtype"])
-    eps = float(fi.eps)
-    s = scale if scale is not None else (1 / np.sqrt(E) if E else 1.0)
-    bound = np.abs(s * q) @ np.abs(np.swapaxes(k, -1, -2))
-    bound = np.where(allowed, bound + 2 * np.abs(np.where(np.isfinite(additive), additive, 0)), 0)
-    d = eps * (E + 4) * bound.max(axis=-1, initial=0)
-    vmax = np.abs(v).max(axis=-2, initial=0)[:, :, None, :]
-    tiny = 8 * (S + 1) * float(fi.smallest_subnormal)
-    tol = (np.expm1(2 * d)[..., None] + 16 * eps * (S + E + 8)) * vmax + tiny
-    return out, tol
-
-
 def snapshot(x):
     return np.array(x, copy=True) if isinstance(x, np.ndarray) else None
 
@@ -409,12 +337,12 @@ def TestOneInput(data: bytes) -> None:
 
     # without special values every input is finite and moderate: compare
     if not p["specials"] and out.size:
-        with np.errstate(all="ignore"):
-            expected, tol = expected_output(p)
-        got = np.asarray(out, dtype=np.float64).reshape(expected.shape)
-        assert np.isfinite(got).all(), "finite inputs gave a non-finite result"
-        err = np.abs(got - expected)
-        assert (err <= tol).all(), f"max error {err.max()} (tolerance there {tol.flat[np.argmax(err)]})"
+        assert np.isfinite(out).all(), "finite inputs gave a non-finite result"
+        weights = result[1] if kwargs["return_weights"] else None
+        assert_matches_reference(
+            out, weights, args["q"], args["k"], args["v"], kwargs.get("attn_mask"), kwargs["is_causal"],
+            kwargs.get("scale"), kwargs["enable_gqa"], kwargs.get("key_lengths"),
+        )
 
 
 def main() -> None:

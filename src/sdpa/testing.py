@@ -1,0 +1,942 @@
+"""Random problems, special values and checks for testing attention code, in the
+spirit of ``numpy.testing``.
+
+* :func:`randn`, :func:`make_qkv`, :func:`random_mask`: random query, key and
+  value arrays and masks from a NumPy Generator.
+* :data:`SPECIALS`, :func:`special_value`, :func:`random_values`: arrays with
+  NaN, infinities, subnormals, signed zeros or huge magnitudes written into them.
+* :func:`place`: the same values in another memory layout (strided, transposed,
+  reversed, unaligned, read-only, Fortran order, a list).
+* :func:`assert_matches_reference`: a result against :mod:`sdpa.reference`, row by
+  row, with a tolerance that follows the conditioning of each row; special values
+  in the inputs included.
+* Hypothesis strategies: :func:`qkv_problems` (finite problems) and
+  :func:`attention_calls` (whole calls: sizes from 0, heads, masks, causal modes,
+  key lengths, dtypes, layouts, special values).  Hypothesis is imported when a
+  strategy is made, so ``import sdpa.testing`` works without it.
+
+Decisions other than array contents (how many special values, where, which
+magnitude) are taken from a :class:`Choices` object: a NumPy Generator by
+default (:class:`RandomChoices`), Hypothesis' ``draw`` in the strategies, or the
+bytes of a fuzzer's input.  sdpa's own tests, its Hypothesis suite and its fuzz
+harness all draw from here.
+"""
+from __future__ import annotations
+
+import math
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
+
+import numpy as np
+import numpy.typing as npt
+
+from . import reference as _reference
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+__all__ = [
+    "randn",
+    "make_qkv",
+    "random_mask",
+    "result_dtype",
+    "Choices",
+    "RandomChoices",
+    "FLOAT_DTYPES",
+    "OTHER_DTYPES",
+    "SPECIALS",
+    "special_value",
+    "random_values",
+    "place",
+    "broadcastable_shape",
+    "assert_matches_reference",
+    "values",
+    "layouts",
+    "qkv_problems",
+    "attention_calls",
+    "describe_call",
+]
+
+T = TypeVar("T")
+Shape = Tuple[int, ...]
+
+#: Float dtypes sdpa takes (non-native byte order included).
+FLOAT_DTYPES = ["float32", "float64", "float16", ">f4", ">f8"]
+#: Other dtypes sdpa converts (to float64).
+OTHER_DTYPES = ["int8", "int32", "int64", "uint8", "bool"]
+#: The kinds of special value :func:`special_value` makes.
+SPECIALS = ["nan", "inf", "-inf", "subnormal", "huge", "-huge", "overflow", "zero", "-zero"]
+
+
+# --------------------------------------------------------------------------- random problems
+
+
+def randn(
+    rng: np.random.Generator, shape: Union[int, Sequence[int]], dtype: npt.DTypeLike = np.float64
+) -> np.ndarray:
+    """Standard normal values of ``shape``, converted to ``dtype``."""
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def make_qkv(
+    rng: np.random.Generator,
+    batch: Sequence[int] = (),
+    hq: Optional[int] = 1,
+    hkv: Optional[int] = None,
+    L: int = 4,
+    S: int = 5,
+    E: int = 8,
+    Ev: Optional[int] = None,
+    dtype: npt.DTypeLike = np.float64,
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random query (*batch, hq, L, E), key (*batch, hkv, S, E), value (*batch, hkv, S, Ev).
+
+    ``hkv`` defaults to ``hq`` and ``Ev`` to ``E``; ``hq=None`` leaves out the head
+    dim (2-D problems when batch is empty).
+    """
+    hkv = hq if hkv is None else hkv
+    Ev = E if Ev is None else Ev
+    hq_dims = () if hq is None else (hq,)
+    hkv_dims = () if hkv is None else (hkv,)
+    q = randn(rng, tuple(batch) + hq_dims + (L, E), dtype)
+    k = randn(rng, tuple(batch) + hkv_dims + (S, E), dtype)
+    v = randn(rng, tuple(batch) + hkv_dims + (S, Ev), dtype)
+    return q, k, v
+
+
+def random_mask(
+    rng: np.random.Generator,
+    shape: Sequence[int],
+    kind: str,
+    dtype: npt.DTypeLike = np.float64,
+    p_keep: float = 0.7,
+) -> Any:
+    """A random ``attn_mask`` of ``shape``.
+
+    ``kind="bool"``: True (takes part) with probability ``p_keep`` (a 0-d mask is
+    ``np.True_``); ``kind="float"``: N(0, 2) values, ``-inf`` where not kept.
+    """
+    keep = rng.random(shape) < p_keep
+    if kind == "bool":
+        if keep.ndim == 0:
+            return np.bool_(True)
+        return keep
+    if kind != "float":
+        raise ValueError(f"kind: expected 'bool' or 'float', got {kind!r}")
+    values = (2.0 * rng.standard_normal(shape)).astype(dtype)
+    return np.where(keep, values, -np.inf).astype(dtype)
+
+
+def result_dtype(*arrays: Any) -> np.dtype:
+    """The documented compute dtype of operands like these: float32 when every
+    one is float16 or float32 (either byte order), float64 for everything else
+    (float64, integers, bool, Python lists of numbers)."""
+    kinds = {np.dtype(np.float16), np.dtype(np.float32)}
+    if all(np.asarray(a).dtype.newbyteorder("=") in kinds for a in arrays):
+        return np.dtype(np.float32)
+    return np.dtype(np.float64)
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+class Choices(Protocol):
+    """Where the generators below take their decisions from."""
+
+    def integer(self, lo: int, hi: int) -> int:
+        """An int in [lo, hi]."""
+        ...
+
+    def pick(self, options: Sequence[T]) -> T:
+        """One of ``options``."""
+        ...
+
+    def boolean(self) -> bool:
+        """True or False."""
+        ...
+
+
+class RandomChoices:
+    """:class:`Choices` from a NumPy Generator."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def integer(self, lo: int, hi: int) -> int:
+        return int(self.rng.integers(lo, hi + 1))
+
+    def pick(self, options: Sequence[T]) -> T:
+        return options[int(self.rng.integers(0, len(options)))]
+
+    def boolean(self) -> bool:
+        return bool(self.rng.integers(0, 2))
+
+
+class _Drawn:
+    """:class:`Choices` from Hypothesis' ``draw``: each decision is drawn, so that
+    Hypothesis can search and shrink it."""
+
+    def __init__(self, draw: Callable[..., Any]) -> None:
+        from hypothesis import strategies
+
+        self.draw = draw
+        self.st = strategies
+
+    def integer(self, lo: int, hi: int) -> int:
+        return int(self.draw(self.st.integers(lo, hi)))
+
+    def pick(self, options: Sequence[T]) -> T:
+        option: T = self.draw(self.st.sampled_from(options))
+        return option
+
+    def boolean(self) -> bool:
+        return bool(self.draw(self.st.booleans()))
+
+
+# --------------------------------------------------------------------------- special values
+
+
+def special_value(kind: str, dtype: npt.DTypeLike, rng: np.random.Generator, role: str = "q") -> float:
+    """A value of ``kind`` (one of :data:`SPECIALS`) for an operand of ``dtype``.
+
+    ``role`` is "q", "k" or "v": "huge" values are smaller for query and key
+    (their products still fit the dtype) than for value; "overflow" values are
+    those whose products overflow the dtype.  "subnormal" is a random small
+    multiple of the dtype's smallest subnormal.
+    """
+    dtype = np.dtype(dtype)
+    fi = np.finfo(dtype if dtype.itemsize >= 2 else np.float32)
+    wide = dtype.itemsize == 8
+    if kind == "nan":
+        return np.nan
+    if kind == "inf":
+        return np.inf
+    if kind == "-inf":
+        return -np.inf
+    if kind == "subnormal":
+        return float(fi.smallest_subnormal) * int(rng.integers(1, 100))
+    if kind in ("huge", "-huge"):
+        if role == "v":
+            value = 1e200 if wide else (1e30 if dtype.itemsize == 4 else 3e4)
+        else:
+            value = 1e30 if wide else (1e18 if dtype.itemsize == 4 else 6e4)
+        return -value if kind == "-huge" else value
+    if kind == "overflow":  # products of two of these overflow the dtype
+        return 1e160 if wide else (1e20 if dtype.itemsize == 4 else 6e4)
+    if kind == "zero":
+        return 0.0
+    if kind == "-zero":
+        return -0.0
+    raise ValueError(f"kind: expected one of {SPECIALS}, got {kind!r}")
+
+
+MAGNITUDES = (1.0, 1.0, 1.0, 1e-3, 20.0)
+
+
+def random_values(
+    rng: np.random.Generator,
+    shape: Sequence[int],
+    dtype: npt.DTypeLike,
+    role: str = "q",
+    specials: Sequence[str] = (),
+    *,
+    choices: Optional[Choices] = None,
+    magnitudes: Sequence[float] = MAGNITUDES,
+) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` with random contents.
+
+    bool: fair coin flips; integers: -3..3 (0..3 unsigned); floats: normal values
+    times one of ``magnitudes``, with up to three of the ``specials`` (kinds of
+    :data:`SPECIALS`) written into single elements, whole rows (the last dim) or
+    whole columns (one feature of every row).  ``choices`` decides the magnitude
+    and the special values (a :class:`RandomChoices` on ``rng`` by default).
+    """
+    choices = RandomChoices(rng) if choices is None else choices
+    shape = tuple(shape)
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.random(shape) < 0.5
+    if dt.kind in "iu":
+        lo = 0 if dt.kind == "u" else -3
+        return rng.integers(lo, 4, size=shape).astype(dt)
+    magnitude = choices.pick(magnitudes)
+    x = rng.standard_normal(shape) * magnitude
+    if specials and x.size:
+        for _ in range(choices.integer(0, 3)):
+            kind = choices.pick(specials)
+            value = special_value(kind, dt, rng, role)
+            where = choices.pick(["element", "element", "row", "column"])
+            idx: Tuple[Any, ...] = tuple(int(rng.integers(0, n)) for n in shape)
+            if where == "row":  # a whole query/key/value row
+                idx = idx[:-1] + (slice(None),)
+            elif where == "column" and len(shape) >= 2:  # one feature of every row
+                idx = idx[:-2] + (slice(None), idx[-1])
+            x[idx] = value
+    with np.errstate(over="ignore"):
+        return x.astype(dt)
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+def place(x: np.ndarray, layout: Dict[str, Any]) -> Any:
+    """The values of ``x`` in the memory layout ``layout`` describes.
+
+    ``layout["kind"]``: "as-is" (``x`` itself), "contiguous" (a C-order copy),
+    "fortran", "unaligned" (elements one byte off their alignment), "list"
+    (nested Python lists) or "strided": a view into a larger buffer whose dims
+    are in the order ``layout["perm"]``, taking every ``layout["steps"][d]``-th
+    element of dim ``d`` and reversed where ``layout["flips"][d]``.  With
+    ``layout["readonly"]`` the array is made read-only.
+    """
+    kind = layout["kind"]
+    if kind == "as-is":
+        y = x
+    elif kind == "list":
+        return x.tolist()
+    elif kind == "contiguous":
+        y = np.array(x, order="C")
+    elif kind == "fortran":
+        y = np.asfortranarray(x)
+    elif kind == "unaligned":
+        raw = bytearray(x.nbytes + 1)
+        y = np.frombuffer(raw, dtype=x.dtype, count=x.size, offset=1).reshape(x.shape)
+        y[...] = x
+    elif kind == "strided":
+        perm, steps = layout["perm"], layout["steps"]
+        buf = np.empty(tuple(x.shape[p] * steps[p] for p in perm), dtype=x.dtype)
+        y = buf.transpose(np.argsort(perm))[tuple(slice(None, None, s) for s in steps)]
+        for axis, flip in enumerate(layout["flips"]):
+            if flip:
+                y = np.flip(y, axis)
+        y[...] = x
+    else:
+        raise ValueError(f"layout: unknown kind {kind!r}")
+    if layout.get("readonly"):
+        y = y.view()
+        y.flags.writeable = False
+    return y
+
+
+def broadcastable_shape(choices: Choices, full_shape: Sequence[int], max_ndim: int) -> Shape:
+    """A shape that broadcasts to ``full_shape``: each dim full or 1, and maybe
+    fewer leading dims (at most ``max_ndim`` in all)."""
+    shape = [n if choices.boolean() else 1 for n in full_shape]
+    drop = choices.integer(0, len(shape))
+    while drop and shape and (shape[0] == 1 or len(shape) > max_ndim):
+        shape.pop(0)
+        drop -= 1
+    while len(shape) > max_ndim:
+        shape.pop(0)
+    return tuple(shape)
+
+
+# --------------------------------------------------------------------------- checking results
+
+
+def assert_matches_reference(
+    out: npt.ArrayLike,
+    weights: Optional[npt.ArrayLike],
+    query: npt.ArrayLike,
+    key: npt.ArrayLike,
+    value: npt.ArrayLike,
+    attn_mask: Optional[npt.ArrayLike] = None,
+    is_causal: Union[bool, str] = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    key_lengths: Optional[npt.ArrayLike] = None,
+) -> None:
+    """Check the result of one ``sdpa.scaled_dot_product_attention`` call (its
+    output and, unless None, its weights) against :mod:`sdpa.reference`, one
+    output row at a time, whatever the inputs hold.
+
+    The expected row comes from the float64 reference called on what the row
+    can see: the keys before its key length and, with causality, before its
+    causal limit.  Keys past the key length are never read (sdpa promises it),
+    so the reference never sees them.  Keys above the causal diagonal may or may
+    not be read, depending on sdpa's tiling: NaN or inf in their V rows may reach
+    the row through a zero weight (``0 * NaN``) or not, so those entries only
+    have to be "non-finite or equal to the value without them".
+
+    For each row:
+
+    * The row is left unchecked when the computation in the result dtype cannot
+      be compared with float64 at all: a finite score (or ``scale * q``) beyond
+      the range of the result dtype, a float64 ``q @ k.T`` that overflows in the
+      reference, a ``scale * q`` that underflows to 0 while the key holds an inf
+      (``0 * inf`` is NaN where the reference has ``tiny * inf``), or V values so
+      large that the unnormalised sum over the keys overflows.  Everything else
+      is checked.
+    * A NaN (or +inf) score makes the whole row NaN.
+    * A row that sees no key gives zeros, also where the dense reference has
+      ``0 * NaN`` from a V row.
+    * Where the reference is NaN the result must be NaN; where it is +-inf, the
+      same inf or NaN (float32 weights underflow to 0 sooner, and ``0 * inf`` is
+      NaN).
+    * Where the reference is finite the result must be finite and close.
+      "Close" is scaled by the conditioning of the row: each score carries a
+      rounding error of about ``eps * (E + 4) * sum_c |scale q_c k_c|`` (plus the
+      mask's), and a score error ``d`` changes a weight by a factor up to
+      ``e^(2d)``, so the allowed error is ``(expm1(2 d) + 16 eps (S + E + 8)) *
+      max |v|`` plus a few subnormals.  With huge q and k (scores near 1e36 in
+      float32) ``d`` is enormous and the softmax is decided by rounding; the only
+      fair requirement left is the one every softmax average meets: each output
+      lies within the range of the V values of the keys the row sees.
+
+    The result dtype (which sets eps) is that of ``out``.
+    """
+    got = np.asarray(out)
+    cd = np.dtype(got.dtype)
+    if got.size == 0:
+        return
+    with np.errstate(all="ignore"):
+        _check_rows(got, weights, query, key, value, attn_mask, is_causal, scale, enable_gqa, key_lengths, cd)
+
+
+def _heads(shape: Sequence[int]) -> int:
+    return shape[-3] if len(shape) >= 3 else 1
+
+
+def _expand(
+    out_shape: Shape,
+    query: npt.ArrayLike,
+    key: npt.ArrayLike,
+    value: npt.ArrayLike,
+    attn_mask: Optional[npt.ArrayLike],
+    enable_gqa: bool,
+    key_lengths: Optional[npt.ArrayLike],
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Optional[np.ndarray], np.ndarray]:
+    """float64 q, k, v (N, H, rows, cols) and mask (N, H, L, S) of one call, with
+    batch dims and heads broadcast and grouped-query heads repeated, and the key
+    length of each of the N batch entries."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (query, key, value))
+    L, S = q.shape[-2], k.shape[-2]
+    has_heads = len(out_shape) >= 3
+    batch = tuple(out_shape[:-3]) if has_heads else ()
+    H = out_shape[-3] if has_heads else 1
+    N = int(np.prod(batch, dtype=np.int64))
+    hkv = max(_heads(k.shape), _heads(v.shape))
+
+    def heads(x: np.ndarray, grouped: bool) -> np.ndarray:
+        if x.ndim < 3:
+            x = x[None]
+        x = np.broadcast_to(x, batch + x.shape[-3:])
+        if grouped and enable_gqa:  # key/value head g serves query heads g * group ...
+            x = np.broadcast_to(x, batch + (hkv,) + x.shape[-2:])
+            x = np.repeat(x, H // hkv, axis=-3)
+        else:
+            x = np.broadcast_to(x, batch + (H,) + x.shape[-2:])
+        return x.reshape((N, H) + x.shape[-2:])
+
+    m = None
+    if attn_mask is not None:
+        m = np.broadcast_to(np.asarray(attn_mask), tuple(out_shape[:-1]) + (S,)).reshape((N, H, L, S))
+    lengths = np.full(N, S, dtype=np.int64)
+    if key_lengths is not None:
+        kl = np.asarray(key_lengths).astype(np.int64)
+        lengths = np.minimum(np.broadcast_to(kl, batch).reshape(N), S)
+    return heads(q, False), heads(k, True), heads(v, True), m, lengths
+
+
+def _causal_limits(is_causal: Union[bool, str], L: int, S: int, length: int) -> np.ndarray:
+    """Keys each query row can see: 0 .. lim[l]-1."""
+    lim = np.full(L, length, dtype=np.int64)
+    if is_causal:
+        d = S - L if is_causal == "bottom_right" else 0
+        lim = np.clip(np.arange(L) + d + 1, 0, length)
+    return lim
+
+
+def _check_rows(
+    got: np.ndarray,
+    weights: Optional[npt.ArrayLike],
+    query: npt.ArrayLike,
+    key: npt.ArrayLike,
+    value: npt.ArrayLike,
+    attn_mask: Optional[npt.ArrayLike],
+    is_causal: Union[bool, str],
+    scale: Optional[float],
+    enable_gqa: bool,
+    key_lengths: Optional[npt.ArrayLike],
+    cd: np.dtype,
+) -> None:
+    fi = np.finfo(cd)
+    q, k, v, m, lengths = _expand(got.shape, query, key, value, attn_mask, enable_gqa, key_lengths)
+    N, H, L, E = q.shape
+    S, Ev = k.shape[-2], v.shape[-1]
+    tol = dict(eps=float(fi.eps), big=float(fi.max), sub=float(fi.smallest_subnormal), S=S, E=E)
+    out = got.astype(np.float64).reshape((N, H, L, Ev))
+    w = None if weights is None else np.asarray(weights, dtype=np.float64).reshape((N, H, L, S))
+    s = scale if scale is not None else (1.0 / math.sqrt(E) if E > 0 else 1.0)
+
+    # bounds on what the kernel computes in the result dtype, from finite terms
+    qf = np.where(np.isfinite(q), q, 0.0)
+    kf = np.abs(np.where(np.isfinite(k), k, 0.0))
+    sq = (cd.type(s) * q.astype(cd)).astype(np.float64)  # scale * q as the kernel forms it
+    sq_over = (np.isfinite(q) & ~np.isfinite(sq)).any(axis=-1)
+    sq_under = (q != 0) & np.isfinite(q) & (sq == 0)
+    bound = np.where(np.isfinite(sq), np.abs(sq), 0.0) @ np.swapaxes(kf, -1, -2)
+    unscaled = np.abs(qf) @ np.swapaxes(kf, -1, -2)
+    k_inf = (~np.isfinite(k)).astype(np.float64)
+    under_inf = sq_under.astype(np.float64) @ np.swapaxes(k_inf, -1, -2) > 0
+    if m is None or m.dtype == bool:
+        mabs = np.zeros((N, H, L, S))
+    else:
+        mabs = np.where(np.isfinite(m), np.abs(m.astype(np.float64)), 0.0)
+    # the reference's scores, for which keys a row sees at all
+    scores = (q @ np.swapaxes(k, -1, -2)) * s
+    if m is not None:
+        scores = np.where(m, scores, -np.inf) if m.dtype == bool else scores + m
+    seen = ~(scores == -np.inf)
+
+    if _check_clean(out, w, q, k, v, m, lengths, is_causal, scale, bound, mabs, unscaled, sq_over, **tol):
+        return
+    for n in range(N):
+        length = int(lengths[n])
+        lim = _causal_limits(is_causal, L, S, length)
+        for h in range(H):
+            for j in np.unique(lim):
+                j = int(j)
+                rows = np.flatnonzero(lim == j)
+                mask_nl = None if m is None else m[n, h][np.ix_(rows, np.arange(j))]
+                exp_out, exp_w = _reference.scaled_dot_product_attention(
+                    q[n, h, rows], k[n, h, :j], v[n, h, :j], mask_nl, False, scale, return_weights=True
+                )
+                vj = v[n, h, :j]
+                vmax = float(np.max(np.where(np.isfinite(vj), np.abs(vj), 0), initial=0))
+                score_bound = np.max(bound[n, h, rows, :j], axis=-1, initial=0)
+                mask_bound = np.max(mabs[n, h, rows, :j], axis=-1, initial=0)
+                both = bound[n, h, rows, :j] + mabs[n, h, rows, :j]
+                # rows the result dtype cannot be compared on (see above)
+                skip = (
+                    sq_over[n, h, rows]
+                    | under_inf[n, h, rows, :j].any(axis=-1)
+                    | (np.max(both, axis=-1, initial=0) > tol["big"] / 16)
+                    | (np.max(unscaled[n, h, rows, :j], axis=-1, initial=0) > 1e300)
+                    | (j * vmax > tol["big"] / 16)
+                )
+                for i, l in enumerate(rows):
+                    if skip[i]:
+                        continue
+                    _check_row(
+                        f"row (batch {n}, head {h}, query {l}), {j} keys visible",
+                        exp_out[i], exp_w[i], out[n, h, l], None if w is None else w[n, h, l],
+                        v=v[n, h], j=j, length=length, seen=seen[n, h, l, :j],
+                        score_bound=float(score_bound[i]), mask_bound=float(mask_bound[i]), **tol,
+                    )
+
+
+def _check_clean(
+    out: np.ndarray,
+    w: Optional[np.ndarray],
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    m: Optional[np.ndarray],
+    lengths: np.ndarray,
+    is_causal: Union[bool, str],
+    scale: Optional[float],
+    bound: np.ndarray,
+    mabs: np.ndarray,
+    unscaled: np.ndarray,
+    sq_over: np.ndarray,
+    *,
+    eps: float,
+    big: float,
+    sub: float,
+    S: int,
+    E: int,
+) -> bool:
+    """The checks of :func:`_check_row` for every row at once, where they come
+    down to closeness: finite inputs (a mask may hold -inf) that no row has to be
+    skipped for, and rounding errors of the scores small enough for the
+    tolerance to apply.  False (nothing checked) for anything else."""
+    if not (np.isfinite(q).all() and np.isfinite(k).all() and np.isfinite(v).all()):
+        return False
+    if m is not None and m.dtype != bool and (np.isnan(m).any() or (m == np.inf).any()):
+        return False
+    N, H, L, _ = q.shape
+    lim = np.stack([_causal_limits(is_causal, L, S, int(n)) for n in lengths])  # (N, L)
+    visible = np.arange(S) < lim[:, None, :, None]  # (N, 1, L, S)
+    # with finite values the keys past each row's limit only add zero weights
+    # times finite values: the dense reference gives what the truncated one does
+    vabs = np.abs(v)
+    running = np.maximum.accumulate(vabs, axis=-2) if S else np.zeros(vabs.shape)
+    vmax = np.where(  # (N, H, L, Ev): max |v| over the keys each row sees, per column
+        (lim > 0)[:, None, :, None],
+        np.take_along_axis(running, np.maximum(lim - 1, 0)[:, None, :, None], axis=-2) if S else 0.0,
+        0.0,
+    )
+    score_bound = np.max(np.where(visible, bound, 0.0), axis=-1, initial=0)
+    mask_bound = np.max(np.where(visible, mabs, 0.0), axis=-1, initial=0)
+    if (
+        sq_over.any()
+        or (np.where(visible, bound + mabs, 0.0) > big / 16).any()
+        or (np.where(visible, unscaled, 0.0) > 1e300).any()
+        or (lim[:, None, :] * vmax.max(axis=-1, initial=0) > big / 16).any()
+    ):
+        return False
+    d = eps * ((E + 4) * score_bound + 2 * mask_bound)  # the rounding error of a score
+    if (d > 0.05).any():
+        return False
+
+    if m is None:
+        mask: np.ndarray = visible
+    elif m.dtype == bool:
+        mask = visible & m
+    else:
+        mask = np.where(visible, m.astype(np.float64), -np.inf)
+    exp_out, exp_w = _reference.scaled_dot_product_attention(q, k, v, mask, False, scale, return_weights=True)
+    exp_w = np.broadcast_to(exp_w, (N, H, L, S))
+    none = ~(exp_w > 0).any(axis=-1)  # rows that see no key: zeros
+    rows = ~none
+
+    def first(bad: np.ndarray, what: str) -> str:
+        n, h, l = np.argwhere(bad)[0][:3]
+        return f"row (batch {n}, head {h}, query {l}), {lim[n, l]} keys visible: {what}"
+
+    bad = none & (out != 0).any(axis=-1)
+    assert not bad.any(), first(bad, "a row that sees no key gave nonzero values")
+    bad = rows & ~np.isfinite(out).all(axis=-1)
+    assert not bad.any(), first(bad, "finite values expected")
+    rounding = 16 * eps * (S + E + 8)
+    tol = (np.expm1(2 * d)[..., None] + rounding) * vmax + 8 * (S + 1) * sub
+    err = np.abs(out - exp_out)
+    bad = rows & (err > tol).any(axis=-1)
+    assert not bad.any(), first(bad, f"error above the tolerance: {err[bad][0]} > {tol[bad][0]}")
+    if w is not None:
+        bad = none & (w != 0).any(axis=-1)
+        assert not bad.any(), first(bad, "weights of a row that sees no key")
+        wtol = (np.expm1(2 * d)[..., None] + rounding) * exp_w + 8 * sub
+        bad = rows & (visible & (np.abs(w - exp_w) > wtol)).any(axis=-1)
+        assert not bad.any(), first(bad, "weights off")
+        bad = rows & (~visible & (w != 0)).any(axis=-1)
+        assert not bad.any(), first(bad, "weights past the visible keys")
+    return True
+
+
+def _check_row(
+    where: str,
+    exp_out: np.ndarray,
+    exp_w: np.ndarray,
+    got: np.ndarray,
+    got_w: Optional[np.ndarray],
+    *,
+    v: np.ndarray,
+    j: int,
+    length: int,
+    seen: np.ndarray,
+    score_bound: float,
+    mask_bound: float,
+    eps: float,
+    big: float,
+    sub: float,
+    S: int,
+    E: int,
+) -> None:
+    # V entries the row may or may not multiply by a zero weight: above its
+    # causal limit, before the key length
+    hidden = ~np.isfinite(v[j:length]).all(axis=0) if length > j else np.zeros(v.shape[-1], bool)
+
+    if np.isnan(exp_w).any():  # a NaN or +inf score: the whole row is NaN
+        assert np.isnan(got).all(), f"{where}: expected a NaN row, got {got}"
+        if got_w is not None and seen.any():
+            assert np.isnan(got_w[:j][seen]).all(), f"{where}: expected NaN weights, got {got_w[:j]}"
+        return
+
+    if not (exp_w > 0).any():  # the row sees no key: zeros, whatever V holds
+        assert (got == 0).all(), f"{where}: a row that sees no key gave {got}"
+        if got_w is not None:
+            assert (got_w == 0).all(), f"{where}: weights of a row that sees no key: {got_w}"
+        return
+
+    ref_nan = np.isnan(exp_out)
+    assert np.isnan(got[ref_nan]).all(), f"{where}: NaN expected in {np.flatnonzero(ref_nan)}, got {got}"
+    ref_inf = np.isinf(exp_out)
+    assert (np.isnan(got) | (got == exp_out))[ref_inf].all(), f"{where}: expected {exp_out}, got {got}"
+
+    finite = np.isfinite(exp_out)
+    may = hidden & finite  # non-finite, or equal to the value without those V rows
+    assert (np.isfinite(got) | may)[finite].all(), f"{where}: expected finite {exp_out}, got {got}"
+
+    d = eps * ((E + 4) * score_bound + 2 * mask_bound)  # the rounding error of a score
+    rounding = 16 * eps * (S + E + 8)
+    vmax = np.max(np.where(np.isfinite(v[:j]), np.abs(v[:j]), 0), axis=0, initial=0.0)
+    if d <= 0.05:
+        tol = (np.expm1(2 * d) + rounding) * vmax + 8 * (S + 1) * sub
+        err = np.abs(got - exp_out)
+        close = (err <= tol) | (may & ~np.isfinite(got))
+        assert close[finite].all(), (
+            f"{where}: error {err[finite & ~close]} above {tol[finite & ~close]}\n"
+            f"expected {exp_out}\ngot      {got}"
+        )
+        if got_w is not None:
+            wtol = (np.expm1(2 * d) + rounding) * exp_w + 8 * sub
+            werr = np.abs(got_w[:j] - exp_w)
+            assert (werr <= wtol).all(), f"{where}: weights off by {werr.max()}"
+            assert (got_w[j:] == 0).all(), f"{where}: weights past the visible keys"
+    else:
+        # The softmax is decided by rounding: each output is an average of the V
+        # values of the keys the row sees.
+        cols = finite & ~may
+        vs = v[:j][seen]
+        lo, hi = vs.min(axis=0), vs.max(axis=0)
+        slack = rounding * np.maximum(np.abs(lo), np.abs(hi)) + 8 * (S + 1) * sub
+        inside = (got >= lo - slack) & (got <= hi + slack)
+        assert inside[cols].all(), f"{where}: {got} outside [{lo}, {hi}]"
+        if got_w is not None:
+            assert ((got_w >= 0) & (got_w <= 1 + 1e-6)).all(), f"{where}: weights {got_w}"
+            assert (got_w[:j][~seen] == 0).all() and (got_w[j:] == 0).all(), f"{where}: weights {got_w}"
+
+
+# --------------------------------------------------------------------------- Hypothesis strategies
+
+
+def _draw_values(
+    draw: Callable[..., Any],
+    rng: np.random.Generator,
+    shape: Sequence[int],
+    dtype: npt.DTypeLike,
+    role: str,
+    specials: Sequence[str] = SPECIALS,
+) -> np.ndarray:
+    return random_values(rng, shape, dtype, role, specials, choices=_Drawn(draw))
+
+
+def values(
+    rng: np.random.Generator,
+    shape: Sequence[int],
+    dtype: npt.DTypeLike,
+    role: str = "q",
+    specials: Sequence[str] = SPECIALS,
+) -> "SearchStrategy[np.ndarray]":
+    """A Hypothesis strategy for :func:`random_values`: the contents come from
+    ``rng``, the magnitude and the special values are drawn."""
+    from hypothesis import strategies as st
+
+    return st.composite(_draw_values)(rng, shape, dtype, role, specials)
+
+
+def _draw_layout(draw: Callable[..., Any], ndim: int) -> Dict[str, Any]:
+    from hypothesis import strategies as st
+
+    return dict(
+        perm=draw(st.permutations(range(ndim))),
+        flips=draw(st.lists(st.booleans(), min_size=ndim, max_size=ndim)),
+        steps=draw(st.lists(st.sampled_from([1, 1, 1, 2]), min_size=ndim, max_size=ndim)),
+        kind=draw(st.sampled_from(["strided"] * 6 + ["contiguous", "unaligned"])),
+        readonly=draw(st.booleans()),
+    )
+
+
+def layouts(ndim: int) -> "SearchStrategy[Dict[str, Any]]":
+    """A Hypothesis strategy for the ``layout`` of :func:`place`: strided most of
+    the time (dim order, reversed dims, steps), else contiguous or unaligned;
+    read-only or not."""
+    from hypothesis import strategies as st
+
+    return st.composite(_draw_layout)(ndim)
+
+
+def _draw_qkv_problem(draw: Callable[..., Any], max_len: int, max_dim: int, gqa: bool) -> Dict[str, Any]:
+    from hypothesis import strategies as st
+
+    batch = draw(st.sampled_from([(), (1,), (2,), (2, 1)]))
+    hkv = draw(st.integers(1, 3))
+    group = draw(st.integers(1, 3)) if gqa else 1
+    L = draw(st.integers(1, max_len))
+    S = draw(st.integers(1, max_len))
+    E = draw(st.integers(1, max_dim))
+    Ev = draw(st.integers(1, max_dim))
+    dtype = draw(st.sampled_from([np.float32, np.float64]))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    q, k, v = make_qkv(rng, batch=batch, hq=hkv * group, hkv=hkv, L=L, S=S, E=E, Ev=Ev, dtype=dtype)
+    return dict(
+        q=q, k=k, v=v, rng=rng, dtype=np.dtype(dtype), batch=batch,
+        hq=hkv * group, hkv=hkv, gqa=group > 1, L=L, S=S, E=E, Ev=Ev,
+    )
+
+
+def qkv_problems(max_len: int = 40, max_dim: int = 40, gqa: bool = True) -> "SearchStrategy[Dict[str, Any]]":
+    """A Hypothesis strategy for finite, contiguous problems: a dict with q, k, v
+    (float32 or float64, standard normal), ``rng`` (the Generator they came from,
+    for more random data), dtype, batch, hq, hkv, gqa (grouped heads), L, S, E,
+    Ev.  Shapes and the seed are drawn; the contents come from the seed, which
+    keeps the search fast and each example reproducible."""
+    from hypothesis import strategies as st
+
+    return st.composite(_draw_qkv_problem)(max_len, max_dim, gqa)
+
+
+def _draw_attention_call(draw: Callable[..., Any], regime: str, specials: bool) -> Dict[str, Any]:
+    from hypothesis import assume
+    from hypothesis import strategies as st
+
+    choices = _Drawn(draw)
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    if regime == "small":
+        L = draw(st.integers(0, 12))
+        S = draw(st.one_of(st.integers(0, 40), st.sampled_from([0, 1, 63, 65])))
+        E = draw(st.integers(0, 20))
+        Ev = draw(st.integers(0, 20))
+        batch = tuple(draw(st.lists(st.sampled_from([0, 1, 1, 2, 3]), max_size=2)))
+    elif regime == "decode":  # at most 8 rows per kv head: the row path, 1024-key chunks
+        L = draw(st.integers(1, 3))
+        S = draw(st.integers(900, 2200))
+        E = draw(st.integers(1, 40))
+        Ev = draw(st.integers(1, 24))
+        batch = tuple(draw(st.lists(st.sampled_from([1, 2]), max_size=1)))
+    elif regime == "tiled":  # several query blocks and key blocks
+        L = draw(st.integers(33, 140))
+        S = draw(st.integers(1, 140))
+        E = draw(st.integers(1, 70))
+        Ev = draw(st.integers(1, 40))
+        batch = tuple(draw(st.lists(st.sampled_from([1, 2]), max_size=1)))
+    else:
+        raise ValueError(f"regime: expected 'small', 'decode' or 'tiled', got {regime!r}")
+
+    head_mode = draw(st.sampled_from(["same", "same", "gqa", "gqa", "q1", "kv1", "2d"]))
+    gqa = False
+    if head_mode == "2d" or (head_mode == "same" and not batch and draw(st.booleans())):
+        batch, H, hq, hk, hv = (), 1, 1, 1, 1
+        head_mode = "2d"
+    elif head_mode == "same":
+        H = draw(st.integers(0, 3))
+        hq = hk = hv = H
+    elif head_mode == "gqa":
+        hkv, group = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        H, hq, gqa = hkv * group, hkv * group, True
+        hk, hv = draw(st.sampled_from([(hkv, hkv), (hkv, hkv), (1, hkv), (hkv, 1)]))
+    elif head_mode == "q1":
+        H = draw(st.integers(2, 3))
+        hq, hk, hv = 1, H, H
+    else:
+        H = draw(st.integers(2, 3))
+        hq, hk, hv = H, 1, 1
+    assume(np.prod(batch, dtype=np.int64) * max(H, 1) * max(L, 1) * max(S, 1) <= 60_000)
+
+    # dtypes: all the same most of the time, sometimes mixed
+    if draw(st.integers(0, 3)) == 0:
+        dts = [draw(st.sampled_from(FLOAT_DTYPES + OTHER_DTYPES)) for _ in range(3)]
+    else:
+        dts = [draw(st.sampled_from(FLOAT_DTYPES * 3 + OTHER_DTYPES))] * 3
+    with_specials = specials and draw(st.integers(0, 3)) > 0
+
+    nb = len(batch)
+    full = {
+        "q": tuple(n if draw(st.booleans()) else 1 for n in batch) + (hq, L, E),
+        "k": tuple(n if draw(st.booleans()) else 1 for n in batch) + (hk, S, E),
+        "v": tuple(n if draw(st.booleans()) else 1 for n in batch) + (hv, S, Ev),
+    }
+    arrays = {}
+    for (name, shape), dt in zip(full.items(), dts):
+        x = draw(values(rng, shape, dt, name, SPECIALS if with_specials else ()))
+        if head_mode == "2d":
+            x = x.reshape(shape[-2:])
+        else:  # leading size-1 dims may be left out
+            drop = draw(st.integers(0, nb + 1))
+            while drop and x.ndim > 2 and x.shape[0] == 1:
+                x = x[0]
+                drop -= 1
+            # or a size-1 batch dim seen as a zero-stride broadcast of the full size
+            if x.ndim == nb + 3 and draw(st.integers(0, 3)) == 0:
+                target = batch + x.shape[nb:]
+                x = np.broadcast_to(x, target)
+        if not (x.strides and 0 in x.strides and x.size > 1):
+            x = place(x, draw(layouts(x.ndim)))
+        arrays[name] = x
+
+    maxnd = max(a.ndim for a in arrays.values())
+    out_shape = tuple(np.broadcast_shapes(*(a.shape[:-3] for a in arrays.values())))
+    if maxnd >= 3:
+        out_shape = out_shape + (H,)
+    out_shape = out_shape + (L, Ev)
+    weights_shape = out_shape[:-1] + (S,)
+
+    cdtype = result_dtype(*arrays.values())
+    causal = draw(st.sampled_from([False, False, True, "top_left", "bottom_right"]))
+    mask_kind = draw(st.sampled_from([None, None, "bool", "float"]))
+    mask = None
+    if mask_kind is not None:
+        mshape = broadcastable_shape(choices, weights_shape, len(weights_shape))
+        if mask_kind == "bool":
+            keep = draw(st.sampled_from([0.0, 0.5, 0.9, 1.0]))
+            mask = rng.random(mshape) < keep
+        else:
+            mdtype = np.dtype(draw(st.sampled_from([cdtype, cdtype, "float16", "float32", "float64", ">f8"])))
+            m = rng.standard_normal(mshape).astype(np.float16).astype(np.float64)  # exact in any float dtype
+            m[rng.random(mshape) < draw(st.sampled_from([0.0, 0.3, 0.9]))] = -np.inf
+            if with_specials and m.size:
+                kinds = ["-inf", "huge", "-huge", "nan", "inf"]
+                for _ in range(draw(st.integers(0, 2))):
+                    kind = draw(st.sampled_from(kinds))
+                    val = {"-inf": -np.inf, "nan": np.nan, "inf": np.inf, "huge": 6e4, "-huge": -6e4}[kind]
+                    m[tuple(int(rng.integers(0, n)) for n in mshape)] = val
+            mask = m.astype(mdtype)
+        if draw(st.booleans()) and mask.ndim:
+            mask = place(mask, draw(layouts(mask.ndim)))
+
+    key_lengths = None
+    if draw(st.integers(0, 3)) == 0:
+        batch_seen = out_shape[:-3] if maxnd >= 3 else ()
+        kshape = broadcastable_shape(choices, batch_seen, len(batch_seen))
+        kdt = draw(st.sampled_from(["int64", "int32"] + (["uint8"] if S + 3 < 256 else [])))
+        key_lengths = rng.integers(0, S + 3, size=kshape).astype(kdt)
+
+    scale = draw(st.sampled_from([None, None, None, 0.0, -0.5, 0.3, 2.0, 1e-3]))
+    out = None
+    if draw(st.integers(0, 3)) == 0:
+        layout = {**draw(layouts(len(out_shape))), "readonly": False, "kind": "strided"}
+        out = place(np.zeros(out_shape, dtype=cdtype), layout)
+
+    return dict(
+        q=arrays["q"], k=arrays["k"], v=arrays["v"], batch=batch, H=H, gqa=gqa,
+        hq=hq, hk=hk, hv=hv, L=L, S=S, E=E, Ev=Ev, mask=mask,
+        causal=causal, key_lengths=key_lengths, scale=scale, out=out, out_shape=out_shape,
+        cdtype=cdtype, return_weights=draw(st.booleans()),
+        num_threads=draw(st.sampled_from([None, 1, 2, 3])),
+    )
+
+
+def attention_calls(regime: str = "small", specials: bool = True) -> "SearchStrategy[Dict[str, Any]]":
+    """A Hypothesis strategy for whole calls of ``sdpa.scaled_dot_product_attention``.
+
+    ``regime`` picks the sizes: "small" (every size from 0), "decode" (a few query
+    rows against 900-2200 keys: the row path) or "tiled" (several query and key
+    blocks).  Drawn: grouped-query and broadcast heads, 2-D problems, batch dims
+    that broadcast, bool and float masks of any broadcastable shape, every causal
+    mode, key lengths, dtypes (float32, float64, float16, non-native byte order,
+    integers, bool, mixed), memory layouts (transposed, reversed, strided,
+    zero-stride broadcast views, unaligned, read-only, a strided ``out=``), thread
+    counts and, with ``specials``, special values in the inputs and masks.
+
+    Each example is a dict: the arguments q, k, v, mask, causal, scale, gqa,
+    key_lengths, out, return_weights and num_threads; the sizes batch, H, hq, hk,
+    hv, L, S, E, Ev; and what to expect: out_shape and cdtype (the result dtype).
+    :func:`describe_call` says what was drawn.
+    """
+    from hypothesis import strategies as st
+
+    return st.composite(_draw_attention_call)(regime, specials)
+
+
+def describe_call(p: Dict[str, Any]) -> str:
+    """A readable account of a call drawn by :func:`attention_calls`."""
+    parts = [f"{n}: {p[n].dtype}{p[n].shape} strides={p[n].strides}" for n in ("q", "k", "v")]
+    m = p["mask"]
+    parts.append("mask: None" if m is None else f"mask: {m.dtype}{m.shape}")
+    for key in ("batch", "H", "gqa", "L", "S", "E", "Ev", "causal", "scale", "key_lengths", "num_threads"):
+        parts.append(f"{key}={p[key]!r}")
+    return "\n".join(parts)
