@@ -6,8 +6,10 @@ Tolerances used when comparing against the float64 NumPy reference
     float32 results:  rtol = atol = 2e-5   (5e-5 when the head dim E >= 128)
     float64 results:  rtol = atol = 1e-12
 
-Every random input comes from a NumPy Generator seeded from the test's node id,
-so each test sees the same data on every run.  Hypothesis runs under the "ci"
+Every random input comes from a NumPy Generator seeded from the test's node id
+(the ``rng`` fixture), so each test sees the same data on every run; the
+generators themselves (``make_qkv``, ``random_mask``, special values, Hypothesis
+strategies) are in ``sdpa.testing``.  Hypothesis runs under the "ci"
 profile by default (no deadline, a modest, derandomized number of examples);
 set HYPOTHESIS_PROFILE=dev for a longer search.
 """
@@ -19,6 +21,10 @@ import zlib
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+# The generators live in sdpa.testing; tests import them from there (these names
+# stay importable from conftest as well).
+from sdpa.testing import make_qkv, randn, result_dtype  # noqa: F401
 
 F32_TOL = 2e-5
 F32_TOL_WIDE_E = 5e-5  # E >= 128: longer dot products accumulate more rounding
@@ -71,34 +77,6 @@ def assert_close(actual, expected, dtype, *, head_dim=None, scale=1.0) -> None:
     assert actual.shape == expected.shape, f"shape {actual.shape} != expected {expected.shape}"
     tol = tolerance(dtype, head_dim) * scale
     np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol, equal_nan=False)
-
-
-def randn(rng: np.random.Generator, shape, dtype=np.float64) -> np.ndarray:
-    return rng.standard_normal(shape).astype(dtype)
-
-
-def make_qkv(rng, batch=(), hq=1, hkv=None, L=4, S=5, E=8, Ev=None, dtype=np.float64):
-    """Random query (*batch, hq, L, E), key (*batch, hkv, S, E), value (*batch, hkv, S, Ev).
-
-    ``hq=None`` leaves out the head dim (2-D problems when batch is empty).
-    """
-    hkv = hq if hkv is None else hkv
-    Ev = E if Ev is None else Ev
-    hq_dims = () if hq is None else (hq,)
-    hkv_dims = () if hkv is None else (hkv,)
-    q = randn(rng, tuple(batch) + hq_dims + (L, E), dtype)
-    k = randn(rng, tuple(batch) + hkv_dims + (S, E), dtype)
-    v = randn(rng, tuple(batch) + hkv_dims + (S, Ev), dtype)
-    return q, k, v
-
-
-def result_dtype(*arrays) -> np.dtype:
-    """The documented compute dtype: float32 when every operand is float16 or
-    float32 (either byte order), float64 for everything else."""
-    kinds = {np.dtype(np.float16), np.dtype(np.float32)}
-    if all(np.asarray(a).dtype.newbyteorder("=") in kinds for a in arrays):
-        return np.dtype(np.float32)
-    return np.dtype(np.float64)
 
 
 def check_against_reference(

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import sdpa
-from conftest import assert_close, check_against_reference, make_qkv, randn, result_dtype
+from conftest import assert_close, check_against_reference
+from sdpa.testing import make_qkv, randn, random_mask, result_dtype
 
 SIZES = (1, 7, 8, 9, 31, 33, 63, 64, 65, 127, 267)
 HEAD_DIMS = (1, 8, 16, 31, 64, 80, 128, 256)
@@ -116,17 +117,6 @@ def mask_shape(name, B, H, L, S):
 
 
 MASK_SHAPES = ("LS", "1S", "S", "L1", "HLS", "B1LS", "11LS", "full", "scalar")
-
-
-def random_mask(rng, shape, kind, dtype=np.float64, p_keep=0.7):
-    """bool: True with probability p_keep; float: N(0, 2) with -inf where not kept."""
-    keep = rng.random(shape) < p_keep
-    if kind == "bool":
-        if keep.ndim == 0:
-            return np.bool_(True)
-        return keep
-    values = (2.0 * rng.standard_normal(shape)).astype(dtype)
-    return np.where(keep, values, -np.inf).astype(dtype)
 
 
 @dtypes
@@ -396,18 +386,11 @@ def make_layout(rng, shape, layout, dtype, values=None):
 
 
 def float_mask_values(rng, dtype):
-    def values(shape):
-        m = 2.0 * rng.standard_normal(shape)
-        return np.where(rng.random(shape) < 0.75, m, -np.inf).astype(dtype)
-
-    return values
+    return lambda shape: random_mask(rng, shape, "float", dtype, p_keep=0.75)
 
 
 def bool_mask_values(rng):
-    def values(shape):
-        return rng.random(shape) < 0.75
-
-    return values
+    return lambda shape: random_mask(rng, shape, "bool", p_keep=0.75)
 
 
 LAYOUTS = (

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import sdpa
-from conftest import make_qkv, randn
+from sdpa.testing import make_qkv, randn
 
 attention = sdpa.scaled_dot_product_attention
 

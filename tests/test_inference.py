@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import sdpa
-from conftest import assert_close, make_qkv, randn, seed_for
+from conftest import assert_close, seed_for
+from sdpa.testing import make_qkv, randn
 
 attention = sdpa.scaled_dot_product_attention
 

@@ -12,7 +12,8 @@ import pytest
 import sdpa
 from sdpa import _core
 
-from conftest import supported_isas, check_against_reference, make_qkv
+from conftest import check_against_reference, supported_isas
+from sdpa.testing import make_qkv
 
 SUPPORTED = supported_isas()
 

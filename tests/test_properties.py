@@ -1,9 +1,9 @@
 """Properties that hold for every input: invariances, determinism across thread
 counts, no writes to the inputs, and thread safety.
 
-Shapes and seeds are drawn by Hypothesis; the array contents come from a NumPy
-Generator seeded with the drawn seed, which keeps the search fast and each
-example reproducible.
+Shapes and seeds are drawn by Hypothesis (``sdpa.testing.qkv_problems``); the
+array contents come from a NumPy Generator seeded with the drawn seed, which keeps
+the search fast and each example reproducible.
 """
 import threading
 
@@ -13,42 +13,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sdpa
-from conftest import assert_close, check_against_reference, make_qkv, randn, result_dtype
+from conftest import assert_close, check_against_reference
+from sdpa.testing import make_qkv, qkv_problems, randn, random_mask, result_dtype
 
 attention = sdpa.scaled_dot_product_attention
 
 CAUSAL = st.sampled_from([False, True, "top_left", "bottom_right"])
 
 
-@st.composite
-def problems(draw, max_len=40, max_dim=40, gqa=True):
-    """A random problem: dict with q, k, v, dtype and the sizes."""
-    batch = draw(st.sampled_from([(), (1,), (2,), (2, 1)]))
-    hkv = draw(st.integers(1, 3))
-    group = draw(st.integers(1, 3)) if gqa else 1
-    L = draw(st.integers(1, max_len))
-    S = draw(st.integers(1, max_len))
-    E = draw(st.integers(1, max_dim))
-    Ev = draw(st.integers(1, max_dim))
-    dtype = draw(st.sampled_from([np.float32, np.float64]))
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
-    q, k, v = make_qkv(rng, batch=batch, hq=hkv * group, hkv=hkv, L=L, S=S, E=E, Ev=Ev, dtype=dtype)
-    return dict(
-        q=q, k=k, v=v, rng=rng, dtype=np.dtype(dtype), batch=batch,
-        hq=hkv * group, hkv=hkv, gqa=group > 1, L=L, S=S, E=E, Ev=Ev,
-    )
-
-
-def random_float_mask(rng, shape, dtype, p_masked=0.2):
-    m = 2.0 * rng.standard_normal(shape)
-    return np.where(rng.random(shape) < p_masked, -np.inf, m).astype(dtype)
-
-
 # --------------------------------------------------------------------------- reference
 
 
-@given(problems(), CAUSAL, st.sampled_from([None, "bool", "float"]), st.sampled_from([None, 0.0, -0.7, 0.3]))
+@given(qkv_problems(), CAUSAL, st.sampled_from([None, "bool", "float"]), st.sampled_from([None, 0.0, -0.7, 0.3]))
 def test_matches_reference(p, is_causal, mask_kind, scale):
     rng = p["rng"]
     shape = (p["hq"], p["L"], p["S"])
@@ -56,14 +32,14 @@ def test_matches_reference(p, is_causal, mask_kind, scale):
     if mask_kind == "bool":
         mask = rng.random(shape) < 0.7
     elif mask_kind == "float":
-        mask = random_float_mask(rng, shape, p["dtype"])
+        mask = random_mask(rng, shape, "float", p["dtype"], p_keep=0.8)
     check_against_reference(p["q"], p["k"], p["v"], mask, is_causal, scale, p["gqa"])
 
 
 # --------------------------------------------------------------------------- invariances
 
 
-@given(problems(gqa=False), st.sampled_from([None, "bool", "float"]))
+@given(qkv_problems(gqa=False), st.sampled_from([None, "bool", "float"]))
 def test_permuting_keys_and_values_together(p, mask_kind):
     rng, dtype = p["rng"], p["dtype"]
     q, k, v = p["q"], p["k"], p["v"]
@@ -71,7 +47,7 @@ def test_permuting_keys_and_values_together(p, mask_kind):
     if mask_kind == "bool":
         mask = rng.random((p["L"], p["S"])) < 0.7
     elif mask_kind == "float":
-        mask = random_float_mask(rng, (p["L"], p["S"]), dtype)
+        mask = random_mask(rng, (p["L"], p["S"]), "float", dtype, p_keep=0.8)
     perm = rng.permutation(p["S"])
     out, weights = attention(q, k, v, mask, return_weights=True)
     pmask = None if mask is None else mask[:, perm]
@@ -80,7 +56,7 @@ def test_permuting_keys_and_values_together(p, mask_kind):
     assert_close(weights_p, weights[..., perm], dtype, scale=2)
 
 
-@given(problems(gqa=False))
+@given(qkv_problems(gqa=False))
 def test_permuting_queries_permutes_rows(p):
     perm = p["rng"].permutation(p["L"])
     out = attention(p["q"], p["k"], p["v"])
@@ -88,7 +64,7 @@ def test_permuting_queries_permutes_rows(p):
     assert_close(out_p, out[..., perm, :], p["dtype"], scale=2)
 
 
-@given(problems(), CAUSAL, st.booleans())
+@given(qkv_problems(), CAUSAL, st.booleans())
 def test_values_of_ones_give_ones(p, is_causal, with_mask):
     rng, dtype = p["rng"], p["dtype"]
     v = np.ones_like(p["v"])
@@ -105,11 +81,11 @@ def test_values_of_ones_give_ones(p, is_causal, with_mask):
     assert np.all(out[..., ~seen.any(axis=-1), :] == 0)
 
 
-@given(problems(), st.floats(-30, 30), st.booleans())
+@given(qkv_problems(), st.floats(-30, 30), st.booleans())
 def test_constant_added_to_a_mask_row_changes_nothing(p, magnitude, per_head):
     rng, dtype = p["rng"], p["dtype"]
     shape = (p["hq"], p["L"], p["S"]) if per_head else (p["L"], p["S"])
-    mask = random_float_mask(rng, shape, dtype)
+    mask = random_mask(rng, shape, "float", dtype, p_keep=0.8)
     shift = (magnitude * rng.random(shape[:-1] + (1,))).astype(dtype)
     args = dict(enable_gqa=p["gqa"], return_weights=True)
     out, weights = attention(p["q"], p["k"], p["v"], mask, **args)
@@ -118,7 +94,7 @@ def test_constant_added_to_a_mask_row_changes_nothing(p, magnitude, per_head):
     assert_close(weights_s, weights, dtype, scale=2)
 
 
-@given(problems(), st.floats(0.125, 8.0), st.floats(-2.0, 2.0))
+@given(qkv_problems(), st.floats(0.125, 8.0), st.floats(-2.0, 2.0))
 def test_scaling_query_trades_with_scale(p, factor, scale):
     # (c q) kᵀ * (s / c) == q kᵀ * s; powers of two keep the products exact
     factor = float(2.0 ** np.round(np.log2(factor)))
@@ -127,7 +103,7 @@ def test_scaling_query_trades_with_scale(p, factor, scale):
     assert_close(out_c, out, p["dtype"], scale=2)
 
 
-@given(problems(), CAUSAL)
+@given(qkv_problems(), CAUSAL)
 def test_weights_are_a_distribution(p, is_causal):
     out, weights = attention(p["q"], p["k"], p["v"], None, is_causal, enable_gqa=p["gqa"], return_weights=True)
     assert np.all(weights >= 0)
@@ -138,7 +114,7 @@ def test_weights_are_a_distribution(p, is_causal):
     assert_close(sums, np.broadcast_to(np.where(blind, 0.0, 1.0), sums.shape), p["dtype"], scale=4)
 
 
-@given(problems(), CAUSAL)
+@given(qkv_problems(), CAUSAL)
 def test_batch_entries_are_independent(p, is_causal):
     q, k, v = p["q"], p["k"], p["v"]
     if not p["batch"]:
@@ -176,7 +152,7 @@ def test_bitwise_identical_across_thread_counts(rng, case, dtype):
     if mask_kind == "bool":
         mask = rng.random((hq, L, S)) < 0.7
     elif mask_kind == "float":
-        mask = random_float_mask(rng, (hq, L, S), dtype)
+        mask = random_mask(rng, (hq, L, S), "float", dtype, p_keep=0.8)
     args = (q, k, v, mask, is_causal, None, hq != hkv)
     first = attention(*args, num_threads=1)
     first_out, first_weights = attention(*args, return_weights=True, num_threads=1)
@@ -188,7 +164,7 @@ def test_bitwise_identical_across_thread_counts(rng, case, dtype):
         assert np.array_equal(weights, first_weights), f"num_threads={n}: weights differ"
 
 
-@given(problems(max_len=70), CAUSAL, st.sampled_from([1, 2, 3]))
+@given(qkv_problems(max_len=70), CAUSAL, st.sampled_from([1, 2, 3]))
 def test_bitwise_identical_across_thread_counts_random(p, is_causal, n):
     args = (p["q"], p["k"], p["v"], None, is_causal, None, p["gqa"])
     base_out, base_weights = attention(*args, return_weights=True, num_threads=1)
@@ -221,7 +197,7 @@ def assert_unchanged(arrays, snapshots):
         assert np.array_equal(a, copy, equal_nan=True)
 
 
-@given(problems(), CAUSAL, st.sampled_from([None, "bool", "float"]), st.booleans(), st.booleans())
+@given(qkv_problems(), CAUSAL, st.sampled_from([None, "bool", "float"]), st.booleans(), st.booleans())
 def test_inputs_are_not_modified(p, is_causal, mask_kind, weights, with_out):
     rng, dtype = p["rng"], p["dtype"]
     q, k, v = p["q"], p["k"], p["v"]
@@ -229,7 +205,7 @@ def test_inputs_are_not_modified(p, is_causal, mask_kind, weights, with_out):
     if mask_kind == "bool":
         mask = rng.random((p["hq"], p["L"], p["S"])) < 0.7
     elif mask_kind == "float":
-        mask = random_float_mask(rng, (p["hq"], p["L"], p["S"]), dtype)
+        mask = random_mask(rng, (p["hq"], p["L"], p["S"]), "float", dtype, p_keep=0.8)
     before = snapshot(q, k, v, mask)
     out = None
     if with_out:
@@ -270,7 +246,7 @@ def test_concurrent_calls_from_python_threads(rng):
         hq, hkv = (4, 2) if i % 3 == 0 else (2, 2)
         L, S = 31 + 17 * i, 65 + 23 * i
         q, k, v = make_qkv(rng, batch=(2,), hq=hq, hkv=hkv, L=L, S=S, E=32, Ev=16, dtype=dtype)
-        mask = random_float_mask(rng, (L, S), dtype) if i % 4 == 1 else None
+        mask = random_mask(rng, (L, S), "float", dtype, p_keep=0.8) if i % 4 == 1 else None
         is_causal = (False, True, "bottom_right")[i % 3]
         cases.append((q, k, v, mask, is_causal, None, hq != hkv))
     expected = [attention(*args, return_weights=True, num_threads=1) for args in cases]

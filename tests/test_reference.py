@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import sdpa
-from conftest import assert_close, make_qkv
+from conftest import assert_close
+from sdpa.testing import make_qkv
 
 reference = sdpa.reference.scaled_dot_product_attention
 attention = sdpa.scaled_dot_product_attention
