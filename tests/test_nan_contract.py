@@ -36,7 +36,8 @@ import numpy as np
 import pytest
 
 import sdpa
-from conftest import assert_close, make_qkv, seed_for
+from conftest import assert_close, seed_for
+from sdpa.testing import make_qkv
 
 attention = sdpa.scaled_dot_product_attention
 reference = sdpa.reference.scaled_dot_product_attention
@@ -196,25 +197,6 @@ def test_additive_minus_inf_does_not_hide_a_nan_key(isa, dtype, name):
 # --------------------------------------------------------------------------- 3. key lengths
 
 
-def reference_truncated(q, k, v, lengths, mask=None, bottom_right=False, gqa=False):
-    """The float64 reference, one batch entry at a time, on the keys before its
-    length only; causality is spelled out as a bool mask aligned to the full S."""
-    L, S = q.shape[-2], k.shape[-2]
-    out = np.zeros(q.shape[:-1] + (v.shape[-1],))
-    weights = np.zeros(q.shape[:-1] + (S,))
-    for b, n in enumerate(lengths):
-        allowed = np.tri(L, S, S - L, dtype=bool)[:, :n] if bottom_right else None
-        m = None if mask is None else mask[b, ..., :n]
-        if m is not None and m.dtype == bool and allowed is not None:
-            m, allowed = m & allowed, None
-        elif allowed is not None:
-            m = allowed
-        o, w = reference(q[b], k[b, :, :n], v[b, :, :n], m, enable_gqa=gqa, return_weights=True)
-        out[b] = o
-        weights[b, ..., :n] = w
-    return out, weights
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "shape",
@@ -253,9 +235,8 @@ def test_keys_past_key_lengths_are_never_read(isa, dtype, shape, variant):
     assert np.isfinite(weights).all()
     assert not np.isnan(lse).any()
     assert (weights[np.broadcast_to(tail[:, None, None, :], weights.shape)] == 0).all()
-    exp_out, exp_w = reference_truncated(
-        q, k, v, lengths, mask, bottom_right=variant == "bottom_right", gqa=hq != hkv
-    )
+    # the reference reads nothing past the lengths either (tests/test_reference.py)
+    exp_out, exp_w = reference(q, k, v, return_weights=True, **kwargs)
     assert_close(out, exp_out, dtype)
     assert_close(weights, exp_w, dtype)
 
@@ -348,7 +329,7 @@ def test_float_mask_values_at_causally_masked_keys_have_no_effect(isa, dtype, L,
     S = 40
     q, k, v = make_qkv(rng, hq=2, L=L, S=S, E=16, dtype=dtype)
     mask = rng.standard_normal((L, S)).astype(dtype)
-    hidden = ~np.tri(L, S, dtype=bool)  # top-left: row l sees keys 0..l
+    hidden = ~sdpa.reference.causal_mask(L, S)  # top-left: row l sees keys 0..l
     base_out, base_w, base_lse = run(q, k, v, attn_mask=mask, is_causal=True)
     mask[hidden] = value
     out, w, lse = run(q, k, v, attn_mask=mask, is_causal=True)

@@ -41,8 +41,8 @@ def build_variant(rng, variant, L, S, hq, np_dtype):
     where it cannot take a mask and is_causal together."""
     keep = rng.random((hq, L, S)) < 0.7
     keep[..., 0] = True  # torch's math path gives NaN for rows that see nothing
-    top_left = np.tri(L, S, dtype=bool)
-    bottom_right = np.tri(L, S, S - L, dtype=bool)
+    top_left = sdpa.reference.causal_mask(L, S)
+    bottom_right = sdpa.reference.causal_mask(L, S, bottom_right=True)
     fmask = np.where(keep, rng.standard_normal((hq, L, S)), -np.inf).astype(np_dtype)
     if variant == "plain":
         return {}, {}
@@ -98,7 +98,7 @@ def test_weights_match_torch_softmax(rng, dtype):
     out, weights = attention(q, k, v, mask, is_causal=True, enable_gqa=True, return_weights=True)
     tq, tk = torch.from_numpy(q), torch.from_numpy(k).repeat_interleave(4, dim=-3)
     scores = tq @ tk.transpose(-1, -2) / np.sqrt(32)
-    allowed = torch.from_numpy(mask & np.tri(33, 63, dtype=bool))
+    allowed = torch.from_numpy(mask & sdpa.reference.causal_mask(33, 63))
     expected = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).numpy()
     assert_close(weights, expected, np_dtype, scale=2)
 
