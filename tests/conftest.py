@@ -131,6 +131,44 @@ def check_against_reference(
     return out_w, weights
 
 
+def check_against_mask(q, k, v, sdpa_kwargs, allowed, *, gqa=False, additive=None, scale=None, threads=None):
+    """Run sdpa with ``sdpa_kwargs`` (causality, key lengths, a mask, ...) and
+    compare it with the float64 reference given one explicit bool mask,
+    ``allowed``, that spells out what those keywords mean (None: every key), plus
+    an additive float mask.
+
+    Checks the output, the weights and the log-sum-exp of one call, then the
+    output of a plain call (no weights, no lse: other code paths).  Returns
+    ``(out, weights, lse)``.
+    """
+    import sdpa
+
+    dtype = q.dtype
+    out, weights, lse = sdpa.scaled_dot_product_attention(
+        q, k, v, scale=scale, enable_gqa=gqa, return_weights=True, return_lse=True,
+        num_threads=threads, **sdpa_kwargs,
+    )
+    mask = allowed
+    if additive is not None:
+        mask = np.where(allowed, additive, -np.inf) if allowed is not None else additive
+    exp_out, exp_w, exp_lse = sdpa.reference.scaled_dot_product_attention(
+        q, k, v, mask, scale=scale, enable_gqa=gqa, return_weights=True, return_lse=True
+    )
+    assert out.dtype == weights.dtype == lse.dtype == dtype
+    assert lse.shape == out.shape[:-1]
+    E = q.shape[-1]
+    assert_close(out, exp_out, dtype, head_dim=E)
+    assert_close(weights, np.broadcast_to(exp_w, weights.shape), dtype, head_dim=E)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(exp_lse))
+    seen = ~np.isneginf(exp_lse)
+    assert_close(lse[seen], exp_lse[seen], dtype, head_dim=E)
+    plain = sdpa.scaled_dot_product_attention(
+        q, k, v, scale=scale, enable_gqa=gqa, num_threads=threads, **sdpa_kwargs
+    )
+    assert_close(plain, exp_out, dtype, head_dim=E)
+    return out, weights, lse
+
+
 def under_sanitizer() -> bool:
     """Whether a sanitizer runtime is preloaded (.ci/sanitize.sh, .ci/tsan.sh): they
     reserve terabytes of address space, so address-space limits cannot be tested."""

@@ -1,7 +1,11 @@
-"""sdpa against the float64 NumPy reference over grids of shapes, masks and layouts.
+"""sdpa against the float64 NumPy reference over grids of shapes, masks, causal
+modes, key lengths, layouts and dtypes.
 
 Each case is checked twice, once without and once with ``return_weights`` (the two
-take different paths through the core), and the weights are compared as well.
+take different paths through the core), and the weights are compared as well
+(``check_against_reference``).  Causality and key lengths are also checked with
+``check_against_mask``: outputs, weights and log-sum-exp against the reference
+given one explicit mask that spells out what the keywords mean.
 """
 import itertools
 
@@ -9,8 +13,11 @@ import numpy as np
 import pytest
 
 import sdpa
-from conftest import assert_close, check_against_reference
+from conftest import assert_close, check_against_mask, check_against_reference
+from sdpa.reference import causal_mask, key_length_mask
 from sdpa.testing import make_qkv, randn, random_mask, result_dtype
+
+attention = sdpa.scaled_dot_product_attention
 
 SIZES = (1, 7, 8, 9, 31, 33, 63, 64, 65, 127, 267)
 HEAD_DIMS = (1, 8, 16, 31, 64, 80, 128, 256)
@@ -250,6 +257,121 @@ def test_causal_with_mask(rng, mode, kind, L, S, dtype):
     q, k, v = make_qkv(rng, batch=(2,), hq=3, L=L, S=S, E=16, Ev=8, dtype=dtype)
     mask = random_mask(rng, (2, 3, L, S), kind, dtype, p_keep=0.6)
     check_against_reference(q, k, v, mask, is_causal=mode)
+
+
+LS_PAIRS = [(3, 7), (7, 7), (9, 4), (1, 5), (1, 1), (5, 1), (8, 1030), (2, 1100)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [(2, 2), (4, 2), (8, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("L,S", LS_PAIRS)
+def test_bottom_right_is_the_shifted_tril(rng, dtype, heads, L, S):
+    hq, hkv = heads
+    q, k, v = make_qkv(rng, batch=(2,), hq=hq, hkv=hkv, L=L, S=S, E=16, Ev=12, dtype=dtype)
+    tril = causal_mask(L, S, bottom_right=True)
+    out, weights, lse = check_against_mask(q, k, v, {"is_causal": "bottom_right"}, tril, gqa=hq != hkv)
+    explicit = attention(q, k, v, tril, enable_gqa=hq != hkv)
+    assert_close(out, explicit, dtype, scale=2)
+    # rows before L - S see no key: zeros, -inf, zero weights
+    hidden = max(L - S, 0)
+    assert not out[..., :hidden, :].any() and not weights[..., :hidden, :].any()
+    assert np.isneginf(lse[..., :hidden]).all()
+    assert np.isfinite(lse[..., hidden:]).all()
+
+
+# --------------------------------------------------------------------------- key lengths
+
+KEY_LENGTH_CASES = {
+    # name: (batch shape, key_lengths)
+    "scalar": ((3,), np.int64(4)),
+    "0-d array": ((3,), np.array(9)),
+    "per-batch": ((3,), np.array([0, 5, 100])),
+    "per-batch-int32": ((3,), np.array([9, 1, 3], dtype=np.int32)),
+    "column": ((3, 2), np.array([[2], [9], [0]])),
+    "row": ((3, 2), np.array([7, 3])),
+    "full": ((3, 2), np.array([[1, 2], [3, 4], [9, 8]])),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(KEY_LENGTH_CASES))
+@pytest.mark.parametrize("extra", ["none", "causal", "bottom_right", "mask", "causal+mask"])
+def test_key_lengths_are_a_mask(rng, dtype, case, extra):
+    batch, kl = KEY_LENGTH_CASES[case]
+    L, S = 5, 9
+    q, k, v = make_qkv(rng, batch=batch, hq=4, hkv=2, L=L, S=S, E=8, Ev=6, dtype=dtype)
+    allowed = np.broadcast_to(key_length_mask(kl, S), batch + (4, L, S))
+    kwargs = {"key_lengths": kl}
+    if "causal" in extra:
+        kwargs["is_causal"] = True
+        allowed = allowed & causal_mask(L, S)
+    if extra == "bottom_right":
+        kwargs["is_causal"] = "bottom_right"
+        allowed = allowed & causal_mask(L, S, bottom_right=True)
+    if "mask" in extra:
+        keep = rng.random((4, L, S)) < 0.7
+        kwargs["attn_mask"] = keep
+        allowed = allowed & keep
+    out, weights, lse = check_against_mask(q, k, v, kwargs, allowed, gqa=True)
+    beyond = ~key_length_mask(kl, S)
+    assert not np.where(beyond, weights, 0).any(), "weights beyond the key length"
+
+
+def test_key_lengths_past_the_keys_are_clamped(rng):
+    q, k, v = make_qkv(rng, batch=(2,), hq=2, L=3, S=6, E=8)
+    np.testing.assert_array_equal(
+        attention(q, k, v, key_lengths=np.array([6, 10**9])), attention(q, k, v)
+    )
+
+
+# --------------------------------------------------------------------------- log-sum-exp
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float", "float+causal"])
+@pytest.mark.parametrize("L,S,hq,hkv", [(6, 11, 3, 3), (1, 300, 8, 2), (4, 2, 4, 1), (40, 70, 2, 1)])
+def test_lse_matches_numpy(rng, dtype, mask_kind, L, S, hq, hkv):
+    q, k, v = make_qkv(rng, batch=(2,), hq=hq, hkv=hkv, L=L, S=S, E=16, dtype=dtype)
+    allowed, additive, kwargs = None, None, {}
+    if mask_kind == "bool":
+        allowed = rng.random((2, hq, L, S)) < 0.6
+        allowed[0, 0, 0] = False  # a row that sees no key
+        kwargs["attn_mask"] = allowed
+    elif mask_kind.startswith("float"):
+        additive = (3.0 * rng.standard_normal((hq, L, S))).astype(dtype)
+        additive[0, -1] = -np.inf  # a row that sees no key
+        kwargs["attn_mask"] = additive
+        if "causal" in mask_kind:
+            kwargs["is_causal"] = True
+            allowed = causal_mask(L, S)
+    for scale in (None, 0.3):
+        _, _, lse = check_against_mask(
+            q, k, v, kwargs, allowed, additive=additive, scale=scale, gqa=hq != hkv
+        )
+        if mask_kind == "bool":
+            assert np.isneginf(lse[0, 0, 0])
+        elif additive is not None:
+            assert np.isneginf(lse[:, 0, -1]).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lse_of_no_keys(dtype):
+    q = np.ones((2, 3, 4), dtype=dtype)
+    k = np.ones((2, 0, 4), dtype=dtype)
+    v = np.ones((2, 0, 5), dtype=dtype)
+    out, lse = attention(q, k, v, return_lse=True)
+    assert out.shape == (2, 3, 5) and not out.any()
+    assert lse.shape == (2, 3) and lse.dtype == dtype and np.isneginf(lse).all()
+
+
+def test_lse_with_weights_order(rng):
+    q, k, v = make_qkv(rng, hq=2, L=3, S=4, E=8)
+    res = attention(q, k, v, return_weights=True, return_lse=True)
+    assert len(res) == 3
+    assert res[1].shape == (2, 3, 4) and res[2].shape == (2, 3)
+    out, lse = attention(q, k, v, return_lse=True)
+    np.testing.assert_array_equal(out, res[0])
+    np.testing.assert_array_equal(lse, res[2])
 
 
 # --------------------------------------------------------------------------- GQA

@@ -1,4 +1,4 @@
-"""Build facts reported by sdpa.config()."""
+"""Build facts reported by sdpa.config(), and the public names."""
 import os
 import subprocess
 import sys
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import sdpa
+import sdpa.testing
 
 
 def test_config_keys_and_types():
@@ -45,11 +46,22 @@ def test_show_config(capsys):
 
 
 def test_public_names():
-    for name in ("scaled_dot_product_attention", "config", "show_config", "reference", "__version__"):
-        assert hasattr(sdpa, name)
-        assert name in sdpa.__all__
-    assert callable(sdpa.reference.scaled_dot_product_attention)
-    assert callable(sdpa.reference.causal_mask)
+    """The one check of the public names, for sdpa, sdpa.reference and sdpa.testing."""
+    for name in sdpa.__all__:
+        assert hasattr(sdpa, name), name
+    for name in (
+        "scaled_dot_product_attention", "merge_attention", "KVCache", "KVCacheFullError",
+        "MultiHeadAttention", "set_num_threads", "get_num_threads", "config", "show_config",
+        "reference", "__version__",
+    ):
+        assert name in sdpa.__all__ and hasattr(sdpa, name), name
+    for name in ("scaled_dot_product_attention", "merge_attention", "set_num_threads", "get_num_threads",
+                 "config", "show_config"):
+        assert callable(getattr(sdpa, name)), name
+    for name in ("scaled_dot_product_attention", "causal_mask", "key_length_mask", "multi_head_attention"):
+        assert name in sdpa.reference.__all__ and callable(getattr(sdpa.reference, name)), name
+    for name in sdpa.testing.__all__:
+        assert hasattr(sdpa.testing, name), name
 
 
 def test_more_threads_than_default_work():

@@ -49,11 +49,6 @@ def small_problem():
     return tuple(rng.standard_normal((2, 3, 17, 8)) for _ in range(3))
 
 
-def test_public_names():
-    for name in ("set_num_threads", "get_num_threads"):
-        assert name in sdpa.__all__ and callable(getattr(sdpa, name))
-
-
 def test_default_is_the_openmp_default():
     expected = _core.default_num_threads() if HAS_OPENMP else 1
     assert sdpa.get_num_threads() == expected >= 1

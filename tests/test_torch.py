@@ -1,11 +1,15 @@
-"""sdpa.torch: the torch operator sdpa::attention, its drop-in function and patch()."""
+"""sdpa.torch: the torch operator sdpa::attention, its drop-in function, patch(),
+and layer_from_module (also reached as sdpa.MultiHeadAttention.from_torch)."""
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import assert_close
+import sdpa
+from conftest import assert_close, seed_for
+from sdpa.reference import causal_mask
+from sdpa.testing import randn
 
 torch = pytest.importorskip("torch")
 if not hasattr(torch.library, "custom_op"):
@@ -331,3 +335,50 @@ def test_fallback(model_and_input, monkeypatch):
         with torch.no_grad():
             F.scaled_dot_product_attention(q.float(), q.float(), q.float(), dropout_p=0.5)
         assert len(calls) == 2
+
+
+# --------------------------------------------------------------------------- layers from modules
+
+# sdpa.MultiHeadAttention.from_torch hands over to sdpa.torch.layer_from_module
+CONVERTERS = {
+    "from_torch": lambda module: sdpa.MultiHeadAttention.from_torch(module),
+    "layer_from_module": lambda module: st.layer_from_module(module),
+}
+
+
+@pytest.mark.parametrize("convert", list(CONVERTERS))
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_from_module_matches_torch(rng, batch_first, bias, dtype, convert):
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
+    torch.manual_seed(seed_for(f"torch-{batch_first}-{bias}-{dtype.__name__}"))
+    module = torch.nn.MultiheadAttention(32, 4, bias=bias, batch_first=batch_first, dtype=tdtype).eval()
+    layer = CONVERTERS[convert](module)
+    assert isinstance(layer, sdpa.MultiHeadAttention)
+    assert layer.dtype == dtype and layer.num_heads == 4 and layer.num_kv_heads == 4
+    assert (layer.b_q is None) == (not bias) and (layer.b_o is None) == (not bias)
+    x = randn(rng, (3, 7, 32), dtype)  # (batch, T, E)
+    tx = torch.from_numpy(x if batch_first else np.ascontiguousarray(x.transpose(1, 0, 2)))
+    with torch.no_grad():
+        expected = module(tx, tx, tx, need_weights=False)[0].numpy()
+        # torch's bool attn_mask: True = may NOT attend
+        blocked = torch.from_numpy(~causal_mask(7, 7))
+        expected_causal = module(tx, tx, tx, attn_mask=blocked, need_weights=False)[0].numpy()
+    if not batch_first:
+        expected = expected.transpose(1, 0, 2)
+        expected_causal = expected_causal.transpose(1, 0, 2)
+    tol = 1e-12 if dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(layer(x, causal=False), expected, rtol=tol, atol=tol)
+    np.testing.assert_allclose(layer(x, causal=True), expected_causal, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("convert", list(CONVERTERS))
+def test_layer_from_module_rejects_unsupported_modules(convert):
+    nn = torch.nn
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        CONVERTERS[convert](nn.MultiheadAttention(8, 2, add_bias_kv=True))
+    with pytest.raises(ValueError, match="add_zero_attn"):
+        CONVERTERS[convert](nn.MultiheadAttention(8, 2, add_zero_attn=True))
+    with pytest.raises(ValueError, match="kdim"):
+        CONVERTERS[convert](nn.MultiheadAttention(8, 2, kdim=4, vdim=4))

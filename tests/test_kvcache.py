@@ -1,0 +1,137 @@
+"""sdpa.KVCache: appending, growing, read-only views, errors; prefill then
+decode from the cache equals one causal pass; attention reads the cache's
+strided views in place."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sdpa
+from conftest import assert_close
+from sdpa.testing import make_qkv, randn
+
+attention = sdpa.scaled_dot_product_attention
+
+DTYPES = [np.float32, np.float64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("prefill", [1, 7])
+def test_cache_prefill_then_decode_equals_full(rng, dtype, hq, hkv, prefill):
+    B, N, E, Ev = 2, 20, 16, 8
+    q, k, v = make_qkv(rng, batch=(B,), hq=hq, hkv=hkv, L=N, S=N, E=E, Ev=Ev, dtype=dtype)
+    gqa = hq != hkv
+    cache = sdpa.KVCache(B, hkv, 12, E, Ev, dtype=dtype, grow=True)
+    bounds = [0, prefill] + list(range(prefill + 1, 12)) + [15] + list(range(16, N + 1))
+    pieces = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        keys, values = cache.append(k[:, :, a:b], v[:, :, a:b])
+        assert keys.shape == (B, hkv, b, E) and values.shape == (B, hkv, b, Ev)
+        pieces.append(attention(q[:, :, a:b], keys, values, is_causal="bottom_right", enable_gqa=gqa))
+    assert len(cache) == cache.length == N and cache.capacity >= N
+    got = np.concatenate(pieces, axis=-2)
+    expected = sdpa.reference.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    assert_close(got, expected, dtype)
+    np.testing.assert_array_equal(cache.keys, k)
+    np.testing.assert_array_equal(cache.values, v)
+
+
+def test_cache_overflow_raises_and_writes_nothing():
+    cache = sdpa.KVCache(1, 2, 4, 3)
+    cache.append(np.ones((1, 2, 3, 3)), np.ones((1, 2, 3, 3)))
+    with pytest.raises(sdpa.KVCacheFullError, match=r"3 of 4 positions.*2 more"):
+        cache.append(np.full((1, 2, 2, 3), 7.0), np.full((1, 2, 2, 3), 7.0))
+    assert issubclass(sdpa.KVCacheFullError, ValueError)
+    assert len(cache) == 3 and cache.capacity == 4
+    assert (cache.keys == 1).all()
+    cache.append(np.zeros((1, 2, 1, 3)), np.zeros((1, 2, 1, 3)))
+    assert len(cache) == 4
+    with pytest.raises(ValueError):
+        cache.append(np.zeros((1, 2, 1, 3)), np.zeros((1, 2, 1, 3)))
+
+
+def test_cache_grows_and_keeps_its_contents(rng):
+    cache = sdpa.KVCache(2, 1, 2, 4, 5, dtype=np.float64, grow=True)
+    k, v = randn(rng, (2, 1, 100, 4)), randn(rng, (2, 1, 100, 5))
+    capacities = []
+    for t in range(100):
+        cache.append(k[:, :, t : t + 1], v[:, :, t : t + 1])
+        capacities.append(cache.capacity)
+    assert len(set(capacities)) <= 8, "growth is not geometric"
+    assert 100 <= cache.capacity <= 200
+    np.testing.assert_array_equal(cache.keys, k)
+    np.testing.assert_array_equal(cache.values, v)
+    cache.append(k, v)  # one append bigger than doubling
+    assert len(cache) == 200 and cache.capacity >= 200
+    np.testing.assert_array_equal(cache.keys[:, :, 100:], k)
+
+
+def test_cache_views_are_read_only():
+    cache = sdpa.KVCache(1, 1, 8, 2)
+    keys, values = cache.append(np.ones((1, 1, 3, 2)), np.ones((1, 1, 3, 2)))
+    for view in (keys, values, cache.keys, cache.values):
+        assert not view.flags.writeable
+        with pytest.raises(ValueError):
+            view[0, 0, 0, 0] = 5.0
+    # the storage itself is still written by append
+    cache.append(np.full((1, 1, 1, 2), 2.0), np.full((1, 1, 1, 2), 2.0))
+    assert cache.keys[0, 0, 3, 0] == 2.0
+
+
+def test_cache_reset_dtype_and_repr():
+    cache = sdpa.KVCache(1, 2, 4, 3)
+    assert cache.dtype == np.float32 and cache.keys.dtype == np.float32
+    assert cache.head_dim_v == 3 and cache.keys.shape == (1, 2, 0, 3)
+    cache.append(np.arange(6.0).reshape(1, 2, 1, 3), np.zeros((1, 2, 1, 3), dtype=np.int32))
+    assert cache.keys.dtype == np.float32 and cache.keys[0, 1, 0, 2] == 5.0
+    cache.reset()
+    assert len(cache) == 0 and cache.capacity == 4 and cache.keys.shape == (1, 2, 0, 3)
+    assert "KVCache(" in repr(cache) and cache.nbytes == 2 * 1 * 2 * 4 * 3 * 4
+
+
+@pytest.mark.parametrize(
+    "k_shape,v_shape,match",
+    [
+        ((2, 3, 4), (2, 3, 4), r"k: expected shape \(1, 2, T, 4\)"),
+        ((1, 3, 1, 4), (1, 2, 1, 4), r"k: .*got shape \(1, 3, 1, 4\)"),
+        ((1, 2, 1, 4), (1, 2, 1, 5), r"v: expected shape \(1, 2, T, 4\)"),
+        ((1, 2, 2, 4), (1, 2, 1, 4), "same number of tokens"),
+        ((1, 2, 0, 4), (1, 2, 0, 4), "at least one token"),
+    ],
+)
+def test_cache_rejects_bad_shapes(k_shape, v_shape, match):
+    cache = sdpa.KVCache(1, 2, 8, 4)
+    with pytest.raises(ValueError, match=match):
+        cache.append(np.zeros(k_shape), np.zeros(v_shape))
+    assert len(cache) == 0
+
+
+@pytest.mark.parametrize(
+    "args,kwargs,exc",
+    [
+        ((0, 1, 4, 2), {}, ValueError),
+        ((1, 1, -1, 2), {}, ValueError),
+        ((1, 1.5, 4, 2), {}, TypeError),
+        ((1, 1, 4, 2), {"dtype": np.int32}, TypeError),
+    ],
+)
+def test_cache_rejects_bad_arguments(args, kwargs, exc):
+    with pytest.raises(exc):
+        sdpa.KVCache(*args, **kwargs)
+
+
+def test_decode_from_a_cache_view(rng):
+    """Keys and values as the cache hands them out: strided views into a larger buffer."""
+    cache = sdpa.KVCache(2, 2, 4096, 64, grow=False)
+    k, v = randn(rng, (2, 2, 3000, 64), np.float32), randn(rng, (2, 2, 3000, 64), np.float32)
+    keys, values = cache.append(k, v)
+    q = randn(rng, (2, 8, 1, 64), np.float32)
+    got = [
+        attention(q, keys, values, enable_gqa=True, is_causal="bottom_right", num_threads=n)
+        for n in (1, 2, 3)
+    ]
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(got[0], got[2])
+    expected = sdpa.reference.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    assert_close(got[0], expected, np.float32)
