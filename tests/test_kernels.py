@@ -1,5 +1,7 @@
 """The SIMD kernel sets: each one this CPU supports is checked against the
-float64 reference, and its exp against libm (NumPy's exp in long double)."""
+float64 reference (over shapes at the edges of its blocks and head dims, every
+mask and causal kind, strided inputs, and bitwise across thread counts), and its
+exp against libm (NumPy's exp in long double)."""
 from __future__ import annotations
 
 import os
@@ -76,8 +78,10 @@ def test_exp_special_values(isa, dtype):
 
 # --- every kernel set against the reference ----------------------------------
 
-CASES = [
-    # (batch, hq, hkv, L, S, E, Ev)
+DTYPES = [np.float32, np.float64]
+
+SHAPES = [
+    # (batch, hq, hkv, L, S, E, Ev): each with every kind of KINDS
     ((), 1, 1, 1, 1, 1, 1),
     ((2,), 3, 3, 7, 9, 8, 16),
     ((), 2, 2, 33, 65, 31, 80),
@@ -86,24 +90,70 @@ CASES = [
     ((2,), 4, 2, 65, 257, 16, 8),
     ((), 1, 1, 300, 40, 256, 33),
 ]
+KINDS = {
+    # kind: (is_causal, mask)
+    "plain": (False, None),
+    "causal": (True, None),
+    "bottom_right": ("bottom_right", None),
+    "bool": (False, "bool-LS"),
+    "float": (False, "float-HLS"),
+}
+# A sweep over the edges of the query and key blocks (L, S) and head dims E, with
+# grouped-query heads and strided inputs; causal modes and masks taken in turn.
+SWEEP_LS = [(1, 267), (7, 8), (33, 31), (65, 64), (127, 9), (267, 267)]
+SWEEP_E = [1, 16, 31, 64, 80, 128, 256]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[1:])))
-@pytest.mark.parametrize("kind", ["plain", "causal", "bottom_right", "bool", "float"])
-def test_kernel_set_against_reference(isa, rng, dtype, case, kind):
-    batch, hq, hkv, L, S, E, Ev = case
+def kernel_cases():
+    for dtype in DTYPES:
+        for shape in SHAPES:
+            for kind, (is_causal, mask) in KINDS.items():
+                sizes = "x".join(map(str, shape[1:]))
+                case_id = f"{kind}-{sizes}-{dtype.__name__}"
+                yield pytest.param(dtype, shape, is_causal, mask, False, id=case_id)
+    i = 0
+    for dtype in DTYPES:
+        for L, S in SWEEP_LS:
+            for E in SWEEP_E:
+                is_causal = (False, True, "bottom_right")[i % 3]
+                mask = (None, "bool-HLS", None, "float-HLS-inf")[i % 4]
+                kind = {False: "plain", True: "causal", "bottom_right": "bottom_right"}[is_causal]
+                kind += f"+{mask}" if mask else ""
+                shape = ((2,), 4, 2, L, S, E, E % 48 + 1)
+                case_id = f"sweep-{kind}-{L}x{S}xE{E}-{dtype.__name__}"
+                yield pytest.param(dtype, shape, is_causal, mask, True, id=case_id)
+                i += 1
+
+
+def kernel_mask(rng, kind, hq, L, S, dtype):
+    if kind is None:
+        return None
+    if kind == "bool-LS":
+        return rng.random((L, S)) < 0.7
+    if kind == "float-HLS":
+        return rng.standard_normal((hq, L, S)).astype(dtype)
+    keep = rng.random((hq, L, S)) < 0.7
+    if kind == "bool-HLS":
+        return keep
+    return np.where(keep, rng.standard_normal((hq, L, S)), -np.inf).astype(dtype)  # float-HLS-inf
+
+
+@pytest.mark.parametrize("dtype,shape,is_causal,mask_kind,strided", list(kernel_cases()))
+def test_kernel_set_against_reference(isa, rng, dtype, shape, is_causal, mask_kind, strided):
+    """Output and weights against the reference, and the same bits for 1, 2 and 3
+    threads.  The sweep reads the query rows backwards and a key stored
+    feature-major."""
+    assert sdpa.config()["isa"] == isa
+    batch, hq, hkv, L, S, E, Ev = shape
     q, k, v = make_qkv(rng, batch, hq, hkv, L, S, E, Ev, dtype)
-    kwargs = {"enable_gqa": hq != hkv}
-    if kind == "causal":
-        kwargs["is_causal"] = True
-    elif kind == "bottom_right":
-        kwargs["is_causal"] = "bottom_right"
-    elif kind == "bool":
-        kwargs["attn_mask"] = rng.random((L, S)) < 0.7
-    elif kind == "float":
-        kwargs["attn_mask"] = rng.standard_normal((hq, L, S)).astype(dtype)
-    check_against_reference(q, k, v, **kwargs)
+    if strided:
+        q = q[..., ::-1, :]
+        k = np.swapaxes(np.swapaxes(k, -1, -2).copy(), -1, -2)
+    args = (q, k, v, kernel_mask(rng, mask_kind, hq, L, S, dtype), is_causal, None, hq != hkv)
+    out, weights = check_against_reference(*args, num_threads=1)
+    for n in (2, 3):
+        out_n, weights_n = sdpa.scaled_dot_product_attention(*args, return_weights=True, num_threads=n)
+        assert np.array_equal(out_n, out) and np.array_equal(weights_n, weights), f"num_threads={n}"
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
