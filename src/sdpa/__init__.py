@@ -10,7 +10,8 @@
 NumPy arrays in, NumPy arrays out.  The work happens in a C core that never
 builds the L x S score matrix (unless the weights are asked for) and runs on
 OpenMP threads (see :func:`set_num_threads`).  ``sdpa.reference`` holds a plain
-NumPy version for checking; ``sdpa.torch`` (which imports torch) takes and
+NumPy version for checking, and ``sdpa.testing`` (imported on its own) random
+problems and checks for tests; ``sdpa.torch`` (which imports torch) takes and
 returns torch tensors.
 """
 from __future__ import annotations
