@@ -420,11 +420,17 @@ int sdpa_has_openmp(void) {
 int sdpa_max_threads(void) {
 #ifdef _OPENMP
     /* more threads than this never help, and a runtime that cannot create the
-     * threads asked for ends the process (libgomp) */
+     * threads asked for ends the process (libgomp).  Computed once: asking for
+     * the processors is a system call. */
+    static SDPA_ATOMIC(int) cached = 0;
+    int cap = sdpa_atomic_load(&cached);
+    if (cap > 0) return cap;
     int procs = omp_get_num_procs(), limit = omp_get_thread_limit();
-    int cap = procs > 0 && procs <= INT32_MAX / SDPA_THREADS_PER_CPU ? SDPA_THREADS_PER_CPU * procs : 1;
+    cap = procs > 0 && procs <= INT32_MAX / SDPA_THREADS_PER_CPU ? SDPA_THREADS_PER_CPU * procs : 1;
     if (cap < SDPA_MIN_THREAD_CAP) cap = SDPA_MIN_THREAD_CAP;
-    return limit > 0 && limit < cap ? limit : cap;
+    if (limit > 0 && limit < cap) cap = limit;
+    sdpa_atomic_store(&cached, cap);
+    return cap;
 #else
     return 1;
 #endif

@@ -394,14 +394,17 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
     }
 }
 
-/* One task, unless the call was interrupted. */
+/* One task, unless the call was interrupted.  A row-mode group of one chunk
+ * is merged by the task that computed it (no second pass over the groups). */
 static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
                         T *partial, int64_t t, int tid, interrupt_state *irq) {
     if (should_stop(irq, tid)) return;
-    if (pl->row_mode)
+    if (pl->row_mode) {
         FN(run_row_task)(p, pl, kern, scratch, partial, t, irq, tid);
-    else
+        if (pl->num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(p, pl, partial, t);
+    } else {
         FN(run_task)(p, pl, kern, scratch, t, irq, tid);
+    }
 }
 
 static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT *kern) {
@@ -417,7 +420,7 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
     if (nthreads == 1) {  /* no OpenMP region at all (also what a forked child needs) */
         for (int64_t t = 0; t < pl->num_tasks; t++)
             FN(do_task)(p, pl, kern, scratch, partial, t, 0, &irq);
-        if (pl->row_mode)
+        if (pl->row_mode && pl->num_chunks > 1)
             for (int64_t g = 0; g < pl->num_groups && !sdpa_atomic_load(&irq.stop); g++)
                 FN(merge_rows)(p, pl, partial, g);
     } else {
@@ -433,7 +436,7 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < pl->num_tasks; t++)
                 FN(do_task)(p, pl, kern, mine, partial, t, tid, &irq);
-            if (pl->row_mode) {  /* after the implicit barrier above: every chunk is done */
+            if (pl->row_mode && pl->num_chunks > 1) {  /* after the barrier above: every chunk is done */
 #pragma omp for schedule(static)
                 for (int64_t g = 0; g < pl->num_groups; g++)
                     if (!sdpa_atomic_load(&irq.stop)) FN(merge_rows)(p, pl, partial, g);
