@@ -1,8 +1,9 @@
 """Builds sdpa._core: the Cython wrapper plus the C core in csrc/.
 
 OpenMP is probed: a tiny program must compile, link and run with the compiler's
-OpenMP flags (or those in SDPA_OPENMP_CFLAGS / SDPA_OPENMP_LDFLAGS).  Without it the extension is built serially with a warning;
-SDPA_REQUIRE_OPENMP=1 makes that an error, and SDPA_DISABLE_OPENMP=1 builds the
+OpenMP flags (or those in SDPA_OPENMP_CFLAGS / SDPA_OPENMP_LDFLAGS).  Without it
+the extension is built serially with a warning; SDPA_REQUIRE_OPENMP=1 makes that
+an error, and SDPA_DISABLE_OPENMP=1 builds the
 serial extension on purpose.  Flags stay portable: the SIMD kernels pick the
 instruction set at run time, never at build time.  The version is the one in
 csrc/include/sdpa.h.
@@ -13,7 +14,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import warnings
 from pathlib import Path
@@ -52,7 +52,7 @@ def openmp_flag_candidates(compiler_type):
                     "/usr/local/opt/libomp", os.environ.get("CONDA_PREFIX", "")]
         out = [(["-fopenmp"], ["-fopenmp"])]
         for pre in filter(None, prefixes):
-            out.append(([f"-Xpreprocessor", "-fopenmp", f"-I{pre}/include"],
+            out.append((["-Xpreprocessor", "-fopenmp", f"-I{pre}/include"],
                         [f"-L{pre}/lib", "-lomp", f"-Wl,-rpath,{pre}/lib"]))
         out.append((["-Xpreprocessor", "-fopenmp"], ["-lomp"]))
         return out
@@ -107,7 +107,7 @@ class BuildExt(build_ext):
                    "OpenMP runtime (e.g. libomp) for multithreading.")
             if os.environ.get("SDPA_REQUIRE_OPENMP") == "1":
                 raise RuntimeError(msg + " SDPA_REQUIRE_OPENMP=1 is set, so this is an error.")
-            warnings.warn(msg)
+            warnings.warn(msg, stacklevel=2)
             print("WARNING: " + msg, file=sys.stderr)
             cflags, ldflags = [], []
         else:

@@ -25,7 +25,10 @@ SHAPES = {
     "gqa-4-1": ((2,), 4, 1, 65, 31, 16, 8),
 }
 
-VARIANTS = ["plain", "causal", "bottom-right", "bool-mask", "float-mask", "causal+bool-mask", "scale", "causal+float-mask+scale"]
+VARIANTS = [
+    "plain", "causal", "bottom-right", "bool-mask", "float-mask", "causal+bool-mask", "scale",
+    "causal+float-mask+scale",
+]
 
 
 def make(rng, name, np_dtype):

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 import sdpa
-from sdpa import _api, _core
-
 from conftest import make_qkv
+from sdpa import _api, _core
 
 ARGS = ("attn_mask", "is_causal", "scale", "enable_gqa", "return_weights", "return_lse", "key_lengths",
         "out", "num_threads")

@@ -242,7 +242,8 @@ def test_num_threads_numpy_int(qkv):
 
 @pytest.mark.parametrize(
     "inputs,bad_dtype",
-    [("float64", np.float32), ("float32", np.float64), ("float16", np.float16), ("float64", np.int64), ("float32", np.complex64)],
+    [("float64", np.float32), ("float32", np.float64), ("float16", np.float16), ("float64", np.int64),
+     ("float32", np.complex64)],
 )
 def test_out_with_wrong_dtype(rng, inputs, bad_dtype):
     q, k, v = make_qkv(rng, batch=(2,), hq=3, L=5, S=7, E=8, Ev=4, dtype=inputs)

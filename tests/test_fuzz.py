@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, note
-from hypothesis import strategies as st
+from hypothesis import given, note, strategies as st
 
 import sdpa
 from sdpa.testing import assert_matches_reference, attention_calls, describe_call

@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 import sdpa
-from sdpa import _core
-
 from conftest import check_against_reference, supported_isas
+from sdpa import _core
 from sdpa.testing import make_qkv
 
 SUPPORTED = supported_isas()

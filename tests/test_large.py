@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 import sdpa
-from sdpa import _core
 from conftest import seed_for
+from sdpa import _core
 
 attention = sdpa.scaled_dot_product_attention
 reference = sdpa.reference.scaled_dot_product_attention

@@ -9,8 +9,7 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 
 import sdpa
 from conftest import assert_close, check_against_reference

@@ -20,9 +20,9 @@ from typing import Any, Dict, List
 
 from . import _core, reference
 from ._api import (
-    ArrayInput,
-    AttentionResult,
-    FloatArray,
+    ArrayInput as ArrayInput,  # re-exported for typing
+    AttentionResult as AttentionResult,
+    FloatArray as FloatArray,
     get_num_threads,
     scaled_dot_product_attention,
     set_num_threads,

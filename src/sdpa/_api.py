@@ -24,7 +24,7 @@ MAX_BATCH_DIMS = _core.MAX_BATCH_DIMS
 _FLOAT32_KINDS = (np.dtype(np.float16), np.dtype(np.float32))
 
 # numpy.exceptions appeared in NumPy 1.25; older releases have the class at the top level
-_TooHardError: Type[Exception] = getattr(getattr(np, "exceptions", np), "TooHardError")
+_TooHardError: Type[Exception] = getattr(np, "exceptions", np).TooHardError
 # the stubs of some NumPy releases only allow max_work in {0, -1}; any int works
 _shares_memory: Callable[..., bool] = np.shares_memory
 
@@ -501,7 +501,7 @@ def _attention_general(
     q, k, v = (_as_operand(a, dtype) for a in (q, k, v))
 
     plan = plan_shapes(q.shape, k.shape, v.shape, enable_gqa)
-    L, S, E, Ev = plan.L, plan.S, plan.E, plan.Ev
+    L, S, E = plan.L, plan.S, plan.E
     batch_shape, group = plan.batch_shape, plan.group
     out_shape, weights_shape = plan.out_shape, plan.weights_shape
     shapes = f"query {q.shape}, key {k.shape}, value {v.shape}"

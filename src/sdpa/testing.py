@@ -780,8 +780,7 @@ def qkv_problems(max_len: int = 40, max_dim: int = 40, gqa: bool = True) -> "Sea
 
 
 def _draw_attention_call(draw: Callable[..., Any], regime: str, specials: bool) -> Dict[str, Any]:
-    from hypothesis import assume
-    from hypothesis import strategies as st
+    from hypothesis import assume, strategies as st
 
     choices = _Drawn(draw)
     seed = draw(st.integers(0, 2**32 - 1))

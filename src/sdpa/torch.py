@@ -322,7 +322,7 @@ def _with_fallback(previous: _TorchSDPA) -> _TorchSDPA:
 def _restore(depth: int) -> None:
     """Undo the patches above the first ``depth`` ones."""
     if len(_replaced) > depth:
-        setattr(torch.nn.functional, "scaled_dot_product_attention", _replaced[depth])
+        torch.nn.functional.scaled_dot_product_attention = _replaced[depth]
         del _replaced[depth:]
 
 
@@ -357,9 +357,9 @@ def patch(fallback: bool = False) -> _Patch:
     """
     F = torch.nn.functional
     depth = len(_replaced)
-    previous: _TorchSDPA = getattr(F, "scaled_dot_product_attention")
+    previous: _TorchSDPA = F.scaled_dot_product_attention
     _replaced.append(previous)
-    setattr(F, "scaled_dot_product_attention", _with_fallback(previous) if fallback else scaled_dot_product_attention)
+    F.scaled_dot_product_attention = _with_fallback(previous) if fallback else scaled_dot_product_attention
     return _Patch(depth)
 
 

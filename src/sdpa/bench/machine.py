@@ -13,8 +13,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from .. import __version__ as _sdpa_version
-from .. import config as _sdpa_config
+from .. import __version__ as _sdpa_version, config as _sdpa_config
 from . import peers
 from .shapes import MiB
 from .threads import BlasThreads, threads_text
