@@ -135,3 +135,38 @@ def test_decode_from_a_cache_view(rng):
     np.testing.assert_array_equal(got[0], got[2])
     expected = sdpa.reference.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     assert_close(got[0], expected, np.float32)
+
+
+@pytest.mark.parametrize("grow", [False, True])
+def test_concurrent_appends_keep_every_token(grow):
+    """Two Python threads appending to one cache: every token lands, whole (each
+    append's keys stay next to its values), and growth loses nothing."""
+    import threading
+
+    n, per_thread, E = 2, 300, 64
+    cache = sdpa.KVCache(1, 1, 0 if grow else n * per_thread, E, grow=grow)
+    barrier = threading.Barrier(n)
+
+    def work(tid):
+        barrier.wait()
+        for i in range(per_thread):
+            token = np.full((1, 1, 1, E), tid * 10_000 + i, np.float32)
+            cache.append(token, token)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(cache) == n * per_thread
+    keys, values = cache.keys[0, 0], cache.values[0, 0]
+    np.testing.assert_array_equal(keys, values)
+    assert np.all(keys == keys[:, :1])  # no token torn between two appends
+    assert sorted(keys[:, 0].tolist()) == sorted(t * 10_000 + i for t in range(n) for i in range(per_thread))
+
+
+def test_check_fits_names_the_mismatch():
+    cache = sdpa.KVCache(2, 4, 8, 16, head_dim_v=8)
+    cache.check_fits(2, 4, 16, 8)
+    with pytest.raises(ValueError, match=r"holds \(batch=2, num_kv_heads=4, head_dim=16, head_dim_v=8\)"):
+        cache.check_fits(2, 4, 16)
