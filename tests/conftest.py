@@ -5,6 +5,11 @@ Tolerances used when comparing against the float64 NumPy reference
 
     float32 results:  rtol = atol = 2e-5   (5e-5 when the head dim E >= 128)
     float64 results:  rtol = atol = 1e-12
+    float16 results:  rtol = atol = 1e-3   (float32 arithmetic, then one rounding
+                                            to float16: 2**-11 relative)
+    bfloat16 results: rtol = atol = 8e-3   (the same, 2**-8 relative)
+
+Weights and lse of 16-bit results are float32, the compute type.
 
 Every random input comes from a NumPy Generator seeded from the test's node id
 (the ``rng`` fixture), so each test sees the same data on every run; the
@@ -24,8 +29,10 @@ from hypothesis import HealthCheck, settings
 
 # The generators live in sdpa.testing; tests import them from there (these names
 # stay importable from conftest as well).
-from sdpa.testing import make_qkv, randn, result_dtype  # noqa: F401
+from sdpa.testing import compute_dtype, make_qkv, randn, result_dtype  # noqa: F401
 
+F16_TOL = 1e-3
+BF16_TOL = 8e-3
 F32_TOL = 2e-5
 F32_TOL_WIDE_E = 5e-5  # E >= 128: longer dot products accumulate more rounding
 F64_TOL = 1e-12
@@ -63,6 +70,10 @@ def tolerance(dtype, head_dim=None) -> float:
         return F64_TOL
     if dtype == np.float32:
         return F32_TOL_WIDE_E if head_dim is not None and head_dim >= 128 else F32_TOL
+    if dtype == np.float16:
+        return F16_TOL
+    if dtype.name == "bfloat16":
+        return BF16_TOL
     raise AssertionError(f"no tolerance defined for {dtype}")
 
 
@@ -125,9 +136,9 @@ def check_against_reference(
         return_weights=True,
         num_threads=num_threads,
     )
-    assert out_w.dtype == dtype and weights.dtype == dtype
+    assert out_w.dtype == dtype and weights.dtype == compute_dtype(dtype)
     assert_close(out_w, expected_out, dtype, head_dim=head_dim)
-    assert_close(weights, expected_weights, dtype, head_dim=head_dim)
+    assert_close(weights, expected_weights, compute_dtype(dtype), head_dim=head_dim)
     return out_w, weights
 
 

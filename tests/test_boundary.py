@@ -81,7 +81,8 @@ def test_fast_path_masks_lengths_and_out(rng):
 @pytest.mark.parametrize(
     "why, change",
     [
-        ("float16 converts", lambda a: dict(q=a["q"].astype(np.float16))),
+        ("int32 converts", lambda a: dict(q=a["q"].astype(np.int32))),
+        ("mixed key and value", lambda a: dict(v=a["v"].astype(np.float16))),
         ("mixed dtypes", lambda a: dict(k=a["k"].astype(np.float64))),
         ("a list", lambda a: dict(q=a["q"].tolist())),
         ("byte-swapped", lambda a: dict(v=a["v"].astype(a["v"].dtype.newbyteorder()))),

@@ -242,7 +242,7 @@ def test_num_threads_numpy_int(qkv):
 
 @pytest.mark.parametrize(
     "inputs,bad_dtype",
-    [("float64", np.float32), ("float32", np.float64), ("float16", np.float16), ("float64", np.int64),
+    [("float64", np.float32), ("float32", np.float64), ("float16", np.float32), ("float64", np.int64),
      ("float32", np.complex64)],
 )
 def test_out_with_wrong_dtype(rng, inputs, bad_dtype):
@@ -320,15 +320,15 @@ def test_out_overlapping_other_inputs(rng, which):
 def test_out_overlapping_converted_inputs(rng):
     """The caller's own arrays count, not only the converted copies the core reads."""
     buf = np.zeros((2, 3, 5, 8), np.float32)
-    q16 = buf.view(np.float16)[..., :4]  # float16 query living inside out's memory
+    q_swapped = buf.view(">f4")[..., :4]  # a big-endian query (converted) inside out's memory
     k, v = (randn(rng, (2, 3, 7, 4), np.float32) for _ in range(2))
-    q16[...] = randn(rng, q16.shape)
-    before = q16.copy()
+    q_swapped[...] = randn(rng, q_swapped.shape)
+    before = q_swapped.copy()
     with pytest.raises(ValueError, match="query"):
-        attention(q16, k, v, out=buf[..., :4])
-    np.testing.assert_array_equal(q16, before)
+        attention(q_swapped, k, v, out=buf[..., :4])
+    np.testing.assert_array_equal(q_swapped, before)
     q = randn(rng, (2, 3, 5, 4), np.float32)
-    mask16 = buf.view(np.float16)[..., :7]
+    mask16 = buf.view(np.float16)[..., :7]  # converted to float32 for the core
     with pytest.raises(ValueError, match="attn_mask"):
         attention(q, k, v, mask16, out=buf[..., :4])
 
@@ -455,7 +455,7 @@ def test_out_gets_zeros_where_nothing_is_seen(rng, dtype):
 
 def test_out_for_float16_inputs(rng):
     q, k, v = make_qkv(rng, batch=(2,), hq=2, L=9, S=5, E=8, dtype=np.float16)
-    out = np.empty((2, 2, 9, 8), np.float32)
+    out = np.empty((2, 2, 9, 8), np.float16)
     assert attention(q, k, v, out=out) is out
     np.testing.assert_array_equal(out, attention(q, k, v))
 

@@ -21,7 +21,18 @@ from . import _core
 
 MAX_BATCH_DIMS = _core.MAX_BATCH_DIMS
 
-_FLOAT32_KINDS = (np.dtype(np.float16), np.dtype(np.float32))
+_FLOAT32 = np.dtype(np.float32)
+_FLOAT64 = np.dtype(np.float64)
+
+
+def _is_bfloat16(dt: np.dtype[Any]) -> bool:
+    """ml_dtypes.bfloat16 (of either byte order), without importing ml_dtypes."""
+    return dt.kind == "V" and dt.itemsize == 2 and dt.name == "bfloat16"
+
+
+def _single_or_half(dt: np.dtype[Any]) -> bool:
+    """float32, float16 or bfloat16: the dtypes computed in float32."""
+    return (dt.kind == "f" and dt.itemsize in (2, 4)) or _is_bfloat16(dt)
 
 # numpy.exceptions appeared in NumPy 1.25; older releases have the class at the top level
 _TooHardError: Type[Exception] = getattr(np, "exceptions", np).TooHardError
@@ -71,6 +82,8 @@ def _to_array(x: Any, name: str) -> Array:
 def _check_real(a: Array, name: str) -> None:
     """Reject dtypes that cannot be converted to float32/float64 exactly."""
     dt = a.dtype
+    if _is_bfloat16(dt):
+        return
     if dt.kind == "f":
         if dt.itemsize > 8:
             raise TypeError(
@@ -89,16 +102,36 @@ def _check_real(a: Array, name: str) -> None:
         return
     raise TypeError(
         f"{name}: dtype {dt} is not supported; sdpa takes real numbers "
-        "(float32 and float64 natively; float16, bool and integers are converted)"
+        "(float32, float64, float16 and bfloat16 natively; bool and integers are converted to float64)"
     )
 
 
+def operand_dtypes(query: Any, key: Any, value: Any) -> Tuple[np.dtype[Any], np.dtype[Any]]:
+    """The dtypes the core reads the query (and writes the output) in, and the
+    key and value in, for operands of these dtypes: the promotion rule.
+
+    When every operand is float32, float16 or bfloat16 (either byte order), the
+    query keeps its dtype, which is the output's, and key and value theirs when
+    they share one (float32 otherwise); the arithmetic is float32.  Anything
+    else (a float64, bool or integer operand) makes everything float64.
+    """
+    q, k, v = (np.dtype(d) for d in (query, key, value))
+    if not all(_single_or_half(d) for d in (q, k, v)):
+        return _FLOAT64, _FLOAT64
+    kv = k.newbyteorder("=") if k.newbyteorder("=") == v.newbyteorder("=") else _FLOAT32
+    return q.newbyteorder("="), kv
+
+
 def result_dtype(*dtypes: Any) -> np.dtype[Any]:
-    """The dtype sdpa computes and returns for operands of these dtypes: float32
-    when every one is float16 or float32 (either byte order), float64 otherwise."""
-    if all(np.dtype(d).newbyteorder("=") in _FLOAT32_KINDS for d in dtypes):
-        return np.dtype(np.float32)
-    return np.dtype(np.float64)
+    """The dtype of the output for a query, key and value of these dtypes (see
+    :func:`operand_dtypes`): the query's, or float64."""
+    return operand_dtypes(*dtypes)[0]
+
+
+def compute_dtype(dtype: Any) -> np.dtype[Any]:
+    """What a problem whose output is ``dtype`` computes in, and returns weights
+    and lse in: float64 for float64, else float32."""
+    return _FLOAT64 if np.dtype(dtype) == _FLOAT64 else _FLOAT32
 
 
 def _as_operand(a: Array, dtype: np.dtype[Any]) -> Array:
@@ -497,8 +530,10 @@ def _attention_general(
         _check_real(a, name)
         if a.ndim < 2:
             raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {a.shape}")
-    dtype = result_dtype(q.dtype, k.dtype, v.dtype)
-    q, k, v = (_as_operand(a, dtype) for a in (q, k, v))
+    dtype, kv_dtype = operand_dtypes(q.dtype, k.dtype, v.dtype)  # dtype: the query's and the output's
+    cdtype = compute_dtype(dtype)  # of weights, lse and a float mask
+    q = _as_operand(q, dtype)
+    k, v = (_as_operand(a, kv_dtype) for a in (k, v))
 
     plan = plan_shapes(q.shape, k.shape, v.shape, enable_gqa)
     L, S, E = plan.L, plan.S, plan.E
@@ -526,9 +561,9 @@ def _attention_general(
         if m.dtype == np.bool_:
             if not m.flags.aligned:
                 m = np.array(m, order="C")
-        elif m.dtype.kind == "f":
+        elif m.dtype.kind == "f" or _is_bfloat16(m.dtype):
             _check_real(m, "attn_mask")
-            m = _as_operand(m, dtype)
+            m = _as_operand(m, cdtype)
         else:
             raise TypeError(
                 f"attn_mask: expected a bool mask (True = takes part) or a float mask (added to "
@@ -571,7 +606,7 @@ def _attention_general(
         if out.shape != out_shape:
             raise ValueError(f"out: expected shape {out_shape}, got {out.shape}; {shapes}")
         if out.dtype != dtype:
-            raise TypeError(f"out: expected dtype {dtype} (the inputs' dtype), got {out.dtype}")
+            raise TypeError(f"out: expected dtype {dtype} (the query's, after promotion), got {out.dtype}")
         if not out.flags.writeable:
             raise ValueError("out: the array is read-only")
         if not out.flags.aligned or any(s % out.itemsize for s in out.strides):
@@ -587,16 +622,16 @@ def _attention_general(
 
     weights: Optional[Array] = None
     if return_weights:
-        nbytes = math.prod(weights_shape) * dtype.itemsize
+        nbytes = math.prod(weights_shape) * cdtype.itemsize
         total = _physical_memory_bytes()
         if total is not None and nbytes > total:
             raise MemoryError(
                 f"return_weights: the weights {weights_shape} need {nbytes / 2**30:.1f} GiB, "
                 f"more than this machine's {total / 2**30:.1f} GiB of memory"
             )
-        weights = np.empty(weights_shape, dtype=dtype)
+        weights = np.empty(weights_shape, dtype=cdtype)
 
-    lse = np.empty(out_shape[:-1], dtype=dtype) if return_lse else None
+    lse = np.empty(out_shape[:-1], dtype=cdtype) if return_lse else None
 
     if result.size or (weights is not None and weights.size) or (lse is not None and lse.size):
         _core.run(

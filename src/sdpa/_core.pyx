@@ -26,6 +26,9 @@ import threading
 
 cnp.import_array()
 
+cdef extern from "numpy/ndarraytypes.h":
+    enum: NPY_USERDEF  # the first type number of dtypes registered by other packages
+
 cdef extern from "sdpa.h" nogil:
     ctypedef enum sdpa_status:
         SDPA_OK
@@ -35,6 +38,8 @@ cdef extern from "sdpa.h" nogil:
     ctypedef enum sdpa_dtype:
         SDPA_FLOAT32
         SDPA_FLOAT64
+        SDPA_BFLOAT16
+        SDPA_FLOAT16
     ctypedef enum sdpa_mask_kind:
         SDPA_MASK_NONE
         SDPA_MASK_BOOL
@@ -49,6 +54,7 @@ cdef extern from "sdpa.h" nogil:
         int64_t col_stride
     ctypedef struct sdpa_problem:
         sdpa_dtype dtype
+        sdpa_dtype kv_dtype
         int32_t num_batch_dims
         int64_t batch_shape[SDPA_MAX_BATCH_DIMS]
         int64_t num_heads
@@ -222,8 +228,24 @@ cdef int _poll_signals(void *user_data) noexcept nogil:
         return 0
 
 
-cdef int _dtype_of(cnp.ndarray a) noexcept:
-    """The core's dtype of a native, aligned float array; -1 for anything else."""
+# NumPy's type number of ml_dtypes.bfloat16, found when a bfloat16 array first
+# comes (its module is imported by then); -1 before.
+cdef int _bf16_typenum = -1
+
+
+cdef int _find_bf16_typenum() except -2:
+    global _bf16_typenum
+    import sys
+    ml_dtypes = sys.modules.get("ml_dtypes")
+    if ml_dtypes is not None:
+        import numpy
+        _bf16_typenum = numpy.dtype(ml_dtypes.bfloat16).num
+    return _bf16_typenum
+
+
+cdef int _dtype_of(cnp.ndarray a) except -2:
+    """The core's dtype of a native, aligned float32, float64, float16 or
+    bfloat16 array; -1 for anything else."""
     if not cnp.PyArray_ISNOTSWAPPED(a) or not cnp.PyArray_ISALIGNED(a):
         return -1
     cdef int t = cnp.PyArray_TYPE(a)
@@ -231,7 +253,33 @@ cdef int _dtype_of(cnp.ndarray a) noexcept:
         return SDPA_FLOAT32
     if t == cnp.NPY_FLOAT64:
         return SDPA_FLOAT64
+    if t == cnp.NPY_FLOAT16:
+        return SDPA_FLOAT16
+    if t >= NPY_USERDEF and t == (_bf16_typenum if _bf16_typenum >= 0 else _find_bf16_typenum()):
+        return SDPA_BFLOAT16
     return -1
+
+
+cdef inline int _compute_dtype(int dt) noexcept:
+    """float64 problems compute in float64, all others in float32."""
+    return SDPA_FLOAT64 if dt == SDPA_FLOAT64 else SDPA_FLOAT32
+
+
+cdef inline bint _pairs(int qdt, int kvdt) noexcept:
+    """Whether a query of qdt may attend keys and values of kvdt."""
+    if qdt < 0 or kvdt < 0:
+        return False
+    return (qdt == SDPA_FLOAT64) == (kvdt == SDPA_FLOAT64)
+
+
+cdef inline int _typenum_of(int dt) noexcept:
+    if dt == SDPA_FLOAT64:
+        return cnp.NPY_FLOAT64
+    if dt == SDPA_FLOAT16:
+        return cnp.NPY_FLOAT16
+    if dt == SDPA_BFLOAT16:
+        return _bf16_typenum
+    return cnp.NPY_FLOAT32
 
 
 cdef int _fill_view(sdpa_view *view, cnp.ndarray a, int nb, int ncore, const int64_t *expect,
@@ -342,23 +390,29 @@ def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
         cnp.ndarray lse=None, cnp.ndarray key_lengths=None, double scale=1.0,
         bint causal=False, int64_t causal_offset=0, int64_t group=1, int num_threads=0):
     """Computes attention into `out` (and `weights`, `lse`) from arrays prepared by
-    sdpa._api: q, k, v, out (and weights, lse) of one native float dtype, aligned;
-    a bool mask or one of that dtype; int64 key_lengths.  The problem's sizes are
-    read from out (batch..., heads, L, Ev; 2-D: one head), q (E) and k (S)."""
+    sdpa._api, native and aligned: q and out of one dtype (float32, float64,
+    float16 or bfloat16), k and v of one (float64 with float64 only), weights,
+    lse and a float mask of the compute type (float64 for float64, else
+    float32), or a bool mask; int64 key_lengths.  The problem's sizes are read
+    from out (batch..., heads, L, Ev; 2-D: one head), q (E) and k (S)."""
     cdef sdpa_problem p
     cdef int64_t ex[MAX_DIMS]
     cdef int nd = cnp.PyArray_NDIM(out), nb, i
     cdef cnp.npy_intp *os = cnp.PyArray_DIMS(out)
-    cdef int dt = _dtype_of(q)
+    cdef int dt = _dtype_of(q), kvdt = _dtype_of(k), cdt = _compute_dtype(dt)
     sdpa_problem_init(&p)
     if nd < 2 or nd > MAX_DIMS or cnp.PyArray_NDIM(q) < 2 or cnp.PyArray_NDIM(k) < 2 or dt < 0 \
             or group < 1:
         raise ValueError("sdpa._core.run: operands that do not describe a problem")
-    for a in (k, v, out, weights, lse):
-        if a is not None and _dtype_of(a) != dt:
-            raise TypeError("sdpa._core.run: operands of different dtypes")
+    if not _pairs(dt, kvdt) or _dtype_of(v) != kvdt or _dtype_of(out) != dt:
+        raise TypeError("sdpa._core.run: operands of dtypes that do not go together")
+    for a in (weights, lse):
+        if a is not None and _dtype_of(a) != cdt:
+            raise TypeError("sdpa._core.run: weights and lse must be of the compute type")
     nb = nd - 3 if nd >= 3 else 0
     p.dtype = <sdpa_dtype>dt
+    if kvdt != dt:
+        p.kv_dtype = <sdpa_dtype>kvdt
     p.num_batch_dims = nb
     for i in range(nb):
         p.batch_shape[i] = os[i]
@@ -383,10 +437,10 @@ def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
     if mask is not None:
         if cnp.PyArray_TYPE(mask) == cnp.NPY_BOOL:
             p.mask_kind = SDPA_MASK_BOOL
-        elif _dtype_of(mask) == dt:
+        elif _dtype_of(mask) == cdt:
             p.mask_kind = SDPA_MASK_ADDITIVE
         else:
-            raise TypeError("sdpa._core.run: a mask of another dtype")
+            raise TypeError("sdpa._core.run: a float mask must be of the compute type")
         bad |= _fill_view(&p.mask, mask, nb, 3, ex, False)
     if weights is not None:
         bad |= _fill_view(&p.weights, weights, nb, 3, ex, True)
@@ -483,7 +537,7 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
     cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None
     cdef cnp.npy_intp *shapes[3]
     cdef int nds[3]
-    cdef int nd, nb, mn, i, j, t, dt
+    cdef int nd, nb, mn, i, j, t, dt, kvdt
     cdef int64_t hq, hk, hv, hkv, heads, group, L, S, E, Ev, size, n
     cdef int64_t ex[MAX_DIMS]
     cdef cnp.npy_intp dims[MAX_DIMS]
@@ -500,7 +554,8 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
             and _dims(v, &nds[2], &shapes[2])):
         return None
     dt = _dtype_of(q)
-    if dt < 0 or _dtype_of(k) != dt or _dtype_of(v) != dt:
+    kvdt = _dtype_of(k)
+    if not _pairs(dt, kvdt) or _dtype_of(v) != kvdt:
         return None
 
     # the sizes, worked out as sdpa._api.plan_shapes does
@@ -545,6 +600,8 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
                     return None
         p.batch_shape[i] = size
     p.dtype = <sdpa_dtype>dt
+    if kvdt != dt:
+        p.kv_dtype = <sdpa_dtype>kvdt
     p.num_heads = heads
     p.gqa_group = group
     p.len_q = L
@@ -591,7 +648,7 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
         m = <cnp.ndarray>attn_mask
         if cnp.PyArray_TYPE(m) == cnp.NPY_BOOL and cnp.PyArray_ISALIGNED(m):
             p.mask_kind = SDPA_MASK_BOOL
-        elif _dtype_of(m) == dt:
+        elif _dtype_of(m) == _compute_dtype(dt):
             p.mask_kind = SDPA_MASK_ADDITIVE
         else:
             return None
@@ -617,7 +674,7 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
     dims[mn - 2] = L
     dims[mn - 1] = Ev
     if out is None:
-        o = cnp.PyArray_EMPTY(mn, dims, cnp.PyArray_TYPE(q), 0)
+        o = cnp.PyArray_EMPTY(mn, dims, cnp.PyArray_TYPE(q), 0)  # the query's dtype
     else:
         if not cnp.PyArray_CheckExact(out):
             return None
@@ -631,7 +688,7 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
     if _fill_view(&p.out, o, nb, 3, ex, True):
         return None
     if return_lse is True:
-        lse = cnp.PyArray_EMPTY(mn - 1, dims, cnp.PyArray_TYPE(q), 0)
+        lse = cnp.PyArray_EMPTY(mn - 1, dims, _typenum_of(_compute_dtype(dt)), 0)
         if _fill_view(&p.lse, lse, nb, 2, ex, True):
             return None
     elif return_lse is not False:

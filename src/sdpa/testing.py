@@ -50,6 +50,7 @@ __all__ = [
     "make_qkv",
     "random_mask",
     "result_dtype",
+    "compute_dtype",
     "Choices",
     "RandomChoices",
     "FLOAT_DTYPES",
@@ -137,14 +138,24 @@ def random_mask(
     return np.where(keep, values, -np.inf).astype(dtype)
 
 
-def result_dtype(*arrays: Any) -> np.dtype:
-    """The documented compute dtype of operands like these: float32 when every
-    one is float16 or float32 (either byte order), float64 for everything else
-    (float64, integers, bool, Python lists of numbers)."""
-    kinds = {np.dtype(np.float16), np.dtype(np.float32)}
-    if all(np.asarray(a).dtype.newbyteorder("=") in kinds for a in arrays):
-        return np.dtype(np.float32)
+def _single_or_half(dt: np.dtype) -> bool:
+    return dt.newbyteorder("=") in (np.dtype(np.float16), np.dtype(np.float32)) or dt.name == "bfloat16"
+
+
+def result_dtype(query: Any, key: Any, value: Any) -> np.dtype:
+    """The documented output dtype for a query, key and value like these: the
+    query's own dtype (native byte order) when every one is float32, float16 or
+    bfloat16, else float64 (float64, integers, bool, Python lists of numbers)."""
+    dts = [np.asarray(a).dtype for a in (query, key, value)]
+    if all(_single_or_half(d) for d in dts):
+        return dts[0].newbyteorder("=")
     return np.dtype(np.float64)
+
+
+def compute_dtype(dtype: npt.DTypeLike) -> np.dtype:
+    """What a problem with this output dtype computes in, and returns weights
+    and lse in: float64 for float64, float32 for everything else."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
 # --------------------------------------------------------------------------- decisions
@@ -393,14 +404,18 @@ def assert_matches_reference(
       fair requirement left is the one every softmax average meets: each output
       lies within the range of the V values of the keys the row sees.
 
-    The result dtype (which sets eps) is that of ``out``.
+    The compute dtype (which sets eps and the range) follows from that of ``out``:
+    float64, or float32 for every other output; a 16-bit output adds its own
+    rounding, half an ulp of each value.
     """
     got = np.asarray(out)
-    cd = np.dtype(got.dtype)
+    cd = compute_dtype(got.dtype)
+    out_eps = {"float16": 2.0**-11, "bfloat16": 2.0**-8}.get(np.dtype(got.dtype).name, 0.0)
     if got.size == 0:
         return
     with np.errstate(all="ignore"):
-        _check_rows(got, weights, query, key, value, attn_mask, is_causal, scale, enable_gqa, key_lengths, cd)
+        _check_rows(got, weights, query, key, value, attn_mask, is_causal, scale, enable_gqa, key_lengths, cd,
+                    out_eps)
 
 
 def _heads(shape: Sequence[int]) -> int:
@@ -469,12 +484,14 @@ def _check_rows(
     enable_gqa: bool,
     key_lengths: Optional[npt.ArrayLike],
     cd: np.dtype,
+    out_eps: float,
 ) -> None:
     fi = np.finfo(cd)
     q, k, v, m, lengths = _expand(got.shape, query, key, value, attn_mask, enable_gqa, key_lengths)
     N, H, L, E = q.shape
     S, Ev = k.shape[-2], v.shape[-1]
-    tol = dict(eps=float(fi.eps), big=float(fi.max), sub=float(fi.smallest_subnormal), S=S, E=E)
+    tol = dict(eps=float(fi.eps), big=float(fi.max), sub=float(fi.smallest_subnormal), S=S, E=E,
+               out_eps=out_eps)
     out = got.astype(np.float64).reshape((N, H, L, Ev))
     w = None if weights is None else np.asarray(weights, dtype=np.float64).reshape((N, H, L, S))
     s = scale if scale is not None else (1.0 / math.sqrt(E) if E > 0 else 1.0)
@@ -556,6 +573,7 @@ def _check_clean(
     sub: float,
     S: int,
     E: int,
+    out_eps: float = 0.0,
 ) -> bool:
     """The checks of :func:`_check_row` for every row at once, where they come
     down to closeness: finite inputs (a mask may hold -inf) that no row has to be
@@ -610,7 +628,7 @@ def _check_clean(
     bad = rows & ~np.isfinite(out).all(axis=-1)
     assert not bad.any(), first(bad, "finite values expected")
     rounding = 16 * eps * (S + E + 8)
-    tol = (np.expm1(2 * d)[..., None] + rounding) * vmax + 8 * (S + 1) * sub
+    tol = (np.expm1(2 * d)[..., None] + rounding) * vmax + 8 * (S + 1) * sub + out_eps * np.abs(exp_out)
     err = np.abs(out - exp_out)
     bad = rows & (err > tol).any(axis=-1)
     assert not bad.any(), first(bad, f"error above the tolerance: {err[bad][0]} > {tol[bad][0]}")
@@ -643,6 +661,7 @@ def _check_row(
     sub: float,
     S: int,
     E: int,
+    out_eps: float = 0.0,
 ) -> None:
     # V entries the row may or may not multiply by a zero weight: above its
     # causal limit, before the key length
@@ -673,7 +692,7 @@ def _check_row(
     rounding = 16 * eps * (S + E + 8)
     vmax = np.max(np.where(np.isfinite(v[:j]), np.abs(v[:j]), 0), axis=0, initial=0.0)
     if d <= 0.05:
-        tol = (np.expm1(2 * d) + rounding) * vmax + 8 * (S + 1) * sub
+        tol = (np.expm1(2 * d) + rounding) * vmax + 8 * (S + 1) * sub + out_eps * np.abs(exp_out)
         err = np.abs(got - exp_out)
         close = (err <= tol) | (may & ~np.isfinite(got))
         assert close[finite].all(), (
@@ -691,7 +710,7 @@ def _check_row(
         cols = finite & ~may
         vs = v[:j][seen]
         lo, hi = vs.min(axis=0), vs.max(axis=0)
-        slack = rounding * np.maximum(np.abs(lo), np.abs(hi)) + 8 * (S + 1) * sub
+        slack = (rounding + out_eps) * np.maximum(np.abs(lo), np.abs(hi)) + 8 * (S + 1) * sub
         inside = (got >= lo - slack) & (got <= hi + slack)
         assert inside[cols].all(), f"{where}: {got} outside [{lo}, {hi}]"
         if got_w is not None:
