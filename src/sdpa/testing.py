@@ -71,8 +71,15 @@ __all__ = [
 T = TypeVar("T")
 Shape = Tuple[int, ...]
 
-#: Float dtypes sdpa takes (non-native byte order included).
+#: Float dtypes sdpa takes (non-native byte order included); bfloat16 too when
+#: ml_dtypes is installed (importing it registers the dtype with NumPy).
 FLOAT_DTYPES = ["float32", "float64", "float16", ">f4", ">f8"]
+try:
+    import ml_dtypes as _ml_dtypes
+
+    FLOAT_DTYPES.append("bfloat16")
+except ImportError:  # pragma: no cover - bfloat16 is then not drawn
+    _ml_dtypes = None
 #: Other dtypes sdpa converts (to float64).
 OTHER_DTYPES = ["int8", "int32", "int64", "uint8", "bool"]
 #: The kinds of special value :func:`special_value` makes.
@@ -226,7 +233,10 @@ def special_value(kind: str, dtype: npt.DTypeLike, rng: np.random.Generator, rol
     multiple of the dtype's smallest subnormal.
     """
     dtype = np.dtype(dtype)
-    fi = np.finfo(dtype if dtype.itemsize >= 2 else np.float32)
+    if dtype.name == "bfloat16" and _ml_dtypes is not None:
+        fi: Any = _ml_dtypes.finfo(dtype)
+    else:
+        fi = np.finfo(dtype if dtype.itemsize >= 2 else np.float32)
     wide = dtype.itemsize == 8
     if kind == "nan":
         return np.nan
