@@ -74,6 +74,7 @@ Shape = Tuple[int, ...]
 #: Float dtypes sdpa takes (non-native byte order included); bfloat16 too when
 #: ml_dtypes is installed (importing it registers the dtype with NumPy).
 FLOAT_DTYPES = ["float32", "float64", "float16", ">f4", ">f8"]
+_ml_dtypes: Any
 try:
     import ml_dtypes as _ml_dtypes
 
