@@ -161,10 +161,18 @@ def test_torch_tensor_inputs_are_not_modified():
         assert torch.equal(t, b)
 
 
-def test_bfloat16_tensors_are_rejected():
-    q = torch.ones(2, 4, 8, dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match="query"):
-        attention(q, q.float(), q.float())
+def test_bfloat16_tensors_are_read_in_place():
+    """torch's bfloat16 memory, seen as ml_dtypes' bfloat16 (NumPy has none of its own)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 4, 9, 8, generator=gen).bfloat16()
+    k = torch.randn(2, 4, 11, 8, generator=gen).bfloat16()
+    out = attention(q, k, k)
+    assert out.dtype == ml_dtypes.bfloat16
+    as_np = [t.view(torch.int16).numpy().view(ml_dtypes.bfloat16) for t in (q, k)]
+    np.testing.assert_array_equal(out.view(np.int16), attention(as_np[0], as_np[1], as_np[1]).view(np.int16))
+    mixed = attention(q.float(), k, k)  # a float32 query against bfloat16 keys and values
+    assert mixed.dtype == np.float32
 
 
 def test_torch_tensor_is_not_an_out():

@@ -145,10 +145,10 @@ def test_requires_grad_is_refused():
     assert_close(out.numpy(), TORCH_SDPA(q.detach(), k, v).numpy(), np.float32, scale=2)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.complex64, torch.uint8])
 def test_other_dtypes_are_refused(dtype):
     q = torch.ones(2, 4, 8, dtype=dtype)
-    with pytest.raises(TypeError, match="query: expected float32 or float64"):
+    with pytest.raises(TypeError, match="query: expected float32, float64, bfloat16 or float16"):
         st.scaled_dot_product_attention(q, q, q)
 
 
@@ -156,8 +156,46 @@ def test_mixed_dtypes_are_refused():
     q = torch.ones(2, 4, 8)
     with pytest.raises(TypeError, match="same dtype"):
         st.scaled_dot_product_attention(q, q.double(), q)
+    with pytest.raises(TypeError, match="same dtype"):
+        st.scaled_dot_product_attention(q, q.half(), q.bfloat16())  # key and value differ
     with pytest.raises(TypeError, match="attn_mask"):
-        st.scaled_dot_product_attention(q, q, q, torch.zeros(4, 4, dtype=torch.float64))
+        st.scaled_dot_product_attention(q, q, q, torch.zeros(4, 4, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("path", ["eager", "op"])
+def test_16bit_tensors_are_computed_natively(dtype, path):
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 8, 33, 64, generator=gen).to(dtype)
+    k = torch.randn(2, 2, 70, 64, generator=gen).to(dtype)
+    v = torch.randn(2, 2, 70, 64, generator=gen).to(dtype)
+    mask = torch.rand(8, 33, 70, generator=gen) < 0.8
+    mask[..., 0] = True
+    run = st.scaled_dot_product_attention if path == "eager" else st.attention_op
+    with torch.no_grad():
+        out = run(q, k, v, mask, 0.0, False, None, True) if path == "eager" else run(q, k, v, mask, False, None, True)
+        theirs = TORCH_SDPA(q, k, v, attn_mask=mask, enable_gqa=True)
+        exact = TORCH_SDPA(q.double(), k.double(), v.double(), attn_mask=mask, enable_gqa=True)
+    assert out.dtype == dtype and out.shape == theirs.shape
+    ours_err = (out.double() - exact).abs().max().item()
+    their_err = (theirs.double() - exact).abs().max().item()
+    assert ours_err <= 1.5 * their_err + 1e-6
+    # the same bits as the NumPy function on the same memory
+    np.testing.assert_array_equal(
+        out.view(torch.int16).numpy(),
+        np.asarray(sdpa.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)).view(np.int16),
+    )
+
+
+def test_float32_query_against_a_bfloat16_cache():
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 8, 1, 64, generator=gen)
+    k, v = (torch.randn(1, 2, 300, 64, generator=gen).bfloat16() for _ in range(2))
+    with torch.no_grad():
+        out = st.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        exact = TORCH_SDPA(q.double(), k.double(), v.double(), enable_gqa=True)
+    assert out.dtype == torch.float32
+    assert (out.double() - exact).abs().max().item() < 1e-5
 
 
 def test_non_tensor_is_refused():
@@ -330,11 +368,11 @@ def test_fallback(model_and_input, monkeypatch):
             model(x)
         assert len(calls) == 2
         q = torch.randn(2, 4, 8, dtype=torch.float16)
-        out = F.scaled_dot_product_attention(q, q, q)  # float16: torch's own
-        assert out.dtype == torch.float16 and len(calls) == 2
+        out = F.scaled_dot_product_attention(q, q, q)  # grad enabled but not required: sdpa
+        assert out.dtype == torch.float16 and len(calls) == 3
         with torch.no_grad():
-            F.scaled_dot_product_attention(q.float(), q.float(), q.float(), dropout_p=0.5)
-        assert len(calls) == 2
+            F.scaled_dot_product_attention(q.float(), q.float(), q.float(), dropout_p=0.5)  # torch's own
+        assert len(calls) == 3
 
 
 # --------------------------------------------------------------------------- layers from modules
@@ -382,3 +420,33 @@ def test_layer_from_module_rejects_unsupported_modules(convert):
         CONVERTERS[convert](nn.MultiheadAttention(8, 2, add_zero_attn=True))
     with pytest.raises(ValueError, match="kdim"):
         CONVERTERS[convert](nn.MultiheadAttention(8, 2, kdim=4, vdim=4))
+
+
+# --------------------------------------------------------------------------- a 16-bit model
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_16bit_transformers_model_runs_on_sdpa(dtype):
+    """A bfloat16 / float16 Llama under patch() (no fallback): every attention call
+    reaches sdpa's core in the model's dtype, and the logits match torch's own."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(dtype).eval()
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(ids).logits.float()
+    seen = []
+    _core.set_observer(lambda handed: seen.append(handed["q"].dtype))
+    try:
+        with torch.no_grad(), st.patch():
+            got = model(ids).logits.float()
+            generated = model.generate(ids[:1], max_new_tokens=4, do_sample=False)
+    finally:
+        _core.set_observer(None)
+    assert seen and all(d.itemsize == 2 for d in seen)  # 16-bit all the way
+    assert generated.shape == (1, 16)
+    tol = 0.05 if dtype == torch.bfloat16 else 0.01
+    assert (got - expected).abs().max().item() < tol * max(1.0, expected.abs().max().item())

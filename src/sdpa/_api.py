@@ -66,6 +66,18 @@ def _to_array(x: Any, name: str) -> Array:
     """
     if isinstance(x, np.ndarray):
         return x
+    if str(getattr(x, "dtype", "")) == "torch.bfloat16" and hasattr(x, "view"):
+        # NumPy has no bfloat16 of its own: the same memory as ml_dtypes' bfloat16
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(f"{name}: a bfloat16 tensor needs ml_dtypes (pip install ml_dtypes)") from None
+        import torch
+
+        try:
+            return np.asarray(x.view(torch.int16)).view(ml_dtypes.bfloat16)
+        except Exception as exc:  # noqa: BLE001
+            raise TypeError(f"{name}: cannot read the bfloat16 tensor ({exc})") from None
     if not hasattr(x, "__array__") and hasattr(x, "__dlpack__"):
         try:
             return np.from_dlpack(x)

@@ -15,10 +15,11 @@ torch's own function, so that an eager model calling
     with sdpa.torch.patch(), torch.inference_mode():
         y = model(x)
 
-Limits: CPU tensors of float32 or float64 (query, key and value of one dtype); no
-dropout (``dropout_p`` must be 0); no autograd (call it under ``torch.no_grad()`` or
-``torch.inference_mode()``, or on tensors that do not require grad).  A query row
-that can see no key gives zeros, where torch gives NaN.
+Limits: CPU tensors of float32, float64, bfloat16 or float16 (bfloat16 needs
+ml_dtypes, NumPy's bfloat16 dtype); no dropout (``dropout_p`` must be 0); no
+autograd (call it under ``torch.no_grad()`` or ``torch.inference_mode()``, or on
+tensors that do not require grad).  A query row that can see no key gives zeros,
+as torch >= 2.5 does.
 
 Importing this module imports torch; ``import sdpa`` alone does not.
 """
@@ -47,7 +48,8 @@ __all__ = [
     "layer_from_module",
 ]
 
-_DTYPES = (torch.float32, torch.float64)
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+_SINGLE_OR_HALF = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _check_tensors(
@@ -63,23 +65,49 @@ def _check_tensors(
             raise ValueError(f"{name}: sdpa runs on the CPU; got a tensor on {t.device}")
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
         if t.dtype not in _DTYPES:
-            raise TypeError(f"{name}: expected float32 or float64, got {t.dtype}")
-    if not query.dtype == key.dtype == value.dtype:
+            raise TypeError(f"{name}: expected float32, float64, bfloat16 or float16, got {t.dtype}")
+    same = query.dtype == key.dtype == value.dtype
+    # beyond torch: a float32 or 16-bit query may attend 16-bit or float32 keys and values
+    mixed = key.dtype == value.dtype and all(t.dtype in _SINGLE_OR_HALF for t in (query, key, value))
+    if not (same or mixed):
         raise TypeError(
-            "query, key and value must have the same dtype; got "
-            f"{query.dtype}, {key.dtype} and {value.dtype}"
+            "query, key and value must have the same dtype (or be float32/bfloat16/float16, key "
+            f"and value alike); got {query.dtype}, {key.dtype} and {value.dtype}"
         )
-    if attn_mask is not None and attn_mask.dtype not in (torch.bool, query.dtype):
-        raise TypeError(
-            f"attn_mask: expected a bool mask or a {query.dtype} mask like the query, "
-            f"got {attn_mask.dtype}"
-        )
+    if attn_mask is not None and attn_mask.dtype not in (torch.bool,) + _DTYPES:
+        raise TypeError(f"attn_mask: expected a bool mask or a float mask, got {attn_mask.dtype}")
     return query.dtype
 
 
+_bfloat16: Any = None  # ml_dtypes.bfloat16, once a bfloat16 tensor has come
+
+
+def _numpy_bfloat16() -> Any:
+    global _bfloat16
+    if _bfloat16 is None:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(
+                "bfloat16 tensors need ml_dtypes (NumPy's bfloat16 dtype): pip install ml_dtypes"
+            ) from None
+        _bfloat16 = np.dtype(ml_dtypes.bfloat16)
+    return _bfloat16
+
+
 def _as_numpy(t: Tensor) -> Any:
-    # detach(): the data without the autograd history, same memory; numpy(): no copy
+    """The tensor's memory as a NumPy array, no copy (bfloat16 as ml_dtypes'
+    bfloat16); detach(): the data without the autograd history."""
+    if t.dtype == torch.bfloat16:
+        return t.detach().view(torch.int16).numpy().view(_numpy_bfloat16())
     return t.detach().numpy()
+
+
+def _as_tensor(a: np.ndarray) -> Tensor:
+    """A NumPy result as a tensor over the same memory."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 @torch.library.custom_op("sdpa::attention", mutates_args=())
@@ -104,7 +132,7 @@ def attention_op(
         scale,
         enable_gqa,
     )
-    return torch.from_numpy(out)
+    return _as_tensor(out)
 
 
 @attention_op.register_fake
@@ -138,10 +166,13 @@ def scaled_dot_product_attention(
     ----------
     query, key, value : torch.Tensor
         CPU tensors (..., Hq, L, E), (..., Hkv, S, E), (..., Hkv, S, Ev), all
-        float32 or all float64; any strides.  Batch dims broadcast.
+        float64, or float32 / bfloat16 / float16 (key and value of one dtype,
+        which may differ from the query's: a 16-bit cache); any strides.  Batch
+        dims broadcast.  16-bit tensors are computed natively (float32
+        arithmetic, the output rounded once).
     attn_mask : torch.Tensor, optional
-        bool (True takes part) or of the query's dtype (added to the scores),
-        broadcastable to (..., Hq, L, S).
+        bool (True takes part) or float (added to the scores), broadcastable to
+        (..., Hq, L, S).
     dropout_p : float
         Must be 0.0: sdpa has no dropout.
     is_causal : bool
@@ -153,7 +184,7 @@ def scaled_dot_product_attention(
 
     Returns
     -------
-    torch.Tensor, (..., Hq, L, Ev), of the inputs' dtype; a new, contiguous tensor.
+    torch.Tensor, (..., Hq, L, Ev), of the query's dtype; a new, contiguous tensor.
 
     Raises
     ------
@@ -180,19 +211,20 @@ def scaled_dot_product_attention(
         # more than the attention of a decoding step); what it declines goes on
         # to the operator, whose checks explain the problem
         try:
-            arrays = [query.numpy(), key.numpy(), value.numpy(), None if attn_mask is None else attn_mask.numpy()]
+            arrays = [_as_numpy(query), _as_numpy(key), _as_numpy(value),
+                      None if attn_mask is None else _as_numpy(attn_mask)]
         except RuntimeError:  # a tensor numpy() cannot expose (negative bit, no storage)
             arrays = None
         if arrays is not None:
             q, k, v, m = arrays
             result = _core.try_attention(q, k, v, m, is_causal, scale, enable_gqa, False, False, None, None, None)
             if isinstance(result, np.ndarray):
-                return torch.from_numpy(result)
+                return _as_tensor(result)
     out: Tensor = attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     return out
 
 
-_EAGER_DTYPES = (torch.float32, torch.float64)
+_EAGER_DTYPES = _DTYPES
 
 
 def _plain_eager(query: Any, key: Any, value: Any, attn_mask: Any) -> bool:
