@@ -170,3 +170,28 @@ def test_check_fits_names_the_mismatch():
     cache.check_fits(2, 4, 16, 8)
     with pytest.raises(ValueError, match=r"holds \(batch=2, num_kv_heads=4, head_dim=16, head_dim_v=8\)"):
         cache.check_fits(2, 4, 16)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_cache_stores_16_bits_and_is_read_in_place(rng, dtype):
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    cache = sdpa.KVCache(1, 2, 64, 32, dtype=dtype)
+    assert cache.dtype == np.dtype(dtype) and cache.nbytes == 2 * 2 * 64 * 32 * 2
+    k = rng.standard_normal((1, 2, 40, 32)).astype(np.float32)  # converted on append
+    v = rng.standard_normal((1, 2, 40, 32)).astype(np.float32)
+    keys, values = cache.append(k, v)
+    assert keys.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(keys.astype(np.float32), k.astype(dtype).astype(np.float32))
+    q = rng.standard_normal((1, 8, 1, 32)).astype(np.float32)
+    out = sdpa.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+    assert out.dtype == np.float32  # a float32 query against the 16-bit cache
+    exp = sdpa.reference.scaled_dot_product_attention(
+        q, keys.astype(np.float64), values.astype(np.float64), enable_gqa=True)
+    assert_close(out, exp, np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.complex64, "U3"])
+def test_cache_dtype_must_be_a_float(dtype):
+    with pytest.raises(TypeError, match="dtype"):
+        sdpa.KVCache(1, 1, 4, 4, dtype=dtype)

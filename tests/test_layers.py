@@ -134,3 +134,22 @@ def test_example_decoder_runs():
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "tokens/s" in proc.stdout and "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16bit_layer_end_to_end(rng, dtype):
+    """Weights, activations, attention and cache in 16 bits; the cached decode
+    agrees with one pass, and both with the float64 layer on the same weights."""
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    layer = sdpa.MultiHeadAttention(64, 8, 2, dtype=dtype, rng=rng)
+    assert layer.w_q.dtype == np.dtype(dtype)
+    x = rng.standard_normal((2, 12, 64)).astype(np.float32)
+    full = layer(x)
+    cache = layer.new_cache(batch=2, capacity=12)
+    assert cache.dtype == np.dtype(dtype)
+    steps = np.concatenate([layer(x[:, :5], cache)] + [layer(x[:, t : t + 1], cache) for t in range(5, 12)], axis=1)
+    assert full.dtype == steps.dtype == np.dtype(dtype)
+    tol = 2e-3 if np.dtype(dtype) == np.float16 else 2e-2
+    np.testing.assert_allclose(steps.astype(np.float64), full.astype(np.float64), rtol=tol, atol=tol)
+    np.testing.assert_allclose(full.astype(np.float64), reference_layer(layer, x, True), rtol=tol, atol=tol)

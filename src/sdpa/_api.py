@@ -205,6 +205,18 @@ def count(value: object, name: str, minimum: int = 0) -> int:
     return int(value)
 
 
+def float_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
+    """A storage dtype: float16, bfloat16, float32 or float64 (TypeError naming
+    ``name`` otherwise).  The one check of the dtypes of caches and layers."""
+    try:
+        dt: np.dtype[Any] = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name}: expected a floating point dtype, got {dtype!r}") from None
+    if not (dt.kind == "f" and dt.itemsize <= 8) and not _is_bfloat16(dt):
+        raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {dt}")
+    return dt.newbyteorder("=")
+
+
 def thread_count(num_threads: object, name: str = "num_threads") -> Optional[int]:
     """None, or a thread count >= 1 (counts above 65536 are taken as 65536; the
     core then uses at most ``sdpa.config()["max_threads"]``)."""

@@ -6,7 +6,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ._api import count, result_dtype, scaled_dot_product_attention
+from ._api import compute_dtype, count, float_dtype, result_dtype, scaled_dot_product_attention
 from .kvcache import KVCache
 
 __all__ = ["MultiHeadAttention"]
@@ -41,7 +41,11 @@ class MultiHeadAttention:
     bias : bool, default True
         Give every projection a bias.
     dtype : numpy dtype, default float32
-        dtype of the weights and of the computation.
+        dtype of the weights, of the activations between them and of the
+        attention: float32, float64, float16 or ``ml_dtypes.bfloat16``.  With a
+        16-bit dtype the attention and its cache are 16-bit end to end; the
+        projections multiply in float32 (NumPy has no fast 16-bit matmul) and
+        round their results to the layer's dtype.
     rng : numpy.random.Generator or int, optional
         Source (or seed) of the random initial weights; seed 0 when not given, so
         that two layers built alike are equal.
@@ -129,9 +133,7 @@ class MultiHeadAttention:
                 )
             head_dim = embed_dim // num_heads
         head_dim = count(head_dim, "head_dim", 1)
-        dtype = np.dtype(dtype)
-        if dtype.kind != "f":
-            raise TypeError(f"dtype: expected a floating point dtype, got {dtype}")
+        dtype = float_dtype(dtype)
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -228,11 +230,17 @@ class MultiHeadAttention:
             grow=grow,
         )
 
-    def _project(self, x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray], heads: int) -> np.ndarray:
-        """(batch, T, embed_dim) -> (batch, heads, T, D), a transposed view."""
-        y = x @ w
+    def _matmul(self, x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray]) -> np.ndarray:
+        """x @ w + b in the compute type (NumPy has no fast 16-bit matmul),
+        returned in the layer's dtype."""
+        y = np.matmul(x, w, dtype=compute_dtype(self.dtype))
         if b is not None:
             y += b
+        return y.astype(self.dtype, copy=False)
+
+    def _project(self, x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray], heads: int) -> np.ndarray:
+        """(batch, T, embed_dim) -> (batch, heads, T, D), a transposed view."""
+        y = self._matmul(x, w, b)
         B, T, _ = y.shape
         return y.reshape(B, T, heads, -1).transpose(0, 2, 1, 3)
 
@@ -303,9 +311,7 @@ class MultiHeadAttention:
             out=merged.transpose(0, 2, 1, 3),
             num_threads=num_threads,
         )
-        y = merged.reshape(B, T, Hq * D).astype(self.dtype, copy=False) @ self.w_o
-        if self.b_o is not None:
-            y += self.b_o
+        y = self._matmul(merged.reshape(B, T, Hq * D).astype(self.dtype, copy=False), self.w_o, self.b_o)
         return y[0] if squeeze else y
 
     def __repr__(self) -> str:
