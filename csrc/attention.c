@@ -28,11 +28,12 @@
 /* Work division and scratch layout of one call (offsets in elements). */
 typedef struct plan {
     sdpa_dtype kv_dtype;  /* of key and value, resolved                 */
+    int bf16;             /* tiled with bfloat16 products (run_task_bf16) */
     int64_t num_bh;       /* batch count x heads                 */
     int64_t num_qblocks;  /* ceil(L / tile_q)                    */
     int64_t num_tasks;    /* num_bh x num_qblocks                */
     int tile_q, tile_k, nr;  /* tile_q is a multiple of nr        */
-    size_t off_q, off_acc, off_s, off_m, off_l, off_k, off_v;
+    size_t off_q, off_acc, off_s, off_m, off_l, off_k, off_v, off_pp, off_vp;
     /* row mode (few query rows per key/value head; see attention_impl.h) */
     int row_mode;
     int rows;               /* query rows per group: gqa_group x L  */
@@ -208,6 +209,18 @@ static int widen_rows_f64(const kernels_f64 *kern, sdpa_dtype dt, const void *sr
     return 0;  /* a float64 problem reads only float64 */
 }
 
+/* The row kernels over 16-bit keys and values, or NULL (float64 has none). */
+typedef void (*dot_half_fn)(sdpa_dtype, int, int, int64_t, const float *, int64_t, const uint16_t *, int64_t, float *,
+                            int64_t);
+typedef void (*pv_rows_half_fn)(sdpa_dtype, int, int, int64_t, const float *, int64_t, const uint16_t *, int64_t,
+                                float *, int64_t);
+static dot_half_fn dot_half_of_f32(const kernels_f32 *kern) { return kern->dot_half; }
+static pv_rows_half_fn pv_rows_half_of_f32(const kernels_f32 *kern) { return kern->pv_rows_half; }
+typedef void (*dot_half_f64_fn)(sdpa_dtype, int, int, int64_t, const double *, int64_t, const uint16_t *, int64_t,
+                                double *, int64_t);
+static dot_half_f64_fn dot_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+static dot_half_f64_fn pv_rows_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+
 /* ---- the two compute types ---- */
 
 #define T float
@@ -215,7 +228,9 @@ static int widen_rows_f64(const kernels_f64 *kern, sdpa_dtype dt, const void *sr
 #define SUF f32
 #define KT kernels_f32
 #define EXP expf
+#define HAS_BF16 1
 #include "attention_impl.h"
+#undef HAS_BF16
 #undef T
 #undef TDT
 #undef SUF
@@ -227,7 +242,9 @@ static int widen_rows_f64(const kernels_f64 *kern, sdpa_dtype dt, const void *sr
 #define SUF f64
 #define KT kernels_f64
 #define EXP exp
+#define HAS_BF16 0
 #include "attention_impl.h"
+#undef HAS_BF16
 #undef T
 #undef TDT
 #undef SUF
@@ -334,7 +351,14 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
         pl->off_s = off;   off += round_elems(tk * nr, elem);
         pl->off_m = off;   off += round_elems(tq, elem);
         pl->off_l = off;   off += round_elems(tq, elem);
-        if (pl->kv_dtype != (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32)) {
+        pl->bf16 = p->dtype == SDPA_BFLOAT16 && pl->kv_dtype == SDPA_BFLOAT16 && kt->f32.gemm_bf16 != NULL;
+        if (pl->bf16) {  /* pairs of bfloat16, 32 bits each: the size of a float */
+            const size_t E2 = (E + 1) / 2, pairs = (tk + 1) / 2;
+            pl->off_pp = off; off += round_elems(pairs * nr, elem);
+            pl->off_vp = off; off += round_elems(pairs * Ev, elem);
+            pl->off_k = off;  off += round_elems(tk * E2, elem);  /* K pairs, when not in place */
+            /* the query panels hold E2 pairs, not E floats: within off_q's room */
+        } else if (pl->kv_dtype != (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32)) {
             pl->off_k = off; off += round_elems(tk * E, elem);  /* K and V tiles converted */
             pl->off_v = off; off += round_elems(tk * Ev, elem);
         }

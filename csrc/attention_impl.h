@@ -302,14 +302,18 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;
         const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
-        const T *kb = (const T *)k + s0 * ksr;
-        int64_t ldk = ksr;
-        if (ksc != 1 || kvdt != TDT) {
-            FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E);
-            kb = kbuf;
-            ldk = E;
+        if (kvdt != TDT && ksc == 1 && FN(dot_half_of)(kern)) {  /* 16-bit keys read in place */
+            FN(dot_half_of)(kern)(kvdt, M, n, E, qs, E, (const uint16_t *)k + s0 * ksr, ksr, st, tile_k);
+        } else {
+            const T *kb = (const T *)k + s0 * ksr;
+            int64_t ldk = ksr;
+            if (ksc != 1 || kvdt != TDT) {
+                FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E);
+                kb = kbuf;
+                ldk = E;
+            }
+            kern->dot(M, n, E, qs, E, kb, ldk, st, tile_k);
         }
-        kern->dot(M, n, E, qs, E, kb, ldk, st, tile_k);
         for (int x = 0; x < M; x++) {
             const int64_t h = hkv * group + x / L, l = x % L;
             T *sr = st + (int64_t)x * tile_k;
@@ -320,14 +324,18 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                 FN(store_raw_scores)(p, AT(weights, b, h) + l * p->weights.row_stride, sr, 1, s0, n);
             kern->row_softmax(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
         }
-        const T *vb = (const T *)v + s0 * vsr;
-        int64_t ldv = vsr;
-        if (vsc != 1 || kvdt != TDT) {
-            FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev);
-            vb = vbuf;
-            ldv = Ev;
+        if (kvdt != TDT && vsc == 1 && FN(pv_rows_half_of)(kern)) {
+            FN(pv_rows_half_of)(kern)(kvdt, M, n, Ev, st, tile_k, (const uint16_t *)v + s0 * vsr, vsr, acc, Ev);
+        } else {
+            const T *vb = (const T *)v + s0 * vsr;
+            int64_t ldv = vsr;
+            if (vsc != 1 || kvdt != TDT) {
+                FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev);
+                vb = vbuf;
+                ldv = Ev;
+            }
+            kern->pv_rows(M, n, Ev, st, tile_k, vb, ldv, acc, Ev);
         }
-        kern->pv_rows(M, n, Ev, st, tile_k, vb, ldv, acc, Ev);
     }
 }
 
@@ -394,6 +402,10 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
     }
 }
 
+#if HAS_BF16
+#include "attention_bf16.h"
+#endif
+
 /* One task, unless the call was interrupted.  A row-mode group of one chunk
  * is merged by the task that computed it (no second pass over the groups). */
 static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
@@ -403,6 +415,12 @@ static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T
         FN(run_row_task)(p, pl, kern, scratch, partial, t, irq, tid);
         if (pl->num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(p, pl, partial, t);
     } else {
+#if HAS_BF16
+        if (pl->bf16) {
+            run_task_bf16(p, pl, kern, scratch, t, irq, tid);
+            return;
+        }
+#endif
         FN(run_task)(p, pl, kern, scratch, t, irq, tid);
     }
 }

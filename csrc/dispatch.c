@@ -13,6 +13,7 @@ static const kernel_table *const isa_tables[] = {
 #if SDPA_HAVE_X86_KERNELS
     &sdpa_kernels_avx2,
     &sdpa_kernels_avx512,
+    &sdpa_kernels_avx512_bf16,
 #endif
 };
 #define NUM_ISAS ((int)(sizeof(isa_tables) / sizeof(isa_tables[0])))
@@ -27,7 +28,7 @@ static unsigned long long read_xcr0(void) {
 }
 
 /* The index of the best set: 0 = scalar, 1 = avx2 + fma + f16c, 2 = avx512
- * f/bw/dq/vl; the OS must save the registers too. */
+ * f/bw/dq/vl, 3 = that and avx512_bf16; the OS must save the registers too. */
 static int detect_level(void) {
     unsigned int a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
@@ -38,11 +39,15 @@ static int detect_level(void) {
     if ((xcr0 & 0x6) != 0x6) return 0;  /* the OS saves SSE and AVX state */
     if (__get_cpuid_max(0, NULL) < 7) return 0;
     __cpuid_count(7, 0, a, b, c, d);
+    const unsigned int max_subleaf = a;
     const int has_avx2 = (b >> 5) & 1;
     if (!has_avx2) return 0;
     const int avx512 = ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
-    if (avx512 && (xcr0 & 0xE0) == 0xE0) return 2;  /* opmask and zmm state too */
-    return 1;
+    if (!avx512 || (xcr0 & 0xE0) != 0xE0) return 1;  /* opmask and zmm state too */
+    if (max_subleaf < 1) return 2;
+    __cpuid_count(7, 1, a, b, c, d);
+    const int has_bf16 = (a >> 5) & 1;  /* AVX512_BF16: VDPBF16PS, VCVTNEPS2BF16 */
+    return has_bf16 ? 3 : 2;
 }
 #else
 static int detect_level(void) { return 0; }
@@ -65,7 +70,8 @@ static int index_of_name(const char *name) {
     for (int i = 0; i < NUM_ISAS; i++)
         if (strcmp(name, isa_tables[i]->name) == 0) return i;
     /* names of sets this build has no code for (non-x86): known, never supported */
-    if (strcmp(name, "avx2") == 0 || strcmp(name, "avx512") == 0) return NUM_ISAS;
+    if (strcmp(name, "avx2") == 0 || strcmp(name, "avx512") == 0 || strcmp(name, "avx512_bf16") == 0)
+        return NUM_ISAS;
     return -1;
 }
 
@@ -88,7 +94,7 @@ static void choose(void) {
     if (forced && *forced) {
         int i = index_of_name(forced);
         if (i < 0)
-            error = "SDPA_ISA names no kernel set (the sets are scalar, avx2 and avx512)";
+            error = "SDPA_ISA names no kernel set (the sets are scalar, avx2, avx512 and avx512_bf16)";
         else if (i >= NUM_ISAS || i > cpu_level())
             error = "SDPA_ISA names a kernel set this CPU or build cannot run";
         else

@@ -61,6 +61,20 @@ typedef struct kernels_f32 {
     void (*pv_rows)(int m, int n, int64_t ev, const float *p, int64_t ldp, const float *v, int64_t ldv,
                     float *acc, int64_t ldacc);
     void (*row_softmax)(float *s, int n, float *row_max, float *row_sum, float *acc, int64_t ev);
+    /* bfloat16 products, NULL in sets without them.  a and b hold pairs of
+     * bfloat16 in 32 bits (the first in the low half), c is float:
+     *   gemm_bf16: c[r*ldc + x] (=, or += when accumulate)
+     *              sum_{p < kpairs} dot2(a[r*a_rs + p*a_ks], b[p*ldb + x])   r < m, x < nr
+     *   pairs_bf16: dst[p*nr + x] = (s[2p*nr + x], s[(2p+1)*nr + x]) rounded to
+     *              bfloat16, p < ceil(n/2); the row past an odd n is zero. */
+    void (*gemm_bf16)(int m, int64_t kpairs, const uint32_t *a, int64_t a_rs, int64_t a_ks, const uint32_t *b,
+                      int64_t ldb, float *c, int64_t ldc, int accumulate);
+    void (*pairs_bf16)(const float *s, int n, uint32_t *dst);
+    /* dot and pv_rows with keys / values of a 16-bit dt (NULL: convert first) */
+    void (*dot_half)(sdpa_dtype dt, int m, int n, int64_t e, const float *q, int64_t ldq, const uint16_t *k,
+                     int64_t ldk, float *s, int64_t lds);
+    void (*pv_rows_half)(sdpa_dtype dt, int m, int n, int64_t ev, const float *p, int64_t ldp, const uint16_t *v,
+                         int64_t ldv, float *acc, int64_t ldacc);
 } kernels_f32;
 
 typedef struct kernels_f64 {
@@ -105,6 +119,7 @@ extern const kernel_table sdpa_kernels_scalar;
 #if SDPA_HAVE_X86_KERNELS
 extern const kernel_table sdpa_kernels_avx2;
 extern const kernel_table sdpa_kernels_avx512;
+extern const kernel_table sdpa_kernels_avx512_bf16;
 #endif
 
 /* Atomic loads and stores of shared state (the kernel choice, flags set once).

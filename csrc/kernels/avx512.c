@@ -1,5 +1,6 @@
 /* AVX-512 (F, BW, DQ, VL) kernels, compiled for that target whatever the build
  * flags; dispatch.c only selects them on a CPU that has it. */
+#include "../convert.h"
 #include "../internal.h"
 
 #if SDPA_HAVE_X86_KERNELS
@@ -141,14 +142,110 @@ static inline double hmax_nan_pd(__m512d v) {
 #pragma GCC pop_options
 #endif
 
+/* ---- bfloat16 products: VDPBF16PS (AVX512-BF16), for the "avx512_bf16" set ---- */
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")
+#endif
+
+#define BF16_NV 2  /* panel of 32 query rows: two vectors of 16 lanes */
+#define BF16_MR 8
+
+/* c[r][:] (=|+=) sum_p dot2(a[r*a_rs + p*a_ks], b[p][:]) for r < mr: one 32-bit
+ * pair of a broadcast against 16 pairs of b, two bfloat16 products a lane. */
+static inline __attribute__((always_inline)) void gemm_bf16_block(const int mr, int64_t kpairs, const uint32_t *a,
+                                                                  int64_t a_rs, int64_t a_ks, const uint32_t *b,
+                                                                  int64_t ldb, float *c, int64_t ldc, int accumulate) {
+    __m512 acc[BF16_MR][BF16_NV];
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < BF16_NV; v++)
+            acc[r][v] = accumulate ? _mm512_load_ps(c + r * ldc + v * 16) : _mm512_setzero_ps();
+    for (int64_t p = 0; p < kpairs; p++) {
+        __m512bh bv[BF16_NV];
+        for (int v = 0; v < BF16_NV; v++) bv[v] = (__m512bh)_mm512_load_si512((const void *)(b + p * ldb + v * 16));
+        const uint32_t *ap = a + p * a_ks;
+        for (int r = 0; r < mr; r++) {
+            __m512bh av = (__m512bh)_mm512_set1_epi32((int)ap[r * a_rs]);
+            for (int v = 0; v < BF16_NV; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int v = 0; v < BF16_NV; v++) _mm512_store_ps(c + r * ldc + v * 16, acc[r][v]);
+}
+
+static void gemm_bf16_avx512(int m, int64_t kpairs, const uint32_t *a, int64_t a_rs, int64_t a_ks,
+                             const uint32_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate) {
+    int r = 0;
+    for (; r + BF16_MR <= m; r += BF16_MR)
+        gemm_bf16_block(BF16_MR, kpairs, a + r * a_rs, a_rs, a_ks, b, ldb, c + r * ldc, ldc, accumulate);
+    const uint32_t *ar = a + r * a_rs;
+    float *cr = c + r * ldc;
+    switch (m - r) {
+        case 1: gemm_bf16_block(1, kpairs, ar, a_rs, a_ks, b, ldb, cr, ldc, accumulate); break;
+        case 2: gemm_bf16_block(2, kpairs, ar, a_rs, a_ks, b, ldb, cr, ldc, accumulate); break;
+        case 3: gemm_bf16_block(3, kpairs, ar, a_rs, a_ks, b, ldb, cr, ldc, accumulate); break;
+        case 4: gemm_bf16_block(4, kpairs, ar, a_rs, a_ks, b, ldb, cr, ldc, accumulate); break;
+        case 5: gemm_bf16_block(5, kpairs, ar, a_rs, a_ks, b, ldb, cr, ldc, accumulate); break;
+        case 6: gemm_bf16_block(6, kpairs, ar, a_rs, a_ks, b, ldb, cr, ldc, accumulate); break;
+        case 7: gemm_bf16_block(7, kpairs, ar, a_rs, a_ks, b, ldb, cr, ldc, accumulate); break;
+        default: break;
+    }
+}
+
+/* Rows 2p and 2p + 1 of s (n x 32 floats) rounded to bfloat16 (to nearest
+ * even, NaN kept) and interleaved: dst[p][x] = (s[2p][x], s[2p+1][x]); a
+ * missing last row counts as zeros. */
+static void pairs_bf16_avx512(const float *s, int n, uint32_t *dst) {
+    for (int p = 0; 2 * p < n; p++) {
+        const float *r0 = s + (int64_t)(2 * p) * 32, *r1 = r0 + 32;
+        for (int v = 0; v < BF16_NV; v++) {
+            __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(r0 + v * 16)));
+            __m512i hi = 2 * p + 1 < n
+                             ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(r1 + v * 16)))
+                             : _mm512_setzero_si512();
+            _mm512_store_si512((void *)(dst + (int64_t)p * 32 + v * 16), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+    }
+}
+
+enum { bf16_panel_rows = BF16_NV * 16 };
+#undef BF16_NV
+#undef BF16_MR
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
 const kernel_table sdpa_kernels_avx512 = {
     .name = "avx512",
     .f32 = {.nr = panel_rows_avx512_f32, .tile_q = 128, .tile_k = 128, .widen = widen_avx512,
             .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32,
-            .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32},
+            .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32,
+            .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32},
     .f64 = {.nr = panel_rows_avx512_f64, .tile_q = 64, .tile_k = 128,
             .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64,
             .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64, .row_softmax = row_softmax_avx512_f64},
 };
+
+/* The avx512 set plus bfloat16 dot products for bfloat16 problems. */
+const kernel_table sdpa_kernels_avx512_bf16 = {
+    .name = "avx512_bf16",
+    .f32 = {.nr = panel_rows_avx512_f32, .tile_q = 128, .tile_k = 128, .widen = widen_avx512,
+            .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32,
+            .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32,
+            .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32,
+            .gemm_bf16 = gemm_bf16_avx512, .pairs_bf16 = pairs_bf16_avx512},
+    .f64 = {.nr = panel_rows_avx512_f64, .tile_q = 64, .tile_k = 128,
+            .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64,
+            .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64, .row_softmax = row_softmax_avx512_f64},
+};
+
+_Static_assert((int)bf16_panel_rows == (int)panel_rows_avx512_f32, "the bfloat16 panel is the float32 one");
 
 #endif /* SDPA_HAVE_X86_KERNELS */

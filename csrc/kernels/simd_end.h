@@ -22,3 +22,5 @@
 #undef V_HSUM_LANES
 #undef V_HMAX_NAN
 #undef S_EXP
+#undef V_LOADU_BF16
+#undef V_LOADU_F16

@@ -16,6 +16,8 @@
  *   V_LOADU(p) V_STOREU(p, v)                     (any alignment)
  *   V_HSUM(v)              the sum of the lanes
  *   V_HSUM_LANES(a)        a vector whose lane i is V_HSUM(a[i]), a[0..LANES)
+ *   V_LOADU_BF16(p) V_LOADU_F16(p)   (float only, optional) LANES 16-bit values
+ *                          widened to T: the row kernels over a 16-bit cache
  *   V_HMAX_NAN(v)          the largest lane, NaN if a lane is NaN
  *   S_EXP(x)               libm's exp for T
  */
@@ -126,27 +128,55 @@ static void FN(exp)(T *x, int64_t n) {
 
 /* ---- row kernels ---- */
 
-static void FN(dot)(int m, int n, int64_t e, const T *q, int64_t ldq, const T *k, int64_t ldk, T *s,
-                    int64_t lds) {
+/*
+ * Keys and values of the row kernels are read as T or, for a float problem
+ * over a 16-bit cache, as bfloat16 / float16 widened in registers (kind 1 / 2),
+ * so that decoding moves half the bytes and never copies the cache.
+ */
+#define KV_T 0
+#define KV_BF16 1
+#define KV_F16 2
+
+static inline __attribute__((always_inline)) V FN(load_kv)(const char *p, const int kind) {
+#ifdef V_LOADU_BF16
+    if (kind == KV_BF16) return V_LOADU_BF16((const uint16_t *)p);
+    if (kind == KV_F16) return V_LOADU_F16((const uint16_t *)p);
+#endif
+    (void)kind;
+    return V_LOADU((const T *)p);
+}
+
+static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *p, const int kind) {
+    if (kind == KV_BF16) return (T)sdpa_bf16_to_f32(*(const uint16_t *)p);
+    if (kind == KV_F16) return (T)sdpa_f16_to_f32(*(const uint16_t *)p);
+    return *(const T *)p;
+}
+
+/* dot over k rows of kind elements; ldk counts elements */
+static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, int m, int n, int64_t e, const T *q,
+                                                            int64_t ldq, const char *k, int64_t ldk, T *s,
+                                                            int64_t lds) {
+    const int64_t es = kind == KV_T ? (int64_t)sizeof(T) : 2;
     const int64_t ev = e / LANES * LANES;
     int j = 0;
     /* LANES keys at a time: one accumulator per key, reduced together */
     for (; j + LANES <= n; j += LANES) {
-        const T *kj = k + j * ldk;
+        const char *kj = k + (int64_t)j * ldk * es;
         for (int x = 0; x < m; x++) {
             const T *qx = q + x * ldq;
             V acc[LANES];
             for (int t = 0; t < LANES; t++) acc[t] = V_ZERO();
             for (int64_t c = 0; c < ev; c += LANES) {
                 V qv = V_LOADU(qx + c);
-                for (int t = 0; t < LANES; t++) acc[t] = V_FMA(qv, V_LOADU(kj + t * ldk + c), acc[t]);
+                for (int t = 0; t < LANES; t++)
+                    acc[t] = V_FMA(qv, FN(load_kv)(kj + (t * ldk + c) * es, kind), acc[t]);
             }
             V r = V_HSUM_LANES(acc);
             if (ev < e) {
                 T tail[LANES] __attribute__((aligned(64)));
                 for (int t = 0; t < LANES; t++) {
                     T sum = 0;
-                    for (int64_t c = ev; c < e; c++) sum += qx[c] * kj[t * ldk + c];
+                    for (int64_t c = ev; c < e; c++) sum += qx[c] * FN(scalar_kv)(kj + (t * ldk + c) * es, kind);
                     tail[t] = sum;
                 }
                 r = V_ADD(r, V_LOAD(tail));
@@ -155,13 +185,13 @@ static void FN(dot)(int m, int n, int64_t e, const T *q, int64_t ldq, const T *k
         }
     }
     for (; j < n; j++) {
-        const T *kj = k + j * ldk;
+        const char *kj = k + (int64_t)j * ldk * es;
         for (int x = 0; x < m; x++) {
             const T *qx = q + x * ldq;
             V a = V_ZERO();
-            for (int64_t c = 0; c < ev; c += LANES) a = V_FMA(V_LOADU(qx + c), V_LOADU(kj + c), a);
+            for (int64_t c = 0; c < ev; c += LANES) a = V_FMA(V_LOADU(qx + c), FN(load_kv)(kj + c * es, kind), a);
             T r = V_HSUM(a);
-            for (int64_t c = ev; c < e; c++) r += qx[c] * kj[c];
+            for (int64_t c = ev; c < e; c++) r += qx[c] * FN(scalar_kv)(kj + c * es, kind);
             s[x * lds + j] = r;
         }
     }
@@ -169,14 +199,15 @@ static void FN(dot)(int m, int n, int64_t e, const T *q, int64_t ldq, const T *k
 
 /* acc rows x0..x0+mr, columns c0..c0+nvb*LANES, over all n keys */
 static inline __attribute__((always_inline)) void FN(pv_rows_block)(
-    const int mr, const int nvb, int n, const T *p, int64_t ldp, const T *v, int64_t ldv, T *acc,
-    int64_t ldacc) {
+    const int kind, const int mr, const int nvb, int n, const T *p, int64_t ldp, const char *v, int64_t ldv,
+    T *acc, int64_t ldacc) {
+    const int64_t es = kind == KV_T ? (int64_t)sizeof(T) : 2;
     V a[4][4];
     for (int x = 0; x < mr; x++)
         for (int t = 0; t < nvb; t++) a[x][t] = V_LOADU(acc + x * ldacc + t * LANES);
     for (int j = 0; j < n; j++) {
         V vv[4];
-        for (int t = 0; t < nvb; t++) vv[t] = V_LOADU(v + j * ldv + t * LANES);
+        for (int t = 0; t < nvb; t++) vv[t] = FN(load_kv)(v + ((int64_t)j * ldv + t * LANES) * es, kind);
         for (int x = 0; x < mr; x++) {
             V w = V_SET1(p[x * ldp + j]);
             for (int t = 0; t < nvb; t++) a[x][t] = V_FMA(w, vv[t], a[x][t]);
@@ -186,37 +217,69 @@ static inline __attribute__((always_inline)) void FN(pv_rows_block)(
         for (int t = 0; t < nvb; t++) V_STOREU(acc + x * ldacc + t * LANES, a[x][t]);
 }
 
-static void FN(pv_rows)(int m, int n, int64_t ev, const T *p, int64_t ldp, const T *v, int64_t ldv,
-                        T *acc, int64_t ldacc) {
+static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kind, int m, int n, int64_t ev,
+                                                                const T *p, int64_t ldp, const char *v,
+                                                                int64_t ldv, T *acc, int64_t ldacc) {
+    const int64_t es = kind == KV_T ? (int64_t)sizeof(T) : 2;
     for (int x0 = 0; x0 < m; x0 += 4) {
         const int mr = m - x0 < 4 ? m - x0 : 4;
         const T *px = p + x0 * ldp;
         T *ax = acc + x0 * ldacc;
         int64_t c = 0;
         for (; c + 4 * LANES <= ev; c += 4 * LANES) {
+            const char *vc = v + c * es;
             switch (mr) {
-                case 1: FN(pv_rows_block)(1, 4, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
-                case 2: FN(pv_rows_block)(2, 4, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
-                case 3: FN(pv_rows_block)(3, 4, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
-                default: FN(pv_rows_block)(4, 4, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
+                case 1: FN(pv_rows_block)(kind, 1, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                case 2: FN(pv_rows_block)(kind, 2, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                case 3: FN(pv_rows_block)(kind, 3, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                default: FN(pv_rows_block)(kind, 4, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
             }
         }
         for (; c + LANES <= ev; c += LANES) {
+            const char *vc = v + c * es;
             switch (mr) {
-                case 1: FN(pv_rows_block)(1, 1, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
-                case 2: FN(pv_rows_block)(2, 1, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
-                case 3: FN(pv_rows_block)(3, 1, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
-                default: FN(pv_rows_block)(4, 1, n, px, ldp, v + c, ldv, ax + c, ldacc); break;
+                case 1: FN(pv_rows_block)(kind, 1, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                case 2: FN(pv_rows_block)(kind, 2, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                case 3: FN(pv_rows_block)(kind, 3, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                default: FN(pv_rows_block)(kind, 4, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
             }
         }
         for (; c < ev; c++)
             for (int x = 0; x < mr; x++) {
                 T sum = ax[x * ldacc + c];
-                for (int j = 0; j < n; j++) sum += px[x * ldp + j] * v[j * ldv + c];
+                for (int j = 0; j < n; j++) sum += px[x * ldp + j] * FN(scalar_kv)(v + ((int64_t)j * ldv + c) * es, kind);
                 ax[x * ldacc + c] = sum;
             }
     }
 }
+
+static void FN(dot)(int m, int n, int64_t e, const T *q, int64_t ldq, const T *k, int64_t ldk, T *s,
+                    int64_t lds) {
+    FN(dot_kind)(KV_T, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+}
+
+static void FN(pv_rows)(int m, int n, int64_t ev, const T *p, int64_t ldp, const T *v, int64_t ldv,
+                        T *acc, int64_t ldacc) {
+    FN(pv_rows_kind)(KV_T, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+}
+
+#ifdef V_LOADU_BF16
+static void FN(dot_half)(sdpa_dtype dt, int m, int n, int64_t e, const T *q, int64_t ldq, const uint16_t *k,
+                         int64_t ldk, T *s, int64_t lds) {
+    if (dt == SDPA_BFLOAT16) FN(dot_kind)(KV_BF16, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+    else FN(dot_kind)(KV_F16, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+}
+
+static void FN(pv_rows_half)(sdpa_dtype dt, int m, int n, int64_t ev, const T *p, int64_t ldp, const uint16_t *v,
+                             int64_t ldv, T *acc, int64_t ldacc) {
+    if (dt == SDPA_BFLOAT16) FN(pv_rows_kind)(KV_BF16, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+    else FN(pv_rows_kind)(KV_F16, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+}
+#endif
+
+#undef KV_T
+#undef KV_BF16
+#undef KV_F16
 
 static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
     const int nv = n / LANES * LANES;

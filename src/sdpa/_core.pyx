@@ -97,7 +97,7 @@ cdef extern from "testing.h" nogil:
     const char *sdpa_isa_env_error()
 
 MAX_BATCH_DIMS = SDPA_MAX_BATCH_DIMS
-ISAS = ("scalar", "avx2", "avx512")
+ISAS = ("scalar", "avx2", "avx512", "avx512_bf16")
 
 cdef enum:
     # dims of a full operand: batch dims, then (head, row, column)

@@ -417,16 +417,19 @@ def assert_matches_reference(
 
     The compute dtype (which sets eps and the range) follows from that of ``out``:
     float64, or float32 for every other output; a 16-bit output adds its own
-    rounding, half an ulp of each value.
+    rounding, half an ulp of each value, and a bfloat16 one also the rounding
+    of the weights to bfloat16 before P V (on kernel sets with bfloat16
+    products): half an ulp of each weight, times the largest |v|.
     """
     got = np.asarray(out)
     cd = compute_dtype(got.dtype)
     out_eps = {"float16": 2.0**-11, "bfloat16": 2.0**-8}.get(np.dtype(got.dtype).name, 0.0)
+    p_eps = 2.0**-8 if np.dtype(got.dtype).name == "bfloat16" else 0.0
     if got.size == 0:
         return
     with np.errstate(all="ignore"):
         _check_rows(got, weights, query, key, value, attn_mask, is_causal, scale, enable_gqa, key_lengths, cd,
-                    out_eps)
+                    out_eps, p_eps)
 
 
 def _heads(shape: Sequence[int]) -> int:
@@ -496,13 +499,14 @@ def _check_rows(
     key_lengths: Optional[npt.ArrayLike],
     cd: np.dtype,
     out_eps: float,
+    p_eps: float = 0.0,
 ) -> None:
     fi = np.finfo(cd)
     q, k, v, m, lengths = _expand(got.shape, query, key, value, attn_mask, enable_gqa, key_lengths)
     N, H, L, E = q.shape
     S, Ev = k.shape[-2], v.shape[-1]
     tol = dict(eps=float(fi.eps), big=float(fi.max), sub=float(fi.smallest_subnormal), S=S, E=E,
-               out_eps=out_eps)
+               out_eps=out_eps, p_eps=p_eps)
     out = got.astype(np.float64).reshape((N, H, L, Ev))
     w = None if weights is None else np.asarray(weights, dtype=np.float64).reshape((N, H, L, S))
     s = scale if scale is not None else (1.0 / math.sqrt(E) if E > 0 else 1.0)
@@ -585,6 +589,7 @@ def _check_clean(
     S: int,
     E: int,
     out_eps: float = 0.0,
+    p_eps: float = 0.0,
 ) -> bool:
     """The checks of :func:`_check_row` for every row at once, where they come
     down to closeness: finite inputs (a mask may hold -inf) that no row has to be
@@ -639,7 +644,7 @@ def _check_clean(
     bad = rows & ~np.isfinite(out).all(axis=-1)
     assert not bad.any(), first(bad, "finite values expected")
     rounding = 16 * eps * (S + E + 8)
-    tol = (np.expm1(2 * d)[..., None] + rounding) * vmax + 8 * (S + 1) * sub + out_eps * np.abs(exp_out)
+    tol = (np.expm1(2 * d)[..., None] + rounding + p_eps) * vmax + 8 * (S + 1) * sub + out_eps * np.abs(exp_out)
     err = np.abs(out - exp_out)
     bad = rows & (err > tol).any(axis=-1)
     assert not bad.any(), first(bad, f"error above the tolerance: {err[bad][0]} > {tol[bad][0]}")
@@ -673,6 +678,7 @@ def _check_row(
     S: int,
     E: int,
     out_eps: float = 0.0,
+    p_eps: float = 0.0,
 ) -> None:
     # V entries the row may or may not multiply by a zero weight: above its
     # causal limit, before the key length
@@ -703,7 +709,7 @@ def _check_row(
     rounding = 16 * eps * (S + E + 8)
     vmax = np.max(np.where(np.isfinite(v[:j]), np.abs(v[:j]), 0), axis=0, initial=0.0)
     if d <= 0.05:
-        tol = (np.expm1(2 * d) + rounding) * vmax + 8 * (S + 1) * sub + out_eps * np.abs(exp_out)
+        tol = (np.expm1(2 * d) + rounding + p_eps) * vmax + 8 * (S + 1) * sub + out_eps * np.abs(exp_out)
         err = np.abs(got - exp_out)
         close = (err <= tol) | (may & ~np.isfinite(got))
         assert close[finite].all(), (
@@ -721,7 +727,7 @@ def _check_row(
         cols = finite & ~may
         vs = v[:j][seen]
         lo, hi = vs.min(axis=0), vs.max(axis=0)
-        slack = (rounding + out_eps) * np.maximum(np.abs(lo), np.abs(hi)) + 8 * (S + 1) * sub
+        slack = (rounding + out_eps + p_eps) * np.maximum(np.abs(lo), np.abs(hi)) + 8 * (S + 1) * sub
         inside = (got >= lo - slack) & (got <= hi + slack)
         assert inside[cols].all(), f"{where}: {got} outside [{lo}, {hi}]"
         if got_w is not None:
