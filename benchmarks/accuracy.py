@@ -12,6 +12,10 @@ query row alone, so the sample is exact for the rows it covers.
 
 A second table covers decoding (L = 1, one query row against S keys), which runs
 the row path: keys in chunks of 1024, partial results merged at the end.
+
+With ``--half``, a third table: bfloat16 and float16 inputs (the same normal
+values rounded to 16 bits), sdpa's error and PyTorch's own error in that dtype
+against the float64 reference on the rounded values, per shape.
 """
 from __future__ import annotations
 
@@ -66,6 +70,52 @@ def decode_case(rng, S: int, E: int, threads):
     return dict(S=S, f32=errors(out32, expected), f64=errors(out64, expected))
 
 
+HALF_CASES = [  # (name, L, S, E, causal, mask)
+    ("1k", 1024, 1024, 64, False, None),
+    ("2k causal E=128", 2048, 2048, 128, True, None),
+    ("E=80, bool mask", 512, 512, 80, False, "bool"),
+    ("E=96, float mask", 512, 700, 96, False, "float"),
+    ("E=256 causal", 256, 256, 256, True, None),
+    ("decode S=4096", 1, 4096, 128, False, None),
+]
+
+
+def half_case(rng, dtype, L: int, S: int, E: int, causal: bool, mask_kind, max_rows: int, threads):
+    """sdpa's and torch's max abs error in ``dtype`` (None without torch)."""
+    q = rng.standard_normal((1, 4, L, E)).astype(dtype)
+    k, v = (rng.standard_normal((1, 4, S, E)).astype(dtype) for _ in range(2))
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((L, S)) < 0.7
+        mask[:, 0] = True
+    elif mask_kind == "float":
+        mask = np.where(rng.random((L, S)) < 0.3, -np.inf, rng.standard_normal((L, S))).astype(np.float32)
+        mask[:, 0] = 0
+    ours = sdpa.scaled_dot_product_attention(q, k, v, mask, causal, num_threads=threads)
+    rows = sample_rows(rng, L, max_rows)
+    rmask = None if mask is None else mask[rows]
+    if causal:
+        cm = sdpa.reference.causal_mask(L, S)[rows]
+        rmask = cm if rmask is None else (rmask & cm if rmask.dtype == bool else np.where(cm, rmask, -np.inf))
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    expected = reference(q64[:, :, rows], k64, v64, rmask)
+    ours_err = float(np.abs(ours[:, :, rows].astype(np.float64) - expected).max())
+    theirs_err = None
+    try:
+        import torch
+    except ImportError:
+        return ours_err, theirs_err
+    tdt = torch.bfloat16 if np.dtype(dtype).name == "bfloat16" else torch.float16
+    tq, tk, tv = (torch.from_numpy(x.astype(np.float32)).to(tdt) for x in (q, k, v))
+    tmask = None
+    if mask is not None:
+        tmask = torch.from_numpy(mask) if mask.dtype == bool else torch.from_numpy(mask).to(tdt)
+    with torch.no_grad():
+        theirs = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=tmask, is_causal=causal)
+    theirs_err = float(np.abs(theirs.float().numpy()[:, :, rows].astype(np.float64) - expected).max())
+    return ours_err, theirs_err
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -79,6 +129,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--markdown", action="store_true", help="Markdown tables")
+    parser.add_argument("--half", action="store_true", help="the bfloat16 / float16 table only (needs ml_dtypes)")
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     E = args.head_dim
@@ -86,6 +137,18 @@ def main() -> None:
     print(f"sdpa {cfg['version']}, kernels {cfg['isa']}, {cfg['default_num_threads']} threads, "
           f"E = Ev = {E}, seed {args.seed}")
     print()
+    if args.half:
+        import ml_dtypes
+
+        head = ["case (4 heads)", "dtype", "sdpa max abs err", "torch max abs err", "sdpa / torch"]
+        body = []
+        for dtype in (ml_dtypes.bfloat16, np.float16):
+            for name, L, S, E_, causal, mask_kind in HALF_CASES:
+                ours, theirs = half_case(rng, dtype, L, S, E_, causal, mask_kind, args.rows, args.threads)
+                body.append([name, np.dtype(dtype).name, f"{ours:.2e}", "-" if theirs is None else f"{theirs:.2e}",
+                             "-" if not theirs else f"{ours / theirs:.2f}"])
+        table(head, body, args.markdown)
+        return
 
     head = ["L = S", "causal", "rows checked", "float32 max abs err", "float32 mean abs err",
             "float32 median rel err", "float64 max abs err"]
