@@ -6,6 +6,7 @@ import importlib.util
 import io
 import json
 import math
+import sys
 import time
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from sdpa import bench, reference
 from sdpa.bench import peers
-from sdpa.bench.report import describe_latency_skips
+from sdpa.bench.report import describe_latency_skips, describe_skips
 from sdpa.bench.shapes import make_inputs
 
 # Tiny problems: one prefill (GQA, causal, L != S) and one decode step.
@@ -113,6 +114,12 @@ def test_run_suite_on_tiny_shapes(refs):
             assert math.isclose(r["gflops"], row["flops"] / r["median_s"] / 1e9)
         assert row["impls"]["torch"]["status"] in ("ok", "skipped")
         assert row["sdpa_pct_gemm"] > 0
+        # float32 outputs against the float64 reference, on every query row of these shapes
+        assert row["error_rows"] == row["L"]
+        for impl, r in row["impls"].items():
+            if r["status"] == "ok":
+                assert 0 <= r["max_abs_err"] < 1e-5, (impl, r["max_abs_err"])
+        assert row["sdpa_err"] == row["impls"]["sdpa"]["max_abs_err"]
         if row["decode"]:
             assert row["sdpa_gbps"] > 0 and row["sdpa_pct_bandwidth"] > 0
             assert row["impls"]["sdpa"]["gbps"] == row["sdpa_gbps"]
@@ -123,6 +130,7 @@ def test_run_suite_on_tiny_shapes(refs):
     table = bench.format_table(rows)
     assert table.splitlines()[0].split()[:3] == ["shape", "threads", "sdpa"]
     assert "tiny-decode" in table
+    assert "% sgemm" in table and "sdpa err" in table and "torch err" in table
 
 
 def test_skips_show_as_dashes(monkeypatch):
@@ -323,3 +331,167 @@ def test_cli_latency_rejects_throughput_options(capsys):
     assert bench.main(["--latency", "--impls", "numpy", "--no-progress"]) == 2
     assert "sdpa.torch" in capsys.readouterr().err
     assert bench.main(["--latency", "--plot", "x.png", "--no-progress"]) == 2
+
+
+# --------------------------------------------------------------------------- 16 bits and errors
+
+_ml_dtypes_missing = importlib.util.find_spec("ml_dtypes") is None
+
+#: --dtype values to run, bfloat16 skipped without ml_dtypes (NumPy's bfloat16 dtype).
+HALF = [
+    pytest.param("bfloat16", marks=pytest.mark.skipif(_ml_dtypes_missing, reason="ml_dtypes is not installed")),
+    "float16",
+]
+
+#: Bound on a 16-bit output's max error against the reference: outputs here are below 4
+#: in magnitude, so rounding them costs at most 2 units of roundoff (2**-8 for bfloat16,
+#: 2**-11 for float16); four times that leaves room for the arithmetic.
+HALF_ERR = {"bfloat16": 8 * 2.0**-8, "float16": 8 * 2.0**-11}
+
+
+def test_sample_rows():
+    assert list(bench.sample_rows(5, 64)) == [0, 1, 2, 3, 4]
+    rows = bench.sample_rows(1000, 16, seed=3)
+    assert len(rows) == 16 and rows[0] == 0 and rows[-1] == 999
+    assert list(rows) == sorted(set(rows))
+    assert list(bench.sample_rows(1000, 16, seed=3)) == list(rows)
+
+
+@pytest.mark.parametrize(
+    "spec", ["c:1,4,2,40,30,8,causal", "c2:2,2,2,30,40,8,causal", "f:1,4,4,40,40,8", "d:1,4,2,1,50,8"]
+)
+def test_reference_sample_is_the_reference_on_its_rows(spec):
+    """A sample of rows (causal ones reading only the keys they see) equals the full reference there."""
+    shape = bench.parse_shape(spec)
+    q, k, v = make_inputs(shape, np.dtype(np.float32), 0)
+    sample = bench.reference_sample(shape, q, k, v, max_rows=8, seed=1)
+    assert sample.rows.size == min(8, shape.L) and sample.expected.dtype == np.float64
+    full = reference.scaled_dot_product_attention(
+        q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), is_causal=shape.causal, enable_gqa=shape.gqa
+    )
+    np.testing.assert_allclose(sample.expected, full[:, :, sample.rows], rtol=1e-12, atol=1e-14)
+    assert bench.max_abs_error(full, sample) < 1e-14
+    assert bench.max_abs_error(full + 0.5, sample) == pytest.approx(0.5)
+    assert math.isnan(bench.max_abs_error(np.full_like(full, np.nan), sample))
+
+
+def test_dtypes():
+    assert bench.bench_dtype("float16") == np.float16 and bench.bench_dtype("float32") == np.float32
+    with pytest.raises(ValueError, match="dtype must be"):
+        bench.bench_dtype("int8")
+    with pytest.raises(ValueError, match="dtype must be"):
+        bench.bench_dtype(">f4")
+    assert bench.suite_dtypes("float32", "float16") == (np.float32, np.float16)
+    assert bench.suite_dtypes("float16") == (np.float16, np.float16)
+    with pytest.raises(ValueError, match="cache"):
+        bench.suite_dtypes("float64", "float16")
+
+
+def test_bfloat16_without_ml_dtypes(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now fails
+    with pytest.raises(ValueError, match="ml_dtypes"):
+        bench.bench_dtype("bfloat16")
+    assert bench.main(CLI_FAST + ["--dtype", "bfloat16"]) == 2
+    assert "ml_dtypes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_cli_16bit(dtype, tmp_path, capsys):
+    """sdpa and torch in the 16-bit dtype, NumPy skipped, err columns present and small."""
+    path = tmp_path / "bench.json"
+    assert bench.main(CLI_FAST + ["--dtype", dtype, "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{dtype} (sdpa computes in float32; the gemm reference is float32)" in out
+    assert "float32 gemm 32^3" in out
+    header = out.split("\n\n", 1)[1].splitlines()[0]
+    for column in ("% f32 gemm", "sdpa err", "torch err", "err sdpa/torch"):
+        assert column in header
+    assert "numpy skipped (NumPy has no " + dtype in out and "another dtype" in out
+
+    data = json.loads(path.read_text())
+    settings = data["settings"]
+    assert (settings["dtype"], settings["kv_dtype"], settings["gemm_dtype"]) == (dtype, dtype, "float32")
+    assert settings["error_rows"] == 64
+    for row in data["results"]:
+        assert (row["dtype"], row["kv_dtype"]) == (dtype, dtype)
+        assert row["kv_bytes"] == row["B"] * row["Hkv"] * row["S"] * (row["E"] + row["Ev"]) * 2
+        numpy_result = row["impls"]["numpy"]
+        assert numpy_result["status"] == "skipped" and "another dtype" in numpy_result["reason"]
+        sdpa_result = row["impls"]["sdpa"]
+        assert sdpa_result["status"] == "ok" and 0 < sdpa_result["max_abs_err"] < HALF_ERR[dtype]
+        assert row["sdpa_err"] == sdpa_result["max_abs_err"]
+        if row["decode"]:
+            assert sdpa_result["gbps"] == pytest.approx(row["kv_bytes"] / sdpa_result["median_s"] / 1e9)
+        torch_result = row["impls"]["torch"]
+        if _installed("torch"):
+            assert torch_result["status"] == "ok", torch_result
+            assert 0 < torch_result["max_abs_err"] < 2 * HALF_ERR[dtype] and "note" not in torch_result
+            assert row["sdpa_err_over_torch"] == pytest.approx(row["sdpa_err"] / row["torch_err"])
+        else:
+            assert torch_result["status"] == "skipped" and row["sdpa_err_over_torch"] is None
+
+
+def test_decode_bytes_count_the_cache_itemsize():
+    rows = bench.run_suite([TINY_DECODE], threads=[1], impls=["sdpa"], dtype="float16", **FAST)
+    assert rows[0]["kv_bytes"] == 1 * 2 * 64 * (8 + 8) * 2
+    r = rows[0]["impls"]["sdpa"]
+    assert r["gbps"] == pytest.approx(rows[0]["kv_bytes"] / r["median_s"] / 1e9)
+
+
+@pytest.mark.parametrize("kv_dtype", HALF)
+def test_cli_float32_query_against_a_16bit_cache(kv_dtype, tmp_path, capsys):
+    """--kv-dtype: sdpa reads the 16-bit cache with a float32 query; torch casts the query."""
+    path = tmp_path / "bench.json"
+    assert bench.main(CLI_FAST + ["--dtype", "float32", "--kv-dtype", kv_dtype, "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"float32 query, {kv_dtype} k and v" in out and "% sgemm" in out
+    data = json.loads(path.read_text())
+    assert (data["settings"]["dtype"], data["settings"]["kv_dtype"]) == ("float32", kv_dtype)
+    for row in data["results"]:
+        assert (row["dtype"], row["kv_dtype"]) == ("float32", kv_dtype)
+        assert row["impls"]["numpy"]["status"] == "skipped"
+        # the reference sees the very values sdpa does, so only float32 arithmetic is left
+        assert row["impls"]["sdpa"]["max_abs_err"] < 1e-5
+        torch_result = row["impls"]["torch"]
+        if _installed("torch"):
+            assert torch_result["status"] == "ok" and f"query cast to {kv_dtype}" in torch_result["note"]
+            assert torch_result["max_abs_err"] < 2 * HALF_ERR[kv_dtype]
+    if _installed("torch"):
+        assert f"torch: query cast to {kv_dtype}" in out
+
+
+def test_16bit_without_torch(monkeypatch):
+    monkeypatch.setattr(peers, "_load_torch", lambda: None)
+    monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
+    rows = bench.run_suite([TINY], threads=[1], dtype="float16", **FAST)
+    impls = rows[0]["impls"]
+    assert impls["sdpa"]["status"] == "ok" and impls["sdpa"]["max_abs_err"] < HALF_ERR["float16"]
+    assert impls["torch"] == {"status": "skipped", "reason": "torch is not installed"}
+    assert rows[0]["torch_err"] is None and rows[0]["sdpa_err_over_torch"] is None
+    line = bench.format_table(rows, "float16").splitlines()[2].split()
+    assert line[3:6] == ["-", "-", "-"] and line[-2:] == ["-", "-"]
+    assert describe_skips(rows) == [
+        "tiny: numpy skipped (NumPy has no float16 BLAS matmul: the textbook version would compute in another dtype)",
+        "tiny: torch skipped (torch is not installed)",
+    ]
+
+
+def test_error_rows_zero_leaves_the_columns_out():
+    rows = bench.run_suite([TINY], threads=[1], impls=["sdpa"], error_rows=0, **FAST)
+    assert rows[0]["error_rows"] is None and "max_abs_err" not in rows[0]["impls"]["sdpa"]
+    assert "err" not in bench.format_table(rows).splitlines()[0]
+
+
+def test_cli_rejects_mismatched_dtypes(capsys):
+    assert bench.main(CLI_FAST + ["--dtype", "float16", "--kv-dtype", "float64"]) == 2
+    assert "cache" in capsys.readouterr().err
+    assert bench.main(["--latency", "--dtype", "float16", "--no-progress"]) == 2
+    assert "--latency runs float32 or float64" in capsys.readouterr().err
+    assert bench.main(CLI_FAST + ["--error-rows", "-1"]) == 2
+
+
+def test_cli_plot_16bit_cache(tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    assert bench.main(CLI_FAST + ["--dtype", "float32", "--kv-dtype", "float16", "--plot", str(path)]) == 0
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -3,13 +3,16 @@
     python -m sdpa.bench                      # the whole suite, 1 and all threads
     python -m sdpa.bench --quick              # a few small shapes (CI smoke run)
     python -m sdpa.bench --shapes 1k,gqa-2k --threads 1,2 --json out.json --plot out.png
+    python -m sdpa.bench --dtype bfloat16     # bfloat16 (or float16) q, k, v; torch in the same dtype
+    python -m sdpa.bench --dtype float32 --kv-dtype bfloat16   # a float32 query, a bfloat16 cache
     python -m sdpa.bench --latency            # microseconds per call on small problems
 
 Every implementation runs in the same process on the same inputs, and the results
 are reported as throughput next to ratios measured in the same run: sdpa against
 PyTorch, and against the machine's own matmul throughput (a NumPy gemm) and read
-bandwidth (a NumPy reduction over a large array).  See benchmarks/README.md for
-what each column means.
+bandwidth (a NumPy reduction over a large array).  Each output is also compared with
+a float64 reference on the same input values (a sample of query rows on large
+problems): the ``err`` columns.  See benchmarks/README.md for what each column means.
 
 ``--latency`` instead times small problems (decode steps, a short prefill) in
 microseconds per call: sdpa on NumPy arrays, ``sdpa.torch`` on tensors, torch's
@@ -19,20 +22,22 @@ of a tiny random-weight Llama (transformers) with and without ``sdpa.torch.patch
 Only the standard library and NumPy are needed; PyTorch, ONNX Runtime,
 transformers, threadpoolctl and matplotlib are used when they are installed.
 
-The modules, by concern: :mod:`~sdpa.bench.shapes` (the problems and their work
-counts), :mod:`~sdpa.bench.timing` (the timer and the progress bar),
-:mod:`~sdpa.bench.threads` (thread counts and limits), :mod:`~sdpa.bench.machine`
-(machine facts and reference measurements), :mod:`~sdpa.bench.peers` (the
-implementations), :mod:`~sdpa.bench.onnxgraph` (the ONNX model ONNX Runtime
-runs), :mod:`~sdpa.bench.suite` (the throughput suite), :mod:`~sdpa.bench.latency`
-(the latency mode), :mod:`~sdpa.bench.generate` (the Llama ``generate()``),
-:mod:`~sdpa.bench.report` (tables and JSON), :mod:`~sdpa.bench.plot` (the figure)
-and :mod:`~sdpa.bench.cli` (the command line).
+The modules, by concern: :mod:`~sdpa.bench.shapes` (the problems, their work
+counts, dtypes and inputs), :mod:`~sdpa.bench.timing` (the timer and the progress
+bar), :mod:`~sdpa.bench.threads` (thread counts and limits),
+:mod:`~sdpa.bench.machine` (machine facts and reference measurements),
+:mod:`~sdpa.bench.peers` (the implementations), :mod:`~sdpa.bench.errors` (the
+float64 reference and the errors), :mod:`~sdpa.bench.onnxgraph` (the ONNX model ONNX
+Runtime runs), :mod:`~sdpa.bench.suite` (the throughput suite),
+:mod:`~sdpa.bench.latency` (the latency mode), :mod:`~sdpa.bench.generate` (the
+Llama ``generate()``), :mod:`~sdpa.bench.report` (tables and JSON),
+:mod:`~sdpa.bench.plot` (the figure) and :mod:`~sdpa.bench.cli` (the command line).
 """
 
 from __future__ import annotations
 
 from .cli import main
+from .errors import ERROR_ROWS, ReferenceSample, max_abs_error, reference_sample, sample_rows
 from .generate import measure_generate
 from .latency import LATENCY_THREADS, iter_latency, run_latency
 from .machine import machine_info, measure_references
@@ -40,6 +45,8 @@ from .peers import IMPLEMENTATIONS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYT
 from .plot import plot_results
 from .report import format_generate, format_latency_table, format_references, format_table
 from .shapes import (
+    DTYPES,
+    HALF_DTYPES,
     LATENCY_SHAPES,
     QUICK_SHAPES,
     SHAPES,
@@ -48,12 +55,14 @@ from .shapes import (
     Shape,
     ShapeLike,
     attention_flops,
+    bench_dtype,
     causal_pairs,
     kv_bytes,
+    make_inputs,
     parse_shape,
     score_bytes,
 )
-from .suite import iter_suite, run_suite
+from .suite import iter_suite, run_suite, suite_dtypes
 from .threads import default_threads
 from .timing import Progress, loop_times, median_time, time_call
 
@@ -93,4 +102,14 @@ __all__ = [
     "format_latency_table",
     "measure_generate",
     "format_generate",
+    "DTYPES",
+    "HALF_DTYPES",
+    "bench_dtype",
+    "make_inputs",
+    "suite_dtypes",
+    "ERROR_ROWS",
+    "ReferenceSample",
+    "sample_rows",
+    "reference_sample",
+    "max_abs_error",
 ]

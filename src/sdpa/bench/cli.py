@@ -8,6 +8,7 @@ import sys
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Sequence
 
+from .errors import ERROR_ROWS
 from .generate import measure_generate
 from .latency import LATENCY_THREADS, iter_latency
 from .machine import machine_info, measure_references, package_version, reference_steps
@@ -22,8 +23,18 @@ from .report import (
     format_table,
     write_json,
 )
-from .shapes import LATENCY_SHAPES, QUICK_SHAPES, SHAPES, Shape, attention_flops, parse_shape, split_shapes
-from .suite import iter_suite
+from .shapes import (
+    DTYPES,
+    HALF_DTYPES,
+    LATENCY_SHAPES,
+    QUICK_SHAPES,
+    SHAPES,
+    Shape,
+    attention_flops,
+    parse_shape,
+    split_shapes,
+)
+from .suite import iter_suite, suite_dtypes
 from .threads import default_threads, threads_text
 from .timing import Progress
 
@@ -83,7 +94,26 @@ def _build_parser() -> argparse.ArgumentParser:
         help=f"implementations to run (default: {','.join(IMPLEMENTATIONS)}; "
         f"with --latency: {','.join(LATENCY_IMPLEMENTATIONS)})",
     )
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="dtype of q, k and v (default: float32); bfloat16 needs ml_dtypes. sdpa and torch "
+        "run in it; the NumPy version is skipped in 16 bits. --latency: float32 or float64",
+    )
+    p.add_argument(
+        "--kv-dtype",
+        choices=DTYPES,
+        help=f"dtype of k and v (default: --dtype): {' or '.join(HALF_DTYPES)} with --dtype float32 "
+        "times a float32 query against a 16-bit cache (torch runs with the query cast to it)",
+    )
+    p.add_argument(
+        "--error-rows",
+        type=int,
+        default=ERROR_ROWS,
+        help="query rows per shape compared with the float64 reference for the err columns "
+        f"(default: {ERROR_ROWS}; 0 leaves the errors out)",
+    )
     p.add_argument(
         "--min-time",
         type=float,
@@ -145,6 +175,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError("--repeat must be >= 1 and --min-time >= 0")
         if args.latency and args.plot:
             raise ValueError("--plot draws the throughput suite, not --latency")
+        if args.latency and (args.dtype not in ("float32", "float64") or args.kv_dtype not in (None, args.dtype)):
+            raise ValueError("--latency runs float32 or float64, one dtype for q, k and v")
+        if args.error_rows < 0:
+            raise ValueError("--error-rows must be >= 0")
+        if not args.latency:
+            args.kv_dtype = suite_dtypes(args.dtype, args.kv_dtype)[1].name
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -180,7 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         references = measure_references(
             threads,
-            args.dtype,
+            "float64" if args.dtype == "float64" else "float32",  # 16 bits: sdpa computes in float32
             gemm_n=args.gemm_size,
             bandwidth_mib=args.bandwidth_mib,
             min_time=args.min_time,
@@ -192,9 +228,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             threads,
             impls,
             args.dtype,
+            kv_dtype=args.kv_dtype,
             min_time=args.min_time,
             repeat=args.repeat,
             references=references,
+            error_rows=args.error_rows,
             seed=args.seed,
             progress=progress,
         ):
@@ -204,12 +242,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         progress.close()
 
-    _print_header(info, args.dtype)
+    _print_header(info, _dtype_text(args.dtype, args.kv_dtype))
     ref_text = format_references(references)
     if ref_text:
         print(ref_text)
     print()
     print(format_table(rows, args.dtype))
+    if args.error_rows and rows:
+        print(
+            f"  err: max |output - float64 reference| over up to {args.error_rows} query rows per shape "
+            "(first, last, random), on the same rounded inputs"
+        )
     for note in describe_skips(rows):
         print(f"  {note}")
     if interrupted:
@@ -223,6 +266,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "threads": threads,
                 "impls": impls,
                 "dtype": args.dtype,
+                "kv_dtype": args.kv_dtype,
+                "gemm_dtype": references.get("gemm", {}).get("dtype"),
+                "error_rows": args.error_rows,
                 "min_time": args.min_time,
                 "repeat": args.repeat,
                 "seed": args.seed,
@@ -237,6 +283,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         plot_results(rows, args.plot, references)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 130 if interrupted else 0
+
+
+def _dtype_text(dtype: str, kv_dtype: Optional[str]) -> str:
+    """The dtypes as the header line gives them, saying where the gemm reference differs."""
+    if kv_dtype not in (None, dtype):
+        return f"{dtype} query, {kv_dtype} k and v (sdpa computes in float32)"
+    if dtype in HALF_DTYPES:
+        return f"{dtype} (sdpa computes in float32; the gemm reference is float32)"
+    return dtype
 
 
 def _print_header(info: Dict[str, Any], dtype: str, extra: str = "") -> None:

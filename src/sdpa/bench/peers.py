@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import scaled_dot_product_attention as _sdpa
 from ..reference import causal_mask
 from .onnxgraph import INPUT_NAMES, OUTPUT_NAME, attention_model
-from .shapes import GiB, Shape, score_bytes
+from .shapes import HALF_DTYPES, GiB, Shape, score_bytes
 from .threads import SdpaThreads, TorchThreads
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "numpy_attention",
     "make_runner",
     "skip_reason",
+    "peer_note",
     "make_latency_runner",
     "latency_absent_reason",
     "latency_scope",
@@ -113,13 +114,28 @@ def make_runner(
     raise ValueError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLEMENTATIONS)}")
 
 
+def _tensor(a: np.ndarray) -> Any:
+    """A CPU tensor sharing the array's memory (ml_dtypes' bfloat16 as torch.bfloat16)."""
+    torch = _load_torch()
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _torch_inputs(
     shape: Shape, q: np.ndarray, k: np.ndarray, v: np.ndarray
 ) -> Tuple[Any, Any, Any, Dict[str, Any]]:
-    """q, k, v as tensors sharing the arrays' memory, and the keywords of torch's function."""
+    """q, k, v as tensors sharing the arrays' memory, and the keywords of torch's function.
+
+    torch's function takes one dtype for all three: a query of another dtype than the
+    key and value (a float32 query against a 16-bit cache) is cast to theirs, here,
+    once (see :func:`peer_note`).
+    """
     torch = _load_torch()
     F = torch.nn.functional
-    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    tq, tk, tv = (_tensor(a) for a in (q, k, v))
+    if tq.dtype != tk.dtype:
+        tq = tq.to(tk.dtype)
     kwargs: Dict[str, Any] = {"is_causal": shape.causal}
     if shape.gqa:
         try:
@@ -133,14 +149,34 @@ def _torch_inputs(
     return tq, tk, tv, kwargs
 
 
-def skip_reason(impl: str, shape: Shape, itemsize: int, numpy_max_bytes: int) -> Optional[str]:
-    """Why ``impl`` is not run on ``shape`` (too much memory, torch missing), or None."""
+def skip_reason(
+    impl: str, shape: Shape, itemsize: int, numpy_max_bytes: int, dtypes: Sequence[np.dtype] = ()
+) -> Optional[str]:
+    """Why ``impl`` is not run on ``shape`` with operands of ``dtypes`` (a 16-bit one for
+    NumPy, too much memory, torch missing), or None."""
     if impl == "numpy":
+        half = [np.dtype(d).name for d in dtypes if np.dtype(d).name in HALF_DTYPES]
+        if half:
+            return (
+                f"NumPy has no {half[0]} BLAS matmul: the textbook version would compute in another "
+                "dtype"
+            )
         need = score_bytes(shape, itemsize)
         if need > numpy_max_bytes:
             return f"score matrix needs {need / GiB:.1f} GiB (limit {numpy_max_bytes / GiB:.1f} GiB)"
     if impl == "torch" and _load_torch() is None:
         return _torch_error
+    return None
+
+
+def peer_note(impl: str, dtype: np.dtype, kv_dtype: np.dtype) -> Optional[str]:
+    """What differs in how ``impl`` runs a query of ``dtype`` against k and v of ``kv_dtype``:
+    torch casts the query to the cache's dtype, since its function takes one dtype."""
+    if impl == "torch" and np.dtype(dtype) != np.dtype(kv_dtype):
+        return (
+            f"query cast to {np.dtype(kv_dtype).name} once, outside the timed calls "
+            f"(torch takes one dtype for q, k and v); its output is {np.dtype(kv_dtype).name}"
+        )
     return None
 
 

@@ -29,12 +29,16 @@ def plot_results(
     tmax = thread_counts[-1] if thread_counts else 1
     markers = {"sdpa": "o", "numpy": "s", "torch": "^"}
     styles = {"sdpa": "-", "numpy": ":", "torch": "--"}
-    impls = [i for i in IMPLEMENTATIONS if any(i in r["impls"] for r in rows)]
     gemm_entries = (references or {}).get("gemm", {}).get("results", [])
+    gemm_dtype = (references or {}).get("gemm", {}).get("dtype")
+    gemm_label = f"{gemm_dtype} gemm (NumPy)" if gemm_dtype else "gemm (NumPy)"
 
     def gflops(row: Dict[str, Any], impl: str) -> Optional[float]:
         r = row["impls"].get(impl)
         return r["gflops"] if r and r["status"] == "ok" else None
+
+    # the implementations measured somewhere (NumPy is skipped in 16 bits)
+    impls = [i for i in IMPLEMENTATIONS if any(gflops(r, i) is not None for r in rows)]
 
     fig, (ax_len, ax_thr) = plt.subplots(1, 2, figsize=(13, 5.2))
 
@@ -57,7 +61,7 @@ def plot_results(
             ax_len.annotate(r["shape"], (r["L"], g), textcoords="offset points", xytext=(6, 3), fontsize=7)
     ref = lookup(gemm_entries, tmax, "gflops")
     if ref is not None:
-        ax_len.axhline(ref, color="0.5", linestyle="--", linewidth=1, label="gemm (NumPy)")
+        ax_len.axhline(ref, color="0.5", linestyle="--", linewidth=1, label=gemm_label)
     ax_len.set_xscale("log", base=2)
     lengths = sorted({r["L"] for r in at_tmax})
     if lengths:
@@ -100,7 +104,7 @@ def plot_results(
         for i in impls
     ]
     if ref_pts:
-        handles.append(Line2D([], [], color="0.4", linewidth=2, alpha=0.6, label="gemm (NumPy)"))
+        handles.append(Line2D([], [], color="0.4", linewidth=2, alpha=0.6, label=gemm_label))
     ax_thr.set_xticks(thread_counts)
     ax_thr.set_xlabel("threads")
     ax_thr.set_ylabel("GFLOP/s")
@@ -109,8 +113,16 @@ def plot_results(
     ax_thr.grid(True, alpha=0.3)
     ax_thr.legend(handles=handles, fontsize=7, ncol=2)
 
-    fig.suptitle(f"sdpa {_sdpa_version}: attention throughput ({rows[0]['dtype'] if rows else ''})")
+    fig.suptitle(f"sdpa {_sdpa_version}: attention throughput ({_dtypes(rows)})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _dtypes(rows: Sequence[Dict[str, Any]]) -> str:
+    """``bfloat16``, or ``float32 query, bfloat16 k/v`` for a 16-bit cache; empty without rows."""
+    if not rows:
+        return ""
+    dtype, kv_dtype = rows[0]["dtype"], rows[0].get("kv_dtype")
+    return dtype if kv_dtype in (None, dtype) else f"{dtype} query, {kv_dtype} k/v"
 

@@ -10,6 +10,7 @@ from .shapes import MiB
 
 __all__ = [
     "format_table",
+    "gemm_label",
     "format_references",
     "describe_skips",
     "format_latency_table",
@@ -45,9 +46,41 @@ def _fmt_ratio(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
+def _fmt_err(x: Optional[float]) -> str:
+    """An error with two significant figures, ``3.8e-3``; ``-`` for None."""
+    if x is None:
+        return "-"
+    if x != x:  # NaN
+        return "nan"
+    if x == 0:
+        return "0"
+    mantissa, _, exponent = f"{x:.1e}".partition("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _fmt_err_ratio(x: Optional[float]) -> str:
+    """A ratio of errors: ``0.82x``, or ``3.5e-5x`` when it is below 0.1 (a float32 query
+    against a 16-bit cache, compared with torch's cast query)."""
+    if x is not None and x != x:
+        return "nan"
+    if x is None or x >= 0.095:  # what would round to 0.10x and above
+        return _fmt_ratio(x)
+    return f"{_fmt_err(x)}x"
+
+
+def gemm_label(dtype: str = "float32") -> str:
+    """The gemm reference's name in the table: ``sgemm``, ``dgemm``, or ``f32 gemm`` for a
+    16-bit run (the reference is then float32, the dtype sdpa computes 16-bit inputs in)."""
+    return {"float32": "sgemm", "float64": "dgemm"}.get(dtype, "f32 gemm")
+
+
 def format_table(rows: Sequence[Dict[str, Any]], dtype: str = "float32") -> str:
-    """The results as a plain-text table, one line per (shape, threads)."""
-    gemm = "sgemm" if dtype == "float32" else "dgemm" if dtype == "float64" else "gemm"
+    """The results as a plain-text table, one line per (shape, threads).
+
+    The error columns (max absolute error against the float64 reference, and the
+    ratio sdpa's over torch's) appear when the rows carry errors.
+    """
+    errors = any(row.get("error_rows") for row in rows)
     header = [
         "shape",
         "threads",
@@ -55,29 +88,36 @@ def format_table(rows: Sequence[Dict[str, Any]], dtype: str = "float32") -> str:
         "numpy GFLOP/s",
         "torch GFLOP/s",
         "sdpa/torch",
-        f"% {gemm}",
+        f"% {gemm_label(dtype)}",
         "sdpa GB/s",
         "% bw",
     ]
+    if errors:
+        header += ["sdpa err", "torch err", "err sdpa/torch"]
     lines: List[List[str]] = []
     for row in rows:
         ratio = row.get("sdpa_over_torch")
         pct = row.get("sdpa_pct_gemm")
         decode = row.get("decode")
         pct_bw = row.get("sdpa_pct_bandwidth") if decode else None
-        lines.append(
-            [
-                row["shape"],
-                str(row["threads"]),
-                _fmt_impl(row, "sdpa"),
-                _fmt_impl(row, "numpy"),
-                _fmt_impl(row, "torch"),
-                _fmt_ratio(ratio),
-                "" if pct is None else f"{pct:.1f}%",
-                _fmt_impl(row, "sdpa", "gbps") if decode else "",
-                "" if pct_bw is None else f"{pct_bw:.0f}%",
+        cells = [
+            row["shape"],
+            str(row["threads"]),
+            _fmt_impl(row, "sdpa"),
+            _fmt_impl(row, "numpy"),
+            _fmt_impl(row, "torch"),
+            _fmt_ratio(ratio),
+            "" if pct is None else f"{pct:.1f}%",
+            _fmt_impl(row, "sdpa", "gbps") if decode else "",
+            "" if pct_bw is None else f"{pct_bw:.0f}%",
+        ]
+        if errors:
+            cells += [
+                _fmt_err(row.get("sdpa_err")),
+                _fmt_err(row.get("torch_err")),
+                _fmt_err_ratio(row.get("sdpa_err_over_torch")),
             ]
-        )
+        lines.append(cells)
     return _render(header, lines)
 
 
@@ -119,13 +159,23 @@ def format_references(references: Dict[str, Any]) -> str:
 
 
 def describe_skips(rows: Sequence[Dict[str, Any]]) -> List[str]:
-    """One note per implementation not measured on a shape, saying why."""
-    notes: Dict[str, None] = {}
+    """One note per implementation not measured, saying why, and per note on how one was
+    run (torch on a cache of another dtype); naming the shapes unless it is all of them."""
+    shapes: Dict[str, Dict[str, None]] = {}  # note -> the shapes it applies to, in order
     for row in rows:
         for impl, r in row["impls"].items():
             if r["status"] != "ok":
-                notes[f"{row['shape']}: {impl} {r['status']} ({r['reason']})"] = None
-    return list(notes)
+                note = f"{impl} {r['status']} ({r['reason']})"
+            elif r.get("note"):
+                note = f"{impl}: {r['note']}"
+            else:
+                continue
+            shapes.setdefault(note, {})[row["shape"]] = None
+    every = list(dict.fromkeys(row["shape"] for row in rows))
+    return [
+        note if len(every) > 1 and list(names) == every else f"{', '.join(names)}: {note}"
+        for note, names in shapes.items()
+    ]
 
 
 #: The latency table's implementation columns, in order, with their headers.

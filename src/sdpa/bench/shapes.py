@@ -21,6 +21,9 @@ __all__ = [
     "attention_flops",
     "kv_bytes",
     "score_bytes",
+    "DTYPES",
+    "HALF_DTYPES",
+    "bench_dtype",
     "make_inputs",
 ]
 
@@ -181,15 +184,55 @@ def score_bytes(shape: Shape, itemsize: int) -> int:
     return shape.B * shape.Hq * shape.L * shape.S * itemsize
 
 
-def make_inputs(shape: Shape, dtype: np.dtype, seed: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Standard-normal q, k, v of ``shape`` in ``dtype``, the same for every implementation."""
+# --------------------------------------------------------------------------- dtypes and inputs
+
+#: The dtypes the suite runs in (``--dtype``); sdpa computes the 16-bit ones in float32.
+DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+#: The 16-bit ones, also the choices of a key/value cache of its own dtype (``--kv-dtype``).
+HALF_DTYPES = ("bfloat16", "float16")
+
+
+def bench_dtype(dtype: Union[str, np.dtype, type]) -> np.dtype:
+    """The NumPy dtype of one of :data:`DTYPES` (bfloat16 is ``ml_dtypes.bfloat16``).
+
+    ValueError for any other dtype, and for bfloat16 when ml_dtypes is not installed.
+    """
+    if isinstance(dtype, str) and dtype.strip() == "bfloat16":
+        try:
+            import ml_dtypes  # noqa: PLC0415 - optional: NumPy's bfloat16 dtype
+        except ImportError:
+            raise ValueError("bfloat16 needs ml_dtypes (pip install ml_dtypes)") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or dt.name not in DTYPES or not dt.isnative:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
+    return dt
+
+
+def make_inputs(
+    shape: Shape, dtype: np.dtype, seed: int, kv_dtype: Optional[np.dtype] = None
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standard-normal q, k, v of ``shape``, the same for every implementation: q in
+    ``dtype``, k and v in ``kv_dtype`` (default: ``dtype``).
+
+    The values are drawn in float32 and rounded to the dtype, so runs in different
+    dtypes with one seed see the same numbers, rounded.
+    """
     rng = np.random.default_rng(seed)
+    dtypes = (dtype, dtype if kv_dtype is None else kv_dtype, dtype if kv_dtype is None else kv_dtype)
     q, k, v = (
-        rng.standard_normal(d, dtype=np.float32).astype(dtype, copy=False)
-        for d in (
-            (shape.B, shape.Hq, shape.L, shape.E),
-            (shape.B, shape.Hkv, shape.S, shape.E),
-            (shape.B, shape.Hkv, shape.S, shape.Ev),
+        rng.standard_normal(d, dtype=np.float32).astype(dt, copy=False)
+        for d, dt in zip(
+            (
+                (shape.B, shape.Hq, shape.L, shape.E),
+                (shape.B, shape.Hkv, shape.S, shape.E),
+                (shape.B, shape.Hkv, shape.S, shape.Ev),
+            ),
+            dtypes,
         )
     )
     return q, k, v

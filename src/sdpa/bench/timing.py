@@ -13,10 +13,14 @@ __all__ = ["time_call", "median_time", "loop_times", "Progress"]
 
 
 def time_call(
-    fn: Callable[[], Any], min_time: float = 0.5, repeat: int = 5, max_runs: int = 100_000
+    fn: Callable[[], Any], min_time: float = 0.5, repeat: int = 5, max_runs: int = 100_000, warmup: bool = True
 ) -> List[float]:
-    """Seconds per call: one untimed warm-up, then at least ``repeat`` calls and ``min_time`` s."""
-    fn()
+    """Seconds per call: one untimed warm-up, then at least ``repeat`` calls and ``min_time`` s.
+
+    ``warmup=False`` leaves the warm-up to the caller (who may want its result).
+    """
+    if warmup:
+        fn()
     times: List[float] = []
     total = 0.0
     while (len(times) < repeat or total < min_time) and len(times) < max_runs:
