@@ -221,6 +221,19 @@ typedef void (*dot_half_f64_fn)(sdpa_dtype, int, int, int64_t, const double *, i
 static dot_half_f64_fn dot_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 static dot_half_f64_fn pv_rows_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 
+/* The tile mask kernels, or NULL (float64, and sets without them: per element). */
+typedef void (*mask_add_f32_fn)(float *, int, int, const float *, int64_t);
+typedef void (*mask_bool_f32_fn)(float *, int, int, const uint8_t *, int64_t);
+typedef void (*mask_add_f64_fn)(double *, int, int, const double *, int64_t);
+typedef void (*mask_bool_f64_fn)(double *, int, int, const uint8_t *, int64_t);
+static mask_add_f32_fn mask_add_of_f32(const kernels_f32 *kern) { return kern->mask_add; }
+static mask_bool_f32_fn mask_bool_of_f32(const kernels_f32 *kern) { return kern->mask_bool; }
+static mask_add_f64_fn mask_add_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+static mask_bool_f64_fn mask_bool_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+
+/* What a mask does to a tile (see mask_tile_class in attention_impl.h). */
+enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
+
 /* ---- the two compute types ---- */
 
 #define T float
@@ -396,6 +409,29 @@ void sdpa_problem_init(sdpa_problem *p) {
     p->mask_kind = SDPA_MASK_NONE;
 }
 
+/*
+ * A bool mask that is the same for every head and query row (a padding mask,
+ * (B, 1, 1, S)) and, for each batch index, lets through a prefix of the keys
+ * (True ... True False ... False) limits the keys instead: the keys past the
+ * prefix are never visited and no mask is applied.  limits[b] (dense over
+ * batch_shape) becomes the smaller of the prefix and the key length.  Returns
+ * 0 when the mask is not of that shape.
+ */
+static int padding_limits(const sdpa_problem *p, int64_t batch_count, int64_t *limits) {
+    if (p->mask_kind != SDPA_MASK_BOOL || p->mask.row_stride != 0 || p->mask.head_stride != 0) return 0;
+    const int64_t S = p->len_kv, cs = p->mask.col_stride;
+    for (int64_t b = 0; b < batch_count; b++) {
+        const uint8_t *m = (const uint8_t *)p->mask.data + batch_offset_of(p, p->mask.batch_strides, b);
+        int64_t prefix = 0;
+        while (prefix < S && m[prefix * cs]) prefix++;
+        for (int64_t j = prefix + 1; j < S; j++)
+            if (m[j * cs]) return 0;
+        const int64_t len = key_limit(p, b);
+        limits[b] = prefix < len ? prefix : len;
+    }
+    return 1;
+}
+
 sdpa_status sdpa_attention(const sdpa_problem *p) {
     if (!p) return SDPA_ERR_NULL_POINTER;
     int64_t batch_count = 0;
@@ -410,10 +446,25 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
     sdpa_problem q = *p;
     if (q.causal_offset > q.len_kv) q.causal_offset = q.len_kv;
     if (q.causal_offset < -q.len_q) q.causal_offset = -q.len_q;
+    int64_t *limits = NULL;
+    if (q.mask_kind == SDPA_MASK_BOOL && q.mask.row_stride == 0 && q.mask.head_stride == 0 && q.len_kv > 0) {
+        limits = (int64_t *)malloc((size_t)batch_count * sizeof(int64_t));
+        if (!limits) return SDPA_ERR_NO_MEMORY;
+        if (padding_limits(&q, batch_count, limits)) {
+            q.mask_kind = SDPA_MASK_NONE;
+            q.key_lengths = limits;
+            int64_t stride = 1;
+            for (int d = q.num_batch_dims - 1; d >= 0; d--) {
+                q.key_lengths_strides[d] = stride;
+                stride *= q.batch_shape[d];
+            }
+        }
+    }
     plan pl;
     make_plan(&q, batch_count, kt, &pl);
-    if (q.dtype == SDPA_FLOAT64) return attention_f64(&q, &pl, &kt->f64);
-    return attention_f32(&q, &pl, &kt->f32);
+    st = q.dtype == SDPA_FLOAT64 ? attention_f64(&q, &pl, &kt->f64) : attention_f32(&q, &pl, &kt->f32);
+    free(limits);
+    return st;
 }
 
 const char *sdpa_status_message(sdpa_status status) {

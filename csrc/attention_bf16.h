@@ -142,17 +142,21 @@ static void run_task_bf16(const sdpa_problem *p, const plan *pl, const kernels_f
             }
             float *pmax = row_m + (int64_t)pn * nr, *psum = row_l + (int64_t)pn * nr;
             float *pacc = acc + (int64_t)pn * Ev * nr;
+            const void *tile_mask = mask;
+            if (mask) {
+                const int cls = mask_tile_class_f32(p, mask, r0, prows, s0, np);
+                if (cls == TILE_NONE_VISIBLE) {  /* adds nothing to any row */
+                    if (weights) hide_in_weights_f32(p, weights, r0, prows, s0, np);
+                    continue;
+                }
+                if (cls == TILE_ALL_VISIBLE) tile_mask = NULL;
+            }
 
             kern->gemm_bf16(np, E2, kt, k_rs, 1, qp + (int64_t)pn * E2 * nr, nr, st, nr, 0);
             for (int64_t i = 0; i < (int64_t)np * nr; i++) st[i] *= scale;
 
             const int diagonal = p->causal && s0 + np - 1 > r0 + p->causal_offset;
-            if (mask || diagonal) {
-                for (int x = 0; x < prows; x++) {
-                    const int64_t lim = p->causal ? r0 + x + p->causal_offset + 1 : kv_end;
-                    mask_scores_f32(p, mask ? mask_row_of_f32(p, mask, r0 + x) : NULL, st + x, nr, s0, np, lim);
-                }
-            }
+            if (tile_mask || diagonal) mask_tile_f32(p, kern, tile_mask, st, nr, r0, prows, s0, np, kv_end);
             if (weights)
                 for (int x = 0; x < prows; x++)
                     store_raw_scores_f32(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, s0, np);

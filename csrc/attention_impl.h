@@ -114,6 +114,63 @@ static const void *FN(mask_row_of)(const sdpa_problem *p, const void *mask, int6
     return (const char *)mask + row * p->mask.row_stride * elem;
 }
 
+/* What a bool mask does to the tile of rows r0..r0+prows and keys s0..s0+n: 1
+ * when it changes nothing (every element True), 2 when it hides everything, 0
+ * otherwise (and for masks whose keys are not contiguous).  Additive masks are
+ * always applied: reading them twice would cost more than adding zeros, and an
+ * additive -inf must not hide a tile (-inf + NaN is NaN: the NaN contract). */
+static int FN(mask_tile_class)(const sdpa_problem *p, const void *mask, int64_t r0, int prows, int64_t s0, int n) {
+    if (p->mask_kind != SDPA_MASK_BOOL || p->mask.col_stride != 1 || n == 0) return TILE_MIXED;
+    const int rows = p->mask.row_stride == 0 ? 1 : prows;  /* a mask broadcast over rows has one */
+    int all = 1, none = 1;
+    for (int x = 0; x < rows && (all || none); x++) {
+        const uint8_t *m = (const uint8_t *)FN(mask_row_of)(p, mask, r0 + x) + s0;
+        unsigned char any_hidden = 0, any_visible = 0;
+        for (int j = 0; j < n; j++) {
+            any_hidden |= m[j] == 0;
+            any_visible |= m[j] != 0;
+        }
+        all &= !any_hidden;
+        none &= !any_visible;
+    }
+    return all ? TILE_ALL_VISIBLE : none ? TILE_NONE_VISIBLE : TILE_MIXED;
+}
+
+/* The mask of rows r0..r0+prows on the transposed tile st (n keys x nr rows,
+ * keys from s0), then causality: with a kernel a block at a time where the
+ * mask's keys are contiguous, else element by element. */
+static void FN(mask_tile)(const sdpa_problem *p, const KT *kern, const void *mask, T *st, int nr, int64_t r0, int prows,
+                          int64_t s0, int n, int64_t kv_end) {
+    if (mask) {
+        const int64_t rs = p->mask.row_stride;
+        if (p->mask.col_stride == 1 && p->mask_kind == SDPA_MASK_BOOL && FN(mask_bool_of)(kern)) {
+            FN(mask_bool_of)(kern)(st, n, prows, (const uint8_t *)FN(mask_row_of)(p, mask, r0) + s0, rs);
+        } else if (p->mask.col_stride == 1 && p->mask_kind == SDPA_MASK_ADDITIVE && FN(mask_add_of)(kern)) {
+            FN(mask_add_of)(kern)(st, n, prows, (const T *)FN(mask_row_of)(p, mask, r0) + s0, rs);
+        } else {
+            for (int x = 0; x < prows; x++)
+                FN(mask_scores)(p, FN(mask_row_of)(p, mask, r0 + x), st + x, nr, s0, n, kv_end);
+        }
+    }
+    if (p->causal) {  /* key s0 + j is hidden from the rows x < s0 + j - r0 - offset */
+        const int64_t first = s0 - r0 - p->causal_offset;
+        for (int j = 0; j < n; j++) {
+            int64_t hidden = first + j;
+            if (hidden <= 0) continue;
+            if (hidden > prows) hidden = prows;
+            for (int64_t x = 0; x < hidden; x++) st[(int64_t)j * nr + x] = -(T)INFINITY;
+        }
+    }
+}
+
+/* Raw scores of -inf (weights of 0) for a tile of hidden keys that is skipped. */
+static void FN(hide_in_weights)(const sdpa_problem *p, T *weights, int64_t r0, int prows, int64_t s0, int n) {
+    for (int x = 0; x < prows; x++) {
+        T *wr = weights + (r0 + x) * p->weights.row_stride;
+        for (int j = 0; j < n; j++) wr[(s0 + j) * p->weights.col_stride] = -(T)INFINITY;
+    }
+}
+
 /* Raw (scaled, masked) scores sr[j * ss] of one row into its weights row from
  * key s0 on; normalize_weights turns them into weights once the row is done. */
 static void FN(store_raw_scores)(const sdpa_problem *p, T *wr, const T *sr, int64_t ss, int64_t s0,
@@ -209,17 +266,20 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             }
             T *pmax = row_m + (int64_t)pn * nr, *psum = row_l + (int64_t)pn * nr;
             T *pacc = acc + (int64_t)pn * Ev * nr;
+            const void *tile_mask = mask;
+            if (mask) {
+                const int cls = FN(mask_tile_class)(p, mask, r0, prows, s0, np);
+                if (cls == TILE_NONE_VISIBLE) {  /* adds nothing to any row */
+                    if (weights) FN(hide_in_weights)(p, weights, r0, prows, s0, np);
+                    continue;
+                }
+                if (cls == TILE_ALL_VISIBLE) tile_mask = NULL;
+            }
 
             kern->gemm(np, E, kt, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
 
             const int diagonal = p->causal && s0 + np - 1 > r0 + p->causal_offset;
-            if (mask || diagonal) {
-                for (int x = 0; x < prows; x++) {
-                    const int64_t lim = p->causal ? r0 + x + p->causal_offset + 1 : kv_end;
-                    FN(mask_scores)(p, mask ? FN(mask_row_of)(p, mask, r0 + x) : NULL, st + x, nr, s0,
-                                    np, lim);
-                }
-            }
+            if (tile_mask || diagonal) FN(mask_tile)(p, kern, tile_mask, st, nr, r0, prows, s0, np, kv_end);
             if (weights)
                 for (int x = 0; x < prows; x++)
                     FN(store_raw_scores)(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, s0, np);

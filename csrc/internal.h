@@ -75,6 +75,12 @@ typedef struct kernels_f32 {
                      int64_t ldk, float *s, int64_t lds);
     void (*pv_rows_half)(sdpa_dtype dt, int m, int n, int64_t ev, const float *p, int64_t ldp, const uint16_t *v,
                          int64_t ldv, float *acc, int64_t ldacc);
+    /* Masks on a transposed score tile s (n keys x nr rows) for its first `rows`
+     * rows, the element of row x and key j at m[x*m_rs + j] (NULL: per element
+     * in the driver):  mask_add: s[j*nr + x] += m[...];
+     *                  mask_bool: s[j*nr + x] = -inf where m[...] == 0 */
+    void (*mask_add)(float *s, int n, int rows, const float *m, int64_t m_rs);
+    void (*mask_bool)(float *s, int n, int rows, const uint8_t *m, int64_t m_rs);
 } kernels_f32;
 
 typedef struct kernels_f64 {

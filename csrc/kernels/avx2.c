@@ -138,6 +138,35 @@ static inline __m256d hsum_lanes_pd(const __m256d *a) {
     return _mm256_add_pd(_mm256_permute2f128_pd(s2[0], s2[1], 0x20), _mm256_permute2f128_pd(s2[0], s2[1], 0x31));
 }
 
+/* r[i] (row i of an 8 x 8 block) becomes column i */
+static inline void transpose8_ps(__m256 *r) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int h = 0; h < 2; h++) {
+            u[4 * i + 2 * h] = _mm256_shuffle_ps(t[4 * i + h], t[4 * i + 2 + h], 0x44);
+            u[4 * i + 2 * h + 1] = _mm256_shuffle_ps(t[4 * i + h], t[4 * i + 2 + h], 0xEE);
+        }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+
+/* 8 bytes of a bool mask: 0 where nonzero (visible), -inf where zero */
+static inline __m256 bool_to_neginf_ps(const uint8_t *p) {
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256 hidden = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()));
+    return _mm256_and_ps(hidden, _mm256_set1_ps(-INFINITY));
+}
+
+static inline __m256 neginf_where_ps(__m256 t, __m256 s) {
+    return _mm256_blendv_ps(s, t, _mm256_cmp_ps(t, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
+}
+
 static inline float hmax_nan_ps(__m256 v) {
     if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q))) return NAN;
     __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -171,7 +200,8 @@ const kernel_table sdpa_kernels_avx2 = {
     .f32 = {.nr = panel_rows_avx2_f32, .tile_q = 128, .tile_k = 128, .widen = widen_avx2,
             .gemm = gemm_avx2_f32, .softmax = softmax_avx2_f32, .exp = exp_avx2_f32,
             .dot = dot_avx2_f32, .pv_rows = pv_rows_avx2_f32, .row_softmax = row_softmax_avx2_f32,
-            .dot_half = dot_half_avx2_f32, .pv_rows_half = pv_rows_half_avx2_f32},
+            .dot_half = dot_half_avx2_f32, .pv_rows_half = pv_rows_half_avx2_f32,
+            .mask_add = mask_add_avx2_f32, .mask_bool = mask_bool_avx2_f32},
     .f64 = {.nr = panel_rows_avx2_f64, .tile_q = 64, .tile_k = 128,
             .gemm = gemm_avx2_f64, .softmax = softmax_avx2_f64, .exp = exp_avx2_f64,
             .dot = dot_avx2_f64, .pv_rows = pv_rows_avx2_f64, .row_softmax = row_softmax_avx2_f64},

@@ -24,5 +24,8 @@
 #define V_HSUM_LANES hsum_lanes_ps
 #define V_HMAX_NAN hmax_nan_ps
 #define S_EXP expf
+#define V_TRANSPOSE transpose8_ps
+#define V_BOOL_TO_NEGINF bool_to_neginf_ps
+#define V_NEGINF_WHERE neginf_where_ps
 #define V_LOADU_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define V_LOADU_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))

@@ -119,6 +119,43 @@ static inline __m512d hsum_lanes_pd(const __m512d *a) {
     return _mm512_add_pd(_mm512_shuffle_f64x2(s4[0], s4[1], 0x88), _mm512_shuffle_f64x2(s4[0], s4[1], 0xDD));
 }
 
+/* r[i] (row i of a 16 x 16 block) becomes column i */
+static inline void transpose16_ps(__m512 *r) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++)
+        for (int h = 0; h < 2; h++) {
+            __m512d a = _mm512_castps_pd(t[4 * i + h]), b = _mm512_castps_pd(t[4 * i + 2 + h]);
+            r[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    /* now 128-bit group g of r[4i + c] holds rows 4i..4i+3 of column 4g + c:
+     * gather the groups of the four row blocks */
+    for (int c = 0; c < 4; c++) {
+        __m512 a0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), a1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+        __m512 b0 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44), b1 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+        t[c] = _mm512_shuffle_f32x4(a0, b0, 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(a0, b0, 0xDD);
+        t[8 + c] = _mm512_shuffle_f32x4(a1, b1, 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(a1, b1, 0xDD);
+    }
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* 16 bytes of a bool mask: 0 where nonzero (visible), -inf where zero */
+static inline __m512 bool_to_neginf_ps(const uint8_t *p) {
+    __mmask16 visible = _mm_test_epi8_mask(_mm_loadu_si128((const __m128i *)p), _mm_set1_epi8(-1));
+    return _mm512_maskz_mov_ps((__mmask16)~visible, _mm512_set1_ps(-INFINITY));
+}
+
+/* s where t > -inf, -inf where t is -inf */
+static inline __m512 neginf_where_ps(__m512 t, __m512 s) {
+    return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(t, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), t);
+}
+
 static inline float hmax_nan_ps(__m512 v) {
     if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return NAN;
     return _mm512_reduce_max_ps(v);
@@ -227,7 +264,8 @@ const kernel_table sdpa_kernels_avx512 = {
     .f32 = {.nr = panel_rows_avx512_f32, .tile_q = 128, .tile_k = 128, .widen = widen_avx512,
             .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32,
             .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32,
-            .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32},
+            .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32,
+            .mask_add = mask_add_avx512_f32, .mask_bool = mask_bool_avx512_f32},
     .f64 = {.nr = panel_rows_avx512_f64, .tile_q = 64, .tile_k = 128,
             .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64,
             .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64, .row_softmax = row_softmax_avx512_f64},
@@ -240,6 +278,7 @@ const kernel_table sdpa_kernels_avx512_bf16 = {
             .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32,
             .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32,
             .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32,
+            .mask_add = mask_add_avx512_f32, .mask_bool = mask_bool_avx512_f32,
             .gemm_bf16 = gemm_bf16_avx512, .pairs_bf16 = pairs_bf16_avx512},
     .f64 = {.nr = panel_rows_avx512_f64, .tile_q = 64, .tile_k = 128,
             .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64,

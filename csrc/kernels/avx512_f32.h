@@ -24,5 +24,8 @@
 #define V_HSUM_LANES hsum_lanes_ps
 #define V_HMAX_NAN hmax_nan_ps
 #define S_EXP expf
+#define V_TRANSPOSE transpose16_ps
+#define V_BOOL_TO_NEGINF bool_to_neginf_ps
+#define V_NEGINF_WHERE neginf_where_ps
 #define V_LOADU_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define V_LOADU_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))

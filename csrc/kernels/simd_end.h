@@ -24,3 +24,6 @@
 #undef S_EXP
 #undef V_LOADU_BF16
 #undef V_LOADU_F16
+#undef V_TRANSPOSE
+#undef V_BOOL_TO_NEGINF
+#undef V_NEGINF_WHERE

@@ -18,6 +18,10 @@
  *   V_HSUM_LANES(a)        a vector whose lane i is V_HSUM(a[i]), a[0..LANES)
  *   V_LOADU_BF16(p) V_LOADU_F16(p)   (float only, optional) LANES 16-bit values
  *                          widened to T: the row kernels over a 16-bit cache
+ *   V_TRANSPOSE(r)         (float only, optional) r[0..LANES) as rows of a square
+ *                          block become its columns: the vectorised masks
+ *   V_BOOL_TO_NEGINF(p)    LANES bool bytes: 0 where nonzero, -inf where zero
+ *   V_NEGINF_WHERE(t, s)   s, with -inf in the lanes where t is -inf
  *   V_HMAX_NAN(v)          the largest lane, NaN if a lane is NaN
  *   S_EXP(x)               libm's exp for T
  */
@@ -125,6 +129,64 @@ static void FN(exp)(T *x, int64_t n) {
         for (int l = 0; i + l < n; l++) x[i + l] = tmp[l];
     }
 }
+
+/* ---- masks on a transposed score tile ---- */
+
+#ifdef V_TRANSPOSE
+/*
+ * s is n keys x NR query rows (row stride NR); the mask element of row x and
+ * key j is m[x*m_rs + j] (the caller handles other layouts).  Blocks of LANES
+ * rows x LANES keys of the mask are read row by row, as they lie in memory,
+ * transposed in registers and applied to LANES key rows of s at once.  Rows at
+ * or past `rows` (a partial panel) are not read.
+ */
+static inline __attribute__((always_inline)) void FN(mask_tile)(T *s, int n, int rows, const void *m, int64_t m_rs,
+                                                              const int is_bool) {
+    const int nblocks = (rows + LANES - 1) / LANES;
+    int j = 0;
+    for (; j + LANES <= n; j += LANES) {
+        for (int rb = 0; rb < nblocks; rb++) {
+            V t[LANES];
+            for (int i = 0; i < LANES; i++) {
+                const int x = rb * LANES + i;
+                if (x >= rows) {
+                    t[i] = V_ZERO();
+                    continue;
+                }
+                /* the rows' next cache lines: 16 or 32 streams at once are more
+                 * than the hardware prefetcher follows */
+                __builtin_prefetch(is_bool ? (const void *)((const uint8_t *)m + x * m_rs + j + 64)
+                                           : (const void *)((const T *)m + x * m_rs + j + 2 * LANES));
+                if (is_bool) {
+                    t[i] = V_BOOL_TO_NEGINF((const uint8_t *)m + x * m_rs + j);
+                } else {
+                    t[i] = V_LOADU((const T *)m + x * m_rs + j);
+                }
+            }
+            V_TRANSPOSE(t);
+            for (int i = 0; i < LANES; i++) {
+                T *sj = s + (int64_t)(j + i) * NR + rb * LANES;
+                V_STORE(sj, is_bool ? V_NEGINF_WHERE(t[i], V_LOAD(sj)) : V_ADD(V_LOAD(sj), t[i]));
+            }
+        }
+    }
+    for (; j < n; j++)  /* the last keys, one at a time */
+        for (int x = 0; x < rows; x++) {
+            T *sj = s + (int64_t)j * NR + x;
+            if (is_bool) {
+                if (!((const uint8_t *)m)[x * m_rs + j]) *sj = -(T)INFINITY;
+            } else {
+                *sj += ((const T *)m)[x * m_rs + j];
+            }
+        }
+}
+
+static void FN(mask_add)(T *s, int n, int rows, const T *m, int64_t m_rs) { FN(mask_tile)(s, n, rows, m, m_rs, 0); }
+
+static void FN(mask_bool)(T *s, int n, int rows, const uint8_t *m, int64_t m_rs) {
+    FN(mask_tile)(s, n, rows, m, m_rs, 1);
+}
+#endif
 
 /* ---- row kernels ---- */
 
