@@ -231,6 +231,28 @@ static mask_bool_f32_fn mask_bool_of_f32(const kernels_f32 *kern) { return kern-
 static mask_add_f64_fn mask_add_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 static mask_bool_f64_fn mask_bool_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 
+/* The query block and (batch, head) index of a task of the tiled path. */
+static void task_coords(const sdpa_problem *p, const plan *pl, int64_t task, int64_t *qb, int64_t *bh) {
+    if (p->causal) {  /* the longest query blocks first, so the triangle balances */
+        *qb = pl->num_qblocks - 1 - task / pl->num_bh;
+        *bh = task % pl->num_bh;
+    } else {
+        *qb = task % pl->num_qblocks;
+        *bh = task / pl->num_qblocks;
+    }
+}
+
+/* The panel packing and row storing kernels, or NULL (float64, and sets without
+ * them: one element at a time in the driver). */
+typedef void (*pack_q_f32_fn)(float *, const float *, int, int64_t, int64_t, float);
+typedef void (*store_rows_f32_fn)(float *, int64_t, const float *, const float *, int, int64_t);
+typedef void (*pack_q_f64_fn)(double *, const double *, int, int64_t, int64_t, double);
+typedef void (*store_rows_f64_fn)(double *, int64_t, const double *, const double *, int, int64_t);
+static pack_q_f32_fn pack_q_of_f32(const kernels_f32 *kern) { return kern->pack_q; }
+static store_rows_f32_fn store_rows_of_f32(const kernels_f32 *kern) { return kern->store_rows; }
+static pack_q_f64_fn pack_q_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+static store_rows_f64_fn store_rows_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+
 /* What a mask does to a tile (see mask_tile_class in attention_impl.h). */
 enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
 

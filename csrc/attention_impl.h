@@ -178,6 +178,67 @@ static void FN(store_raw_scores)(const sdpa_problem *p, T *wr, const T *sr, int6
     for (int j = 0; j < n; j++) wr[(s0 + j) * p->weights.col_stride] = sr[j * ss];
 }
 
+/* Panel pn of a task's query rows from l0 on, scaled, as Q^T (E x nr) in panel. */
+static void FN(pack_panel)(const sdpa_problem *p, const KT *kern, T *panel, const char *q, int64_t l0, int pn) {
+    const int64_t L = p->len_q, E = p->head_dim;
+    const int nr = kern->nr;
+    const int64_t r0 = l0 + (int64_t)pn * nr;
+    const int prows = (int)(L - r0 < nr ? L - r0 : nr);
+    const sdpa_dtype qdt = p->dtype;
+    const size_t qe = sdpa_dtype_size(qdt);
+    const char *q0 = q + r0 * p->query.row_stride * (int64_t)qe;
+    const T scale = (T)p->scale;
+    if (qdt == TDT && p->query.col_stride == 1 && FN(pack_q_of)(kern)) {
+        FN(pack_q_of)(kern)(panel, (const T *)q0, prows, p->query.row_stride, E, scale);
+        return;
+    }
+    for (int64_t c = 0; c < E; c++) {  /* contiguous stores, strided loads */
+        T *pc = panel + c * nr;
+        FN(load_scaled)(pc, q0 + c * p->query.col_stride * (int64_t)qe, prows, p->query.row_stride, qdt, scale);
+        for (int x = prows; x < nr; x++) pc[x] = 0;
+    }
+}
+
+/* Asks for the cache lines of rows [r0, r0 + n) of a view with contiguous rows
+ * of `cols` elements of size elem (for writing when `write`), so that they
+ * arrive while the caller computes. */
+static void FN(prefetch_rows)(const char *base, const sdpa_view *view, size_t elem, int64_t r0, int64_t n,
+                              int64_t cols, int write) {
+    if (view->col_stride != 1) return;
+    const int64_t bytes = cols * (int64_t)elem;
+    for (int64_t x = 0; x < n; x++) {
+        const char *row = base + (r0 + x) * view->row_stride * (int64_t)elem;
+        for (int64_t o = 0; o < bytes; o += 64) {
+            if (write)
+                __builtin_prefetch(row + o, 1, 3);
+            else
+                __builtin_prefetch(row + o, 0, 2);
+        }
+    }
+}
+
+/* Part `part` of `parts` of what a task reads first, its query rows and first
+ * key and value tile: asked for while an earlier task computes, so that a run
+ * of short tasks (few keys each) does not wait on memory at each start. */
+static void FN(prefetch_task)(const sdpa_problem *p, const plan *pl, int64_t task, int part, int parts) {
+    if (task >= pl->num_tasks) return;
+    int64_t qb, bh;
+    task_coords(p, pl, task, &qb, &bh);
+    const int64_t b = bh / p->num_heads, h = bh % p->num_heads, hkv = h / p->gqa_group;
+    const size_t qe = sdpa_dtype_size(p->dtype), kve = sdpa_dtype_size(pl->kv_dtype);
+    const int64_t l0 = qb * pl->tile_q;
+    const int64_t rows = p->len_q - l0 < pl->tile_q ? p->len_q - l0 : pl->tile_q;
+    const int64_t S_b = key_limit(p, b);
+    const int64_t keys = S_b < pl->tile_k ? S_b : pl->tile_k;
+    const int64_t q0 = rows * part / parts, q1 = rows * (part + 1) / parts;
+    const int64_t k0 = keys * part / parts, k1 = keys * (part + 1) / parts;
+    FN(prefetch_rows)((const char *)view_at(p, &p->query, b, h, qe), &p->query, qe, l0 + q0, q1 - q0,
+                      p->head_dim, 0);
+    FN(prefetch_rows)((const char *)view_at(p, &p->key, b, hkv, kve), &p->key, kve, k0, k1 - k0, p->head_dim, 0);
+    FN(prefetch_rows)((const char *)view_at(p, &p->value, b, hkv, kve), &p->value, kve, k0, k1 - k0,
+                      p->head_dim_v, 0);
+}
+
 static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
                          int64_t task, interrupt_state *irq, int tid) {
     const int64_t H = p->num_heads, L = p->len_q;
@@ -185,13 +246,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     const int tile_q = pl->tile_q, tile_k = pl->tile_k, nr = pl->nr;
 
     int64_t qb, bh;
-    if (p->causal) {  /* the longest query blocks first, so the triangle balances */
-        qb = pl->num_qblocks - 1 - task / pl->num_bh;
-        bh = task % pl->num_bh;
-    } else {
-        qb = task % pl->num_qblocks;
-        bh = task / pl->num_qblocks;
-    }
+    task_coords(p, pl, task, &qb, &bh);
     const int64_t b = bh / H, h = bh % H, hkv = h / p->gqa_group;
 
     const sdpa_dtype qdt = p->dtype, kvdt = pl->kv_dtype;
@@ -217,20 +272,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     const int64_t l0 = qb * tile_q;
     const int rows = (int)(L - l0 < tile_q ? L - l0 : tile_q);
     const int panels = (rows + nr - 1) / nr;
-    const T scale = (T)p->scale;
 
-    for (int pn = 0; pn < panels; pn++) {  /* contiguous stores, strided loads */
-        T *panel = qt + (int64_t)pn * E * nr;
-        const int64_t r0 = l0 + (int64_t)pn * nr;
-        const int prows = (int)(L - r0 < nr ? L - r0 : nr);
-        const size_t qe = sdpa_dtype_size(qdt);
-        const char *q0 = q + r0 * p->query.row_stride * (int64_t)qe;
-        for (int64_t c = 0; c < E; c++) {
-            T *pc = panel + c * nr;
-            FN(load_scaled)(pc, q0 + c * p->query.col_stride * (int64_t)qe, prows, p->query.row_stride, qdt, scale);
-            for (int x = prows; x < nr; x++) pc[x] = 0;
-        }
-    }
     for (int x = 0; x < panels * nr; x++) {
         row_m[x] = -(T)INFINITY;
         row_l[x] = 0;
@@ -245,6 +287,8 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         kv_end = last < 0 ? 0 : (last < S_b ? last : S_b);
     }
     T *lse = p->lse.data ? AT(lse, b, h) : NULL;
+    const int rows_vec = qdt == TDT && p->out.col_stride == 1 && FN(store_rows_of)(kern) != NULL;
+    int packed = 0;  /* panels of Q packed so far */
 
     for (int64_t s0 = 0; s0 < kv_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;  /* the output is unspecified then */
@@ -276,6 +320,17 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                 if (cls == TILE_ALL_VISIBLE) tile_mask = NULL;
             }
 
+            if (pn >= packed) {  /* Q is packed a panel at a time, the next one on its way */
+                for (; packed <= pn; packed++) FN(pack_panel)(p, kern, qt + (int64_t)packed * E * nr, q, l0, packed);
+                if (packed < panels) {
+                    const int64_t rn = l0 + (int64_t)packed * nr;
+                    FN(prefetch_rows)(q, &p->query, sdpa_dtype_size(qdt), rn, (int)(L - rn < nr ? L - rn : nr), E, 0);
+                }
+            }
+            if (s0 + tile_k >= kv_end) {  /* the last tile: this panel's output rows and the next task */
+                if (rows_vec) FN(prefetch_rows)(out, &p->out, sizeof(T), r0, prows, Ev, 1);
+                FN(prefetch_task)(p, pl, task + pl->num_threads, pn, panels);
+            }
             kern->gemm(np, E, kt, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
 
             const int diagonal = p->causal && s0 + np - 1 > r0 + p->causal_offset;
@@ -289,6 +344,12 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         }
     }
 
+    if (rows_vec)  /* the same values as the loop below, a panel at a time */
+        for (int pn = 0; pn < panels; pn++) {
+            const int x0 = pn * nr, prows = rows - x0 < nr ? rows - x0 : nr;
+            FN(store_rows_of)(kern)((T *)out + (l0 + x0) * p->out.row_stride, p->out.row_stride,
+                                    acc + (int64_t)pn * Ev * nr, row_l + x0, prows, Ev);
+        }
     for (int x = 0; x < rows; x++) {
         const int64_t row = l0 + x;
         const T l = row_l[x], m = row_m[x];
@@ -297,10 +358,10 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         /* a row with no visible key gives zeros (even if a V row it multiplied by
          * a zero weight held NaN); NaN in l passes through */
         const T inv = l == 0 ? 0 : 1 / l;
-        if (qdt == TDT) {
+        if (!rows_vec && qdt == TDT) {
             T *orow = (T *)out + o0;
             for (int64_t c = 0; c < Ev; c++) orow[c * oc] = l == 0 ? 0 : ax[c * nr] * inv;
-        } else {
+        } else if (!rows_vec) {
             for (int64_t c = 0; c < Ev; c++) FN(store)(out, o0 + c * oc, qdt, l == 0 ? 0 : ax[c * nr] * inv);
         }
         if (weights) FN(normalize_weights)(p, weights + row * p->weights.row_stride, row, S_b, m, l);

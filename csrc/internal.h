@@ -81,6 +81,13 @@ typedef struct kernels_f32 {
      *                  mask_bool: s[j*nr + x] = -inf where m[...] == 0 */
     void (*mask_add)(float *s, int n, int rows, const float *m, int64_t m_rs);
     void (*mask_bool)(float *s, int n, int rows, const uint8_t *m, int64_t m_rs);
+    /* Query panels and finished rows, for contiguous rows (NULL: in the driver):
+     *   pack_q:     panel[c*nr + x] = scale * src[x*rs + c], x < rows, c < e; 0 for
+     *               the rows in [rows, nr)
+     *   store_rows: out[x*rs + c] = l == 0 ? 0 : acc[c*nr + x] * (1 / l), l = row_l[x],
+     *               x < rows, c < ev */
+    void (*pack_q)(float *panel, const float *src, int rows, int64_t rs, int64_t e, float scale);
+    void (*store_rows)(float *out, int64_t rs, const float *acc, const float *row_l, int rows, int64_t ev);
 } kernels_f32;
 
 typedef struct kernels_f64 {

@@ -175,8 +175,12 @@ def test_kernel_sets_bitwise_across_threads(isa, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_kernel_set_nan_and_masked_rows(isa, rng, dtype):
-    q, k, v = make_qkv(rng, (), 1, 1, 40, 50, 16, 8, dtype)
+@pytest.mark.parametrize("E,Ev", [(16, 8), (64, 48)])
+def test_kernel_set_nan_and_masked_rows(isa, rng, dtype, E, Ev):
+    """A NaN query row gives a NaN output row, a row with no visible key zeros,
+    also where rows are stored a vector block at a time (Ev = 48) and into an
+    out= view whose rows are wider than Ev."""
+    q, k, v = make_qkv(rng, (), 1, 1, 40, 50, E, Ev, dtype)
     q[0, 3, 5] = np.nan
     mask = np.ones((40, 50), dtype=bool)
     mask[7] = False
@@ -185,3 +189,7 @@ def test_kernel_set_nan_and_masked_rows(isa, rng, dtype):
     assert (out[0, 7] == 0).all()
     rest = np.delete(out[0], [3, 7], axis=0)
     assert np.isfinite(rest).all()
+    wide = np.full((1, 40, Ev + 5), 7.0, dtype=dtype)
+    sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask, out=wide[..., :Ev])
+    assert np.array_equal(wide[..., :Ev], out, equal_nan=True)
+    assert (wide[..., Ev:] == 7.0).all()

@@ -186,6 +186,57 @@ static void FN(mask_add)(T *s, int n, int rows, const T *m, int64_t m_rs) { FN(m
 static void FN(mask_bool)(T *s, int n, int rows, const uint8_t *m, int64_t m_rs) {
     FN(mask_tile)(s, n, rows, m, m_rs, 1);
 }
+
+/*
+ * A query panel: panel[c*NR + x] = scale * src[x*rs + c] for x < rows, c < e,
+ * and 0 for the rows x in [rows, NR).  Blocks of LANES rows x LANES columns are
+ * loaded along the rows, as they lie in memory, and transposed in registers.
+ */
+static void FN(pack_q)(T *panel, const T *src, int rows, int64_t rs, int64_t e, T scale) {
+    const V vs = V_SET1(scale);
+    int64_t c = 0;
+    for (; c + LANES <= e; c += LANES)
+        for (int rb = 0; rb < NV; rb++) {
+            V t[LANES];
+            for (int i = 0; i < LANES; i++) {
+                const int x = rb * LANES + i;
+                if (x >= rows) {
+                    t[i] = V_ZERO();
+                    continue;
+                }
+                __builtin_prefetch(src + x * rs + c + 64 / sizeof(T) * 2);
+                t[i] = V_LOADU(src + x * rs + c);
+            }
+            V_TRANSPOSE(t);
+            for (int i = 0; i < LANES; i++) V_STORE(panel + (c + i) * NR + rb * LANES, V_MUL(vs, t[i]));
+        }
+    for (; c < e; c++)  /* the last columns, one at a time */
+        for (int x = 0; x < NR; x++) panel[c * NR + x] = x < rows ? scale * src[x * rs + c] : 0;
+}
+
+/*
+ * Finished rows out of an accumulator panel: out[x*rs + c] = acc[c*NR + x] / l
+ * (as acc * (1 / l)) with l = row_l[x], for x < rows, c < ev; a row with l == 0
+ * (no visible key) is zeros.  LANES x LANES blocks are transposed in registers
+ * and stored along the rows.
+ */
+static void FN(store_rows)(T *out, int64_t rs, const T *acc, const T *row_l, int rows, int64_t ev) {
+    T inv[NR];
+    for (int x = 0; x < rows; x++) inv[x] = row_l[x] == 0 ? 0 : 1 / row_l[x];
+    int64_t c = 0;
+    for (; c + LANES <= ev; c += LANES)
+        for (int rb = 0; rb * LANES < rows; rb++) {
+            V t[LANES];
+            for (int i = 0; i < LANES; i++) t[i] = V_LOAD(acc + (c + i) * NR + rb * LANES);
+            V_TRANSPOSE(t);
+            for (int i = 0; i < LANES && rb * LANES + i < rows; i++) {
+                const int x = rb * LANES + i;
+                V_STOREU(out + x * rs + c, row_l[x] == 0 ? V_ZERO() : V_MUL(t[i], V_SET1(inv[x])));
+            }
+        }
+    for (; c < ev; c++)
+        for (int x = 0; x < rows; x++) out[x * rs + c] = row_l[x] == 0 ? 0 : acc[c * NR + x] * inv[x];
+}
 #endif
 
 /* ---- row kernels ---- */
