@@ -16,7 +16,6 @@
 /* Row mode serves problems with at most this many query rows per key/value
  * head (gqa_group x L), and splits the keys into chunks of this many. */
 #define SDPA_ROW_MODE_MAX_ROWS 8
-#define SDPA_ROW_MODE_CHUNK 1024
 #define SDPA_MIN_FLOPS_PER_THREAD 4e6
 /* Thread counts are capped at this many per CPU (and at least this many). */
 #define SDPA_THREADS_PER_CPU 4
@@ -39,7 +38,7 @@ typedef struct plan {
     int rows;               /* query rows per group: gqa_group x L  */
     int64_t num_groups;     /* batch count x key/value heads         */
     int64_t num_chunks;     /* key chunks per group                  */
-    int64_t chunk_len;      /* keys per chunk (fixed)                */
+    int64_t chunk_len;      /* keys per chunk (not thread-dependent) */
     size_t partial_elems;   /* per task: max, sum, output of each row */
     size_t scratch_elems; /* per thread, a multiple of SDPA_ALIGN bytes */
     int num_threads;
@@ -346,29 +345,93 @@ static size_t round_elems(size_t n, size_t elem) {
     return (n + per - 1) / per * per;
 }
 
+/* Blocking forced by the test suite (sdpa_testing_set_blocking); 0: the rule. */
+static SDPA_ATOMIC(int) forced_tile_q = 0, forced_tile_k = 0, forced_chunk = 0;
+
+void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk) {
+    sdpa_atomic_store(&forced_tile_q, tile_q > 0 ? tile_q : 0);
+    sdpa_atomic_store(&forced_tile_k, tile_k > 0 ? tile_k : 0);
+    sdpa_atomic_store(&forced_chunk, chunk > 0 ? chunk : 0);
+}
+
+static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
+
+#define SDPA_ROW_MODE_CHUNK 1024
+
+/*
+ * The blocking, from the cache sizes and the shape (docs/blocking.md):
+ *   tile_k  keys per tile, tiled path: as many as have their K and V rows
+ *           (tile_k x (E + Ev)) fill half of L2, as every panel of the task
+ *           reads them; a multiple of 16 in [32, 512], no more than S rounded
+ *           up to one;
+ *   tile_q  query rows per task: as many as have their query and accumulator
+ *           panels (tile_q x (E + Ev)) fill the other half; a multiple of nr in
+ *           [nr, 512], no more than L rounded up to one, and small enough to
+ *           give each thread two tasks when the batch and heads alone do not;
+ *   tile_k  keys per tile, row mode (decoding): as many as have the scores of
+ *           the task's rows (rows x tile_k) fill half of L1, as they pass
+ *           through the three steps of a tile there; a power of two in
+ *           [128, 1024];
+ *   chunk   keys per task in row mode: SDPA_ROW_MODE_CHUNK.
+ * tile_k and chunk set the order of the sums of a row, so they depend on the
+ * machine and the shape only, never on the thread count; tile_q does not
+ * change a bit of the result.
+ */
+static void choose_blocking(const sdpa_problem *p, int64_t batch_count, int threads, size_t elem,
+                            size_t kv_elem, plan *pl) {
+    int64_t l1, l2;
+    sdpa_cache_sizes(&l1, &l2);
+    const int64_t E = p->head_dim, Ev = p->head_dim_v, nr = pl->nr, el = (int64_t)elem;
+    const int64_t width = E + Ev > 0 ? E + Ev : 1;
+    int64_t tk, tq = nr;
+    if (pl->row_mode) {
+        const int64_t rows = p->gqa_group * p->len_q > 0 ? p->gqa_group * p->len_q : 1;
+        tk = 128;
+        while (tk < 1024 && 2 * tk * rows * el <= l1 / 2) tk *= 2;
+    } else {
+        tk = clamp64(l2 / 2 / (width * (int64_t)kv_elem) / 16 * 16, 32, 512);
+        const int64_t all_keys = (p->len_kv + 15) / 16 * 16;  /* nor for keys */
+        if (all_keys < tk) tk = all_keys < 32 ? 32 : all_keys;
+        tq = clamp64(l2 / 2 / (width * el) / nr * nr, nr, 512);
+        const int64_t all_rows = (p->len_q + nr - 1) / nr * nr;  /* no room for rows that are not there */
+        if (all_rows < tq) tq = all_rows < nr ? nr : all_rows;
+        const int64_t bh = batch_count * p->num_heads;
+        if (bh > 0 && bh < 2 * (int64_t)threads) {  /* split the query rows instead */
+            const int64_t blocks = (2 * (int64_t)threads + bh - 1) / bh;
+            const int64_t fit = ((p->len_q + blocks - 1) / blocks + nr - 1) / nr * nr;
+            if (fit < tq) tq = fit < nr ? nr : fit;
+        }
+    }
+    int64_t chunk = SDPA_ROW_MODE_CHUNK;
+    const int fq = sdpa_atomic_load(&forced_tile_q), fk = sdpa_atomic_load(&forced_tile_k);
+    const int fc = sdpa_atomic_load(&forced_chunk);
+    if (fq) tq = (fq + nr - 1) / nr * nr;
+    if (fk) tk = fk;
+    if (fc) chunk = fc;
+    pl->tile_q = (int)tq;
+    pl->tile_k = (int)tk;
+    pl->chunk_len = chunk;
+}
+
 static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt,
                       plan *pl) {
     size_t elem = p->dtype == SDPA_FLOAT64 ? sizeof(double) : sizeof(float);  /* compute type */
     memset(pl, 0, sizeof(*pl));
     pl->kv_dtype = kv_dtype_of(p);
-    if (p->dtype != SDPA_FLOAT64) {
-        pl->nr = kt->f32.nr;
-        pl->tile_q = kt->f32.tile_q;
-        pl->tile_k = kt->f32.tile_k;
-    } else {
-        pl->nr = kt->f64.nr;
-        pl->tile_q = kt->f64.tile_q;
-        pl->tile_k = kt->f64.tile_k;
-    }
+    pl->nr = p->dtype != SDPA_FLOAT64 ? kt->f32.nr : kt->f64.nr;
+    int nthreads = p->num_threads;
+    if (nthreads == 0) nthreads = sdpa_default_num_threads();
+    if (nthreads > sdpa_max_threads()) nthreads = sdpa_max_threads();
+    if (nthreads < 1) nthreads = 1;
     const size_t E = (size_t)p->head_dim, Ev = (size_t)p->head_dim_v;
     const int64_t rows = p->gqa_group * p->len_q;
     pl->row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS;
+    choose_blocking(p, batch_count, nthreads, elem, sdpa_dtype_size(pl->kv_dtype), pl);
     size_t off = 0;
     if (pl->row_mode) {
         const size_t tk = (size_t)pl->tile_k, M = (size_t)rows;
         pl->rows = (int)rows;
         pl->num_groups = batch_count * (p->num_heads / p->gqa_group);
-        pl->chunk_len = SDPA_ROW_MODE_CHUNK;
         pl->num_chunks = p->len_kv > 0 ? (p->len_kv + pl->chunk_len - 1) / pl->chunk_len : 1;
         pl->num_tasks = pl->num_groups * pl->num_chunks;
         pl->partial_elems = round_elems(M * (2 + Ev), elem);
@@ -400,10 +463,6 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
     }
     pl->scratch_elems = off;
 
-    int nthreads = p->num_threads;
-    if (nthreads == 0) nthreads = sdpa_default_num_threads();
-    if (nthreads > sdpa_max_threads()) nthreads = sdpa_max_threads();
-    if (nthreads < 1) nthreads = 1;
     if ((int64_t)nthreads > pl->num_tasks) nthreads = (int)(pl->num_tasks > 0 ? pl->num_tasks : 1);
     /* waking a thread costs tens of microseconds: by default give each at least
      * SDPA_MIN_FLOPS_PER_THREAD of work (results do not depend on the count); an

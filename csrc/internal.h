@@ -48,8 +48,7 @@
  *       *row_max and *row_sum are updated, acc[0..ev) is rescaled.
  */
 typedef struct kernels_f32 {
-    int nr, tile_q, tile_k;  /* panel width (query rows per vector block), query
-                                rows per task (a multiple of nr), keys per block */
+    int nr;  /* panel width: query rows per vector block (tiles: make_plan) */
     /* dst[i] = src[i] as float, for n contiguous bfloat16 or float16 values */
     void (*widen)(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n);
     void (*gemm)(int m, int64_t kdim, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
@@ -91,7 +90,7 @@ typedef struct kernels_f32 {
 } kernels_f32;
 
 typedef struct kernels_f64 {
-    int nr, tile_q, tile_k;
+    int nr;
     void (*gemm)(int m, int64_t kdim, const double *a, int64_t a_rs, int64_t a_ks, const double *b,
                  int64_t ldb, double *c, int64_t ldc, int accumulate);
     void (*softmax)(double *s, int n, double *row_max, double *row_sum, double *acc, int64_t ev);

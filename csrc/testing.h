@@ -15,4 +15,9 @@ void sdpa_fp_flags_in_threads(int num_threads, int *flags);
  * (x86 MXCSR FTZ + DAZ; AArch64 FPCR.FZ); returns 0 where there is no such mode. */
 int sdpa_set_flush_to_zero(int on);
 
+/* Forces the blocking of later calls (attention.c): query rows per task
+ * (rounded up to the panel width), keys per tile, keys per row-mode chunk; 0
+ * restores the rule for that one. */
+void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk);
+
 #endif

@@ -147,8 +147,8 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_problem *p);
 /* A static, human-readable message for a status. */
 SDPA_API const char *sdpa_status_message(sdpa_status status);
 
-/* Kernel sets ("isa"): "scalar" (portable C), "avx2" (AVX2 + FMA) and
- * "avx512" (AVX-512 F/BW/DQ/VL).  The best one this CPU supports is chosen at
+/* Kernel sets ("isa"): "scalar" (portable C), "avx2" (AVX2 + FMA + F16C),
+ * "avx512" (AVX-512 F/BW/DQ/VL) and "avx512_bf16" (that and AVX512_BF16).  The best one this CPU supports is chosen at
  * first use, unless the environment variable SDPA_ISA names another.
  * sdpa_isa_supported: 1 if this build and CPU can run the named set.
  * sdpa_set_isa: switch to it for later calls (SDPA_ERR_BAD_ISA if not supported).
@@ -163,6 +163,11 @@ SDPA_API int sdpa_has_openmp(void);
 SDPA_API int sdpa_default_num_threads(void);
 SDPA_API int sdpa_max_threads(void);
 SDPA_API const char *sdpa_version(void);
+
+/* The L1 data and L2 cache sizes in bytes (either pointer may be NULL) that the
+ * tiles are chosen from (docs/blocking.md): cpuid on x86, sysfs on Linux,
+ * sysctl on macOS, else 32 KiB and 1 MiB.  Detected once. */
+SDPA_API void sdpa_cache_sizes(int64_t *l1d, int64_t *l2);
 
 #ifdef __cplusplus
 }

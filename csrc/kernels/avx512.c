@@ -261,13 +261,13 @@ enum { bf16_panel_rows = BF16_NV * 16 };
 
 const kernel_table sdpa_kernels_avx512 = {
     .name = "avx512",
-    .f32 = {.nr = panel_rows_avx512_f32, .tile_q = 128, .tile_k = 128, .widen = widen_avx512,
+    .f32 = {.nr = panel_rows_avx512_f32, .widen = widen_avx512,
             .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32,
             .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32,
             .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32,
             .mask_add = mask_add_avx512_f32, .mask_bool = mask_bool_avx512_f32,
             .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32},
-    .f64 = {.nr = panel_rows_avx512_f64, .tile_q = 64, .tile_k = 128,
+    .f64 = {.nr = panel_rows_avx512_f64,
             .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64,
             .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64, .row_softmax = row_softmax_avx512_f64},
 };
@@ -275,14 +275,14 @@ const kernel_table sdpa_kernels_avx512 = {
 /* The avx512 set plus bfloat16 dot products for bfloat16 problems. */
 const kernel_table sdpa_kernels_avx512_bf16 = {
     .name = "avx512_bf16",
-    .f32 = {.nr = panel_rows_avx512_f32, .tile_q = 128, .tile_k = 128, .widen = widen_avx512,
+    .f32 = {.nr = panel_rows_avx512_f32, .widen = widen_avx512,
             .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32,
             .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32,
             .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32,
             .mask_add = mask_add_avx512_f32, .mask_bool = mask_bool_avx512_f32,
             .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32,
             .gemm_bf16 = gemm_bf16_avx512, .pairs_bf16 = pairs_bf16_avx512},
-    .f64 = {.nr = panel_rows_avx512_f64, .tile_q = 64, .tile_k = 128,
+    .f64 = {.nr = panel_rows_avx512_f64,
             .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64,
             .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64, .row_softmax = row_softmax_avx512_f64},
 };

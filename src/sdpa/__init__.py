@@ -64,9 +64,11 @@ def config() -> Dict[str, Any]:
     (``default_num_threads``), the most threads a call uses (``max_threads``: 4
     per CPU, at least 8), the count a call uses now (``num_threads``, see
     :func:`get_num_threads`), the kernel set in use (``isa``; set
-    ``SDPA_ISA=scalar|avx2|avx512`` to force a lower one) and the kernel sets this
-    CPU supports."""
+    ``SDPA_ISA=scalar|avx2|avx512|avx512_bf16`` to force a lower one), the kernel
+    sets this CPU supports, and the L1 data and L2 cache sizes in bytes that the
+    tiles are chosen from (``l1d_cache``, ``l2_cache``; docs/blocking.md)."""
     isas: List[str] = [name for name in _core.ISAS if _core.isa_supported(name)]
+    l1d, l2 = _core.cache_sizes()
     return {
         "version": __version__,
         "openmp": bool(_core.has_openmp()),
@@ -75,6 +77,8 @@ def config() -> Dict[str, Any]:
         "num_threads": get_num_threads(),
         "isa": _core.isa(),
         "isas_supported": isas,
+        "l1d_cache": l1d,
+        "l2_cache": l2,
     }
 
 

@@ -86,6 +86,7 @@ cdef extern from "sdpa.h" nogil:
     int sdpa_default_num_threads()
     int sdpa_max_threads()
     const char *sdpa_version()
+    void sdpa_cache_sizes(int64_t *l1d, int64_t *l2)
     int sdpa_isa_supported(const char *name)
     sdpa_status sdpa_set_isa(const char *name)
     const char *sdpa_isa()
@@ -95,6 +96,7 @@ cdef extern from "testing.h" nogil:
     void sdpa_fp_flags_in_threads(int num_threads, int *flags)
     int sdpa_set_flush_to_zero(int on)
     const char *sdpa_isa_env_error()
+    void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk)
 
 MAX_BATCH_DIMS = SDPA_MAX_BATCH_DIMS
 ISAS = ("scalar", "avx2", "avx512", "avx512_bf16")
@@ -148,6 +150,13 @@ def max_threads():
     return sdpa_max_threads()
 
 
+def cache_sizes():
+    """(L1 data, L2) cache sizes in bytes, as the tiles are chosen from them."""
+    cdef int64_t l1d = 0, l2 = 0
+    sdpa_cache_sizes(&l1d, &l2)
+    return int(l1d), int(l2)
+
+
 # Set by sdpa.set_num_threads(); 0: the OpenMP default.  Process-wide.
 cdef int _threads_setting = 0
 
@@ -186,6 +195,15 @@ def fp_flags(int num_threads=1):
     cdef int flags[256]
     sdpa_fp_flags_in_threads(num_threads, flags)
     return [flags[i] for i in range(num_threads)]
+
+
+def set_blocking(int tile_q=0, int tile_k=0, int chunk=0):
+    """Forces the blocking of later calls, process-wide (for tests): query rows
+    per task (rounded up to the panel width), keys per tile, keys per chunk in
+    row mode; 0 restores the rule for that one."""
+    if tile_q < 0 or tile_k < 0 or chunk < 0 or tile_q > 4096 or tile_k > 4096 or chunk > 65536:
+        raise ValueError("set_blocking: tile_q and tile_k in 0..4096, chunk in 0..65536")
+    sdpa_testing_set_blocking(tile_q, tile_k, chunk)
 
 
 def set_flush_to_zero(bint on):

@@ -728,6 +728,13 @@ static void test_statuses(void) {
     check(sdpa_has_openmp() ? sdpa_max_threads() >= 8 : sdpa_max_threads() == 1, "sdpa_max_threads() = %d",
           sdpa_max_threads());
     check_status(sdpa_set_isa(NULL), SDPA_ERR_BAD_ISA, "sdpa_set_isa(NULL)");
+    {
+        int64_t l1d = 0, l2 = 0;
+        sdpa_cache_sizes(&l1d, &l2);
+        check(l1d >= (8 << 10) && l1d <= (1 << 20) && l2 >= (128 << 10) && l2 <= ((int64_t)256 << 20),
+              "sdpa_cache_sizes: L1d %lld, L2 %lld", (long long)l1d, (long long)l2);
+        sdpa_cache_sizes(NULL, NULL);  /* either pointer may be NULL */
+    }
     check(!sdpa_isa_supported("nonsense") && !sdpa_isa_supported(NULL), "sdpa_isa_supported of unknown names is 0");
     check(sdpa_isa_supported("scalar") == 1, "sdpa_isa_supported(\"scalar\") is 1");
     for (int i = 0; i < NUM_ISAS; i++) {
