@@ -154,6 +154,21 @@ def test_float32_query_reads_a_16bit_cache_in_place(rng, half, L):
     np.testing.assert_allclose(out, exp, rtol=tolerance(np.float32), atol=tolerance(np.float32))
 
 
+@pytest.mark.parametrize("half", HALF)
+@pytest.mark.parametrize("group,L", [(2, 1), (3, 1), (5, 1), (8, 1), (3, 2)])
+@pytest.mark.parametrize("E", [8, 72, 128])
+def test_decode_groups_over_a_16bit_cache(isa, rng, half, group, L, E):
+    """Every group size and head dim the row kernels block differently (rows in
+    blocks of LANES / 4, keys in fours, the head dim's tail), on every kernel set."""
+    dt = HALF[half]
+    q = rng.standard_normal((1, 2 * group, L, E)).astype(np.float32)
+    k = rng.standard_normal((1, 2, 203, E)).astype(dt)
+    v = rng.standard_normal((1, 2, 203, E)).astype(dt)
+    out = attention(q, k, v, enable_gqa=True, is_causal="bottom_right")
+    exp = reference(q, k, v, enable_gqa=True, is_causal="bottom_right")
+    np.testing.assert_allclose(out, exp, rtol=tolerance(np.float32), atol=tolerance(np.float32))
+
+
 # --------------------------------------------------------------------------- against torch's own error
 
 
