@@ -23,6 +23,12 @@ TINY_DECODE = "tiny-decode:1,4,2,1,64,8"
 FAST = dict(min_time=0.0, repeat=2)
 
 
+@pytest.fixture(autouse=True)
+def no_settling(monkeypatch):
+    """No rest between implementations: these runs time nothing that matters."""
+    monkeypatch.setattr(bench.suite, "SETTLE_S", 0.0)
+
+
 @pytest.fixture(scope="module")
 def refs():
     return bench.measure_references([1, 2], "float32", gemm_n=32, bandwidth_mib=1, **FAST)
@@ -106,13 +112,17 @@ def test_run_suite_on_tiny_shapes(refs):
     for row in rows:
         for key in ("B", "Hq", "Hkv", "L", "S", "E", "Ev", "causal", "decode", "dtype", "flops", "kv_bytes"):
             assert key in row
-        assert set(row["impls"]) == {"sdpa", "numpy", "torch"}
+        assert list(row["impls"]) == list(bench.IMPLEMENTATIONS)
         for impl in ("sdpa", "numpy"):
             r = row["impls"][impl]
             assert r["status"] == "ok", r
             assert r["median_s"] > 0 and r["gflops"] > 0 and r["runs"] >= 2
             assert math.isclose(r["gflops"], row["flops"] / r["median_s"] / 1e9)
-        assert row["impls"]["torch"]["status"] in ("ok", "skipped")
+        assert row["impls"]["torch"]["status"] in ("ok", "absent")
+        for impl in ("ort", "openvino"):
+            assert row["impls"][impl]["status"] in ("ok", "absent"), row["impls"][impl]
+        # grouped-query attention: MultiHeadAttention has one head count
+        assert row["impls"]["ort-mha"]["status"] in ("unsupported", "absent")
         assert row["sdpa_pct_gemm"] > 0
         # float32 outputs against the float64 reference, on every query row of these shapes
         assert row["error_rows"] == row["L"]
@@ -136,13 +146,13 @@ def test_run_suite_on_tiny_shapes(refs):
 def test_skips_show_as_dashes(monkeypatch):
     monkeypatch.setattr(peers, "_load_torch", lambda: None)
     monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
-    rows = bench.run_suite([TINY], threads=[1], numpy_max_bytes=16, **FAST)
+    rows = bench.run_suite([TINY], threads=[1], impls=["sdpa", "numpy", "torch"], numpy_max_bytes=16, **FAST)
     impls = rows[0]["impls"]
     assert impls["numpy"]["status"] == "skipped" and "score matrix" in impls["numpy"]["reason"]
-    assert impls["torch"] == {"status": "skipped", "reason": "torch is not installed"}
+    assert impls["torch"] == {"status": "absent", "reason": "torch is not installed"}
     assert rows[0]["sdpa_over_torch"] is None and rows[0]["sdpa_pct_gemm"] is None
     line = bench.format_table(rows).splitlines()[2].split()
-    assert line[:2] == ["tiny", "1"] and line[3:6] == ["-", "-", "-"]
+    assert line[:2] == ["tiny", "1"] and line[3:6] == ["-", "absent", "-"]
 
 
 def test_float64_and_impl_subset():
@@ -463,16 +473,16 @@ def test_cli_float32_query_against_a_16bit_cache(kv_dtype, tmp_path, capsys):
 def test_16bit_without_torch(monkeypatch):
     monkeypatch.setattr(peers, "_load_torch", lambda: None)
     monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
-    rows = bench.run_suite([TINY], threads=[1], dtype="float16", **FAST)
+    rows = bench.run_suite([TINY], threads=[1], impls=["sdpa", "numpy", "torch"], dtype="float16", **FAST)
     impls = rows[0]["impls"]
     assert impls["sdpa"]["status"] == "ok" and impls["sdpa"]["max_abs_err"] < HALF_ERR["float16"]
-    assert impls["torch"] == {"status": "skipped", "reason": "torch is not installed"}
+    assert impls["torch"] == {"status": "absent", "reason": "torch is not installed"}
     assert rows[0]["torch_err"] is None and rows[0]["sdpa_err_over_torch"] is None
     line = bench.format_table(rows, "float16").splitlines()[2].split()
-    assert line[3:6] == ["-", "-", "-"] and line[-2:] == ["-", "-"]
+    assert line[3:6] == ["-", "absent", "-"] and line[-2:] == ["-", "-"]
     assert describe_skips(rows) == [
         "tiny: numpy skipped (NumPy has no float16 BLAS matmul: the textbook version would compute in another dtype)",
-        "tiny: torch skipped (torch is not installed)",
+        "tiny: torch absent (torch is not installed)",
     ]
 
 
