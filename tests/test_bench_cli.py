@@ -65,7 +65,13 @@ def test_suite_shapes_are_the_documented_ones():
     dims = {s.name: (s.B, s.Hq, s.Hkv, s.L, s.S, s.E, s.causal) for s in bench.SHAPES}
     assert dims["gqa-2k"] == (1, 32, 8, 2048, 2048, 128, True)
     assert dims["decode-gqa-32k"] == (1, 32, 8, 1, 32768, 128, False)
-    assert len(dims) == 10
+    assert len(dims) == 13
+    masks = {s.name: (s.B, s.Hq, s.Hkv, s.L, s.S, s.E, s.causal, s.mask) for s in bench.SHAPES if s.mask}
+    assert masks == {
+        "mask-dense-bool": (1, 16, 16, 2048, 2048, 64, False, "dense-bool"),
+        "mask-dense-float": (1, 16, 16, 2048, 2048, 64, False, "dense-float"),
+        "mask-padding": (8, 12, 12, 512, 512, 64, False, "padding"),
+    }
     assert all(s.L <= 1024 for s in bench.QUICK_SHAPES)
 
 

@@ -112,6 +112,9 @@ SHAPES: List[Shape] = [
     Shape("e96", 1, 16, 16, 2048, 2048, 96, True),
     Shape("decode-mha", 8, 32, 32, 1, 2048, 128, False),
     Shape("decode-gqa-32k", 1, 32, 8, 1, 32768, 128, False),
+    Shape("mask-dense-bool", 1, 16, 16, 2048, 2048, 64, False, mask="dense-bool"),
+    Shape("mask-dense-float", 1, 16, 16, 2048, 2048, 64, False, mask="dense-float"),
+    Shape("mask-padding", 8, 12, 12, 512, 512, 64, False, mask="padding"),
 ]
 
 #: Small shapes for smoke runs (``--quick``): seconds, not minutes.
