@@ -23,6 +23,12 @@ TINY_DECODE = "tiny-decode:1,4,2,1,64,8"
 FAST = dict(min_time=0.0, repeat=2)
 
 
+@pytest.fixture(autouse=True)
+def no_settling(monkeypatch):
+    """No rest between implementations: these runs time nothing that matters."""
+    monkeypatch.setattr(bench.suite, "SETTLE_S", 0.0)
+
+
 @pytest.fixture(scope="module")
 def refs():
     return bench.measure_references([1, 2], "float32", gemm_n=32, bandwidth_mib=1, **FAST)
@@ -59,7 +65,13 @@ def test_suite_shapes_are_the_documented_ones():
     dims = {s.name: (s.B, s.Hq, s.Hkv, s.L, s.S, s.E, s.causal) for s in bench.SHAPES}
     assert dims["gqa-2k"] == (1, 32, 8, 2048, 2048, 128, True)
     assert dims["decode-gqa-32k"] == (1, 32, 8, 1, 32768, 128, False)
-    assert len(dims) == 10
+    assert len(dims) == 13
+    masks = {s.name: (s.B, s.Hq, s.Hkv, s.L, s.S, s.E, s.causal, s.mask) for s in bench.SHAPES if s.mask}
+    assert masks == {
+        "mask-dense-bool": (1, 16, 16, 2048, 2048, 64, False, "dense-bool"),
+        "mask-dense-float": (1, 16, 16, 2048, 2048, 64, False, "dense-float"),
+        "mask-padding": (8, 12, 12, 512, 512, 64, False, "padding"),
+    }
     assert all(s.L <= 1024 for s in bench.QUICK_SHAPES)
 
 
@@ -106,13 +118,17 @@ def test_run_suite_on_tiny_shapes(refs):
     for row in rows:
         for key in ("B", "Hq", "Hkv", "L", "S", "E", "Ev", "causal", "decode", "dtype", "flops", "kv_bytes"):
             assert key in row
-        assert set(row["impls"]) == {"sdpa", "numpy", "torch"}
+        assert list(row["impls"]) == list(bench.IMPLEMENTATIONS)
         for impl in ("sdpa", "numpy"):
             r = row["impls"][impl]
             assert r["status"] == "ok", r
             assert r["median_s"] > 0 and r["gflops"] > 0 and r["runs"] >= 2
             assert math.isclose(r["gflops"], row["flops"] / r["median_s"] / 1e9)
-        assert row["impls"]["torch"]["status"] in ("ok", "skipped")
+        assert row["impls"]["torch"]["status"] in ("ok", "absent")
+        for impl in ("ort", "openvino"):
+            assert row["impls"][impl]["status"] in ("ok", "absent"), row["impls"][impl]
+        # grouped-query attention: MultiHeadAttention has one head count
+        assert row["impls"]["ort-mha"]["status"] in ("unsupported", "absent")
         assert row["sdpa_pct_gemm"] > 0
         # float32 outputs against the float64 reference, on every query row of these shapes
         assert row["error_rows"] == row["L"]
@@ -136,13 +152,13 @@ def test_run_suite_on_tiny_shapes(refs):
 def test_skips_show_as_dashes(monkeypatch):
     monkeypatch.setattr(peers, "_load_torch", lambda: None)
     monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
-    rows = bench.run_suite([TINY], threads=[1], numpy_max_bytes=16, **FAST)
+    rows = bench.run_suite([TINY], threads=[1], impls=["sdpa", "numpy", "torch"], numpy_max_bytes=16, **FAST)
     impls = rows[0]["impls"]
     assert impls["numpy"]["status"] == "skipped" and "score matrix" in impls["numpy"]["reason"]
-    assert impls["torch"] == {"status": "skipped", "reason": "torch is not installed"}
+    assert impls["torch"] == {"status": "absent", "reason": "torch is not installed"}
     assert rows[0]["sdpa_over_torch"] is None and rows[0]["sdpa_pct_gemm"] is None
     line = bench.format_table(rows).splitlines()[2].split()
-    assert line[:2] == ["tiny", "1"] and line[3:6] == ["-", "-", "-"]
+    assert line[:2] == ["tiny", "1"] and line[3:6] == ["-", "absent", "-"]
 
 
 def test_float64_and_impl_subset():
@@ -463,16 +479,16 @@ def test_cli_float32_query_against_a_16bit_cache(kv_dtype, tmp_path, capsys):
 def test_16bit_without_torch(monkeypatch):
     monkeypatch.setattr(peers, "_load_torch", lambda: None)
     monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
-    rows = bench.run_suite([TINY], threads=[1], dtype="float16", **FAST)
+    rows = bench.run_suite([TINY], threads=[1], impls=["sdpa", "numpy", "torch"], dtype="float16", **FAST)
     impls = rows[0]["impls"]
     assert impls["sdpa"]["status"] == "ok" and impls["sdpa"]["max_abs_err"] < HALF_ERR["float16"]
-    assert impls["torch"] == {"status": "skipped", "reason": "torch is not installed"}
+    assert impls["torch"] == {"status": "absent", "reason": "torch is not installed"}
     assert rows[0]["torch_err"] is None and rows[0]["sdpa_err_over_torch"] is None
     line = bench.format_table(rows, "float16").splitlines()[2].split()
-    assert line[3:6] == ["-", "-", "-"] and line[-2:] == ["-", "-"]
+    assert line[3:6] == ["-", "absent", "-"] and line[-2:] == ["-", "-"]
     assert describe_skips(rows) == [
         "tiny: numpy skipped (NumPy has no float16 BLAS matmul: the textbook version would compute in another dtype)",
-        "tiny: torch skipped (torch is not installed)",
+        "tiny: torch absent (torch is not installed)",
     ]
 
 
@@ -495,3 +511,195 @@ def test_cli_plot_16bit_cache(tmp_path):
     path = tmp_path / "bench.png"
     assert bench.main(CLI_FAST + ["--dtype", "float32", "--kv-dtype", "float16", "--plot", str(path)]) == 0
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --------------------------------------------------------------------------- masks, peers, agreement
+
+#: Tiny masked problems, one per kind of mask (L != S, and B > 1 for the padding mask).
+TINY_MASKED = [
+    "tm-bool:1,4,4,24,40,8,dense-bool",
+    "tm-float:1,4,4,24,40,8,dense-float",
+    "tm-pad:3,4,4,16,40,8,padding",
+]
+
+#: The module each optional implementation needs.
+PEER_MODULES = {"torch": "torch", "ort": "onnxruntime", "ort-mha": "onnxruntime", "openvino": "openvino"}
+
+#: The implementations other than sdpa whose packages are installed here.
+AVAILABLE_PEERS = [i for i in bench.IMPLEMENTATIONS[1:] if i not in PEER_MODULES or _installed(PEER_MODULES[i])]
+
+
+def test_parse_masked_shapes():
+    s = bench.parse_shape("m:2,4,4,8,12,8,causal,padding")
+    assert (s.B, s.causal, s.mask) == (2, True, "padding")
+    assert bench.parse_shape("m:2,4,4,8,12,8,dense-float").mask == "dense-float"
+    assert bench.parse_shape(("m", 1, 2, 2, 4, 4, 8, False, None, "dense-bool")).mask == "dense-bool"
+    assert "mask=padding" in bench.parse_shape("mask-padding").describe()
+    with pytest.raises(ValueError, match="mask must be one of"):
+        bench.Shape("m", 1, 1, 1, 4, 4, 8, mask="sparse")
+    from sdpa.bench.shapes import split_shapes
+
+    specs = ["1k", "m:1,4,4,8,8,8,dense-bool", "mask-padding"]
+    assert split_shapes(",".join(specs)) == specs
+
+
+def test_masks_are_drawn_as_documented():
+    dense = bench.parse_shape("d:1,2,2,300,400,8,dense-bool")
+    keep = bench.make_mask(dense, np.dtype(np.float32), 0)
+    assert keep.shape == (300, 400) and keep.dtype == np.bool_ and keep.any(axis=1).all()
+    assert abs(keep.mean() - bench.MASK_DENSITY) < 0.01
+    additive = bench.make_mask(bench.parse_shape("f:1,2,2,300,400,8,dense-float"), np.dtype(np.float32), 0)
+    assert additive.dtype == np.float32 and set(np.unique(additive)) == {0.0, -np.inf}
+    np.testing.assert_array_equal(additive == 0, keep)  # the same pattern, for one seed
+    padding = bench.parse_shape("p:64,2,2,16,512,8,padding")
+    pad = bench.make_mask(padding, np.dtype(np.float32), 0)
+    assert pad.shape == (64, 1, 1, 512) and pad.dtype == np.bool_
+    lengths = pad.sum(axis=-1).ravel()
+    assert lengths.min() >= 200 and lengths.max() <= 512 and len(set(lengths)) > 10
+    assert (pad[..., :200]).all()  # kept keys come first
+    assert bench.make_mask(bench.parse_shape("1k"), np.dtype(np.float32), 0) is None
+    # the work counts the pairs the mask keeps
+    assert bench.kept_pairs(padding, pad) == int(lengths.sum()) * 2 * 16
+    assert bench.attention_flops(padding, pad) == 2 * bench.kept_pairs(padding, pad) * 16
+    assert bench.attention_flops(dense, keep) == 2 * 2 * int(keep.sum()) * 16
+    assert bench.attention_flops(dense) == 2 * 2 * 300 * 400 * 16
+
+
+def test_numpy_attention_takes_masks():
+    shape = bench.parse_shape("g:2,4,2,6,9,8,padding")
+    q, k, v = make_inputs(shape, np.dtype(np.float64), 0)
+    for mask in (bench.make_mask(shape, np.dtype(np.float64), 1), np.where(np.eye(6, 9, dtype=bool), 0.0, -np.inf)):
+        got = bench.numpy_attention(q, k, v, mask=mask)
+        want = reference.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_masked_shapes_with_every_peer():
+    """Every installed peer takes each kind of mask, agrees with sdpa, and says which
+    kernel ran; the others are reported absent; sdpa's unmasked speed comes with it."""
+    rows = bench.run_suite(TINY_MASKED, threads=[1], **FAST)
+    assert [r["shape"] for r in rows] == ["tm-bool", "tm-float", "tm-pad"]
+    for row in rows:
+        assert row["impls"]["sdpa"]["kernel"] == "fused" and row["impls"]["sdpa"]["max_abs_err"] < 1e-5
+        for impl in bench.IMPLEMENTATIONS[1:]:
+            r = row["impls"][impl]
+            if impl not in AVAILABLE_PEERS:
+                assert r == {"status": "absent", "reason": f"{PEER_MODULES[impl]} is not installed"}
+                continue
+            assert r["status"] == "ok", (row["shape"], impl, r)
+            assert r["agreement"]["agrees"] and r["agreement"]["max_abs_diff"] < 1e-5
+            assert r["max_abs_err"] < 1e-5
+            assert r["kernel"] in ("fused", "unfused") and r["kernel_how"]
+            assert row["sdpa_over"][impl] == pytest.approx(row["impls"]["sdpa"]["gflops"] / r["gflops"])
+        # the flops are those of the pairs the mask keeps; the unmasked run counts them all
+        assert 0 < row["mask_kept"] < 1 and row["flops"] == round(row["unmasked_flops"] * row["mask_kept"])
+        assert row["sdpa_unmasked"]["median_s"] > 0 and row["sdpa_unmasked"]["runs"] >= 2
+        assert row["sdpa_mask_speed"] == row["sdpa_unmasked"]["median_s"] / row["impls"]["sdpa"]["median_s"]
+    expected = {"numpy": "unfused", "ort": "unfused", "ort-mha": "unfused", "openvino": "fused"}
+    for impl, kernel in expected.items():
+        if impl in AVAILABLE_PEERS:
+            assert {row["impls"][impl]["kernel"] for row in rows} == {kernel}, impl
+    notes = bench.suite_notes(rows, 64)
+    assert any(note.startswith("kernels: sdpa fused; numpy unfused") for note in notes)
+
+
+def test_peers_say_what_they_cannot_take():
+    """Grouped heads and a causal mask with L != S for MultiHeadAttention, a causal mask
+    together with a mask for OpenVINO: unsupported, with the reason."""
+    impls = [i for i in ("ort-mha", "openvino") if i in AVAILABLE_PEERS]
+    if not impls:
+        pytest.skip("neither onnxruntime nor openvino is installed")
+    shapes = ["gqa:1,4,2,8,8,8", "c:1,2,2,8,12,8,causal", "cm:2,2,2,8,8,8,causal,padding"]
+    rows = bench.run_suite(shapes, threads=[1], impls=["sdpa"] + impls, error_rows=0, **FAST)
+    status = {impl: {row["shape"]: row["impls"][impl]["status"] for row in rows} for impl in impls}
+    if "ort-mha" in impls:
+        assert status["ort-mha"] == {"gqa": "unsupported", "c": "unsupported", "cm": "ok"}
+        assert "grouped-query" in rows[0]["impls"]["ort-mha"]["reason"]
+    if "openvino" in impls:
+        assert status["openvino"] == {"gqa": "ok", "c": "ok", "cm": "unsupported"}
+        assert "ignores attention_mask" in rows[2]["impls"]["openvino"]["reason"]
+    assert "unsup" in bench.format_table(rows)
+
+
+def test_a_wrong_peer_is_reported_not_timed(monkeypatch):
+    """A peer whose output is off by 1e-3 (a wrong mask or scale would be far off) is
+    reported as disagreeing with sdpa, once per shape, and not timed at any thread count."""
+    prepare = peers.prepare
+    calls = []
+
+    def wrong(name, *args, **kwargs):
+        prepared = prepare(name, *args, **kwargs)
+        if name == "sdpa":
+            return prepared
+
+        def call():
+            calls.append(name)
+            return prepared.call() + 1e-3
+
+        return peers.Prepared(call, prepared.output, prepared.kernel, prepared.kernel_how)
+
+    monkeypatch.setattr(peers, "prepare", wrong)
+    rows = bench.run_suite(["tm-pad:3,4,4,16,40,8,padding"], threads=[1, 2], impls=["sdpa"] + AVAILABLE_PEERS, **FAST)
+    assert sorted(calls) == sorted(AVAILABLE_PEERS)  # each one's warm-up, checked, then nothing
+    for row in rows:
+        assert row["impls"]["sdpa"]["status"] == "ok"
+        for impl in AVAILABLE_PEERS:
+            r = row["impls"][impl]
+            assert r["status"] == "mismatch" and "median_s" not in r and "times_s" not in r
+            assert "differs from sdpa's by up to 0.001" in r["reason"] and "not timed" in r["reason"]
+            assert r["agreement"]["agrees"] is False and r["agreement"]["threads"] == 1
+            assert row["sdpa_over"][impl] is None
+    line = bench.format_table(rows).splitlines()[2].split()
+    assert line[:2] == ["tm-pad", "1"] and line[3 : 3 + len(AVAILABLE_PEERS)] == ["WRONG"] * len(AVAILABLE_PEERS)
+    notes = describe_skips(rows)
+    for impl in AVAILABLE_PEERS:
+        assert any(f"{impl} mismatch (output differs from sdpa's" in note for note in notes), impl
+
+
+def test_agreement():
+    a = np.array([[0.5, -1.0], [np.nan, 2.0]], dtype=np.float32)
+    verdict = peers.agreement(a + 1e-6, a, "float32")
+    assert verdict["agrees"] and verdict["max_abs_diff"] == pytest.approx(1e-6, rel=0.1)
+    assert not peers.agreement(a + 1e-3, a, "float32")["agrees"]
+    assert peers.agreement(a + 1e-3, a, "bfloat16")["agrees"]  # 16-bit tolerance
+    b = a.copy()
+    b[0, 0] = np.nan
+    verdict = peers.agreement(b, a, "float32")
+    assert not verdict["agrees"] and math.isnan(verdict["max_abs_diff"])
+    assert not peers.agreement(a[:1], a, "float32")["agrees"]
+    assert peers.check_dtype(np.dtype(np.float32), "bfloat16") == "bfloat16"
+    assert peers.check_dtype(np.dtype(np.float64)) == "float64"
+
+
+def test_absent_peers_are_reported(monkeypatch):
+    monkeypatch.setattr(peers, "_load_onnxruntime", lambda: None)
+    monkeypatch.setattr(peers, "_ort_error", "onnxruntime is not installed")
+    monkeypatch.setattr(peers, "_load_openvino", lambda: None)
+    monkeypatch.setattr(peers, "_openvino_error", "openvino is not installed")
+    rows = bench.run_suite([TINY], threads=[1], impls=["sdpa", "ort", "ort-mha", "openvino"], **FAST)
+    impls = rows[0]["impls"]
+    assert impls["ort"] == impls["ort-mha"] == {"status": "absent", "reason": "onnxruntime is not installed"}
+    assert impls["openvino"] == {"status": "absent", "reason": "openvino is not installed"}
+    assert bench.format_table(rows).splitlines()[2].split()[3:6] == ["absent"] * 3
+    assert "tiny: openvino absent (openvino is not installed)" in describe_skips(rows)
+
+
+def test_cli_masked_shapes(tmp_path, capsys):
+    """The masked/unmasked column, the notes and the JSON of a masked run."""
+    path = tmp_path / "bench.json"
+    argv = CLI_FAST[:]
+    argv[1] = "tm:1,2,2,16,24,8,dense-bool,tp:2,2,2,8,24,8,padding"
+    assert bench.main(argv + ["--impls", "sdpa,numpy", "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    header = out.split("\n\n", 1)[1].splitlines()[0]
+    assert header.split()[:4] == ["shape", "threads", "sdpa", "GFLOP/s"] and "masked/unmasked" in header
+    assert "ort GFLOP/s" not in header  # only the implementations asked for
+    assert "masked/unmasked: sdpa's speed with the mask over its speed without it" in out
+    assert "kernels: sdpa fused; numpy unfused" in out
+    assert "checked against sdpa's once per shape (np.allclose, rtol=0.0001, atol=1e-05 in float32)" in out
+    data = json.loads(path.read_text())
+    assert data["settings"]["kernels"]["ort"] == "unfused" and data["settings"]["agreement_tolerance"]["float32"]
+    assert "onnxruntime" in data["machine"] and "openvino" in data["machine"]
+    for row in data["results"]:
+        assert row["mask"] in ("dense-bool", "padding") and row["sdpa_mask_speed"] > 0
+        assert row["impls"]["numpy"]["agreement"]["agrees"] is True

@@ -1,25 +1,29 @@
-"""Side-by-side attention benchmark: sdpa against NumPy and PyTorch on this machine.
+"""Side-by-side attention benchmark: sdpa against NumPy, PyTorch, ONNX Runtime and
+OpenVINO on this machine.
 
     python -m sdpa.bench                      # the whole suite, 1 and all threads
     python -m sdpa.bench --quick              # a few small shapes (CI smoke run)
     python -m sdpa.bench --shapes 1k,gqa-2k --threads 1,2 --json out.json --plot out.png
     python -m sdpa.bench --dtype bfloat16     # bfloat16 (or float16) q, k, v; torch in the same dtype
     python -m sdpa.bench --dtype float32 --kv-dtype bfloat16   # a float32 query, a bfloat16 cache
+    python -m sdpa.bench --shapes mask-dense-bool,mask-padding --impls sdpa,torch,ort-mha
     python -m sdpa.bench --latency            # microseconds per call on small problems
 
-Every implementation runs in the same process on the same inputs, and the results
-are reported as throughput next to ratios measured in the same run: sdpa against
-PyTorch, and against the machine's own matmul throughput (a NumPy gemm) and read
-bandwidth (a NumPy reduction over a large array).  Each output is also compared with
-a float64 reference on the same input values (a sample of query rows on large
-problems): the ``err`` columns.  See benchmarks/README.md for what each column means.
+Every implementation runs in the same process on the same inputs (and the same mask,
+on the masked shapes), and the results are reported as throughput next to ratios
+measured in the same run: sdpa against PyTorch, and against the machine's own matmul
+throughput (a NumPy gemm) and read bandwidth (a NumPy reduction over a large array).
+Each output is compared with sdpa's once per shape (one that disagrees is reported,
+not timed) and with a float64 reference on the same input values (a sample of query
+rows on large problems): the ``err`` columns.  See benchmarks/README.md for what each
+column means.
 
 ``--latency`` instead times small problems (decode steps, a short prefill) in
 microseconds per call: sdpa on NumPy arrays, ``sdpa.torch`` on tensors, torch's
 own function and ONNX Runtime's Attention operator, then the greedy ``generate()``
 of a tiny random-weight Llama (transformers) with and without ``sdpa.torch.patch()``.
 
-Only the standard library and NumPy are needed; PyTorch, ONNX Runtime,
+Only the standard library and NumPy are needed; PyTorch, ONNX Runtime, OpenVINO,
 transformers, threadpoolctl and matplotlib are used when they are installed.
 
 The modules, by concern: :mod:`~sdpa.bench.shapes` (the problems, their work
@@ -27,7 +31,7 @@ counts, dtypes and inputs), :mod:`~sdpa.bench.timing` (the timer and the progres
 bar), :mod:`~sdpa.bench.threads` (thread counts and limits),
 :mod:`~sdpa.bench.machine` (machine facts and reference measurements),
 :mod:`~sdpa.bench.peers` (the implementations), :mod:`~sdpa.bench.errors` (the
-float64 reference and the errors), :mod:`~sdpa.bench.onnxgraph` (the ONNX model ONNX
+float64 reference and the errors), :mod:`~sdpa.bench.onnxgraph` (the ONNX models ONNX
 Runtime runs), :mod:`~sdpa.bench.suite` (the throughput suite),
 :mod:`~sdpa.bench.latency` (the latency mode), :mod:`~sdpa.bench.generate` (the
 Llama ``generate()``), :mod:`~sdpa.bench.report` (tables and JSON),
@@ -41,13 +45,32 @@ from .errors import ERROR_ROWS, ReferenceSample, max_abs_error, reference_sample
 from .generate import measure_generate
 from .latency import LATENCY_THREADS, iter_latency, run_latency
 from .machine import machine_info, measure_references
-from .peers import IMPLEMENTATIONS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES, numpy_attention
+from .peers import (
+    AGREEMENT_TOLERANCE,
+    FLOAT32_PEERS,
+    IMPLEMENTATIONS,
+    KERNELS,
+    LATENCY_IMPLEMENTATIONS,
+    NUMPY_MAX_SCORE_BYTES,
+    agreement,
+    numpy_attention,
+)
 from .plot import plot_results
-from .report import format_generate, format_latency_table, format_references, format_table
+from .report import (
+    describe_kernels,
+    format_generate,
+    format_latency_table,
+    format_references,
+    format_table,
+    suite_notes,
+)
 from .shapes import (
     DTYPES,
     HALF_DTYPES,
     LATENCY_SHAPES,
+    MASK_DENSITY,
+    MASKS,
+    PADDING_MIN_FRACTION,
     QUICK_SHAPES,
     SHAPES,
     GiB,
@@ -57,8 +80,10 @@ from .shapes import (
     attention_flops,
     bench_dtype,
     causal_pairs,
+    kept_pairs,
     kv_bytes,
     make_inputs,
+    make_mask,
     parse_shape,
     score_bytes,
 )
@@ -112,4 +137,15 @@ __all__ = [
     "sample_rows",
     "reference_sample",
     "max_abs_error",
+    "FLOAT32_PEERS",
+    "KERNELS",
+    "AGREEMENT_TOLERANCE",
+    "agreement",
+    "MASKS",
+    "MASK_DENSITY",
+    "PADDING_MIN_FRACTION",
+    "make_mask",
+    "kept_pairs",
+    "describe_kernels",
+    "suite_notes",
 ]

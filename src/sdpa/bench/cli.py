@@ -8,19 +8,21 @@ import sys
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Sequence
 
+import numpy as np
+
 from .errors import ERROR_ROWS
 from .generate import measure_generate
 from .latency import LATENCY_THREADS, iter_latency
 from .machine import machine_info, measure_references, package_version, reference_steps
-from .peers import IMPLEMENTATIONS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES
+from .peers import AGREEMENT_TOLERANCE, IMPLEMENTATIONS, KERNELS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES
 from .plot import plot_results
 from .report import (
     describe_latency_skips,
-    describe_skips,
     format_generate,
     format_latency_table,
     format_references,
     format_table,
+    suite_notes,
     write_json,
 )
 from .shapes import (
@@ -31,6 +33,7 @@ from .shapes import (
     SHAPES,
     Shape,
     attention_flops,
+    make_mask,
     parse_shape,
     split_shapes,
 )
@@ -61,7 +64,7 @@ def _build_parser() -> argparse.ArgumentParser:
     """The options of ``python -m sdpa.bench``."""
     p = argparse.ArgumentParser(
         prog="python -m sdpa.bench",
-        description="Time sdpa against NumPy and PyTorch attention on this machine.",
+        description="Time sdpa against NumPy, PyTorch, ONNX Runtime and OpenVINO attention on this machine.",
         epilog="Columns are explained in benchmarks/README.md.",
     )
     p.add_argument(
@@ -73,7 +76,8 @@ def _build_parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--shapes",
-        help="comma-separated shape names (see --list) or NAME:B,Hq,Hkv,L,S,E[,causal] specs",
+        help="comma-separated shape names (see --list) or NAME:B,Hq,Hkv,L,S,E[,causal][,MASK] specs "
+        "(MASK: dense-bool, dense-float or padding)",
     )
     which.add_argument(
         "--quick",
@@ -91,8 +95,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--impls",
-        help=f"implementations to run (default: {','.join(IMPLEMENTATIONS)}; "
-        f"with --latency: {','.join(LATENCY_IMPLEMENTATIONS)})",
+        help=f"implementations to run (default: {','.join(IMPLEMENTATIONS)}, those not installed "
+        f"reported absent; with --latency: {','.join(LATENCY_IMPLEMENTATIONS)})",
     )
     p.add_argument(
         "--dtype",
@@ -153,7 +157,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         extra = [q for q in QUICK_SHAPES if q not in SHAPES] + LATENCY_SHAPES
         for s in SHAPES + extra:
             tag = " (--quick)" if s in QUICK_SHAPES else " (--latency)" if s in LATENCY_SHAPES else ""
-            print(f"{s.name:16s} {s.describe():46s} {attention_flops(s) / 1e9:10.2f} GFLOP{tag}")
+            flops = attention_flops(s, make_mask(s, np.dtype(np.float32), args.seed))  # masked: the kept pairs
+            print(f"{s.name:16s} {s.describe():46s} {flops / 1e9:10.2f} GFLOP{tag}")
         return 0
 
     known = LATENCY_IMPLEMENTATIONS if args.latency else IMPLEMENTATIONS
@@ -210,6 +215,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     progress = Progress(steps, enabled=show)
 
     info = machine_info()
+    info["onnxruntime"] = package_version("onnxruntime")
+    info["openvino"] = package_version("openvino")
     rows: List[Dict[str, Any]] = []
     references: Dict[str, Any] = {}
     interrupted = False
@@ -242,18 +249,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         progress.close()
 
-    _print_header(info, _dtype_text(args.dtype, args.kv_dtype))
+    versions = ""
+    if "ort" in impls or "ort-mha" in impls:
+        versions += f", onnxruntime {info['onnxruntime'] or 'not installed'}"
+    if "openvino" in impls:
+        versions += f", openvino {info['openvino'] or 'not installed'}"
+    _print_header(info, _dtype_text(args.dtype, args.kv_dtype), versions)
     ref_text = format_references(references)
     if ref_text:
         print(ref_text)
     print()
     print(format_table(rows, args.dtype))
-    if args.error_rows and rows:
-        print(
-            f"  err: max |output - float64 reference| over up to {args.error_rows} query rows per shape "
-            "(first, last, random), on the same rounded inputs"
-        )
-    for note in describe_skips(rows):
+    for note in suite_notes(rows, args.error_rows):
         print(f"  {note}")
     if interrupted:
         print("(interrupted: partial results)")
@@ -273,6 +280,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "repeat": args.repeat,
                 "seed": args.seed,
                 "numpy_max_score_bytes": NUMPY_MAX_SCORE_BYTES,
+                "agreement_tolerance": {k: {"rtol": r, "atol": a} for k, (r, a) in AGREEMENT_TOLERANCE.items()},
+                "kernels": dict(KERNELS),
                 "complete": not interrupted,
             },
             "references": references,

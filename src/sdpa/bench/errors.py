@@ -6,7 +6,9 @@ exactly).  It builds the whole score matrix, so on large problems it is computed
 a sample of query rows only: the first, the last and random ones, as
 ``benchmarks/accuracy.py`` does.  Each output row depends on its own query row alone,
 so the sample is exact for the rows it covers; with a causal mask those rows see only
-the keys up to the last sampled row, and the reference reads no further.
+the keys up to the last sampled row, and the reference reads no further.  An
+attention mask is given to the reference on the sampled rows, as the implementations
+were given it.
 """
 
 from __future__ import annotations
@@ -59,8 +61,10 @@ def reference_sample(
     v: np.ndarray,
     max_rows: int = ERROR_ROWS,
     seed: int = 0,
+    attn_mask: Optional[np.ndarray] = None,
 ) -> ReferenceSample:
-    """The float64 reference of ``shape`` on at most ``max_rows`` query rows of q, k, v.
+    """The float64 reference of ``shape`` on at most ``max_rows`` query rows of q, k, v
+    (and ``attn_mask``, broadcastable to (B, Hq, L, S), when the problem has one).
 
     It runs one key/value head at a time, so that float64 copies of K and V never
     exceed one head's; the query heads sharing that head (grouped-query attention) are
@@ -69,11 +73,18 @@ def reference_sample(
     rows = sample_rows(shape.L, max_rows, seed)
     n, group = rows.size, shape.Hq // shape.Hkv
     S = shape.S
-    mask: Optional[np.ndarray] = None
+    causal: Optional[np.ndarray] = None
     if shape.causal:
         # top-left causal: query row l sees keys 0..l, so nothing past the last sampled row
         S = min(S, int(rows[-1]) + 1)
-        mask = np.tile(np.arange(S)[None, :] <= rows[:, None], (group, 1))
+        causal = np.tile(np.arange(S)[None, :] <= rows[:, None], (group, 1))
+    given: Optional[np.ndarray] = None
+    if attn_mask is not None:
+        # (B, Hq, n, S) on the sampled rows, float masks in float64 (-inf stays -inf)
+        m = np.asarray(attn_mask)
+        m = m.reshape((1,) * (4 - m.ndim) + m.shape)
+        m = np.broadcast_to(m, (shape.B, shape.Hq, shape.L, shape.S))[:, :, rows, :S]
+        given = m if m.dtype == np.bool_ else _float64(m)
     # (B, Hq, n, E) -> (B, Hkv, group * n, E): the query heads of a group one after another
     q64 = _float64(q[:, :, rows]).reshape(shape.B, shape.Hkv, group * n, shape.E)
     expected = np.empty((shape.B, shape.Hkv, group * n, v.shape[-1]))
@@ -82,6 +93,15 @@ def reference_sample(
         for b in range(shape.B):
             for h in range(shape.Hkv):
                 kh, vh = _float64(k[b, h, :S]), _float64(v[b, h, :S])
+                mask = causal
+                if given is not None:
+                    gm = given[b, h * group : (h + 1) * group].reshape(group * n, S)
+                    if mask is None:
+                        mask = gm
+                    elif gm.dtype == np.bool_:
+                        mask = mask & gm
+                    else:
+                        mask = np.where(mask, gm, -np.inf)
                 expected[b, h] = _reference(q64[b, h], kh, vh, attn_mask=mask)
     return ReferenceSample(rows, expected.reshape(shape.B, shape.Hq, n, -1))
 

@@ -27,8 +27,15 @@ def plot_results(
     prefill = [r for r in rows if not r["decode"]]
     thread_counts = sorted({r["threads"] for r in rows})
     tmax = thread_counts[-1] if thread_counts else 1
-    markers = {"sdpa": "o", "numpy": "s", "torch": "^"}
-    styles = {"sdpa": "-", "numpy": ":", "torch": "--"}
+    markers = {"sdpa": "o", "numpy": "s", "torch": "^", "ort": "v", "ort-mha": "<", "openvino": "D"}
+    styles: Dict[str, Any] = {
+        "sdpa": "-",
+        "numpy": ":",
+        "torch": "--",
+        "ort": "-.",
+        "ort-mha": (0, (3, 1, 1, 1, 1, 1)),
+        "openvino": (0, (5, 2)),
+    }
     gemm_entries = (references or {}).get("gemm", {}).get("results", [])
     gemm_dtype = (references or {}).get("gemm", {}).get("dtype")
     gemm_label = f"{gemm_dtype} gemm (NumPy)" if gemm_dtype else "gemm (NumPy)"

@@ -6,10 +6,13 @@ import json
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
+from .peers import AGREEMENT_TOLERANCE, IMPLEMENTATIONS, check_dtype
 from .shapes import MiB
 
 __all__ = [
     "format_table",
+    "describe_kernels",
+    "suite_notes",
     "gemm_label",
     "format_references",
     "describe_skips",
@@ -31,13 +34,17 @@ def _fmt_rate(x: Optional[float]) -> str:
     return f"{x:.2f}"
 
 
+#: What a GFLOP/s cell says for an implementation that was not timed, by its status.
+_STATUS_CELLS = {"skipped": "-", "absent": "absent", "unsupported": "unsup", "mismatch": "WRONG", "error": "err"}
+
+
 def _fmt_impl(row: Dict[str, Any], impl: str, key: str = "gflops") -> str:
-    """One implementation's figure in a row: ``-`` when skipped, ``err`` when it raised."""
+    """One implementation's figure in a row; for one not timed, its status (:data:`_STATUS_CELLS`)."""
     r = row["impls"].get(impl)
-    if r is None or r["status"] == "skipped":
+    if r is None:
         return "-"
-    if r["status"] == "error":
-        return "err"
+    if r["status"] != "ok":
+        return _STATUS_CELLS.get(r["status"], r["status"])
     return _fmt_rate(r.get(key))
 
 
@@ -77,21 +84,19 @@ def gemm_label(dtype: str = "float32") -> str:
 def format_table(rows: Sequence[Dict[str, Any]], dtype: str = "float32") -> str:
     """The results as a plain-text table, one line per (shape, threads).
 
-    The error columns (max absolute error against the float64 reference, and the
-    ratio sdpa's over torch's) appear when the rows carry errors.
+    One GFLOP/s column per implementation in the rows.  The ``masked/unmasked`` column
+    (sdpa's speed with the mask over its speed without) appears when a row has a mask,
+    the error columns (max absolute error against the float64 reference, and the ratio
+    sdpa's over torch's) when the rows carry errors.
     """
     errors = any(row.get("error_rows") for row in rows)
-    header = [
-        "shape",
-        "threads",
-        "sdpa GFLOP/s",
-        "numpy GFLOP/s",
-        "torch GFLOP/s",
-        "sdpa/torch",
-        f"% {gemm_label(dtype)}",
-        "sdpa GB/s",
-        "% bw",
-    ]
+    masks = any(row.get("mask") for row in rows)
+    present = {impl for row in rows for impl in row["impls"]}
+    impls = [impl for impl in IMPLEMENTATIONS if impl in present] or ["sdpa", "numpy", "torch"]
+    header = ["shape", "threads"] + [f"{impl} GFLOP/s" for impl in impls]
+    header += ["sdpa/torch", f"% {gemm_label(dtype)}", "sdpa GB/s", "% bw"]
+    if masks:
+        header += ["masked/unmasked"]
     if errors:
         header += ["sdpa err", "torch err", "err sdpa/torch"]
     lines: List[List[str]] = []
@@ -100,17 +105,16 @@ def format_table(rows: Sequence[Dict[str, Any]], dtype: str = "float32") -> str:
         pct = row.get("sdpa_pct_gemm")
         decode = row.get("decode")
         pct_bw = row.get("sdpa_pct_bandwidth") if decode else None
-        cells = [
-            row["shape"],
-            str(row["threads"]),
-            _fmt_impl(row, "sdpa"),
-            _fmt_impl(row, "numpy"),
-            _fmt_impl(row, "torch"),
+        cells = [row["shape"], str(row["threads"])]
+        cells += [_fmt_impl(row, impl) for impl in impls]
+        cells += [
             _fmt_ratio(ratio),
             "" if pct is None else f"{pct:.1f}%",
             _fmt_impl(row, "sdpa", "gbps") if decode else "",
             "" if pct_bw is None else f"{pct_bw:.0f}%",
         ]
+        if masks:
+            cells.append(_fmt_ratio(row.get("sdpa_mask_speed")) if row.get("mask") else "")
         if errors:
             cells += [
                 _fmt_err(row.get("sdpa_err")),
@@ -160,7 +164,8 @@ def format_references(references: Dict[str, Any]) -> str:
 
 def describe_skips(rows: Sequence[Dict[str, Any]]) -> List[str]:
     """One note per implementation not measured, saying why, and per note on how one was
-    run (torch on a cache of another dtype); naming the shapes unless it is all of them."""
+    run (torch on a cache of another dtype, a layout or mask form a peer needs); naming
+    the shapes unless it is all of them."""
     shapes: Dict[str, Dict[str, None]] = {}  # note -> the shapes it applies to, in order
     for row in rows:
         for impl, r in row["impls"].items():
@@ -176,6 +181,52 @@ def describe_skips(rows: Sequence[Dict[str, Any]]) -> List[str]:
         note if len(every) > 1 and list(names) == every else f"{', '.join(names)}: {note}"
         for note, names in shapes.items()
     ]
+
+
+def describe_kernels(rows: Sequence[Dict[str, Any]]) -> str:
+    """Which kernel each implementation ran, "fused" or "unfused", in one line: the
+    shapes named where an implementation ran both.  Empty when no row says."""
+    kernels: Dict[str, Dict[str, Dict[str, None]]] = {}  # impl -> kernel -> shapes, in order
+    for row in rows:
+        for impl, r in row["impls"].items():
+            if r.get("kernel"):
+                kernels.setdefault(impl, {}).setdefault(r["kernel"], {})[row["shape"]] = None
+    parts = []
+    for impl in sorted(kernels, key=lambda i: IMPLEMENTATIONS.index(i) if i in IMPLEMENTATIONS else 99):
+        by_kernel = kernels[impl]
+        if len(by_kernel) == 1:
+            parts.append(f"{impl} {next(iter(by_kernel))}")
+        else:
+            parts.append(f"{impl} " + ", ".join(f"{k} ({', '.join(names)})" for k, names in by_kernel.items()))
+    return "kernels: " + "; ".join(parts) if parts else ""
+
+
+def suite_notes(rows: Sequence[Dict[str, Any]], error_rows: int = 0) -> List[str]:
+    """The notes printed under the suite's table: what the err, masked/unmasked and
+    agreement figures are, the kernels, and why any implementation was not measured."""
+    notes: List[str] = []
+    if error_rows and rows:
+        notes.append(
+            f"err: max |output - float64 reference| over up to {error_rows} query rows per shape "
+            "(first, last, random), on the same rounded inputs"
+        )
+    if any(row.get("mask") for row in rows):
+        notes.append(
+            "masked/unmasked: sdpa's speed with the mask over its speed without it, same shape and "
+            "inputs (unmasked time / masked time); GFLOP/s of a masked shape count the pairs it keeps"
+        )
+    checked = any(r.get("agreement") for row in rows for r in row["impls"].values())
+    if checked:
+        dtype = check_dtype(*{d for row in rows for d in (row.get("dtype"), row.get("kv_dtype")) if d})
+        rtol, atol = AGREEMENT_TOLERANCE.get(dtype, AGREEMENT_TOLERANCE["float32"])
+        notes.append(
+            "every other output is checked against sdpa's once per shape (np.allclose, "
+            f"rtol={rtol:.2g}, atol={atol:.2g} in {dtype}); WRONG: it disagreed, and was not timed"
+        )
+    kernels = describe_kernels(rows)
+    if kernels:
+        notes.append(kernels)
+    return notes + describe_skips(rows)
 
 
 #: The latency table's implementation columns, in order, with their headers.

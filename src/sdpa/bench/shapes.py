@@ -7,6 +7,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ..reference import causal_mask
+
 __all__ = [
     "GiB",
     "MiB",
@@ -25,15 +27,36 @@ __all__ = [
     "HALF_DTYPES",
     "bench_dtype",
     "make_inputs",
+    "MASKS",
+    "MASK_DENSITY",
+    "PADDING_MIN_FRACTION",
+    "make_mask",
+    "kept_pairs",
+    "unmasked",
 ]
 
 GiB = 1024**3
 MiB = 1024**2
 
 
+#: The masks a shape can carry (:func:`make_mask` draws them): a dense (L, S) bool mask
+#: keeping :data:`MASK_DENSITY` of the pairs at random, the same as an additive float
+#: mask of 0 and -inf, and a BERT-style (B, 1, 1, S) bool padding mask keeping the
+#: first keys of each batch entry, a random count of them.
+MASKS = ("dense-bool", "dense-float", "padding")
+
+#: The fraction of (l, s) pairs a dense mask keeps.
+MASK_DENSITY = 0.7
+
+#: A padding mask keeps between this fraction of S (rounded) and all S keys of each
+#: batch entry: 200 to 512 keys at S = 512.
+PADDING_MIN_FRACTION = 200 / 512
+
+
 @dataclass(frozen=True)
 class Shape:
-    """One attention problem: q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev)."""
+    """One attention problem: q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev), and
+    the kind of attention mask it is given (one of :data:`MASKS`, or None)."""
 
     name: str
     B: int
@@ -44,10 +67,13 @@ class Shape:
     E: int
     causal: bool = False
     Ev: Optional[int] = None  # defaults to E
+    mask: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.Ev is None:
             object.__setattr__(self, "Ev", self.E)
+        if self.mask is not None and self.mask not in MASKS:
+            raise ValueError(f"shape {self.name!r}: mask must be one of {', '.join(MASKS)}, got {self.mask!r}")
         for field in ("B", "Hq", "Hkv", "L", "S", "E", "Ev"):
             if int(getattr(self, field)) < 1:
                 raise ValueError(f"shape {self.name!r}: {field} must be >= 1")
@@ -68,8 +94,10 @@ class Shape:
         """The dimensions in one line, as ``--list`` prints them."""
         heads = f"{self.Hq}" if not self.gqa else f"{self.Hq}/{self.Hkv}"
         ev = f" Ev={self.Ev}" if self.Ev != self.E else ""
-        return f"B={self.B} H={heads} L={self.L} S={self.S} E={self.E}{ev}" + (
-            " causal" if self.causal else ""
+        return (
+            f"B={self.B} H={heads} L={self.L} S={self.S} E={self.E}{ev}"
+            + (" causal" if self.causal else "")
+            + (f" mask={self.mask}" if self.mask else "")
         )
 
 
@@ -84,6 +112,9 @@ SHAPES: List[Shape] = [
     Shape("e96", 1, 16, 16, 2048, 2048, 96, True),
     Shape("decode-mha", 8, 32, 32, 1, 2048, 128, False),
     Shape("decode-gqa-32k", 1, 32, 8, 1, 32768, 128, False),
+    Shape("mask-dense-bool", 1, 16, 16, 2048, 2048, 64, False, mask="dense-bool"),
+    Shape("mask-dense-float", 1, 16, 16, 2048, 2048, 64, False, mask="dense-float"),
+    Shape("mask-padding", 8, 12, 12, 512, 512, 64, False, mask="padding"),
 ]
 
 #: Small shapes for smoke runs (``--quick``): seconds, not minutes.
@@ -108,9 +139,10 @@ ShapeLike = Union[Shape, str, Sequence[Any]]
 
 
 def parse_shape(spec: ShapeLike) -> Shape:
-    """A :class:`Shape` from a suite name, a tuple, or ``"name:B,Hq,Hkv,L,S,E[,causal]"``.
+    """A :class:`Shape` from a suite name, a tuple, or ``"name:B,Hq,Hkv,L,S,E[,causal][,MASK]"``
+    (MASK one of :data:`MASKS`).
 
-    Tuples are ``(name, B, Hq, Hkv, L, S, E, causal[, Ev])``.
+    Tuples are ``(name, B, Hq, Hkv, L, S, E, causal[, Ev[, mask]])``.
     """
     if isinstance(spec, Shape):
         return spec
@@ -125,25 +157,30 @@ def parse_shape(spec: ShapeLike) -> Shape:
             )
         name, _, dims = spec.partition(":")
         parts = [p.strip() for p in dims.split(",") if p.strip()]
+        mask = parts.pop() if parts and parts[-1] in MASKS else None
         causal = False
         if len(parts) == 7:
             flag = parts.pop().lower()
             if flag not in ("causal", "c", "true", "1", "false", "0", "full"):
-                raise ValueError(f"shape {spec!r}: the 7th field must be 'causal' or 'full'")
+                raise ValueError(
+                    f"shape {spec!r}: the 7th field must be 'causal' or 'full', the last may be one of "
+                    + ", ".join(MASKS)
+                )
             causal = flag in ("causal", "c", "true", "1")
         if len(parts) != 6:
-            raise ValueError(f"shape {spec!r}: expected NAME:B,Hq,Hkv,L,S,E[,causal]")
+            raise ValueError(f"shape {spec!r}: expected NAME:B,Hq,Hkv,L,S,E[,causal][,MASK]")
         try:
             B, Hq, Hkv, L, S, E = (int(p) for p in parts)
         except ValueError:
             raise ValueError(f"shape {spec!r}: dims must be integers") from None
-        return Shape(name or "custom", B, Hq, Hkv, L, S, E, causal)
+        return Shape(name or "custom", B, Hq, Hkv, L, S, E, causal, mask=mask)
     fields = list(spec)
-    if len(fields) not in (8, 9):
-        raise ValueError(f"shape tuple must be (name, B, Hq, Hkv, L, S, E, causal[, Ev]); got {spec!r}")
+    if len(fields) not in (8, 9, 10):
+        raise ValueError(f"shape tuple must be (name, B, Hq, Hkv, L, S, E, causal[, Ev[, mask]]); got {spec!r}")
     name, B, Hq, Hkv, L, S, E, causal = fields[:8]
-    Ev = int(fields[8]) if len(fields) == 9 and fields[8] is not None else None
-    return Shape(str(name), int(B), int(Hq), int(Hkv), int(L), int(S), int(E), bool(causal), Ev)
+    Ev = int(fields[8]) if len(fields) >= 9 and fields[8] is not None else None
+    mask = str(fields[9]) if len(fields) == 10 and fields[9] is not None else None
+    return Shape(str(name), int(B), int(Hq), int(Hkv), int(L), int(S), int(E), bool(causal), Ev, mask)
 
 
 def split_shapes(text: str) -> List[str]:
@@ -168,10 +205,30 @@ def causal_pairs(L: int, S: int) -> int:
     return m * (m + 1) // 2 + (L - m) * S
 
 
-def attention_flops(shape: Shape) -> int:
-    """Multiply-adds of Q Kᵀ and P V, counted as 2 flops, over the unmasked pairs only."""
+def attention_flops(shape: Shape, mask: Optional[np.ndarray] = None) -> int:
+    """Multiply-adds of Q Kᵀ and P V, counted as 2 flops, over the unmasked pairs only.
+
+    With ``mask`` (the shape's, from :func:`make_mask`), the pairs it keeps are counted,
+    exactly (see :func:`kept_pairs`); without it, a masked shape counts every pair (or
+    the causal ones), as its unmasked run does.
+    """
+    if mask is not None:
+        return 2 * kept_pairs(shape, mask) * (shape.E + shape.Ev)
     pairs = causal_pairs(shape.L, shape.S) if shape.causal else shape.L * shape.S
     return 2 * shape.B * shape.Hq * pairs * (shape.E + shape.Ev)
+
+
+def kept_pairs(shape: Shape, mask: np.ndarray) -> int:
+    """The (b, h, l, s) entries that take part in attention under ``mask`` (and the causal
+    mask, when the shape has one): True in a bool mask, above -inf in an additive one."""
+    keep = np.asarray(mask)
+    keep = keep if keep.dtype == np.bool_ else keep.astype(np.float32) > -np.inf
+    full = (shape.B, shape.Hq, shape.L, shape.S)
+    keep4 = keep.reshape((1,) * (4 - keep.ndim) + keep.shape)
+    if shape.causal:
+        keep4 = keep4 & causal_mask(shape.L, shape.S)
+    # broadcasting repeats entries, so every entry of keep4 stands for the same count
+    return int(np.count_nonzero(keep4)) * (int(np.prod(full)) // keep4.size)
 
 
 def kv_bytes(shape: Shape, itemsize: int) -> int:
@@ -236,3 +293,40 @@ def make_inputs(
         )
     )
     return q, k, v
+
+
+def _mask_rng(seed: int) -> np.random.Generator:
+    """The masks' own random stream, so that q, k and v do not depend on the mask."""
+    return np.random.default_rng([seed, 0x6D61736B])
+
+
+def make_mask(shape: Shape, dtype: np.dtype, seed: int) -> Optional[np.ndarray]:
+    """The attention mask of ``shape`` (None when it has none), the same for every
+    implementation; a float mask is in ``dtype``, the query's.
+
+    ``dense-bool``: (L, S) bool, each pair kept with probability :data:`MASK_DENSITY`
+    (a row that would keep no key keeps one, at random, so that no output row is
+    undefined); ``dense-float``: the same pattern as 0 (kept) and -inf (masked);
+    ``padding``: (B, 1, 1, S) bool keeping the first ``n_b`` keys of batch entry ``b``,
+    ``n_b`` drawn between ``round(PADDING_MIN_FRACTION * S)`` (at least 1) and S.
+    """
+    if shape.mask is None:
+        return None
+    rng = _mask_rng(seed)
+    L, S = shape.L, shape.S
+    if shape.mask == "padding":
+        low = max(1, round(PADDING_MIN_FRACTION * S))
+        lengths = rng.integers(low, S + 1, size=shape.B)
+        return (np.arange(S)[None, :] < lengths[:, None]).reshape(shape.B, 1, 1, S)
+    keep = rng.random((L, S), dtype=np.float32) < MASK_DENSITY
+    empty = np.flatnonzero(~keep.any(axis=1))
+    keep[empty, rng.integers(0, S, size=empty.size)] = True
+    if shape.mask == "dense-bool":
+        return keep
+    # -inf in the dtype: built in float32 and cast (ml_dtypes' bfloat16 has -inf)
+    return np.where(keep, np.float32(0), np.float32(-np.inf)).astype(dtype)
+
+
+def unmasked(shape: Shape) -> Shape:
+    """The same problem without its mask (sdpa's own unmasked speed is measured on it)."""
+    return Shape(shape.name, shape.B, shape.Hq, shape.Hkv, shape.L, shape.S, shape.E, shape.causal, shape.Ev)

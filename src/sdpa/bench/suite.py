@@ -14,7 +14,16 @@ import numpy as np
 from . import peers
 from .errors import ERROR_ROWS, ReferenceSample, max_abs_error, reference_sample
 from .machine import lookup
-from .peers import IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES, make_runner, peer_note, skip_reason
+from .peers import (
+    IMPLEMENTATIONS,
+    NUMPY_MAX_SCORE_BYTES,
+    absent_reason,
+    agreement,
+    check_dtype,
+    peer_note,
+    skip_reason,
+    unsupported_reason,
+)
 from .shapes import (
     HALF_DTYPES,
     SHAPES,
@@ -22,14 +31,21 @@ from .shapes import (
     ShapeLike,
     attention_flops,
     bench_dtype,
+    kept_pairs,
     kv_bytes,
     make_inputs,
+    make_mask,
     parse_shape,
+    unmasked,
 )
 from .threads import BlasThreads, default_threads, threads_text
 from .timing import Progress, time_call
 
-__all__ = ["iter_suite", "run_suite", "ratio", "suite_dtypes"]
+__all__ = ["iter_suite", "run_suite", "ratio", "suite_dtypes", "SETTLE_S"]
+
+#: Seconds of rest before each implementation is timed, so that the previous one's
+#: worker threads (OpenMP, ONNX Runtime's pool, OpenVINO's TBB arena) stop spinning.
+SETTLE_S = 0.05
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
@@ -84,19 +100,20 @@ def iter_suite(
         raise ValueError(f"error_rows must be >= 0, got {error_rows}")
     gemm_entries = (references or {}).get("gemm", {}).get("results", [])
     bw_entries = (references or {}).get("bandwidth", {}).get("results", [])
+    timing = (min_time, repeat)
 
     torch = peers._load_torch() if "torch" in impl_list else None
     torch_threads0 = torch.get_num_threads() if torch is not None else None
     try:
         for shape in shape_list:
             q, k, v = make_inputs(shape, dt, seed, kv_dt)
-            flops = attention_flops(shape)
-            nbytes = kv_bytes(shape, kv_dt.itemsize)
+            mask = make_mask(shape, dt, seed)
             sample = None
             if error_rows:
                 if progress:
                     progress.show(f"{shape.name}: float64 reference")
-                sample = reference_sample(shape, q, k, v, error_rows, seed)
+                sample = reference_sample(shape, q, k, v, error_rows, seed, attn_mask=mask)
+            run = _ShapeRun(shape, (q, k, v), mask, timing, numpy_max_bytes, sample, torch)
             for n in thread_list:
                 row: Dict[str, Any] = {"shape": shape.name}
                 row.update((field, value) for field, value in asdict(shape).items() if field != "name")
@@ -105,82 +122,159 @@ def iter_suite(
                     dtype=dt.name,
                     kv_dtype=kv_dt.name,
                     threads=n,
-                    flops=flops,
-                    kv_bytes=nbytes,
+                    flops=run.flops,
+                    kv_bytes=run.nbytes,
                     error_rows=None if sample is None else int(sample.rows.size),
                     impls={},
                 )
+                if mask is not None:
+                    row["mask_kept"] = kept_pairs(shape, mask) / (shape.B * shape.Hq * shape.L * shape.S)
+                    row["unmasked_flops"] = run.unmasked_flops
                 for impl in impl_list:
                     if progress:
                         progress.show(f"{shape.name}, {threads_text(n)}: {impl}")
-                    row["impls"][impl] = _measure(
-                        impl, shape, (q, k, v), n, flops, nbytes, min_time, repeat, numpy_max_bytes, sample, torch
-                    )
+                    row["impls"][impl] = run.measure(impl, n)
+                    if impl == "sdpa" and mask is not None and row["impls"]["sdpa"]["status"] == "ok":
+                        if progress:
+                            progress.show(f"{shape.name}, {threads_text(n)}: sdpa without the mask")
+                        row["sdpa_unmasked"] = run.measure_unmasked(n)
                     if progress:
                         progress.advance()
                 _add_ratios(row, lookup(gemm_entries, n, "gflops"), lookup(bw_entries, n, "gbps"))
                 yield row
-            del q, k, v, sample
+            del q, k, v, mask, sample, run
             gc.collect()
     finally:
         if torch is not None:
             torch.set_num_threads(torch_threads0)
 
 
-def _measure(
-    impl: str,
-    shape: Shape,
-    qkv: Tuple[np.ndarray, np.ndarray, np.ndarray],
-    threads: int,
-    flops: int,
-    nbytes: int,
-    min_time: float,
-    repeat: int,
-    numpy_max_bytes: int,
-    sample: Optional[ReferenceSample],
-    torch: Any,
-) -> Dict[str, Any]:
-    """One implementation on one shape and thread count: its times, rates and error, or why not."""
-    q, k, v = qkv
-    reason = skip_reason(impl, shape, q.dtype.itemsize, numpy_max_bytes, (q.dtype, k.dtype))
-    if reason is not None:
-        return {"status": "skipped", "reason": reason}
-    # let the previous implementation's worker threads stop spinning before timing this one
-    time.sleep(0.05)
-    try:
-        if impl == "torch":
-            torch.set_num_threads(threads)
-        fn = make_runner(impl, shape, q, k, v, threads)
-        with BlasThreads(threads) if impl == "numpy" else contextlib.nullcontext():
-            out = fn()  # the warm-up, whose output is checked against the reference
-            times = time_call(fn, min_time, repeat, warmup=False)
-    except (MemoryError, RuntimeError, ValueError, TypeError) as exc:
-        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
-    med = statistics.median(times)
-    result: Dict[str, Any] = {
-        "status": "ok",
-        "median_s": med,
-        "min_s": min(times),
-        "runs": len(times),
-        "gflops": flops / med / 1e9,
-        "times_s": times,
-    }
-    if shape.decode:
-        result["gbps"] = nbytes / med / 1e9
-    if sample is not None:
-        result["max_abs_err"] = max_abs_error(out, sample)
-    del out
-    note = peer_note(impl, q.dtype, k.dtype)
-    if note is not None:
-        result["note"] = note
-    if impl == "numpy":
-        result["blas_threads_controlled"] = BlasThreads.available()
-    return result
+class _ShapeRun:
+    """One shape's inputs, and what is learnt about it across thread counts: sdpa's
+    output, which every other implementation's is checked against once, and the
+    verdicts of those checks."""
+
+    def __init__(
+        self,
+        shape: Shape,
+        qkv: Tuple[np.ndarray, np.ndarray, np.ndarray],
+        mask: Optional[np.ndarray],
+        timing: Tuple[float, int],
+        numpy_max_bytes: int,
+        sample: Optional[ReferenceSample],
+        torch: Any,
+    ) -> None:
+        self.shape = shape
+        self.q, self.k, self.v = qkv
+        self.mask = mask
+        self.min_time, self.repeat = timing
+        self.numpy_max_bytes = numpy_max_bytes
+        self.sample = sample
+        self.torch = torch
+        self.flops = attention_flops(shape, mask)
+        self.unmasked_flops = attention_flops(shape)
+        self.nbytes = kv_bytes(shape, self.k.dtype.itemsize)
+        self.baseline: Any = None  # sdpa's output, for the agreement checks
+        self.checks: Dict[str, Dict[str, Any]] = {}
+
+    def _sdpa_output(self, threads: int) -> Any:
+        """sdpa's output on this shape (computed now, untimed, unless sdpa ran already)."""
+        if self.baseline is None:
+            self.baseline = peers.prepare("sdpa", self.shape, self.q, self.k, self.v, threads, self.mask).call()
+        return self.baseline
+
+    def measure(self, impl: str, threads: int) -> Dict[str, Any]:
+        """One implementation at one thread count: its times, rates, error and kernel, or why not."""
+        shape, q, k, v = self.shape, self.q, self.k, self.v
+        absent = absent_reason(impl)
+        if absent is not None:
+            return {"status": "absent", "reason": absent}
+        reason = skip_reason(impl, shape, q.dtype.itemsize, self.numpy_max_bytes, (q.dtype, k.dtype))
+        if reason is not None:
+            return {"status": "skipped", "reason": reason}
+        reason = unsupported_reason(impl, shape, self.mask)
+        if reason is not None:
+            return {"status": "unsupported", "reason": reason}
+        verdict = self.checks.get(impl)
+        if verdict is not None and not verdict["agrees"]:
+            return _mismatch(verdict)
+        time.sleep(SETTLE_S)
+        try:
+            if impl == "torch":
+                self.torch.set_num_threads(threads)
+            prepared = peers.prepare(impl, shape, q, k, v, threads, self.mask)
+            with BlasThreads(threads) if impl == "numpy" else contextlib.nullcontext():
+                out = prepared.output(prepared.call())  # the warm-up, checked below
+                if impl == "sdpa":
+                    if self.baseline is None:
+                        self.baseline = out
+                elif verdict is None:
+                    want = self._sdpa_output(threads)
+                    verdict = agreement(out, want, check_dtype(q.dtype, k.dtype, out.dtype))
+                    verdict["threads"] = threads
+                    self.checks[impl] = verdict
+                    if not verdict["agrees"]:
+                        return dict(_mismatch(verdict), kernel=prepared.kernel, kernel_how=prepared.kernel_how)
+                times = time_call(prepared.call, self.min_time, self.repeat, warmup=False)
+        except Exception as exc:  # noqa: BLE001 - a report, not a check (ONNX Runtime and OpenVINO raise their own types)
+            return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+        med = statistics.median(times)
+        result: Dict[str, Any] = {
+            "status": "ok",
+            "median_s": med,
+            "min_s": min(times),
+            "runs": len(times),
+            "gflops": self.flops / med / 1e9,
+            "times_s": times,
+            "kernel": prepared.kernel,
+            "kernel_how": prepared.kernel_how,
+        }
+        if shape.decode:
+            result["gbps"] = self.nbytes / med / 1e9
+        if self.sample is not None:
+            result["max_abs_err"] = max_abs_error(out, self.sample)
+        if verdict is not None:
+            result["agreement"] = verdict
+        del out
+        note = peer_note(impl, q.dtype, k.dtype, shape)
+        if note is not None:
+            result["note"] = note
+        if impl == "numpy":
+            result["blas_threads_controlled"] = BlasThreads.available()
+        return result
+
+    def measure_unmasked(self, threads: int) -> Dict[str, Any]:
+        """sdpa on the same inputs without the mask: its own unmasked speed on this shape."""
+        time.sleep(SETTLE_S)
+        call = peers.prepare("sdpa", unmasked(self.shape), self.q, self.k, self.v, threads).call
+        times = time_call(call, self.min_time, self.repeat)
+        med = statistics.median(times)
+        return {
+            "median_s": med,
+            "min_s": min(times),
+            "runs": len(times),
+            "gflops": self.unmasked_flops / med / 1e9,
+            "times_s": times,
+        }
+
+
+def _mismatch(verdict: Dict[str, Any]) -> Dict[str, Any]:
+    """The result of an implementation whose output disagreed with sdpa's: not timed."""
+    if verdict.get("reason"):
+        why = verdict["reason"]
+    else:
+        why = (
+            f"output differs from sdpa's by up to {verdict['max_abs_diff']:.2g} "
+            f"(np.allclose rtol={verdict['rtol']:.2g}, atol={verdict['atol']:.2g}, "
+            f"checked at {threads_text(verdict.get('threads'))}); not timed"
+        )
+    return {"status": "mismatch", "reason": why, "agreement": verdict}
 
 
 def _add_ratios(row: Dict[str, Any], gemm_gflops: Optional[float], bandwidth_gbps: Optional[float]) -> None:
-    """The derived figures of a row: sdpa against torch, NumPy and the machine references,
-    and the errors of sdpa and torch."""
+    """The derived figures of a row: sdpa against every other implementation and the
+    machine references, the errors of sdpa and torch, and sdpa's speed with the mask
+    over its speed without it (masked shapes)."""
 
     def figure(impl: str, key: str) -> Optional[float]:
         r = row["impls"].get(impl)
@@ -196,9 +290,16 @@ def _add_ratios(row: Dict[str, Any], gemm_gflops: Optional[float], bandwidth_gbp
     row["sdpa_gbps"] = figure("sdpa", "gbps")
     pct = ratio(row["sdpa_gbps"], bandwidth_gbps)
     row["sdpa_pct_bandwidth"] = None if pct is None else 100.0 * pct
+    row["sdpa_over"] = {
+        impl: ratio(sdpa_gflops, figure(impl, "gflops")) for impl in row["impls"] if impl != "sdpa"
+    }
     row["sdpa_err"] = figure("sdpa", "max_abs_err")
     row["torch_err"] = figure("torch", "max_abs_err")
     row["sdpa_err_over_torch"] = ratio(row["sdpa_err"], row["torch_err"])
+    plain = row.get("sdpa_unmasked")
+    masked = row["impls"].get("sdpa", {}).get("median_s") if plain else None
+    # calls per second with the mask over calls per second without: the times' inverse ratio
+    row["sdpa_mask_speed"] = ratio(plain["median_s"], masked) if plain else None
 
 
 def run_suite(
@@ -227,7 +328,10 @@ def run_suite(
     threads
         Thread counts; defaults to ``[1, os.cpu_count()]``.
     impls
-        A subset of ``("sdpa", "numpy", "torch")``.
+        A subset of :data:`~sdpa.bench.peers.IMPLEMENTATIONS`: ``("sdpa", "numpy",
+        "torch", "ort", "ort-mha", "openvino")``, all by default; those whose package is
+        not installed are reported ``absent``.  ONNX Runtime and OpenVINO run float32
+        only.
     dtype, kv_dtype
         The query's dtype (``"float32"``, ``"float64"``, ``"bfloat16"``, ``"float16"``) and
         the key/value cache's (default: the same); they may differ only for a float32
@@ -240,12 +344,22 @@ def run_suite(
         Query rows per problem compared with the float64 reference (first, last and
         random ones; every row when L is at most this); 0 measures no errors.
 
-    Each row holds the shape's fields, ``dtype``, ``kv_dtype``, ``threads``, ``flops``,
-    ``kv_bytes``, ``error_rows`` and ``impls``: ``{impl: {"status": "ok", "median_s",
-    "gflops", ["gbps" for decode,] "max_abs_err", "times_s", ...}}`` or ``{"status":
-    "skipped" | "error", "reason"}``; then the derived ``sdpa_over_torch``,
-    ``sdpa_over_numpy``, ``sdpa_pct_gemm``, ``sdpa_gbps``, ``sdpa_pct_bandwidth``,
-    ``sdpa_err``, ``torch_err`` and ``sdpa_err_over_torch`` (None where they do not apply).
+    A masked shape (``mask`` one of :data:`~sdpa.bench.shapes.MASKS`) gives every
+    implementation the same mask (:func:`~sdpa.bench.shapes.make_mask`), and sdpa is
+    timed without it too, on the same inputs.  Every implementation's output is checked
+    against sdpa's once per shape (:func:`~sdpa.bench.peers.agreement`); one that
+    disagrees is reported ``mismatch`` and not timed.
+
+    Each row holds the shape's fields, ``dtype``, ``kv_dtype``, ``threads``, ``flops``
+    (the pairs the mask keeps, for a masked shape), ``kv_bytes``, ``error_rows`` and
+    ``impls``: ``{impl: {"status": "ok", "median_s", "gflops", ["gbps" for decode,]
+    "max_abs_err", "times_s", "kernel", "kernel_how", ["agreement",] ...}}`` or
+    ``{"status": "absent" | "skipped" | "unsupported" | "mismatch" | "error",
+    "reason"}``; then the derived ``sdpa_over_torch``, ``sdpa_over_numpy``, ``sdpa_over``
+    (every other implementation), ``sdpa_pct_gemm``, ``sdpa_gbps``,
+    ``sdpa_pct_bandwidth``, ``sdpa_err``, ``torch_err``, ``sdpa_err_over_torch`` and, for
+    a masked shape, ``mask_kept``, ``unmasked_flops``, ``sdpa_unmasked`` and
+    ``sdpa_mask_speed`` (None where they do not apply).
     """
     return list(
         iter_suite(
