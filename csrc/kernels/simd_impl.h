@@ -355,16 +355,16 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, i
     }
 }
 
-/* acc rows x0..x0+mr, columns c0..c0+nvb*LANES, over all n keys */
+/* acc rows x0..x0+mr, columns c0..c0+nvb*LANES, over all n keys (mr * nvb <= 16) */
 static inline __attribute__((always_inline)) void FN(pv_rows_block)(
     const int kind, const int mr, const int nvb, int n, const T *p, int64_t ldp, const char *v, int64_t ldv,
     T *acc, int64_t ldacc) {
     const int64_t es = kind == KV_T ? (int64_t)sizeof(T) : 2;
-    V a[4][4];
+    V a[4][8];
     for (int x = 0; x < mr; x++)
         for (int t = 0; t < nvb; t++) a[x][t] = V_LOADU(acc + x * ldacc + t * LANES);
     for (int j = 0; j < n; j++) {
-        V vv[4];
+        V vv[8];
         for (int t = 0; t < nvb; t++) vv[t] = FN(load_kv)(v + ((int64_t)j * ldv + t * LANES) * es, kind);
         for (int x = 0; x < mr; x++) {
             V w = V_SET1(p[x * ldp + j]);
@@ -384,6 +384,13 @@ static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kin
         const T *px = p + x0 * ldp;
         T *ax = acc + x0 * ldacc;
         int64_t c = 0;
+        /* one or two rows (MHA decoding): whole V rows of 8 vectors at a time,
+         * so that each V row is read once per tile */
+        for (; mr <= 2 && c + 8 * LANES <= ev; c += 8 * LANES) {
+            const char *vc = v + c * es;
+            if (mr == 1) FN(pv_rows_block)(kind, 1, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
+            else FN(pv_rows_block)(kind, 2, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
+        }
         for (; c + 4 * LANES <= ev; c += 4 * LANES) {
             const char *vc = v + c * es;
             switch (mr) {
