@@ -71,6 +71,30 @@ static int64_t key_limit(const sdpa_problem *p, int64_t b) {
     return len < 0 ? 0 : (len < p->len_kv ? len : p->len_kv);
 }
 
+/* Whether the window bounds a side; whether any variant (window, softcap,
+ * ALiBi, sinks) is on. */
+static int has_window(const sdpa_problem *p) { return p->window_left >= 0 || p->window_right >= 0; }
+
+static int has_variants(const sdpa_problem *p) {
+    return has_window(p) || p->softcap > 0 || p->alibi.data != NULL || p->sinks.data != NULL;
+}
+
+/* The first key the window lets row l see (0 when unbounded on the left);
+ * may be past every key. */
+static int64_t window_first(const sdpa_problem *p, int64_t l) {
+    if (p->window_left < 0) return 0;
+    int64_t first = l + p->align_offset - p->window_left;
+    return first < 0 ? 0 : first;
+}
+
+/* One past the last key the window lets row l see (len_kv when unbounded on
+ * the right); may be below window_first. */
+static int64_t window_end(const sdpa_problem *p, int64_t l) {
+    if (p->window_right < 0) return p->len_kv;
+    int64_t end = l + p->align_offset + p->window_right + 1;
+    return end < 0 ? 0 : (end > p->len_kv ? p->len_kv : end);
+}
+
 static void *aligned_block(size_t bytes) {
     /* over-allocate and store the original pointer just below the aligned one */
     if (bytes == 0) bytes = SDPA_ALIGN;
@@ -320,6 +344,13 @@ static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
         p->mask_kind != SDPA_MASK_ADDITIVE)
         return SDPA_ERR_BAD_MASK;
     if (p->num_threads < 0) return SDPA_ERR_BAD_THREADS;
+    const int64_t big = (int64_t)1 << 61;
+    if (p->window_left < -1 || p->window_left > big || p->window_right < -1 || p->window_right > big)
+        return SDPA_ERR_BAD_VARIANT;
+    if (!(p->softcap >= 0) || p->softcap == (double)INFINITY) return SDPA_ERR_BAD_VARIANT;
+    if ((has_window(p) || p->alibi.data) &&
+        (p->align_offset < -big || p->align_offset > big || p->len_q > big))
+        return SDPA_ERR_BAD_VARIANT;
     int64_t count = 1, tmp;
     for (int d = 0; d < p->num_batch_dims; d++) {
         if (p->batch_shape[d] < 0) return SDPA_ERR_BAD_SHAPE;
@@ -449,7 +480,9 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
         pl->off_s = off;   off += round_elems(tk * nr, elem);
         pl->off_m = off;   off += round_elems(tq, elem);
         pl->off_l = off;   off += round_elems(tq, elem);
-        pl->bf16 = p->dtype == SDPA_BFLOAT16 && pl->kv_dtype == SDPA_BFLOAT16 && kt->f32.gemm_bf16 != NULL;
+        /* the model variants run in the float32 kernels (bfloat16 widened) */
+        pl->bf16 = p->dtype == SDPA_BFLOAT16 && pl->kv_dtype == SDPA_BFLOAT16 && kt->f32.gemm_bf16 != NULL &&
+                   !has_variants(p);
         if (pl->bf16) {  /* pairs of bfloat16, 32 bits each: the size of a float */
             const size_t E2 = (E + 1) / 2, pairs = (tk + 1) / 2;
             pl->off_pp = off; off += round_elems(pairs * nr, elem);
@@ -488,6 +521,7 @@ void sdpa_problem_init(sdpa_problem *p) {
     p->gqa_group = 1;
     p->scale = 1.0;
     p->mask_kind = SDPA_MASK_NONE;
+    p->window_left = p->window_right = -1;
 }
 
 /*
@@ -561,6 +595,9 @@ const char *sdpa_status_message(sdpa_status status) {
         case SDPA_ERR_OVERFLOW: return "sizes overflow 64-bit integers";
         case SDPA_ERR_INTERRUPTED: return "interrupted";
         case SDPA_ERR_BAD_ISA: return "unknown kernel set, or not supported by this CPU";
+        case SDPA_ERR_BAD_VARIANT:
+            return "window sides must be -1 or in [0, 2^61], align_offset and len_q at most 2^61 with a window "
+                   "or ALiBi, softcap finite and >= 0";
     }
     return "unknown status";
 }

@@ -82,13 +82,48 @@ static T FN(log_sum_exp)(T m, T l) {
 /* Weights of one row from its raw scores: exp(s - m) / l where visible, 0 elsewhere. */
 static void FN(normalize_weights)(const sdpa_problem *p, T *wr, int64_t row, int64_t S_b, T m, T l) {
     const int64_t S = p->len_kv, ws = p->weights.col_stride;
-    int64_t row_end = S_b;
+    int64_t row_begin = 0, row_end = S_b;
     if (p->causal) {
         int64_t e = row + p->causal_offset + 1;
         row_end = e < 0 ? 0 : (e < S_b ? e : S_b);
     }
-    for (int64_t j = 0; j < row_end; j++) wr[j * ws] = l == 0 ? 0 : EXP(wr[j * ws] - m) / l;
+    if (has_window(p)) {  /* keys outside the window were never computed */
+        const int64_t we = window_end(p, row);
+        row_begin = window_first(p, row);
+        if (we < row_end) row_end = we;
+        if (row_begin > row_end) row_begin = row_end;
+    }
+    for (int64_t j = 0; j < row_begin; j++) wr[j * ws] = 0;
+    for (int64_t j = row_begin; j < row_end; j++) wr[j * ws] = l == 0 ? 0 : EXP(wr[j * ws] - m) / l;
     for (int64_t j = row_end; j < S; j++) wr[j * ws] = 0;
+}
+
+/* The log-sum-exp of a row with a sink logit: log(sum_s e^x_s + e^sink) from
+ * m, l = sum_s e^(x_s - m); the sink alone when no key was visible (l = 0). */
+static T FN(log_sum_exp_sink)(T m, T l, T sink) {
+    if (l == 0) return sink;
+    const double md = (double)m, sd = (double)sink;
+    const double top = md > sd ? md : sd;  /* NaN in either gives NaN below */
+    return (T)(top + log((double)l * exp(md - top) + exp(sd - top)));
+}
+
+/* The ALiBi slope or the sink logit of (b, h), from a view of the compute type. */
+static T FN(head_value)(const sdpa_problem *p, const sdpa_view *view, int64_t b, int64_t h) {
+    return *(const T *)view_at(p, view, b, h, sizeof(T));
+}
+
+/* ALiBi on n keys from s0 of query rows r0..r0+rows: score[j, x] -= slope *
+ * |r0 + x + align_offset - (s0 + j)|, the scores at sr[j * js + x * xs]. */
+static void FN(add_alibi)(const sdpa_problem *p, T *sr, int64_t js, int64_t xs, int64_t r0, int rows, int64_t s0,
+                          int n, T slope) {
+    for (int j = 0; j < n; j++) {
+        const T base = (T)(r0 + p->align_offset - (s0 + j));
+        T *sj = sr + j * js;
+        for (int x = 0; x < rows; x++) {
+            const T d = base + (T)x;
+            sj[x * xs] -= slope * (d < 0 ? -d : d);
+        }
+    }
 }
 
 /* Applies the mask row, then causality (keys >= lim are masked, whatever the
@@ -159,6 +194,22 @@ static void FN(mask_tile)(const sdpa_problem *p, const KT *kern, const void *mas
             if (hidden <= 0) continue;
             if (hidden > prows) hidden = prows;
             for (int64_t x = 0; x < hidden; x++) st[(int64_t)j * nr + x] = -(T)INFINITY;
+        }
+    }
+    if (has_window(p)) {  /* key s is seen by the rows l in [s - o - right, s - o + left] */
+        for (int j = 0; j < n; j++) {
+            const int64_t s = s0 + j;
+            T *sj = st + (int64_t)j * nr;
+            if (p->window_right >= 0) {
+                int64_t below = s - p->align_offset - p->window_right - r0;  /* rows x < below */
+                if (below > prows) below = prows;
+                for (int64_t x = 0; x < below; x++) sj[x] = -(T)INFINITY;
+            }
+            if (p->window_left >= 0) {
+                int64_t above = s - p->align_offset + p->window_left - r0 + 1;  /* rows x >= above */
+                if (above < 0) above = 0;
+                for (int64_t x = above; x < prows; x++) sj[x] = -(T)INFINITY;
+            }
         }
     }
 }
@@ -286,11 +337,21 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         int64_t last = l0 + rows + p->causal_offset;  /* exclusive */
         kv_end = last < 0 ? 0 : (last < S_b ? last : S_b);
     }
+    /* keys a window shows no row of the task are never visited either; the
+     * tiles stay on the grid of tile_k keys */
+    const int win = has_window(p);
+    int64_t kv_begin = 0;
+    if (win) {
+        const int64_t we = window_end(p, l0 + rows - 1);
+        if (we < kv_end) kv_end = we;
+        kv_begin = window_first(p, l0) / tile_k * tile_k;
+    }
+    const T slope = p->alibi.data ? FN(head_value)(p, &p->alibi, b, h) : 0;
     T *lse = p->lse.data ? AT(lse, b, h) : NULL;
     const int rows_vec = qdt == TDT && p->out.col_stride == 1 && FN(store_rows_of)(kern) != NULL;
     int packed = 0;  /* panels of Q packed so far */
 
-    for (int64_t s0 = 0; s0 < kv_end; s0 += tile_k) {
+    for (int64_t s0 = kv_begin; s0 < kv_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;  /* the output is unspecified then */
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
         const T *kt = (const T *)k + s0 * ksr, *vt = (const T *)v + s0 * vsr;
@@ -307,6 +368,13 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                 int64_t lim = r0 + prows + p->causal_offset;
                 if (lim <= s0) continue;
                 if (lim - s0 < np) np = (int)(lim - s0);
+            }
+            int win_edge = 0;
+            if (win) {  /* the panel's window: keys [first of its first row, end of its last) */
+                const int64_t pf = window_first(p, r0), pe = window_end(p, r0 + prows - 1);
+                if (s0 >= pe || s0 + np <= pf) continue;
+                if (pe - s0 < np) np = (int)(pe - s0);
+                win_edge = !(s0 >= window_first(p, r0 + prows - 1) && s0 + np <= window_end(p, r0));
             }
             T *pmax = row_m + (int64_t)pn * nr, *psum = row_l + (int64_t)pn * nr;
             T *pacc = acc + (int64_t)pn * Ev * nr;
@@ -332,9 +400,12 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                 FN(prefetch_task)(p, pl, task + pl->num_threads, pn, panels);
             }
             kern->gemm(np, E, kt, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
+            if (p->softcap > 0) kern->softcap(st, (int64_t)np * nr, (T)p->softcap);
+            if (p->alibi.data) FN(add_alibi)(p, st, nr, 1, r0, prows, s0, np, slope);
 
             const int diagonal = p->causal && s0 + np - 1 > r0 + p->causal_offset;
-            if (tile_mask || diagonal) FN(mask_tile)(p, kern, tile_mask, st, nr, r0, prows, s0, np, kv_end);
+            if (tile_mask || diagonal || win_edge)
+                FN(mask_tile)(p, kern, tile_mask, st, nr, r0, prows, s0, np, kv_end);
             if (weights)
                 for (int x = 0; x < prows; x++)
                     FN(store_raw_scores)(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, s0, np);
@@ -344,6 +415,14 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         }
     }
 
+    const T *sink = p->sinks.data ? (const T *)view_at(p, &p->sinks, b, h, sizeof(T)) : NULL;
+    if (sink && *sink == -(T)INFINITY) sink = NULL;  /* no sink: the same bits as without */
+    if (lse || sink)
+        for (int x = 0; x < rows; x++) {
+            const T l = row_l[x], m = row_m[x];
+            if (lse) lse[(l0 + x) * p->lse.row_stride] = sink ? FN(log_sum_exp_sink)(m, l, *sink) : FN(log_sum_exp)(m, l);
+            if (sink && l != 0) row_l[x] = l + EXP(*sink - m);  /* the sink joins the denominator */
+        }
     if (rows_vec)  /* the same values as the loop below, a panel at a time */
         for (int pn = 0; pn < panels; pn++) {
             const int x0 = pn * nr, prows = rows - x0 < nr ? rows - x0 : nr;
@@ -365,7 +444,6 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             for (int64_t c = 0; c < Ev; c++) FN(store)(out, o0 + c * oc, qdt, l == 0 ? 0 : ax[c * nr] * inv);
         }
         if (weights) FN(normalize_weights)(p, weights + row * p->weights.row_stride, row, S_b, m, l);
-        if (lse) lse[row * p->lse.row_stride] = FN(log_sum_exp)(m, l);
     }
 }
 
@@ -400,6 +478,12 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     int64_t s_begin = chunk * pl->chunk_len, s_end = s_begin + pl->chunk_len;
     if (s_end > S_b) s_end = S_b;
     if (p->causal && L - 1 + p->causal_offset + 1 < s_end) s_end = L + p->causal_offset;
+    const int win = has_window(p);
+    if (win) {  /* the rows' positions are 0..L-1 */
+        const int64_t wf = window_first(p, 0), we = window_end(p, L - 1);
+        if (wf > s_begin) s_begin = wf;
+        if (we < s_end) s_end = we;
+    }
     if (s_begin >= s_end) return;
 
     const sdpa_dtype qdt = p->dtype, kvdt = pl->kv_dtype;
@@ -440,7 +524,14 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             T *sr = st + (int64_t)x * tile_k;
             const int64_t lim = p->causal ? l + p->causal_offset + 1 : s_end;
             const void *mask = FN(mask_at)(p, b, h);
+            if (p->softcap > 0) kern->softcap(sr, n, (T)p->softcap);
+            if (p->alibi.data) FN(add_alibi)(p, sr, 1, 0, l, 1, s0, n, FN(head_value)(p, &p->alibi, b, h));
             FN(mask_scores)(p, mask ? FN(mask_row_of)(p, mask, l) : NULL, sr, 1, s0, n, lim);
+            if (win) {
+                const int64_t wf = window_first(p, l), we = window_end(p, l);
+                for (int j = 0; j < n; j++)
+                    if (s0 + j < wf || s0 + j >= we) sr[j] = -(T)INFINITY;
+            }
             if (p->weights.data)
                 FN(store_raw_scores)(p, AT(weights, b, h) + l * p->weights.row_stride, sr, 1, s0, n);
             kern->row_softmax(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
@@ -484,6 +575,9 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
                      l * p->out.row_stride * (int64_t)sdpa_dtype_size(p->dtype);
         const int64_t oc = p->out.col_stride;
         const sdpa_dtype odt = p->dtype;
+        const T *sink = p->sinks.data ? (const T *)view_at(p, &p->sinks, b, h, sizeof(T)) : NULL;
+        if (sink && *sink == -(T)INFINITY) sink = NULL;  /* no sink: the same bits as without */
+        double denom = 0;  /* sum, and the sink's share */
         if (m == -(T)INFINITY) {
             for (int64_t c = 0; c < Ev; c++) FN(store)(orow, c * oc, odt, 0);
         } else {
@@ -494,7 +588,8 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
                 part[x] = (T)exp((double)part[x] - (double)m);  /* 0 for a chunk it did not see */
                 sum += (double)part[x] * (double)part[M + x];
             }
-            const double inv = sum == 0 ? 0 : 1 / sum;
+            denom = sink ? sum + exp((double)*sink - (double)m) : sum;
+            const double inv = sum == 0 ? 0 : 1 / denom;
             if (pl->num_chunks == 1) {  /* the row's own result: acc / sum (sum >= 1 here) */
                 const T *acc = first + 2 * M + (int64_t)x * Ev;
                 if (odt == TDT)
@@ -515,10 +610,14 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
         }
         if (p->weights.data) {
             T *wr = AT(weights, b, h) + l * p->weights.row_stride;
-            FN(normalize_weights)(p, wr, l, S_b, m, (T)sum);
+            FN(normalize_weights)(p, wr, l, S_b, m, (T)denom);
         }
         if (p->lse.data) {
-            AT(lse, b, h)[l * p->lse.row_stride] = m == -(T)INFINITY ? m : (T)((double)m + log(sum));
+            T lse_x;
+            if (m == -(T)INFINITY) lse_x = sink ? *sink : m;
+            else if (sink) lse_x = FN(log_sum_exp_sink)(m, (T)sum, *sink);
+            else lse_x = (T)((double)m + log(sum));
+            AT(lse, b, h)[l * p->lse.row_stride] = lse_x;
         }
     }
 }

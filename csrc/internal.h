@@ -55,6 +55,7 @@ typedef struct kernels_f32 {
                  int64_t ldb, float *c, int64_t ldc, int accumulate);
     void (*softmax)(float *s, int n, float *row_max, float *row_sum, float *acc, int64_t ev);
     void (*exp)(float *x, int64_t n);
+    void (*softcap)(float *x, int64_t n, float cap);  /* x = cap * tanh(x / cap) */
     void (*dot)(int m, int n, int64_t e, const float *q, int64_t ldq, const float *k, int64_t ldk, float *s,
                 int64_t lds);
     void (*pv_rows)(int m, int n, int64_t ev, const float *p, int64_t ldp, const float *v, int64_t ldv,
@@ -95,6 +96,7 @@ typedef struct kernels_f64 {
                  int64_t ldb, double *c, int64_t ldc, int accumulate);
     void (*softmax)(double *s, int n, double *row_max, double *row_sum, double *acc, int64_t ev);
     void (*exp)(double *x, int64_t n);
+    void (*softcap)(double *x, int64_t n, double cap);
     void (*dot)(int m, int n, int64_t e, const double *q, int64_t ldq, const double *k, int64_t ldk, double *s,
                 int64_t lds);
     void (*pv_rows)(int m, int n, int64_t ev, const double *p, int64_t ldp, const double *v, int64_t ldv,

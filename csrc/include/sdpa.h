@@ -43,7 +43,9 @@ typedef enum sdpa_status {
     SDPA_ERR_NO_MEMORY = 7,         /* scratch allocation failed             */
     SDPA_ERR_OVERFLOW = 8,          /* a size product overflows int64        */
     SDPA_ERR_INTERRUPTED = 9,       /* the interrupt callback asked to stop  */
-    SDPA_ERR_BAD_ISA = 10           /* unknown or unsupported kernel set     */
+    SDPA_ERR_BAD_ISA = 10,          /* unknown or unsupported kernel set     */
+    SDPA_ERR_BAD_VARIANT = 11       /* window, softcap or alignment offset
+                                       out of range                          */
 } sdpa_status;
 
 /*
@@ -131,11 +133,35 @@ typedef struct sdpa_problem {
                               Either is capped at sdpa_max_threads().        */
     sdpa_interrupt_fn interrupt;  /* optional */
     void *interrupt_data;
+
+    /* Model variants; sdpa_problem_init turns them all off.  Row l and key s
+     * are aligned by align_offset (0: top-left, S - L: bottom-right), at most
+     * 2^61 in magnitude; the window and ALiBi use it.
+     *   window: key s is visible to row l only when
+     *     l + align_offset - window_left <= s <= l + align_offset + window_right;
+     *     -1 leaves a side unbounded (at most 2^61; key tiles outside the
+     *     window are never visited);
+     *   softcap > 0: each scaled score x becomes softcap * tanh(x / softcap),
+     *     before the mask and ALiBi are added (0: off; finite);
+     *   alibi (data non-NULL): adds -slope * |l + align_offset - s| to the score,
+     *     slope = the (batch, head) element of alibi (compute type; row_stride
+     *     and col_stride unused);
+     *   sinks (data non-NULL): a logit per (batch, head) (compute type) that
+     *     joins each row's softmax denominator, unscaled, and adds no value:
+     *     out = sum_s e^(x_s - m) v_s / (sum_s e^(x_s - m) + e^(sink - m)); the
+     *     lse and the weights include it, and a row that sees no key gives
+     *     zeros.                                                            */
+    int64_t window_left, window_right;
+    int64_t align_offset;
+    double softcap;
+    sdpa_view alibi;
+    sdpa_view sinks;
 } sdpa_problem;
 
 /* Fills *p with an empty problem: float32, key and value of the query's
- * dtype, no mask, no weights, gqa_group 1, scale 1, num_threads 0.  Callers
- * then set sizes, views and dtypes. */
+ * dtype, no mask, no weights, gqa_group 1, scale 1, num_threads 0, no window
+ * (window_left = window_right = -1), no softcap, ALiBi or sinks.  Callers then
+ * set sizes, views and dtypes. */
 SDPA_API void sdpa_problem_init(sdpa_problem *p);
 
 /* Computes the attention described by *p.  Thread safe; p is not modified.

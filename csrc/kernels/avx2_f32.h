@@ -14,6 +14,7 @@
 #define V_ADD _mm256_add_ps
 #define V_SUB _mm256_sub_ps
 #define V_MUL _mm256_mul_ps
+#define V_DIV _mm256_div_ps
 #define V_FMA _mm256_fmadd_ps
 #define V_MAX_NAN max_nan_ps
 #define V_NEGINF_TO_ZERO neginf_to_zero_ps

@@ -262,13 +262,13 @@ enum { bf16_panel_rows = BF16_NV * 16 };
 const kernel_table sdpa_kernels_avx512 = {
     .name = "avx512",
     .f32 = {.nr = panel_rows_avx512_f32, .widen = widen_avx512,
-            .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32,
+            .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32, .softcap = softcap_avx512_f32,
             .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32,
             .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32,
             .mask_add = mask_add_avx512_f32, .mask_bool = mask_bool_avx512_f32,
             .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32},
     .f64 = {.nr = panel_rows_avx512_f64,
-            .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64,
+            .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64, .softcap = softcap_avx512_f64,
             .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64, .row_softmax = row_softmax_avx512_f64},
 };
 
@@ -276,14 +276,14 @@ const kernel_table sdpa_kernels_avx512 = {
 const kernel_table sdpa_kernels_avx512_bf16 = {
     .name = "avx512_bf16",
     .f32 = {.nr = panel_rows_avx512_f32, .widen = widen_avx512,
-            .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32,
+            .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32, .softcap = softcap_avx512_f32,
             .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32,
             .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32,
             .mask_add = mask_add_avx512_f32, .mask_bool = mask_bool_avx512_f32,
             .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32,
             .gemm_bf16 = gemm_bf16_avx512, .pairs_bf16 = pairs_bf16_avx512},
     .f64 = {.nr = panel_rows_avx512_f64,
-            .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64,
+            .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64, .softcap = softcap_avx512_f64,
             .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64, .row_softmax = row_softmax_avx512_f64},
 };
 

@@ -14,6 +14,7 @@
 #define V_ADD _mm512_add_pd
 #define V_SUB _mm512_sub_pd
 #define V_MUL _mm512_mul_pd
+#define V_DIV _mm512_div_pd
 #define V_FMA _mm512_fmadd_pd
 #define V_MAX_NAN max_nan_pd
 #define V_NEGINF_TO_ZERO neginf_to_zero_pd

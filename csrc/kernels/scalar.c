@@ -33,9 +33,9 @@ void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t
 const kernel_table sdpa_kernels_scalar = {
     .name = "scalar",
     .f32 = {.nr = SCALAR_NR, .widen = sdpa_widen_portable,
-            .gemm = gemm_f32, .softmax = softmax_f32, .exp = exp_f32,
+            .gemm = gemm_f32, .softmax = softmax_f32, .exp = exp_f32, .softcap = softcap_f32,
             .dot = dot_f32, .pv_rows = pv_rows_f32, .row_softmax = row_softmax_f32},
     .f64 = {.nr = SCALAR_NR,
-            .gemm = gemm_f64, .softmax = softmax_f64, .exp = exp_f64,
+            .gemm = gemm_f64, .softmax = softmax_f64, .exp = exp_f64, .softcap = softcap_f64,
             .dot = dot_f64, .pv_rows = pv_rows_f64, .row_softmax = row_softmax_f64},
 };

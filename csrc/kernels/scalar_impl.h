@@ -53,6 +53,11 @@ static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev)
         for (int x = 0; x < SCALAR_NR; x++) acc[c * SCALAR_NR + x] *= alpha[x];
 }
 
+/* x[i] = cap * tanh(x[i] / cap), as 1 - 2 / (e^(2y) + 1) (see simd_impl.h). */
+static void FN(softcap)(T *x, int64_t n, T cap) {
+    for (int64_t i = 0; i < n; i++) x[i] = cap * (1 - 2 / (EXP(x[i] * ((T)2 / cap)) + 1));
+}
+
 static void FN(exp)(T *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = EXP(x[i]);
 }

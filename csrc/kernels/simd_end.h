@@ -12,6 +12,7 @@
 #undef V_ADD
 #undef V_SUB
 #undef V_MUL
+#undef V_DIV
 #undef V_FMA
 #undef V_MAX_NAN
 #undef V_NEGINF_TO_ZERO

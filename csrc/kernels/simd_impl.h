@@ -9,7 +9,7 @@
  *   NV               vectors per panel row: nr = NV * LANES query rows
  *   MR               rows of the register block of gemm (MR x NV accumulators)
  *   V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p, v)    (p aligned)
- *   V_ADD V_SUB V_MUL V_FMA(a, b, c) = a*b + c
+ *   V_ADD V_SUB V_MUL V_DIV V_FMA(a, b, c) = a*b + c
  *   V_MAX_NAN(acc, x)      max that keeps a NaN of either argument
  *   V_NEGINF_TO_ZERO(x)    lanes equal to -inf become 0
  *   V_EXP(x)               e^x (see the exp notes in the including file)
@@ -117,6 +117,18 @@ static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev)
             T *ac = acc + c * NR + v * LANES;
             V_STORE(ac, V_MUL(V_LOAD(ac), alpha[v]));
         }
+}
+
+/* x[i] = cap * tanh(x[i] / cap), tanh(y) as 1 - 2 / (e^(2y) + 1): exact at the
+ * ends (+-cap for +-inf), NaN kept; absolute error a few ulp of cap. */
+static void FN(softcap)(T *x, int64_t n, T cap) {
+    const V vc = V_SET1(cap), two_over_c = V_SET1((T)2 / cap), one = V_SET1((T)1), two = V_SET1((T)2);
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        V e = V_EXP(V_MUL(V_LOADU(x + i), two_over_c));
+        V_STOREU(x + i, V_MUL(vc, V_SUB(one, V_DIV(two, V_ADD(e, one)))));
+    }
+    for (; i < n; i++) x[i] = cap * (1 - 2 / (S_EXP(x[i] * ((T)2 / cap)) + 1));
 }
 
 static void FN(exp)(T *x, int64_t n) {

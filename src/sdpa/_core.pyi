@@ -38,6 +38,12 @@ def run(
     causal_offset: int = 0,
     group: int = 1,
     num_threads: int = 0,
+    window_left: int = -1,
+    window_right: int = -1,
+    align_offset: int = 0,
+    softcap: float = 0.0,
+    alibi: Optional[npt.NDArray[Any]] = None,
+    sinks: Optional[npt.NDArray[Any]] = None,
 ) -> None: ...
 def try_attention(
     query: Any,

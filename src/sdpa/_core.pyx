@@ -79,6 +79,12 @@ cdef extern from "sdpa.h" nogil:
         int32_t num_threads
         sdpa_interrupt_fn interrupt
         void *interrupt_data
+        int64_t window_left
+        int64_t window_right
+        int64_t align_offset
+        double softcap
+        sdpa_view alibi
+        sdpa_view sinks
     void sdpa_problem_init(sdpa_problem *p)
     sdpa_status sdpa_attention(const sdpa_problem *p)
     const char *sdpa_status_message(sdpa_status status)
@@ -303,7 +309,8 @@ cdef inline int _typenum_of(int dt) noexcept:
 cdef int _fill_view(sdpa_view *view, cnp.ndarray a, int nb, int ncore, const int64_t *expect,
                     bint output) noexcept:
     """Fills view from a, right-aligned to nb batch dims and then (head, row,
-    column), or (head, row) when ncore is 2 (lse), the sizes `expect` gives.
+    column), (head, row) when ncore is 2 (lse), or (head,) when it is 1 (ALiBi
+    slopes, sinks), the sizes `expect` gives.
     Every dim of a must equal the expected size, or (inputs only) be 1 to
     broadcast; a missing leading dim counts as 1.  Strides in elements, 0 where
     a dim broadcasts.  Returns 0, or 1 when a does not fit."""
@@ -333,7 +340,7 @@ cdef int _fill_view(sdpa_view *view, cnp.ndarray a, int nb, int ncore, const int
     for i in range(nb):
         view.batch_strides[i] = st[i]
     view.head_stride = st[nb]
-    view.row_stride = st[nb + 1]
+    view.row_stride = st[nb + 1] if ncore >= 2 else 0
     view.col_stride = st[nb + 2] if ncore == 3 else 0
     view.data = cnp.PyArray_DATA(a)
     if view.data == NULL:  # storage of an empty array, never read
@@ -406,12 +413,15 @@ cdef void _expected(int64_t *dst, const int64_t *batch, int nb, int64_t h, int64
 def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
         cnp.ndarray out not None, *, cnp.ndarray mask=None, cnp.ndarray weights=None,
         cnp.ndarray lse=None, cnp.ndarray key_lengths=None, double scale=1.0,
-        bint causal=False, int64_t causal_offset=0, int64_t group=1, int num_threads=0):
+        bint causal=False, int64_t causal_offset=0, int64_t group=1, int num_threads=0,
+        int64_t window_left=-1, int64_t window_right=-1, int64_t align_offset=0,
+        double softcap=0.0, cnp.ndarray alibi=None, cnp.ndarray sinks=None):
     """Computes attention into `out` (and `weights`, `lse`) from arrays prepared by
     sdpa._api, native and aligned: q and out of one dtype (float32, float64,
     float16 or bfloat16), k and v of one (float64 with float64 only), weights,
     lse and a float mask of the compute type (float64 for float64, else
-    float32), or a bool mask; int64 key_lengths.  The problem's sizes are read
+    float32), or a bool mask; int64 key_lengths; alibi slopes and sinks of the
+    compute type, (batch..., heads) broadcasting.  The problem's sizes are read
     from out (batch..., heads, L, Ev; 2-D: one head), q (E) and k (S)."""
     cdef sdpa_problem p
     cdef int64_t ex[MAX_DIMS]
@@ -466,6 +476,13 @@ def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
         bad |= _fill_view(&p.lse, lse, nb, 2, ex, True)
     if key_lengths is not None:
         bad |= _fill_lengths(&p, key_lengths)
+    for a in (alibi, sinks):
+        if a is not None and _dtype_of(a) != cdt:
+            raise TypeError("sdpa._core.run: alibi slopes and sinks must be of the compute type")
+    if alibi is not None:
+        bad |= _fill_view(&p.alibi, alibi, nb, 1, ex, False)
+    if sinks is not None:
+        bad |= _fill_view(&p.sinks, sinks, nb, 1, ex, False)
     if bad:
         raise ValueError("sdpa._core.run: an operand does not fit the problem")
     for a in (out, weights, lse):
@@ -474,6 +491,10 @@ def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
     p.scale = scale
     p.causal = causal
     p.causal_offset = causal_offset
+    p.window_left = window_left
+    p.window_right = window_right
+    p.align_offset = align_offset
+    p.softcap = softcap
     p.num_threads = num_threads if num_threads > 0 else _threads_setting
     arrays = None
     if _observer is not None:
