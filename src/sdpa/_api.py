@@ -12,7 +12,21 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from typing import Any, Callable, Literal, NamedTuple, Optional, Protocol, Sequence, Tuple, Type, Union, overload
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    Literal,
+    NamedTuple,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+    overload,
+)
 
 import numpy as np
 import numpy.typing as npt
@@ -278,6 +292,96 @@ def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, i
     )
 
 
+_WINDOW_MAX = 1 << 61  # the core's bound on a window side; any larger side shows every key
+
+
+def window_sides(window: object) -> Tuple[int, int]:
+    """``window=(left, right)`` checked: ints >= -1 (-1: unbounded), sides past
+    2**61 taken as 2**61 (which already shows every key)."""
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(
+            f"window: expected a pair (left, right) of ints (-1 for an unbounded side), got {window!r}"
+        )
+    sides = []
+    for side, name in zip(window, ("left", "right")):
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"window: the {name} side must be an int, got {type(side).__name__}")
+        if side < -1:
+            raise ValueError(f"window: the {name} side must be >= 0, or -1 for unbounded, got {side}")
+        sides.append(min(int(side), _WINDOW_MAX))
+    return sides[0], sides[1]
+
+
+def softcap_value(softcap: object) -> float:
+    """``softcap=`` checked: a finite real number > 0."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap: expected None or a real number, got {type(softcap).__name__}")
+    try:
+        c = float(softcap)
+    except OverflowError:
+        raise ValueError(f"softcap: {softcap!r} is too large for a float64") from None
+    if not (math.isfinite(c) and c > 0):
+        raise ValueError(f"softcap: must be finite and > 0, got {softcap!r}")
+    return c
+
+
+def head_values(
+    values: object, name: str, batch_shape: Tuple[int, ...], heads: int, cdtype: np.dtype[Any]
+) -> Array:
+    """ALiBi slopes or sink logits: one real number per query head, (Hq,) or
+    (batch..., Hq) broadcasting, as a native array of the compute type."""
+    a = _to_array(values, name)
+    if a.dtype == np.bool_:
+        raise TypeError(f"{name}: expected real numbers, got dtype bool")
+    _check_real(a, name)
+    target = batch_shape + (heads,)
+    try:
+        ok = np.broadcast_shapes(a.shape, target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name}: shape {a.shape} does not broadcast to (batch..., query heads) {target}; "
+            "give one value per query head, (Hq,) or (batch..., Hq)"
+        )
+    return _as_operand(a, cdtype)
+
+
+def variant_arguments(
+    window: object,
+    softcap: object,
+    alibi_slopes: object,
+    sinks: object,
+    is_causal: Union[bool, str],
+    L: int,
+    S: int,
+    batch_shape: Tuple[int, ...],
+    heads: int,
+    cdtype: np.dtype[Any],
+    given: Optional[List[Tuple[Array, str]]] = None,
+) -> Dict[str, Any]:
+    """The keywords of ``_core.run`` for the model variants, checked; the
+    caller's slope and sink arrays are added to ``given`` (for the overlap
+    check of ``out``)."""
+    kw: Dict[str, Any] = {}
+    if window is not None or alibi_slopes is not None:
+        top_left = is_causal is True or is_causal == "top_left" or (
+            isinstance(is_causal, np.bool_) and bool(is_causal)
+        )
+        kw["align_offset"] = 0 if top_left else S - L
+    if window is not None:
+        kw["window_left"], kw["window_right"] = window_sides(window)
+    if softcap is not None:
+        kw["softcap"] = softcap_value(softcap)
+    for values, name, key in ((alibi_slopes, "alibi_slopes", "alibi"), (sinks, "sinks", "sinks")):
+        if values is not None:
+            original = _to_array(values, name)
+            if given is not None:
+                given.append((original, name))
+            kw[key] = head_values(original, name, batch_shape, heads, cdtype)
+    return kw
+
+
 class ShapePlan(NamedTuple):
     """The sizes of one call, worked out from the operands' shapes alone."""
 
@@ -371,6 +475,10 @@ def scaled_dot_product_attention(
     return_weights: Literal[False] = ...,
     return_lse: Literal[False] = ...,
     key_lengths: Optional[ArrayInput] = ...,
+    window: Optional[Tuple[int, int]] = ...,
+    softcap: Optional[float] = ...,
+    alibi_slopes: Optional[ArrayInput] = ...,
+    sinks: Optional[ArrayInput] = ...,
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
 ) -> FloatArray: ...
@@ -387,6 +495,10 @@ def scaled_dot_product_attention(
     return_weights: Literal[True],
     return_lse: Literal[True],
     key_lengths: Optional[ArrayInput] = ...,
+    window: Optional[Tuple[int, int]] = ...,
+    softcap: Optional[float] = ...,
+    alibi_slopes: Optional[ArrayInput] = ...,
+    sinks: Optional[ArrayInput] = ...,
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
 ) -> Tuple[FloatArray, FloatArray, FloatArray]: ...
@@ -403,6 +515,10 @@ def scaled_dot_product_attention(
     return_weights: Literal[True],
     return_lse: Literal[False] = ...,
     key_lengths: Optional[ArrayInput] = ...,
+    window: Optional[Tuple[int, int]] = ...,
+    softcap: Optional[float] = ...,
+    alibi_slopes: Optional[ArrayInput] = ...,
+    sinks: Optional[ArrayInput] = ...,
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
 ) -> Tuple[FloatArray, FloatArray]: ...
@@ -419,6 +535,10 @@ def scaled_dot_product_attention(
     return_weights: Literal[False] = ...,
     return_lse: Literal[True],
     key_lengths: Optional[ArrayInput] = ...,
+    window: Optional[Tuple[int, int]] = ...,
+    softcap: Optional[float] = ...,
+    alibi_slopes: Optional[ArrayInput] = ...,
+    sinks: Optional[ArrayInput] = ...,
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
 ) -> Tuple[FloatArray, FloatArray]: ...
@@ -435,6 +555,10 @@ def scaled_dot_product_attention(
     return_weights: bool = ...,
     return_lse: bool = ...,
     key_lengths: Optional[ArrayInput] = ...,
+    window: Optional[Tuple[int, int]] = ...,
+    softcap: Optional[float] = ...,
+    alibi_slopes: Optional[ArrayInput] = ...,
+    sinks: Optional[ArrayInput] = ...,
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
 ) -> AttentionResult: ...
@@ -450,6 +574,10 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     return_lse: bool = False,
     key_lengths: Optional[ArrayInput] = None,
+    window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[ArrayInput] = None,
+    sinks: Optional[ArrayInput] = None,
     out: Optional[Array] = None,
     num_threads: Optional[int] = None,
 ) -> AttentionResult:
@@ -492,6 +620,27 @@ def scaled_dot_product_attention(
     key_lengths : array_like of int, optional, broadcastable to the batch dims
         Keys at or past ``key_lengths[b]`` are ignored for batch index ``b`` (the
         dims before the head dim), as for right-padded batches; no mask is built.
+    window : (int, int), optional
+        Sliding-window (local) attention: key ``s`` is visible to query row ``l``
+        only when ``l + o - left <= s <= l + o + right``, with ``o = 0`` when
+        ``is_causal`` is True or ``"top_left"`` and ``o = S - L`` otherwise (rows
+        aligned to the last keys).  ``-1`` leaves a side unbounded; Mistral's
+        window of ``w`` keys is ``window=(w - 1, 0)`` with ``is_causal``.  Key
+        blocks outside every row's window are never read, so the cost follows
+        the window, not S.
+    softcap : float, optional
+        Caps the scaled scores: ``x -> softcap * tanh(x / softcap)``, before
+        ``attn_mask`` and ALiBi are added (Gemma 2).  Must be finite and > 0.
+    alibi_slopes : array_like, shape (Hq,) or (..., Hq), optional
+        ALiBi: adds ``-slope * |l + o - s|`` to the score of row ``l`` and key
+        ``s`` (``o`` as for ``window``), one slope per query head (broadcasting
+        against the batch dims).
+    sinks : array_like, shape (Hq,) or (..., Hq), optional
+        Attention sinks: a logit per query head that joins every row's softmax
+        denominator, neither scaled nor capped, and adds no value:
+        ``out = sum_s e^(x_s) v_s / (sum_s e^(x_s) + e^sink)`` (gpt-oss).  The
+        weights and the log-sum-exp include it; a row that sees no key still
+        gives zeros, and its log-sum-exp is the sink.
     out : numpy.ndarray, optional
         Preallocated output of shape (..., Hq, L, Ev) and the result dtype; any
         strides; must not overlap the inputs.
@@ -517,16 +666,18 @@ def scaled_dot_product_attention(
     MemoryError
         The requested weights cannot fit in memory.
     """
-    result = _core.try_attention(
-        query, key, value, attn_mask, is_causal, scale, enable_gqa,
-        return_weights, return_lse, key_lengths, out, num_threads,
-    )
-    if result is not None:
-        return result
+    if window is None and softcap is None and alibi_slopes is None and sinks is None:
+        result = _core.try_attention(
+            query, key, value, attn_mask, is_causal, scale, enable_gqa,
+            return_weights, return_lse, key_lengths, out, num_threads,
+        )
+        if result is not None:
+            return result
     # not in the core's own form: convert, check, explain
     return _attention_general(
         query, key, value, attn_mask, is_causal, scale, enable_gqa,
         return_weights, return_lse, key_lengths, out, num_threads,
+        window, softcap, alibi_slopes, sinks,
     )
 
 
@@ -543,6 +694,10 @@ def _attention_general(
     key_lengths: Optional[ArrayInput],
     out: Optional[Array],
     num_threads: Optional[int],
+    window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[ArrayInput] = None,
+    sinks: Optional[ArrayInput] = None,
 ) -> AttentionResult:
     """scaled_dot_product_attention for any arguments: converts what it can,
     raises with a message naming the argument for what it cannot."""
@@ -622,6 +777,10 @@ def _attention_general(
             raise ValueError(f"key_lengths: must be >= 0, got a minimum of {int(kl.min())}")
         lengths = np.asarray(np.minimum(kl, S), dtype=np.int64)  # a new, native array
 
+    variants = variant_arguments(
+        window, softcap, alibi_slopes, sinks, is_causal, L, S, batch_shape, plan.heads, cdtype, given
+    )
+
     if out is None:
         result = np.empty(out_shape, dtype=dtype)
     else:
@@ -639,6 +798,7 @@ def _attention_general(
             raise ValueError(f"out: its elements overlap each other (strides {out.strides})")
         # the arrays the core reads, and the caller's own where they were converted
         operands = given + [(q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")]
+        operands += [(variants.get(n), n) for n in ("alibi", "sinks")]
         for operand, name in operands:
             if operand is not None and _overlaps(out, operand):
                 raise ValueError(f"out: overlaps the memory of {name}")
@@ -662,7 +822,7 @@ def _attention_general(
             q, k, v, result,
             mask=m, weights=weights, lse=lse, key_lengths=lengths,
             scale=scale_value, causal=causal, causal_offset=causal_offset,
-            group=group, num_threads=threads,
+            group=group, num_threads=threads, **variants,
         )
 
     extra = [x for x in (weights, lse) if x is not None]  # each there iff asked for

@@ -49,6 +49,10 @@ def scaled_dot_product_attention(
     return_weights: bool = False,
     return_lse: bool = False,
     key_lengths: Optional[npt.ArrayLike] = None,
+    window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[npt.ArrayLike] = None,
+    sinks: Optional[npt.ArrayLike] = None,
 ) -> Union[np.ndarray, Tuple[np.ndarray, ...]]:
     """Attention computed in float64 with NumPy, step by step.
 
@@ -61,6 +65,17 @@ def scaled_dot_product_attention(
     ``b`` (:func:`key_length_mask`; values are clipped to [0, S]): they take no
     part, and their values are not read.  A query row that can see no key gives
     zeros.
+
+    The model variants, as :func:`sdpa.scaled_dot_product_attention` defines
+    them: ``window=(left, right)`` leaves out key ``j`` for row ``i`` unless
+    ``i + o - left <= j <= i + o + right`` (-1: that side unbounded), where
+    ``o`` is 0 for ``is_causal`` True or ``"top_left"`` and ``S - L`` otherwise;
+    ``softcap`` replaces each scaled score ``x`` by ``softcap * tanh(x /
+    softcap)`` before the mask and ALiBi are added; ``alibi_slopes`` ((Hq,) or
+    (batch..., Hq)) adds ``-slope * |i + o - j|``; ``sinks`` (same shapes) adds
+    ``exp(sink)`` to each row's softmax denominator (and to the lse), and no
+    value.  A row that sees no key gives zeros whatever the sink, and its lse
+    is the sink.
 
     With ``return_weights`` the weights (..., Hq, L, S) are returned too, and with
     ``return_lse`` the natural log-sum-exp of each row's scaled, masked scores,
@@ -85,11 +100,29 @@ def scaled_dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
     scores = scores * scale
+    # the variants: the cap first, then (with the mask below) ALiBi's distances
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
+    o = 0 if (bool(is_causal) and is_causal != "bottom_right") else S - L
+    distance = np.arange(L)[:, None] + o - np.arange(S)[None, :]  # i + o - j
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes, dtype=np.float64)[..., None, None]
+        if not has_heads:
+            slopes = slopes.reshape(())
+        scores = scores - slopes * np.abs(distance)
     # masks: bool -> -inf where False; float -> added
     allowed = None
     if is_causal:
         bottom_right = is_causal == "bottom_right"
         allowed = causal_mask(L, S, bottom_right=bottom_right)
+    if window is not None:
+        left, right = window
+        inside = np.ones((L, S), dtype=bool)
+        if left >= 0:
+            inside &= distance <= left  # j >= i + o - left
+        if right >= 0:
+            inside &= -distance <= right  # j <= i + o + right
+        allowed = inside if allowed is None else (allowed & inside)
     if attn_mask is not None:
         m = np.asarray(attn_mask)
         if m.dtype == np.bool_:
@@ -108,10 +141,22 @@ def scaled_dot_product_attention(
         scores = np.where(allowed, scores, -np.inf)
     # 3. row-wise softmax, stable: subtract the row max; rows with no key give zeros
     row_max = np.max(scores, axis=-1, keepdims=True, initial=-np.inf)
+    sink = None
+    if sinks is not None:
+        sink = np.asarray(sinks, dtype=np.float64)[..., None, None]
+        if not has_heads:
+            sink = sink.reshape(())
+        sink = np.broadcast_to(sink, row_max.shape)
+        seen = ~np.isneginf(row_max)  # rows that see a key: the sink joins their max
+        row_max = np.where(seen, np.maximum(row_max, sink), row_max)
+        row_max = np.where(seen & (np.isnan(row_max) | np.isnan(sink)), np.nan, row_max)
     finite_max = np.where(np.isneginf(row_max), 0.0, row_max)
     with np.errstate(invalid="ignore", over="ignore"):
         e = np.exp(scores - finite_max)
     denom = np.sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            denom = np.where(denom > 0, denom + np.exp(sink - finite_max), denom)
     with np.errstate(invalid="ignore", divide="ignore"):
         weights = np.where(denom > 0, e / np.where(denom > 0, denom, 1.0), 0.0)
     weights = np.where(np.isnan(denom), np.nan, weights)
@@ -125,7 +170,10 @@ def scaled_dot_product_attention(
         # log(sum(exp(scores))) = row max + log(denom): -inf where denom is 0, NaN
         # where it is NaN; broadcast to the output's rows, like sdpa's
         with np.errstate(divide="ignore"):
-            lse = (finite_max + np.log(denom))[..., 0]
+            lse_rows = finite_max + np.log(denom)
+        if sink is not None:  # a row that sees no key: the sink alone
+            lse_rows = np.where(denom == 0, sink, lse_rows)
+        lse = lse_rows[..., 0]
         extra.append(np.broadcast_to(lse, out.shape[:-1]).copy())
     return (out, *extra) if extra else out
 
