@@ -112,17 +112,27 @@ static T FN(head_value)(const sdpa_problem *p, const sdpa_view *view, int64_t b,
     return *(const T *)view_at(p, view, b, h, sizeof(T));
 }
 
-/* ALiBi on n keys from s0 of query rows r0..r0+rows: score[j, x] -= slope *
- * |r0 + x + align_offset - (s0 + j)|, the scores at sr[j * js + x * xs]. */
-static void FN(add_alibi)(const sdpa_problem *p, T *sr, int64_t js, int64_t xs, int64_t r0, int rows, int64_t s0,
-                          int n, T slope) {
+/* ALiBi on a transposed score tile (tiled path): st[j * nr + x] -= slope *
+ * |r0 + x + align_offset - (s0 + j)| for n keys from s0 and query rows r0..r0+rows. */
+static void FN(add_alibi_tile)(const sdpa_problem *p, T *st, int nr, int64_t r0, int rows, int64_t s0, int n,
+                               T slope) {
     for (int j = 0; j < n; j++) {
         const T base = (T)(r0 + p->align_offset - (s0 + j));
-        T *sj = sr + j * js;
-        for (int x = 0; x < rows; x++) {
+        T *sj = st + (int64_t)j * nr;
+        for (int x = 0; x < rows; x++) {  /* contiguous: vectorised */
             const T d = base + (T)x;
-            sj[x * xs] -= slope * (d < 0 ? -d : d);
+            sj[x] -= slope * (d < 0 ? -d : d);
         }
+    }
+}
+
+/* ALiBi on n scores of query row l from key s0 (row path): sr[j] -= slope *
+ * |l + align_offset - (s0 + j)|. */
+static void FN(add_alibi_row)(const sdpa_problem *p, T *sr, int64_t l, int64_t s0, int n, T slope) {
+    const T base = (T)(l + p->align_offset - s0);
+    for (int j = 0; j < n; j++) {  /* contiguous: vectorised */
+        const T d = base - (T)j;
+        sr[j] -= slope * (d < 0 ? -d : d);
     }
 }
 
@@ -401,7 +411,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             }
             kern->gemm(np, E, kt, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
             if (p->softcap > 0) kern->softcap(st, (int64_t)np * nr, (T)p->softcap);
-            if (p->alibi.data) FN(add_alibi)(p, st, nr, 1, r0, prows, s0, np, slope);
+            if (p->alibi.data) FN(add_alibi_tile)(p, st, nr, r0, prows, s0, np, slope);
 
             const int diagonal = p->causal && s0 + np - 1 > r0 + p->causal_offset;
             if (tile_mask || diagonal || win_edge)
@@ -525,7 +535,7 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             const int64_t lim = p->causal ? l + p->causal_offset + 1 : s_end;
             const void *mask = FN(mask_at)(p, b, h);
             if (p->softcap > 0) kern->softcap(sr, n, (T)p->softcap);
-            if (p->alibi.data) FN(add_alibi)(p, sr, 1, 0, l, 1, s0, n, FN(head_value)(p, &p->alibi, b, h));
+            if (p->alibi.data) FN(add_alibi_row)(p, sr, l, s0, n, FN(head_value)(p, &p->alibi, b, h));
             FN(mask_scores)(p, mask ? FN(mask_row_of)(p, mask, l) : NULL, sr, 1, s0, n, lim);
             if (win) {
                 const int64_t wf = window_first(p, l), we = window_end(p, l);
