@@ -30,10 +30,12 @@ from ._api import (
 from .kvcache import KVCache, KVCacheFullError
 from .layers import MultiHeadAttention
 from .merge import merge_attention
+from .varlen import varlen_attention
 
 __all__ = [
     "scaled_dot_product_attention",
     "merge_attention",
+    "varlen_attention",
     "KVCache",
     "KVCacheFullError",
     "MultiHeadAttention",
