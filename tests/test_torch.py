@@ -1,5 +1,6 @@
 """sdpa.torch: the torch operator sdpa::attention, its drop-in function, patch(),
 and layer_from_module (also reached as sdpa.MultiHeadAttention.from_torch)."""
+import contextlib
 import subprocess
 import sys
 
@@ -226,6 +227,115 @@ def test_fake_tensor_shapes():
         assert out.shape == (33, 16) and out.dtype == torch.float64
         with pytest.raises(ValueError, match="enable_gqa"):
             torch.ops.sdpa.attention(q, k, v)
+
+
+@pytest.mark.parametrize("dtypes", [("f32",) * 2, ("f64",) * 2, ("bf16",) * 2, ("f16",) * 2, ("f32", "bf16"),
+                                    ("f32", "f16"), ("bf16", "f32")], ids="-".join)
+@pytest.mark.parametrize("how", ["meta", "fake"])
+def test_shape_inference(how, dtypes):
+    """The fake implementation: meta tensors (also through the drop-in function)
+    and FakeTensorMode give the output's shape and the query's dtype, 16-bit
+    tensors and a 16-bit cache under a float32 query included."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    names = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
+    qdt, kvdt = (names[d] for d in dtypes)
+    device = "meta" if how == "meta" else "cpu"
+    mode = FakeTensorMode() if how == "fake" else contextlib.nullcontext()
+    with mode:
+        q = torch.empty(3, 8, 5, 32, dtype=qdt, device=device)
+        k = torch.empty(3, 2, 7, 32, dtype=kvdt, device=device)
+        v = torch.empty(1, 2, 7, 16, dtype=kvdt, device=device)
+        mask = torch.empty(5, 7, dtype=torch.bool, device=device)
+        results = [
+            torch.ops.sdpa.attention(q, k, v, mask, True, None, True),
+            st.scaled_dot_product_attention(q, k, v, mask, is_causal=True, enable_gqa=True),
+            torch.ops.sdpa.attention(q[0], k[0, :1], v[0, :1]),  # heads broadcast
+            torch.ops.sdpa.attention(q[0, 0], k[0, 0], v[0, 0]),  # no head dim
+        ]
+        shapes = [(3, 8, 5, 16), (3, 8, 5, 16), (8, 5, 16), (5, 16)]
+        for out, shape in zip(results, shapes):
+            assert out.shape == shape and out.dtype == qdt and out.device.type == device
+        with pytest.raises(ValueError, match="enable_gqa"):
+            torch.ops.sdpa.attention(q, k, v)
+        if how == "meta":
+            with pytest.raises(ValueError, match="expected a tensor on meta like the query"):
+                torch.ops.sdpa.attention(q, torch.empty_like(k, device="cpu"), v)
+
+
+def test_torch_compile_keeps_sizes_dynamic():
+    """Under torch.compile(dynamic=True) the fake implementation keeps batch and
+    sequence sizes symbolic: one graph for every size."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+
+    def attend(q, k, v):
+        return st.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    compiled = torch.compile(attend, backend=counter, dynamic=True, fullgraph=True)
+    gen = torch.Generator().manual_seed(14)
+    for batch, L, S in ((3, 5, 7), (4, 9, 11), (6, 13, 29)):  # no two sizes alike (duck sizing)
+        q = torch.randn(batch, 8, L, 16, generator=gen)
+        k = torch.randn(batch, 2, S, 16, generator=gen)
+        v = torch.randn(batch, 2, S, 12, generator=gen)
+        out = compiled(q, k, v)
+        assert_close(out.numpy(), TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True).numpy(), np.float32, scale=2)
+    assert counter.frame_count == 1
+
+
+def test_torch_export_with_dynamic_shapes():
+    from torch.export import Dim
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
+
+    B, L, S = Dim("B", min=2, max=64), Dim("L", min=2, max=512), Dim("S", min=2, max=512)
+    gen = torch.Generator().manual_seed(15)
+
+    def inputs(batch, l, s):
+        return (torch.randn(batch, 8, l, 16, generator=gen), torch.randn(batch, 2, s, 16, generator=gen),
+                torch.randn(batch, 2, s, 12, generator=gen), torch.rand(l, s, generator=gen) < 0.8)
+
+    with st.patch():
+        program = torch.export.export(
+            Attention(), inputs(3, 5, 7),
+            dynamic_shapes=({0: B, 2: L}, {0: B, 2: S}, {0: B, 2: S}, {0: L, 1: S}),
+        )
+    assert "torch.ops.sdpa.attention" in program.graph_module.code
+    args = inputs(4, 33, 70)
+    args[3][..., 0] = True
+    out = program.module()(*args)
+    assert out.shape == (4, 8, 33, 12)
+    assert_close(out.numpy(), TORCH_SDPA(*args, enable_gqa=True).numpy(), np.float32, scale=2)
+
+
+SYMBOLIC_CASES = {
+    # (query, key, value shapes), enable_gqa
+    "gqa": (((3, 8, 5, 16), (3, 2, 7, 16), (3, 2, 7, 12)), True),
+    "query-heads-broadcast": (((3, 1, 5, 16), (3, 4, 7, 16), (3, 4, 7, 12)), False),
+    "kv-heads-broadcast": (((3, 4, 5, 16), (3, 1, 7, 16), (3, 4, 7, 12)), False),
+    "batch-broadcast": (((3, 4, 5, 16), (4, 7, 16), (4, 7, 12)), False),
+    "two-batch-dims": (((2, 3, 4, 5, 16), (3, 4, 7, 16), (3, 4, 7, 12)), False),
+    "no-heads": (((5, 16), (7, 16), (7, 12)), False),
+}
+
+
+@pytest.mark.parametrize("case", list(SYMBOLIC_CASES))
+def test_symbolic_shapes_follow_plan_shapes(case):
+    """With symbolic sizes the fake implementation gives the shapes (and errors)
+    sdpa._api.plan_shapes gives with ints."""
+    from sdpa import _api
+
+    shapes, gqa = SYMBOLIC_CASES[case]
+    tensors = [torch.randn(*s) for s in shapes]
+    expected = _api.plan_shapes(*shapes, enable_gqa=gqa).out_shape
+    compiled = torch.compile(lambda q, k, v: torch.ops.sdpa.attention(q, k, v, None, False, None, gqa),
+                             backend="eager", dynamic=True, fullgraph=True)
+    assert compiled(*tensors).shape == expected
+    with pytest.raises(Exception, match="same last dim"):
+        compiled(tensors[0], tensors[1][..., :-1], tensors[2])
 
 
 @pytest.mark.parametrize("with_mask", [False, True])

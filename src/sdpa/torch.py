@@ -8,8 +8,9 @@
 ``torch.nn.functional.scaled_dot_product_attention`` and runs sdpa's C core on the
 tensors' memory (no copies on the way in).  It is registered as the operator
 ``torch.ops.sdpa.attention`` (a ``torch.library.custom_op`` with a fake
-implementation for shape inference), and :func:`patch` puts it in the place of
-torch's own function, so that an eager model calling
+implementation for shape inference: fake and meta tensors, ``torch.compile`` and
+``torch.export``, symbolic sizes included), and :func:`patch` puts it in the place
+of torch's own function, so that an eager model calling
 ``F.scaled_dot_product_attention`` runs on sdpa::
 
     with sdpa.torch.patch(), torch.inference_mode():
@@ -24,7 +25,7 @@ as torch >= 2.5 does.
 Importing this module imports torch; ``import sdpa`` alone does not.
 """
 import functools
-from typing import Any, Callable, Dict, List, Optional, Type
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import numpy as np
 import torch
@@ -38,6 +39,9 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
     raise ImportError(
         f"sdpa.torch needs PyTorch >= 2.4 (torch.library.custom_op); found {torch.__version__}"
     )
+
+# torch.broadcast_shapes, which works on symbolic sizes, is not annotated
+_broadcast_shapes: Callable[..., Any] = torch.broadcast_shapes
 
 __all__ = [
     "scaled_dot_product_attention",
@@ -53,16 +57,19 @@ _SINGLE_OR_HALF = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _check_tensors(
-    query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor]
+    query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], allow_meta: bool = False
 ) -> torch.dtype:
-    """The dtype of the result; TypeError/ValueError for tensors sdpa cannot take."""
+    """The dtype of the result; TypeError/ValueError for tensors sdpa cannot take.
+    ``allow_meta``: tensors on the meta device too, all on it (shape inference)."""
     for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask")):
         if t is None:
             continue
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cpu":
+        if t.device.type != "cpu" and not (allow_meta and t.device.type == "meta"):
             raise ValueError(f"{name}: sdpa runs on the CPU; got a tensor on {t.device}")
+        if t.device != query.device:
+            raise ValueError(f"{name}: expected a tensor on {query.device} like the query, got one on {t.device}")
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
         if t.dtype not in _DTYPES:
             raise TypeError(f"{name}: expected float32, float64, bfloat16 or float16, got {t.dtype}")
@@ -145,9 +152,57 @@ def _attention_fake(
     scale: Optional[float] = None,
     enable_gqa: bool = False,
 ) -> Tensor:
-    dtype = _check_tensors(query, key, value, attn_mask)
-    plan = _api.plan_shapes(query.shape, key.shape, value.shape, enable_gqa)
-    return query.new_empty(plan.out_shape, dtype=dtype)
+    dtype = _check_tensors(query, key, value, attn_mask, allow_meta=True)
+    return query.new_empty(_out_shape(query.shape, key.shape, value.shape, enable_gqa), dtype=dtype)
+
+
+def _out_shape(qs: Tuple[Any, ...], ks: Tuple[Any, ...], vs: Tuple[Any, ...], enable_gqa: bool) -> Tuple[Any, ...]:
+    """The output shape for these input shapes, with the checks of
+    :func:`sdpa._api.plan_shapes`.  Sizes may be symbolic (``torch.SymInt``, under
+    ``torch.compile`` with dynamic shapes or ``torch.export``): they are compared,
+    which guards on their relations, but never turned into ints, which would fix
+    their values."""
+    if all(type(n) is int for s in (qs, ks, vs) for n in s):
+        return _api.plan_shapes(qs, ks, vs, enable_gqa).out_shape
+    for shape, name in ((qs, "query"), (ks, "key"), (vs, "value")):
+        if len(shape) < 2:
+            raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {tuple(shape)}")
+    shapes = f"query {tuple(qs)}, key {tuple(ks)}, value {tuple(vs)}"
+    if ks[-1] != qs[-1]:
+        raise ValueError(f"query and key must have the same last dim (E); got {shapes}")
+    if vs[-2] != ks[-2]:
+        raise ValueError(f"key and value must have the same sequence length (dim -2); got {shapes}")
+    has_heads = max(len(qs), len(ks), len(vs)) >= 3
+    hq = qs[-3] if len(qs) >= 3 else 1
+    hk = ks[-3] if len(ks) >= 3 else 1
+    hv = vs[-3] if len(vs) >= 3 else 1
+    if hk != hv and hk != 1 and hv != 1:
+        raise ValueError(f"key and value have different numbers of heads (dim -3); got {shapes}")
+    hkv = hv if hk == 1 else hk
+    if enable_gqa:
+        if hkv == 0 or hq % hkv != 0:
+            raise ValueError(
+                "enable_gqa=True needs the query heads to be a multiple of the key/value heads "
+                f"(dim -3); got {shapes}"
+            )
+        heads = hq
+    else:
+        if hq != hkv and hq != 1 and hkv != 1:
+            raise ValueError(
+                f"query and key/value heads (dim -3) differ: {hq} vs {hkv}; they must match or "
+                f"broadcast, or pass enable_gqa=True for grouped-query attention; got {shapes}"
+            )
+        heads = hkv if hq == 1 else hq
+    try:
+        batch = tuple(_broadcast_shapes(qs[:-3], ks[:-3], vs[:-3]))
+    except RuntimeError:
+        raise ValueError(
+            f"the batch dims (before dim -3) of query, key and value do not broadcast: {shapes}"
+        ) from None
+    if len(batch) > _api.MAX_BATCH_DIMS:
+        raise ValueError(f"at most {_api.MAX_BATCH_DIMS} batch dims are supported; got {shapes}")
+    return batch + ((heads,) if has_heads else ()) + (qs[-2], vs[-1])
+
 
 
 def scaled_dot_product_attention(
@@ -169,7 +224,8 @@ def scaled_dot_product_attention(
         float64, or float32 / bfloat16 / float16 (key and value of one dtype,
         which may differ from the query's: a 16-bit cache); any strides.  Batch
         dims broadcast.  16-bit tensors are computed natively (float32
-        arithmetic, the output rounded once).
+        arithmetic, the output rounded once).  Meta tensors give a meta result
+        of the right shape and dtype.
     attn_mask : torch.Tensor, optional
         bool (True takes part) or float (added to the scores), broadcastable to
         (..., Hq, L, S).
