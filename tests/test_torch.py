@@ -3,6 +3,7 @@ and layer_from_module (also reached as sdpa.MultiHeadAttention.from_torch)."""
 import contextlib
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -483,6 +484,126 @@ def test_fallback(model_and_input, monkeypatch):
         with torch.no_grad():
             F.scaled_dot_product_attention(q.float(), q.float(), q.float(), dropout_p=0.5)  # torch's own
         assert len(calls) == 3
+
+
+# --------------------------------------------------------------------------- torch's CausalBias masks
+
+
+def causal_bias(variant, L, S):
+    from torch.nn.attention import bias
+
+    with warnings.catch_warnings():  # lower right with L > S: torch warns of NaN, but gives zeros
+        warnings.simplefilter("ignore")
+        return getattr(bias, variant)(L, S)
+
+
+@pytest.mark.parametrize("how", ["direct", "patch", "fallback"])
+@pytest.mark.parametrize("L,S", [(3, 5), (5, 3), (4, 4), (1, 7), (37, 70)])
+@pytest.mark.parametrize("variant", ["causal_upper_left", "causal_lower_right"])
+def test_causal_bias_matches_torch(variant, L, S, how):
+    """torch's CausalBias holds no mask in its memory: sdpa takes it as its causal
+    flag (upper left: is_causal=True; lower right: "bottom_right"), builds no mask,
+    and returns a plain tensor."""
+    gen = torch.Generator().manual_seed(L * 100 + S)
+    q = torch.randn(2, 4, L, 16, generator=gen)
+    k = torch.randn(2, 4, S, 16, generator=gen)
+    v = torch.randn(2, 4, S, 8, generator=gen)
+    mask = causal_bias(variant, L, S)
+    expected = TORCH_SDPA(q, k, v, attn_mask=mask)
+    reference = TORCH_SDPA(q, k, v, attn_mask=mask._materialize())
+    assert torch.allclose(expected, reference, atol=1e-6)  # torch's own is right
+    seen = []
+    _core.set_observer(lambda handed: seen.append(handed["mask"]))
+    try:
+        with torch.no_grad():
+            if how == "direct":
+                out = st.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            else:
+                with st.patch(fallback=how == "fallback"):
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    finally:
+        _core.set_observer(None)
+    assert type(out) is torch.Tensor and out.dtype == torch.float32 and out.shape == (2, 4, L, 8)
+    assert seen == [None]  # on sdpa's core, with no mask
+    assert_close(out.numpy(), expected.numpy(), np.float32, scale=2)
+
+
+@pytest.mark.parametrize("variant", ["causal_upper_left", "causal_lower_right"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+def test_causal_bias_with_gqa_and_16bit(variant, dtype):
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 8, 9, 32, generator=gen).to(dtype)
+    k = torch.randn(2, 2, 21, 32, generator=gen).to(dtype)
+    v = torch.randn(2, 2, 21, 32, generator=gen).to(dtype)
+    mask = causal_bias(variant, 9, 21)  # a float32 tensor, whatever the query's dtype
+    with torch.no_grad():
+        out = st.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        exact = TORCH_SDPA(q.double(), k.double(), v.double(), attn_mask=mask._materialize(), enable_gqa=True)
+        theirs = TORCH_SDPA(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert type(out) is torch.Tensor and out.dtype == dtype and out.shape == (2, 8, 9, 32)
+    ours_err = (out.double() - exact).abs().max().item()
+    their_err = (theirs.double() - exact).abs().max().item()
+    assert ours_err <= 1.5 * their_err + 1e-6
+
+
+@pytest.mark.parametrize("variant", ["causal_upper_left", "causal_lower_right"])
+def test_causal_bias_through_the_operator(variant):
+    """Traced by torch.compile, the call goes through torch.ops.sdpa.attention
+    (lower right as the mask it stands for)."""
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = torch.randn(1, 2, 3, 8, generator=gen), torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 5, 8)
+    mask = causal_bias(variant, 3, 5)
+    compiled = torch.compile(st.scaled_dot_product_attention, backend="eager", fullgraph=True)
+    out = compiled(q, k, v, mask)
+    assert type(out) is torch.Tensor
+    assert_close(out.numpy(), TORCH_SDPA(q, k, v, attn_mask=mask).numpy(), np.float32, scale=2)
+
+
+@pytest.mark.parametrize("L,S", [(3, 5), (5, 3)])
+@pytest.mark.parametrize("variant", ["causal_upper_left", "causal_lower_right"])
+def test_causal_bias_falls_back_to_torch_with_gradients(variant, L, S):
+    """A call that needs gradients goes to torch's own function, which under the
+    patch no longer recognises a CausalBias by itself: it gets what the bias
+    stands for, and gives torch's results and gradients."""
+    gen = torch.Generator().manual_seed(L * 10 + S)
+    q = torch.randn(2, 4, L, 16, generator=gen, requires_grad=True)
+    k = torch.randn(2, 4, S, 16, generator=gen, requires_grad=True)
+    v = torch.randn(2, 4, S, 8, generator=gen)
+    mask = causal_bias(variant, L, S)
+    expected = TORCH_SDPA(q, k, v, attn_mask=mask)
+    expected_grads = torch.autograd.grad(expected.sum(), (q, k))
+    with st.patch(fallback=True):
+        got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert type(got) is torch.Tensor
+    assert torch.allclose(got, expected, atol=1e-6)
+    for g, e in zip(torch.autograd.grad(got.sum(), (q, k)), expected_grads):
+        assert torch.allclose(g, e, atol=1e-6)
+
+
+def test_causal_bias_is_refused_by_the_operator():
+    """The operator gets the bias's (empty) memory, so it says what to pass instead."""
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+    for variant in ("causal_upper_left", "causal_lower_right"):
+        with pytest.raises(TypeError, match="CausalBias holds no mask.*the operator does not"):
+            torch.ops.sdpa.attention(q, k, k, causal_bias(variant, 3, 5))
+
+
+@pytest.mark.parametrize("fallback", [None, False, True])
+def test_causal_bias_of_other_sizes_is_refused(fallback):
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+
+    def call(mask, **kw):
+        if fallback is None:
+            return st.scaled_dot_product_attention(q, k, k, attn_mask=mask, **kw)
+        with st.patch(fallback=fallback):
+            return F.scaled_dot_product_attention(q, k, k, attn_mask=mask, **kw)
+
+    with torch.no_grad():
+        for mask in (causal_bias("causal_upper_left", 4, 5), causal_bias("causal_lower_right", 3, 6)):
+            with pytest.raises(ValueError, match="CausalBias of seq_len_q=.* does not fit a query of length L=3"):
+                call(mask)
+        with pytest.raises(ValueError, match="CausalBias cannot be combined with is_causal=True"):
+            call(causal_bias("causal_lower_right", 3, 5), is_causal=True)
 
 
 # --------------------------------------------------------------------------- layers from modules

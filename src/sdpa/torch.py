@@ -19,13 +19,16 @@ of torch's own function, so that an eager model calling
 Limits: CPU tensors of float32, float64, bfloat16 or float16 (bfloat16 needs
 ml_dtypes, NumPy's bfloat16 dtype); no dropout (``dropout_p`` must be 0); no
 autograd (call it under ``torch.no_grad()`` or ``torch.inference_mode()``, or on
-tensors that do not require grad).  A query row that can see no key gives zeros,
-as torch >= 2.5 does.
+tensors that do not require grad).  torch's ``CausalBias`` masks
+(``torch.nn.attention.bias.causal_upper_left`` / ``causal_lower_right``) are
+taken as sdpa's causal masks (``is_causal=True`` / ``"bottom_right"``).  A query
+row that can see no key gives zeros, as torch >= 2.5 does.
 
 Importing this module imports torch; ``import sdpa`` alone does not.
 """
 import functools
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 import numpy as np
 import torch
@@ -61,6 +64,12 @@ def _check_tensors(
 ) -> torch.dtype:
     """The dtype of the result; TypeError/ValueError for tensors sdpa cannot take.
     ``allow_meta``: tensors on the meta device too, all on it (shape inference)."""
+    if _causal_bias_module(attn_mask) is not None:
+        raise TypeError(
+            "attn_mask: torch's CausalBias holds no mask in its memory; sdpa.torch.scaled_dot_product_attention "
+            "(and F.scaled_dot_product_attention under sdpa.torch.patch()) take it, the operator does not: "
+            "pass is_causal=True for causal_upper_left, or the bool mask causal_lower_right stands for"
+        )
     for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask")):
         if t is None:
             continue
@@ -228,11 +237,15 @@ def scaled_dot_product_attention(
         of the right shape and dtype.
     attn_mask : torch.Tensor, optional
         bool (True takes part) or float (added to the scores), broadcastable to
-        (..., Hq, L, S).
+        (..., Hq, L, S); or torch's ``CausalBias`` of (L, S)
+        (``torch.nn.attention.bias.causal_upper_left(L, S)``, the same as
+        ``is_causal=True``, or ``causal_lower_right(L, S)``, the causal mask
+        aligned to the last query row and key, ``tril(ones(L, S), S - L)``).
     dropout_p : float
         Must be 0.0: sdpa has no dropout.
     is_causal : bool
-        Mask with ``tril(ones(L, S))``; may be combined with ``attn_mask``.
+        Mask with ``tril(ones(L, S))``; may be combined with ``attn_mask``
+        (but not with a ``CausalBias``).
     scale : float, optional
         Defaults to ``1 / sqrt(E)``.
     enable_gqa : bool
@@ -240,12 +253,14 @@ def scaled_dot_product_attention(
 
     Returns
     -------
-    torch.Tensor, (..., Hq, L, Ev), of the query's dtype; a new, contiguous tensor.
+    torch.Tensor, (..., Hq, L, Ev), of the query's dtype; a new, contiguous,
+    plain tensor.
 
     Raises
     ------
     ValueError
-        ``dropout_p`` is not 0, a tensor is not on the CPU, shapes do not fit.
+        ``dropout_p`` is not 0, a tensor is not on the CPU, shapes do not fit
+        (those of a ``CausalBias`` included).
     TypeError
         Unsupported dtypes.
     RuntimeError
@@ -262,22 +277,78 @@ def scaled_dot_product_attention(
                     f"sdpa has no backward, but {name} requires grad; run it under "
                     "torch.no_grad() or torch.inference_mode(), or detach the inputs"
                 )
-    if _plain_eager(query, key, value, attn_mask):
+    mask: Any = attn_mask
+    causal: Union[bool, str] = is_causal
+    if attn_mask is not None and type(attn_mask) is not Tensor:
+        mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
+    if _plain_eager(query, key, value, mask):
         # the common eager call, straight to the core (torch's dispatcher costs
         # more than the attention of a decoding step); what it declines goes on
         # to the operator, whose checks explain the problem
         try:
             arrays = [_as_numpy(query), _as_numpy(key), _as_numpy(value),
-                      None if attn_mask is None else _as_numpy(attn_mask)]
+                      None if mask is None else _as_numpy(mask)]
         except RuntimeError:  # a tensor numpy() cannot expose (negative bit, no storage)
             arrays = None
         if arrays is not None:
             q, k, v, m = arrays
-            result = _core.try_attention(q, k, v, m, is_causal, scale, enable_gqa, False, False, None, None, None)
+            result = _core.try_attention(q, k, v, m, causal, scale, enable_gqa, False, False, None, None, None)
             if isinstance(result, np.ndarray):
                 return _as_tensor(result)
-    out: Tensor = attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    if causal == "bottom_right":  # the operator's is_causal is a bool: the mask itself
+        mask, causal = _bottom_right_mask(query, key), False
+    out: Tensor = attention_op(query, key, value, mask, bool(causal), scale, enable_gqa)
     return out
+
+
+def _bottom_right_mask(query: Tensor, key: Tensor) -> Tensor:
+    """The bool mask of ``is_causal="bottom_right"``, ``tril(ones(L, S), S - L)``."""
+    L, S = query.shape[-2], key.shape[-2]
+    return torch.ones(L, S, dtype=torch.bool, device=query.device).tril(S - L)
+
+
+def _causal_bias_module(attn_mask: Any) -> Any:
+    """``torch.nn.attention.bias`` when ``attn_mask`` is one of its ``CausalBias``
+    masks, else None."""
+    if attn_mask is None or type(attn_mask) is Tensor:
+        return None
+    # a CausalBias comes with its module; it is not imported here, as it imports torch._dynamo
+    bias: Any = sys.modules.get("torch.nn.attention.bias")
+    if bias is None or not isinstance(attn_mask, bias.CausalBias):
+        return None
+    return bias
+
+
+def _from_causal_bias(
+    query: Any, key: Any, attn_mask: Any, is_causal: bool
+) -> Tuple[Any, Union[bool, str]]:
+    """``(attn_mask, is_causal)`` for sdpa: torch's ``CausalBias`` (whose tensor
+    memory holds nothing) becomes no mask and ``True`` (upper left) or
+    ``"bottom_right"`` (lower right); anything else is returned as it is."""
+    bias = _causal_bias_module(attn_mask)
+    if bias is None:
+        return attn_mask, is_causal
+    CausalVariant = bias.CausalVariant
+    variant = getattr(attn_mask, "variant", None)
+    seq_len_q = getattr(attn_mask, "seq_len_q", None)
+    seq_len_kv = getattr(attn_mask, "seq_len_kv", None)
+    if variant not in (CausalVariant.UPPER_LEFT, CausalVariant.LOWER_RIGHT) or seq_len_q is None:
+        raise ValueError(
+            "attn_mask: a CausalBias without its variant and sizes (the result of a tensor "
+            "operation on one?); make it with torch.nn.attention.bias.causal_upper_left or "
+            "causal_lower_right"
+        )
+    if is_causal:
+        raise ValueError("attn_mask: a CausalBias cannot be combined with is_causal=True (torch refuses it too)")
+    L, S = query.shape[-2], key.shape[-2]
+    if seq_len_q != L or seq_len_kv != S:
+        raise ValueError(
+            f"attn_mask: a CausalBias of seq_len_q={seq_len_q}, seq_len_kv={seq_len_kv} does not fit "
+            f"a query of length L={L} and keys of length S={S}"
+        )
+    if variant == CausalVariant.UPPER_LEFT or L == S:
+        return None, True
+    return None, "bottom_right"
 
 
 _EAGER_DTYPES = _DTYPES
@@ -391,17 +462,24 @@ def _with_fallback(previous: _TorchSDPA) -> _TorchSDPA:
         scale: Optional[float] = None,
         enable_gqa: bool = False,
     ) -> Tensor:
-        if _handles(query, key, value, attn_mask, dropout_p):
+        # a CausalBias with the wrong sizes is an error here too, not a reason
+        mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
+        if _handles(query, key, value, mask, dropout_p):
             return scaled_dot_product_attention(
                 query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa
             )
+        if causal == "bottom_right":
+            # a CausalBias is only recognised by torch when it comes through
+            # F.scaled_dot_product_attention, which is now this function: torch's
+            # own would take it as a plain tensor, so it gets the mask itself
+            mask, causal = _bottom_right_mask(query, key), False
         kwargs: Dict[str, Any] = {}  # keywords older torch releases lack are passed only when set
         if scale is not None:
             kwargs["scale"] = scale
         if enable_gqa:
             kwargs["enable_gqa"] = enable_gqa
         return previous(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs
+            query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=bool(causal), **kwargs
         )
 
     return sdpa_or_previous
