@@ -606,6 +606,43 @@ def test_causal_bias_of_other_sizes_is_refused(fallback):
             call(causal_bias("causal_lower_right", 3, 5), is_causal=True)
 
 
+# --------------------------------------------------------------------------- nested tensors
+
+
+def jagged(lengths, heads=2, dim=8, seed=0):
+    """A nested (jagged) tensor (B, heads, j, dim), laid out as torch's docs show."""
+    gen = torch.Generator().manual_seed(seed)
+    parts = [torch.randn(n, heads, dim, generator=gen) for n in lengths]
+    with warnings.catch_warnings():  # the jagged layout is a prototype
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor(parts, layout=torch.jagged).transpose(1, 2)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensors_fall_back_to_torch():
+    q, k, v = jagged([3, 5], seed=1), jagged([3, 5], seed=2), jagged([3, 5], seed=3)
+    with torch.no_grad():
+        expected = TORCH_SDPA(q, k, v)
+        with st.patch(fallback=True):
+            got = F.scaled_dot_product_attention(q, k, v)
+    assert got.is_nested
+    for a, b in zip(got.unbind(), expected.unbind()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensors_are_refused_without_fallback():
+    q = jagged([3, 5])
+    strided = torch.nested.nested_tensor([torch.randn(2, 3, 8), torch.randn(2, 5, 8)])
+    message = r"query: nested tensors are not supported by sdpa.*sdpa\.torch\.patch\(fallback=True\)"
+    with torch.no_grad():
+        for t in (q, strided):
+            with pytest.raises(TypeError, match=message):
+                st.scaled_dot_product_attention(t, t, t)
+        with st.patch(), pytest.raises(TypeError, match=message):
+            F.scaled_dot_product_attention(q, q, q)
+
+
 # --------------------------------------------------------------------------- layers from modules
 
 # sdpa.MultiHeadAttention.from_torch hands over to sdpa.torch.layer_from_module

@@ -18,11 +18,12 @@ of torch's own function, so that an eager model calling
 
 Limits: CPU tensors of float32, float64, bfloat16 or float16 (bfloat16 needs
 ml_dtypes, NumPy's bfloat16 dtype); no dropout (``dropout_p`` must be 0); no
-autograd (call it under ``torch.no_grad()`` or ``torch.inference_mode()``, or on
-tensors that do not require grad).  torch's ``CausalBias`` masks
-(``torch.nn.attention.bias.causal_upper_left`` / ``causal_lower_right``) are
-taken as sdpa's causal masks (``is_causal=True`` / ``"bottom_right"``).  A query
-row that can see no key gives zeros, as torch >= 2.5 does.
+nested (jagged) tensors; no autograd (call it under ``torch.no_grad()`` or
+``torch.inference_mode()``, or on tensors that do not require grad).  torch's
+``CausalBias`` masks (``torch.nn.attention.bias.causal_upper_left`` /
+``causal_lower_right``) are taken as sdpa's causal masks (``is_causal=True`` /
+``"bottom_right"``).  A query row that can see no key gives zeros, as torch >= 2.5
+does.
 
 Importing this module imports torch; ``import sdpa`` alone does not.
 """
@@ -59,11 +60,24 @@ _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _SINGLE_OR_HALF = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _check_nested(query: Any, key: Any, value: Any, attn_mask: Any) -> None:
+    """TypeError for nested tensors, which torch's dispatcher would refuse with a
+    bare NotImplementedError."""
+    for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask")):
+        if isinstance(t, Tensor) and t.is_nested:
+            raise TypeError(
+                f"{name}: nested tensors are not supported by sdpa (it has no variable-length path); "
+                "pad them into a dense tensor with a mask, or use sdpa.torch.patch(fallback=True) "
+                "to let torch compute these calls"
+            )
+
+
 def _check_tensors(
     query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], allow_meta: bool = False
 ) -> torch.dtype:
     """The dtype of the result; TypeError/ValueError for tensors sdpa cannot take.
     ``allow_meta``: tensors on the meta device too, all on it (shape inference)."""
+    _check_nested(query, key, value, attn_mask)
     if _causal_bias_module(attn_mask) is not None:
         raise TypeError(
             "attn_mask: torch's CausalBias holds no mask in its memory; sdpa.torch.scaled_dot_product_attention "
@@ -262,7 +276,7 @@ def scaled_dot_product_attention(
         ``dropout_p`` is not 0, a tensor is not on the CPU, shapes do not fit
         (those of a ``CausalBias`` included).
     TypeError
-        Unsupported dtypes.
+        Unsupported dtypes; nested tensors.
     RuntimeError
         Gradients are required: grad mode is on and an input requires grad.
     """
@@ -295,6 +309,8 @@ def scaled_dot_product_attention(
             result = _core.try_attention(q, k, v, m, causal, scale, enable_gqa, False, False, None, None, None)
             if isinstance(result, np.ndarray):
                 return _as_tensor(result)
+    # torch's dispatcher refuses nested tensors with a bare NotImplementedError
+    _check_nested(query, key, value, mask)
     if causal == "bottom_right":  # the operator's is_causal is a bool: the mask itself
         mask, causal = _bottom_right_mask(query, key), False
     out: Tensor = attention_op(query, key, value, mask, bool(causal), scale, enable_gqa)
