@@ -38,6 +38,7 @@ DTYPES = {"f32": (torch.float32, np.float32), "f64": (torch.float64, np.float64)
 
 @pytest.fixture(autouse=True)
 def no_patch_left_behind():
+    st._fallback_warned.clear()  # each test sees the first FallbackWarning of each reason
     yield
     st.unpatch()
     assert F.scaled_dot_product_attention is TORCH_SDPA
@@ -461,9 +462,17 @@ def test_patch_is_undone_on_errors():
 
 
 def test_patched_model_without_no_grad_raises(model_and_input):
+    """A plain model(x): the parameters require grad, so q, k and v do; the error
+    names every remedy."""
     model, x = model_and_input
-    with st.patch(), pytest.raises(RuntimeError, match="no backward"):
+    with st.patch(), pytest.raises(RuntimeError, match="no backward") as info:
         model(x)
+    message = str(info.value)
+    assert "query requires grad and grad mode is on" in message
+    for remedy in ("torch.no_grad()", "torch.inference_mode()", "sdpa.torch.patch(fallback=True)"):
+        assert remedy in message
+    with st.patch(), torch.inference_mode():
+        model(x)  # the first remedy
 
 
 def test_fallback(model_and_input, monkeypatch):
@@ -472,7 +481,8 @@ def test_fallback(model_and_input, monkeypatch):
     real = st.scaled_dot_product_attention
     monkeypatch.setattr(st, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     with st.patch(fallback=True):
-        y = model(x)  # grad required: torch's own, with autograd
+        with pytest.warns(st.FallbackWarning, match="calls that need gradients"):
+            y = model(x)  # grad required: torch's own, with autograd
         y.sum().backward()
         assert calls == []
         with torch.no_grad():
@@ -481,9 +491,65 @@ def test_fallback(model_and_input, monkeypatch):
         q = torch.randn(2, 4, 8, dtype=torch.float16)
         out = F.scaled_dot_product_attention(q, q, q)  # grad enabled but not required: sdpa
         assert out.dtype == torch.float16 and len(calls) == 3
-        with torch.no_grad():
+        with torch.no_grad(), pytest.warns(st.FallbackWarning, match="dropout_p > 0"):
             F.scaled_dot_product_attention(q.float(), q.float(), q.float(), dropout_p=0.5)  # torch's own
         assert len(calls) == 3
+
+
+def test_fallback_warns_once_per_reason_and_matches_torch(model_and_input):
+    """Repeated calls that need gradients: one FallbackWarning, pointing at the
+    caller; torch's results and gradients."""
+    model, x = model_and_input
+    expected = model(x)
+    expected.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with warnings.catch_warnings(record=True) as caught, st.patch(fallback=True):
+        warnings.simplefilter("always")
+        for _ in range(3):
+            got = model(x)  # two attention calls each
+        got.sum().backward()
+        q = torch.randn(2, 4, 8, dtype=torch.float16)
+        with torch.no_grad():
+            for _ in range(2):
+                F.scaled_dot_product_attention(q, q, q, dropout_p=0.3)
+    ours = [w for w in caught if issubclass(w.category, st.FallbackWarning)]
+    assert [str(w.message) for w in ours] == [
+        "sdpa.torch: falling back to torch for calls that need gradients (grad mode is on and an input "
+        "requires grad; sdpa has no backward). Calls under torch.no_grad() or torch.inference_mode() run on sdpa",
+        "sdpa.torch: falling back to torch for calls with dropout_p > 0 (sdpa has no dropout; a model in "
+        "eval mode passes 0.0)",
+    ]
+    assert ours[1].filename == __file__  # the caller of F.scaled_dot_product_attention
+    assert torch.equal(got, expected)
+    for p, g in zip(model.parameters(), grads):
+        assert torch.equal(p.grad, g)
+
+
+def test_fallback_for_other_devices():
+    """Meta tensors (what sdpa cannot compute on, like CUDA): torch's own, with a warning."""
+    q = torch.empty(2, 4, 5, 8, device="meta")
+    with st.patch(fallback=True), pytest.warns(st.FallbackWarning, match="tensors on meta"):
+        out = F.scaled_dot_product_attention(q, q, q)
+    assert out.device.type == "meta" and out.shape == (2, 4, 5, 8)
+
+
+def test_fallback_for_bfloat16_without_ml_dtypes(monkeypatch):
+    def missing():
+        raise TypeError("no ml_dtypes")
+
+    monkeypatch.setattr(st, "_numpy_bfloat16", missing)
+    q = torch.randn(2, 4, 5, 8, dtype=torch.bfloat16)
+    with torch.no_grad(), st.patch(fallback=True), pytest.warns(st.FallbackWarning, match="ml_dtypes"):
+        out = F.scaled_dot_product_attention(q, q, q)
+    assert torch.equal(out, TORCH_SDPA(q, q, q))
+
+
+def test_fallback_does_not_warn_for_calls_sdpa_takes(model_and_input):
+    model, x = model_and_input
+    with warnings.catch_warnings(), st.patch(fallback=True), torch.no_grad():
+        warnings.simplefilter("error")
+        model(x)
 
 
 # --------------------------------------------------------------------------- torch's CausalBias masks
@@ -572,7 +638,7 @@ def test_causal_bias_falls_back_to_torch_with_gradients(variant, L, S):
     mask = causal_bias(variant, L, S)
     expected = TORCH_SDPA(q, k, v, attn_mask=mask)
     expected_grads = torch.autograd.grad(expected.sum(), (q, k))
-    with st.patch(fallback=True):
+    with st.patch(fallback=True), pytest.warns(st.FallbackWarning, match="calls that need gradients"):
         got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert type(got) is torch.Tensor
     assert torch.allclose(got, expected, atol=1e-6)
@@ -623,7 +689,7 @@ def test_nested_tensors_fall_back_to_torch():
     q, k, v = jagged([3, 5], seed=1), jagged([3, 5], seed=2), jagged([3, 5], seed=3)
     with torch.no_grad():
         expected = TORCH_SDPA(q, k, v)
-        with st.patch(fallback=True):
+        with st.patch(fallback=True), pytest.warns(st.FallbackWarning, match="nested tensors"):
             got = F.scaled_dot_product_attention(q, k, v)
     assert got.is_nested
     for a, b in zip(got.unbind(), expected.unbind()):

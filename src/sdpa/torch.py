@@ -19,17 +19,20 @@ of torch's own function, so that an eager model calling
 Limits: CPU tensors of float32, float64, bfloat16 or float16 (bfloat16 needs
 ml_dtypes, NumPy's bfloat16 dtype); no dropout (``dropout_p`` must be 0); no
 nested (jagged) tensors; no autograd (call it under ``torch.no_grad()`` or
-``torch.inference_mode()``, or on tensors that do not require grad).  torch's
-``CausalBias`` masks (``torch.nn.attention.bias.causal_upper_left`` /
-``causal_lower_right``) are taken as sdpa's causal masks (``is_causal=True`` /
-``"bottom_right"``).  A query row that can see no key gives zeros, as torch >= 2.5
-does.
+``torch.inference_mode()``, or on tensors that do not require grad: a model's
+parameters do, so a plain ``model(x)`` needs one of the two).
+``patch(fallback=True)`` sends the calls beyond these limits to torch, warning
+once for each reason (:class:`FallbackWarning`).  torch's ``CausalBias`` masks
+(``torch.nn.attention.bias.causal_upper_left`` / ``causal_lower_right``) are
+taken as sdpa's causal masks (``is_causal=True`` / ``"bottom_right"``).  A query
+row that can see no key gives zeros, as torch >= 2.5 does.
 
 Importing this module imports torch; ``import sdpa`` alone does not.
 """
 import functools
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type, Union
 
 import numpy as np
 import torch
@@ -53,6 +56,7 @@ __all__ = [
     "patch",
     "unpatch",
     "is_patched",
+    "FallbackWarning",
     "layer_from_module",
 ]
 
@@ -227,7 +231,6 @@ def _out_shape(qs: Tuple[Any, ...], ks: Tuple[Any, ...], vs: Tuple[Any, ...], en
     return batch + ((heads,) if has_heads else ()) + (qs[-2], vs[-1])
 
 
-
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -282,14 +285,17 @@ def scaled_dot_product_attention(
     """
     if dropout_p != 0.0:
         raise ValueError(
-            f"dropout_p: sdpa has no dropout, got {dropout_p}; pass 0.0 (as models do in eval mode)"
+            f"dropout_p: sdpa has no dropout, got {dropout_p}; pass 0.0 (as models do in eval mode), "
+            "or use sdpa.torch.patch(fallback=True) to let torch compute the calls with dropout"
         )
     if torch.is_grad_enabled():
         for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask")):
             if isinstance(t, Tensor) and t.requires_grad:
                 raise RuntimeError(
-                    f"sdpa has no backward, but {name} requires grad; run it under "
-                    "torch.no_grad() or torch.inference_mode(), or detach the inputs"
+                    f"sdpa has no backward, but {name} requires grad and grad mode is on (the outputs "
+                    "of a model's layers require grad, as its parameters do). Run the call under "
+                    "torch.no_grad() or torch.inference_mode(), detach the inputs, or use "
+                    "sdpa.torch.patch(fallback=True) to let torch compute the calls that need gradients"
                 )
     mask: Any = attn_mask
     causal: Union[bool, str] = is_causal
@@ -446,24 +452,53 @@ _TorchSDPA = Callable[..., Tensor]
 _replaced: List[_TorchSDPA] = []
 
 
-def _handles(
-    query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float
-) -> bool:
-    """Whether sdpa can take this call (for ``patch(fallback=True)``)."""
-    tensors = (query, key, value)
-    if not all(isinstance(t, Tensor) for t in tensors) or dropout_p != 0.0:
-        return False
-    if attn_mask is not None and not isinstance(attn_mask, Tensor):
-        return False
-    if torch.is_grad_enabled() and any(
-        t.requires_grad for t in (query, key, value, attn_mask) if t is not None
-    ):
-        return False
+class FallbackWarning(UserWarning):
+    """Warned by ``patch(fallback=True)`` the first time it sends a call to torch
+    for a given reason (gradients, dropout, a device, dtypes, nested tensors); once
+    per reason and process.  Silence it with
+    ``warnings.filterwarnings("ignore", category=sdpa.torch.FallbackWarning)``."""
+
+
+# the reasons FallbackWarning has been given for
+_fallback_warned: Set[str] = set()
+
+
+def _fallback_reason(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float) -> Optional[str]:
+    """Why sdpa cannot take this call (for ``patch(fallback=True)``), or None
+    when it can.  ``attn_mask`` is after :func:`_from_causal_bias`."""
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    if not all(isinstance(t, Tensor) for t in tensors):
+        return "arguments that are not tensors"
+    if any(t.is_nested for t in tensors):
+        return "nested tensors (sdpa has no variable-length path)"
+    for t in tensors:
+        if t.device.type != "cpu":
+            return f"tensors on {t.device.type} (sdpa computes on the CPU)"
     try:
         _check_tensors(query, key, value, attn_mask)
-    except (TypeError, ValueError):
-        return False
-    return True
+    except (TypeError, ValueError) as exc:
+        return f"dtypes sdpa does not take ({exc})"
+    if torch.bfloat16 in (query.dtype, key.dtype, value.dtype):
+        try:
+            _numpy_bfloat16()
+        except TypeError:
+            return "bfloat16 tensors (sdpa needs ml_dtypes for them: pip install ml_dtypes)"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return (
+            "calls that need gradients (grad mode is on and an input requires grad; sdpa has no "
+            "backward). Calls under torch.no_grad() or torch.inference_mode() run on sdpa"
+        )
+    if dropout_p != 0.0:
+        return "calls with dropout_p > 0 (sdpa has no dropout; a model in eval mode passes 0.0)"
+    return None
+
+
+def _warn_fallback(reason: str) -> None:
+    """FallbackWarning, the first time for this reason."""
+    if reason not in _fallback_warned:
+        _fallback_warned.add(reason)
+        # stacklevel: the caller of F.scaled_dot_product_attention
+        warnings.warn(f"sdpa.torch: falling back to torch for {reason}", FallbackWarning, stacklevel=3)
 
 
 def _with_fallback(previous: _TorchSDPA) -> _TorchSDPA:
@@ -480,10 +515,12 @@ def _with_fallback(previous: _TorchSDPA) -> _TorchSDPA:
     ) -> Tensor:
         # a CausalBias with the wrong sizes is an error here too, not a reason
         mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
-        if _handles(query, key, value, mask, dropout_p):
+        reason = _fallback_reason(query, key, value, mask, dropout_p)
+        if reason is None:
             return scaled_dot_product_attention(
                 query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa
             )
+        _warn_fallback(reason)
         if causal == "bottom_right":
             # a CausalBias is only recognised by torch when it comes through
             # F.scaled_dot_product_attention, which is now this function: torch's
@@ -531,9 +568,13 @@ def patch(fallback: bool = False) -> _Patch:
     ``from torch.nn.functional import scaled_dot_product_attention``, keep torch's.
 
     With ``fallback=False`` every call goes to :func:`scaled_dot_product_attention`,
-    whose errors say what sdpa cannot do.  With ``fallback=True`` calls sdpa cannot
-    take (dropout, gradients required, other dtypes or devices) go to the function
-    that was there before.
+    whose errors say what sdpa cannot do: a forward pass with grad mode on over
+    inputs that require grad (a model's activations do) raises ``RuntimeError``,
+    so run the model under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    With ``fallback=True`` the calls sdpa cannot take (gradients required,
+    dropout, other devices or dtypes, nested tensors) go to the function that was
+    there before, and a :class:`FallbackWarning` says so, once for each reason
+    (``"sdpa.torch: falling back to torch for calls that need gradients ..."``).
 
     Patching is process-wide, for every Python thread.
     """
