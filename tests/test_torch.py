@@ -56,7 +56,7 @@ def make(name, torch_dtype, seed=0):
 def variant_kwargs(variant, L, S, hq, torch_dtype, seed=0):
     gen = torch.Generator().manual_seed(seed + 1)
     keep = torch.rand(hq, L, S, generator=gen) < 0.7
-    keep[..., 0] = True  # rows that see no key: torch gives NaN, sdpa zeros
+    keep[..., 0] = True  # every row sees a key (rows that see none: test_rows_that_see_no_key_match_torch)
     if variant == "plain":
         return {}
     if variant == "causal":
@@ -707,6 +707,28 @@ def test_nested_tensors_are_refused_without_fallback():
                 st.scaled_dot_product_attention(t, t, t)
         with st.patch(), pytest.raises(TypeError, match=message):
             F.scaled_dot_product_attention(q, q, q)
+
+
+# --------------------------------------------------------------------------- rows that see no key
+
+
+@pytest.mark.skipif(torch.__version__ < "2.5", reason="torch < 2.5 gives NaN for rows that see no key")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=["f32", "f64", "bf16"])
+def test_rows_that_see_no_key_match_torch(dtype):
+    """Such rows give zeros, in sdpa and in torch >= 2.5 alike."""
+    gen = torch.Generator().manual_seed(13)
+    q = torch.randn(2, 3, 6, 16, generator=gen).to(dtype)
+    k = torch.randn(2, 3, 9, 16, generator=gen).to(dtype)
+    v = torch.randn(2, 3, 9, 16, generator=gen).to(dtype)
+    keep = torch.rand(3, 6, 9, generator=gen) < 0.6
+    keep[:, 2] = False
+    additive = torch.zeros(3, 6, 9, dtype=dtype).masked_fill(~keep, float("-inf"))
+    with torch.no_grad():
+        for mask in (keep, additive):
+            out = st.scaled_dot_product_attention(q, k, v, mask)
+            theirs = TORCH_SDPA(q, k, v, mask)
+            assert torch.equal(out[..., 2, :], torch.zeros_like(out[..., 2, :]))
+            assert torch.equal(theirs[..., 2, :], torch.zeros_like(theirs[..., 2, :]))
 
 
 # --------------------------------------------------------------------------- layers from modules
