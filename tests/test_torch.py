@@ -352,6 +352,98 @@ def test_opcheck(with_mask):
     torch.library.opcheck(torch.ops.sdpa.attention.default, (q, k, v, mask, True, 0.3, True))
 
 
+# --------------------------------------------------------------------------- window, softcap, ALiBi, sinks
+
+VARIANT_KWARGS = {
+    "window": {"window": (3, 0)},
+    "window-both-sides": {"window": (2, 4)},
+    "softcap": {"softcap": 2.5},
+    "alibi": {"alibi_slopes": "per-head"},
+    "sinks": {"sinks": "per-head"},
+    "all": {"window": (5, 1), "softcap": 4.0, "alibi_slopes": "per-head", "sinks": "per-head"},
+}
+
+
+def variant_inputs(name, dtype, seed):
+    """q, k, v with GQA (L < S), and the keywords of one variant, per-head values
+    as float32 tensors of shape (Hq,) or (batch, Hq)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 7, 16, generator=gen).to(dtype)
+    k = torch.randn(2, 2, 12, 16, generator=gen).to(dtype)
+    v = torch.randn(2, 2, 12, 8, generator=gen).to(dtype)
+    kwargs = dict(VARIANT_KWARGS[name])
+    if "alibi_slopes" in kwargs:
+        kwargs["alibi_slopes"] = torch.rand(4, generator=gen) / 2
+    if "sinks" in kwargs:
+        kwargs["sinks"] = torch.randn(2, 4, generator=gen)
+    return q, k, v, kwargs
+
+
+def reference_of(q, k, v, **kwargs):
+    as_numpy = {n: (a.double().numpy() if isinstance(a, torch.Tensor) else a) for n, a in kwargs.items()}
+    return sdpa.reference.scaled_dot_product_attention(
+        q.double().numpy(), k.double().numpy(), v.double().numpy(), enable_gqa=True, **as_numpy
+    )
+
+
+@pytest.mark.parametrize("causal", ["none", "upper-left", "lower-right"])
+@pytest.mark.parametrize("name", list(VARIANT_KWARGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=["f32", "f64", "bf16"])
+def test_variant_keywords_match_reference(dtype, name, causal):
+    """window=, softcap=, alibi_slopes= and sinks= are passed to sdpa's core as
+    sdpa.scaled_dot_product_attention takes them; is_causal=True and a
+    causal_lower_right mask set the rows' alignment as "top_left" and
+    "bottom_right" do."""
+    q, k, v, kwargs = variant_inputs(name, dtype, seed=21)
+    mask, ref_causal = None, False
+    if causal == "upper-left":
+        ours_causal = {"is_causal": True}
+        ref_causal = True
+    elif causal == "lower-right":
+        mask = causal_bias("causal_lower_right", 7, 12)
+        ours_causal, ref_causal = {}, "bottom_right"
+    else:
+        ours_causal = {}
+    with torch.no_grad():
+        out = st.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True, **ours_causal, **kwargs)
+    expected = reference_of(q, k, v, is_causal=ref_causal, **kwargs)
+    assert type(out) is torch.Tensor and out.dtype == dtype and out.shape == (2, 4, 7, 8)
+    tol_dtype = {torch.float32: np.float32, torch.float64: np.float64}.get(dtype) or st._numpy_bfloat16()
+    assert_close(out.double().numpy(), expected, tol_dtype)
+
+
+def test_variant_keywords_through_the_operator():
+    """Traced (symbolic sizes) and checked by opcheck, the keywords reach the
+    operator; meta tensors get the output's shape."""
+    q, k, v, kwargs = variant_inputs("all", torch.float32, seed=22)
+    expected = reference_of(q, k, v, is_causal=True, **kwargs)
+    compiled = torch.compile(lambda *a: st.scaled_dot_product_attention(*a, is_causal=True, enable_gqa=True, **kwargs),
+                             backend="eager", dynamic=True, fullgraph=True)
+    assert_close(compiled(q, k, v).numpy(), expected, np.float32)
+    args = (q, k, v, None, True, None, True, [5, 1], 4.0, kwargs["alibi_slopes"], kwargs["sinks"])
+    if hasattr(torch.library, "opcheck"):
+        torch.library.opcheck(torch.ops.sdpa.attention.default, args)
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    out = torch.ops.sdpa.attention(*meta)
+    assert out.device.type == "meta" and out.shape == (2, 4, 7, 8) and out.dtype == torch.float32
+
+
+def test_variant_keywords_are_checked():
+    q, k, v, kwargs = variant_inputs("all", torch.float32, seed=23)
+    slopes = kwargs["alibi_slopes"]
+    with torch.no_grad():
+        with pytest.raises(TypeError, match="alibi_slopes: expected a float tensor, got torch.int64"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, alibi_slopes=torch.ones(4, dtype=torch.long))
+        with pytest.raises(TypeError, match="sinks: expected a torch.Tensor, got list"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, sinks=[0.0] * 4)
+        with pytest.raises(ValueError, match=r"window: expected \(left, right\)"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, window=(1, 2, 3))
+        with pytest.raises(ValueError, match="softcap"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, softcap=-1.0)
+    with pytest.raises(RuntimeError, match="alibi_slopes requires grad"):
+        st.scaled_dot_product_attention(q, k, v, enable_gqa=True, alibi_slopes=slopes.requires_grad_())
+
+
 def test_import_sdpa_does_not_import_torch():
     code = ("import sys, sdpa; sdpa.scaled_dot_product_attention([[1.0]], [[1.0]], [[1.0]]); "
             "print('torch' in sys.modules)")

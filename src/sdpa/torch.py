@@ -153,10 +153,16 @@ def attention_op(
     is_causal: bool = False,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
+    window: Optional[List[int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tensor:
     """The operator ``torch.ops.sdpa.attention``: attention without dropout,
-    arguments as for :func:`scaled_dot_product_attention`.  It has no backward."""
+    arguments as for :func:`scaled_dot_product_attention` (``window`` a list of
+    two ints).  It has no backward."""
     _check_tensors(query, key, value, attn_mask)
+    _check_variants(query, window, alibi_slopes, sinks)
     out = _attention_numpy(
         _as_numpy(query),
         _as_numpy(key),
@@ -165,8 +171,36 @@ def attention_op(
         is_causal,
         scale,
         enable_gqa,
+        window=None if window is None else (int(window[0]), int(window[1])),
+        softcap=softcap,
+        alibi_slopes=None if alibi_slopes is None else _per_head_numpy(alibi_slopes),
+        sinks=None if sinks is None else _per_head_numpy(sinks),
     )
     return _as_tensor(out)
+
+
+def _check_variants(
+    query: Tensor, window: Optional[List[int]], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]
+) -> None:
+    """TypeError/ValueError for a ``window`` that is not two ints, and for
+    ``alibi_slopes`` / ``sinks`` that are not float tensors on the query's device
+    (their values and shapes are checked by :func:`sdpa.scaled_dot_product_attention`)."""
+    if window is not None and len(window) != 2:
+        raise ValueError(f"window: expected (left, right), got {tuple(window)}")
+    for t, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device != query.device:
+            raise ValueError(f"{name}: expected a tensor on {query.device} like the query, got one on {t.device}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name}: expected a float tensor, got {t.dtype}")
+
+
+def _per_head_numpy(t: Tensor) -> np.ndarray:
+    """ALiBi slopes or sinks (a value per head, a few numbers) as float64."""
+    return t.detach().to(torch.float64).numpy()
 
 
 @attention_op.register_fake
@@ -178,8 +212,13 @@ def _attention_fake(
     is_causal: bool = False,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
+    window: Optional[List[int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tensor:
     dtype = _check_tensors(query, key, value, attn_mask, allow_meta=True)
+    _check_variants(query, window, alibi_slopes, sinks)
     return query.new_empty(_out_shape(query.shape, key.shape, value.shape, enable_gqa), dtype=dtype)
 
 
@@ -240,6 +279,11 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
+    *,
+    window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` computed by sdpa.
 
@@ -267,6 +311,16 @@ def scaled_dot_product_attention(
         Defaults to ``1 / sqrt(E)``.
     enable_gqa : bool
         Grouped-query attention (Hq a multiple of Hkv).
+    window, softcap : optional
+        Sliding-window attention ``(left, right)`` and the cap of the scaled
+        scores, as for :func:`sdpa.scaled_dot_product_attention` (the window of
+        a row is aligned to the last keys unless ``is_causal`` is True, as for a
+        ``causal_lower_right`` mask).
+    alibi_slopes, sinks : torch.Tensor, optional
+        Float tensors of shape (Hq,) or (..., Hq): ALiBi's slope and the
+        attention sink's logit of each query head, as for
+        :func:`sdpa.scaled_dot_product_attention`.  ``torch.nn.functional``'s
+        function has none of these four keywords.
 
     Returns
     -------
@@ -289,7 +343,8 @@ def scaled_dot_product_attention(
             "or use sdpa.torch.patch(fallback=True) to let torch compute the calls with dropout"
         )
     if torch.is_grad_enabled():
-        for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask")):
+        for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask"),
+                        (alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
             if isinstance(t, Tensor) and t.requires_grad:
                 raise RuntimeError(
                     f"sdpa has no backward, but {name} requires grad and grad mode is on (the outputs "
@@ -301,7 +356,8 @@ def scaled_dot_product_attention(
     causal: Union[bool, str] = is_causal
     if attn_mask is not None and type(attn_mask) is not Tensor:
         mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
-    if _plain_eager(query, key, value, mask):
+    variants = not (window is None and softcap is None and alibi_slopes is None and sinks is None)
+    if not variants and _plain_eager(query, key, value, mask):
         # the common eager call, straight to the core (torch's dispatcher costs
         # more than the attention of a decoding step); what it declines goes on
         # to the operator, whose checks explain the problem
@@ -319,7 +375,12 @@ def scaled_dot_product_attention(
     _check_nested(query, key, value, mask)
     if causal == "bottom_right":  # the operator's is_causal is a bool: the mask itself
         mask, causal = _bottom_right_mask(query, key), False
-    out: Tensor = attention_op(query, key, value, mask, bool(causal), scale, enable_gqa)
+    if variants and isinstance(query, Tensor):  # a TypeError naming the argument, not the dispatcher's RuntimeError
+        _check_variants(query, None if window is None else list(window), alibi_slopes, sinks)
+    out: Tensor = attention_op(
+        query, key, value, mask, bool(causal), scale, enable_gqa,
+        None if window is None else list(window), softcap, alibi_slopes, sinks,
+    )
     return out
 
 
