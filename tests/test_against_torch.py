@@ -43,7 +43,7 @@ def build_variant(rng, variant, L, S, hq, np_dtype):
     """(sdpa kwargs, torch kwargs) for one variant; torch gets one combined mask
     where it cannot take a mask and is_causal together."""
     keep = rng.random((hq, L, S)) < 0.7
-    keep[..., 0] = True  # torch's math path gives NaN for rows that see nothing
+    keep[..., 0] = True  # torch < 2.5 gives NaN for rows that see nothing (>= 2.5: zeros, as sdpa)
     top_left = sdpa.reference.causal_mask(L, S)
     bottom_right = sdpa.reference.causal_mask(L, S, bottom_right=True)
     fmask = np.where(keep, rng.standard_normal((hq, L, S)), -np.inf).astype(np_dtype)
@@ -52,7 +52,7 @@ def build_variant(rng, variant, L, S, hq, np_dtype):
     if variant == "causal":
         return {"is_causal": True}, {"is_causal": True}
     if variant == "bottom-right":
-        if L > S:  # rows that see no key: torch gives NaN there, so use top-left
+        if L > S:  # rows that see no key: torch < 2.5 gives NaN there, so use top-left
             return {"is_causal": "top_left"}, {"is_causal": True}
         return {"is_causal": "bottom_right"}, {"attn_mask": torch.from_numpy(bottom_right)}
     if variant == "bool-mask":

@@ -1,7 +1,9 @@
 """sdpa.torch: the torch operator sdpa::attention, its drop-in function, patch(),
 and layer_from_module (also reached as sdpa.MultiHeadAttention.from_torch)."""
+import contextlib
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -36,6 +38,7 @@ DTYPES = {"f32": (torch.float32, np.float32), "f64": (torch.float64, np.float64)
 
 @pytest.fixture(autouse=True)
 def no_patch_left_behind():
+    st._fallback_warned.clear()  # each test sees the first FallbackWarning of each reason
     yield
     st.unpatch()
     assert F.scaled_dot_product_attention is TORCH_SDPA
@@ -53,7 +56,7 @@ def make(name, torch_dtype, seed=0):
 def variant_kwargs(variant, L, S, hq, torch_dtype, seed=0):
     gen = torch.Generator().manual_seed(seed + 1)
     keep = torch.rand(hq, L, S, generator=gen) < 0.7
-    keep[..., 0] = True  # rows that see no key: torch gives NaN, sdpa zeros
+    keep[..., 0] = True  # every row sees a key (rows that see none: test_rows_that_see_no_key_match_torch)
     if variant == "plain":
         return {}
     if variant == "causal":
@@ -228,6 +231,115 @@ def test_fake_tensor_shapes():
             torch.ops.sdpa.attention(q, k, v)
 
 
+@pytest.mark.parametrize("dtypes", [("f32",) * 2, ("f64",) * 2, ("bf16",) * 2, ("f16",) * 2, ("f32", "bf16"),
+                                    ("f32", "f16"), ("bf16", "f32")], ids="-".join)
+@pytest.mark.parametrize("how", ["meta", "fake"])
+def test_shape_inference(how, dtypes):
+    """The fake implementation: meta tensors (also through the drop-in function)
+    and FakeTensorMode give the output's shape and the query's dtype, 16-bit
+    tensors and a 16-bit cache under a float32 query included."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    names = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.bfloat16, "f16": torch.float16}
+    qdt, kvdt = (names[d] for d in dtypes)
+    device = "meta" if how == "meta" else "cpu"
+    mode = FakeTensorMode() if how == "fake" else contextlib.nullcontext()
+    with mode:
+        q = torch.empty(3, 8, 5, 32, dtype=qdt, device=device)
+        k = torch.empty(3, 2, 7, 32, dtype=kvdt, device=device)
+        v = torch.empty(1, 2, 7, 16, dtype=kvdt, device=device)
+        mask = torch.empty(5, 7, dtype=torch.bool, device=device)
+        results = [
+            torch.ops.sdpa.attention(q, k, v, mask, True, None, True),
+            st.scaled_dot_product_attention(q, k, v, mask, is_causal=True, enable_gqa=True),
+            torch.ops.sdpa.attention(q[0], k[0, :1], v[0, :1]),  # heads broadcast
+            torch.ops.sdpa.attention(q[0, 0], k[0, 0], v[0, 0]),  # no head dim
+        ]
+        shapes = [(3, 8, 5, 16), (3, 8, 5, 16), (8, 5, 16), (5, 16)]
+        for out, shape in zip(results, shapes):
+            assert out.shape == shape and out.dtype == qdt and out.device.type == device
+        with pytest.raises(ValueError, match="enable_gqa"):
+            torch.ops.sdpa.attention(q, k, v)
+        if how == "meta":
+            with pytest.raises(ValueError, match="expected a tensor on meta like the query"):
+                torch.ops.sdpa.attention(q, torch.empty_like(k, device="cpu"), v)
+
+
+def test_torch_compile_keeps_sizes_dynamic():
+    """Under torch.compile(dynamic=True) the fake implementation keeps batch and
+    sequence sizes symbolic: one graph for every size."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+
+    def attend(q, k, v):
+        return st.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    compiled = torch.compile(attend, backend=counter, dynamic=True, fullgraph=True)
+    gen = torch.Generator().manual_seed(14)
+    for batch, L, S in ((3, 5, 7), (4, 9, 11), (6, 13, 29)):  # no two sizes alike (duck sizing)
+        q = torch.randn(batch, 8, L, 16, generator=gen)
+        k = torch.randn(batch, 2, S, 16, generator=gen)
+        v = torch.randn(batch, 2, S, 12, generator=gen)
+        out = compiled(q, k, v)
+        assert_close(out.numpy(), TORCH_SDPA(q, k, v, is_causal=True, enable_gqa=True).numpy(), np.float32, scale=2)
+    assert counter.frame_count == 1
+
+
+def test_torch_export_with_dynamic_shapes():
+    from torch.export import Dim
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
+
+    B, L, S = Dim("B", min=2, max=64), Dim("L", min=2, max=512), Dim("S", min=2, max=512)
+    gen = torch.Generator().manual_seed(15)
+
+    def inputs(batch, l, s):
+        return (torch.randn(batch, 8, l, 16, generator=gen), torch.randn(batch, 2, s, 16, generator=gen),
+                torch.randn(batch, 2, s, 12, generator=gen), torch.rand(l, s, generator=gen) < 0.8)
+
+    with st.patch():
+        program = torch.export.export(
+            Attention(), inputs(3, 5, 7),
+            dynamic_shapes=({0: B, 2: L}, {0: B, 2: S}, {0: B, 2: S}, {0: L, 1: S}),
+        )
+    assert "torch.ops.sdpa.attention" in program.graph_module.code
+    args = inputs(4, 33, 70)
+    args[3][..., 0] = True
+    out = program.module()(*args)
+    assert out.shape == (4, 8, 33, 12)
+    assert_close(out.numpy(), TORCH_SDPA(*args, enable_gqa=True).numpy(), np.float32, scale=2)
+
+
+SYMBOLIC_CASES = {
+    # (query, key, value shapes), enable_gqa
+    "gqa": (((3, 8, 5, 16), (3, 2, 7, 16), (3, 2, 7, 12)), True),
+    "query-heads-broadcast": (((3, 1, 5, 16), (3, 4, 7, 16), (3, 4, 7, 12)), False),
+    "kv-heads-broadcast": (((3, 4, 5, 16), (3, 1, 7, 16), (3, 4, 7, 12)), False),
+    "batch-broadcast": (((3, 4, 5, 16), (4, 7, 16), (4, 7, 12)), False),
+    "two-batch-dims": (((2, 3, 4, 5, 16), (3, 4, 7, 16), (3, 4, 7, 12)), False),
+    "no-heads": (((5, 16), (7, 16), (7, 12)), False),
+}
+
+
+@pytest.mark.parametrize("case", list(SYMBOLIC_CASES))
+def test_symbolic_shapes_follow_plan_shapes(case):
+    """With symbolic sizes the fake implementation gives the shapes (and errors)
+    sdpa._api.plan_shapes gives with ints."""
+    from sdpa import _api
+
+    shapes, gqa = SYMBOLIC_CASES[case]
+    tensors = [torch.randn(*s) for s in shapes]
+    expected = _api.plan_shapes(*shapes, enable_gqa=gqa).out_shape
+    compiled = torch.compile(lambda q, k, v: torch.ops.sdpa.attention(q, k, v, None, False, None, gqa),
+                             backend="eager", dynamic=True, fullgraph=True)
+    assert compiled(*tensors).shape == expected
+    with pytest.raises(Exception, match="same last dim"):
+        compiled(tensors[0], tensors[1][..., :-1], tensors[2])
+
+
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_opcheck(with_mask):
     if not hasattr(torch.library, "opcheck"):
@@ -238,6 +350,98 @@ def test_opcheck(with_mask):
         mask[..., 0] = True
     # no input requires grad: sdpa has no backward
     torch.library.opcheck(torch.ops.sdpa.attention.default, (q, k, v, mask, True, 0.3, True))
+
+
+# --------------------------------------------------------------------------- window, softcap, ALiBi, sinks
+
+VARIANT_KWARGS = {
+    "window": {"window": (3, 0)},
+    "window-both-sides": {"window": (2, 4)},
+    "softcap": {"softcap": 2.5},
+    "alibi": {"alibi_slopes": "per-head"},
+    "sinks": {"sinks": "per-head"},
+    "all": {"window": (5, 1), "softcap": 4.0, "alibi_slopes": "per-head", "sinks": "per-head"},
+}
+
+
+def variant_inputs(name, dtype, seed):
+    """q, k, v with GQA (L < S), and the keywords of one variant, per-head values
+    as float32 tensors of shape (Hq,) or (batch, Hq)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 4, 7, 16, generator=gen).to(dtype)
+    k = torch.randn(2, 2, 12, 16, generator=gen).to(dtype)
+    v = torch.randn(2, 2, 12, 8, generator=gen).to(dtype)
+    kwargs = dict(VARIANT_KWARGS[name])
+    if "alibi_slopes" in kwargs:
+        kwargs["alibi_slopes"] = torch.rand(4, generator=gen) / 2
+    if "sinks" in kwargs:
+        kwargs["sinks"] = torch.randn(2, 4, generator=gen)
+    return q, k, v, kwargs
+
+
+def reference_of(q, k, v, **kwargs):
+    as_numpy = {n: (a.double().numpy() if isinstance(a, torch.Tensor) else a) for n, a in kwargs.items()}
+    return sdpa.reference.scaled_dot_product_attention(
+        q.double().numpy(), k.double().numpy(), v.double().numpy(), enable_gqa=True, **as_numpy
+    )
+
+
+@pytest.mark.parametrize("causal", ["none", "upper-left", "lower-right"])
+@pytest.mark.parametrize("name", list(VARIANT_KWARGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=["f32", "f64", "bf16"])
+def test_variant_keywords_match_reference(dtype, name, causal):
+    """window=, softcap=, alibi_slopes= and sinks= are passed to sdpa's core as
+    sdpa.scaled_dot_product_attention takes them; is_causal=True and a
+    causal_lower_right mask set the rows' alignment as "top_left" and
+    "bottom_right" do."""
+    q, k, v, kwargs = variant_inputs(name, dtype, seed=21)
+    mask, ref_causal = None, False
+    if causal == "upper-left":
+        ours_causal = {"is_causal": True}
+        ref_causal = True
+    elif causal == "lower-right":
+        mask = causal_bias("causal_lower_right", 7, 12)
+        ours_causal, ref_causal = {}, "bottom_right"
+    else:
+        ours_causal = {}
+    with torch.no_grad():
+        out = st.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True, **ours_causal, **kwargs)
+    expected = reference_of(q, k, v, is_causal=ref_causal, **kwargs)
+    assert type(out) is torch.Tensor and out.dtype == dtype and out.shape == (2, 4, 7, 8)
+    tol_dtype = {torch.float32: np.float32, torch.float64: np.float64}.get(dtype) or st._numpy_bfloat16()
+    assert_close(out.double().numpy(), expected, tol_dtype)
+
+
+def test_variant_keywords_through_the_operator():
+    """Traced (symbolic sizes) and checked by opcheck, the keywords reach the
+    operator; meta tensors get the output's shape."""
+    q, k, v, kwargs = variant_inputs("all", torch.float32, seed=22)
+    expected = reference_of(q, k, v, is_causal=True, **kwargs)
+    compiled = torch.compile(lambda *a: st.scaled_dot_product_attention(*a, is_causal=True, enable_gqa=True, **kwargs),
+                             backend="eager", dynamic=True, fullgraph=True)
+    assert_close(compiled(q, k, v).numpy(), expected, np.float32)
+    args = (q, k, v, None, True, None, True, [5, 1], 4.0, kwargs["alibi_slopes"], kwargs["sinks"])
+    if hasattr(torch.library, "opcheck"):
+        torch.library.opcheck(torch.ops.sdpa.attention.default, args)
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+    out = torch.ops.sdpa.attention(*meta)
+    assert out.device.type == "meta" and out.shape == (2, 4, 7, 8) and out.dtype == torch.float32
+
+
+def test_variant_keywords_are_checked():
+    q, k, v, kwargs = variant_inputs("all", torch.float32, seed=23)
+    slopes = kwargs["alibi_slopes"]
+    with torch.no_grad():
+        with pytest.raises(TypeError, match="alibi_slopes: expected a float tensor, got torch.int64"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, alibi_slopes=torch.ones(4, dtype=torch.long))
+        with pytest.raises(TypeError, match="sinks: expected a torch.Tensor, got list"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, sinks=[0.0] * 4)
+        with pytest.raises(ValueError, match=r"window: expected \(left, right\)"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, window=(1, 2, 3))
+        with pytest.raises(ValueError, match="softcap"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, softcap=-1.0)
+    with pytest.raises(RuntimeError, match="alibi_slopes requires grad"):
+        st.scaled_dot_product_attention(q, k, v, enable_gqa=True, alibi_slopes=slopes.requires_grad_())
 
 
 def test_import_sdpa_does_not_import_torch():
@@ -350,9 +554,17 @@ def test_patch_is_undone_on_errors():
 
 
 def test_patched_model_without_no_grad_raises(model_and_input):
+    """A plain model(x): the parameters require grad, so q, k and v do; the error
+    names every remedy."""
     model, x = model_and_input
-    with st.patch(), pytest.raises(RuntimeError, match="no backward"):
+    with st.patch(), pytest.raises(RuntimeError, match="no backward") as info:
         model(x)
+    message = str(info.value)
+    assert "query requires grad and grad mode is on" in message
+    for remedy in ("torch.no_grad()", "torch.inference_mode()", "sdpa.torch.patch(fallback=True)"):
+        assert remedy in message
+    with st.patch(), torch.inference_mode():
+        model(x)  # the first remedy
 
 
 def test_fallback(model_and_input, monkeypatch):
@@ -361,7 +573,8 @@ def test_fallback(model_and_input, monkeypatch):
     real = st.scaled_dot_product_attention
     monkeypatch.setattr(st, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     with st.patch(fallback=True):
-        y = model(x)  # grad required: torch's own, with autograd
+        with pytest.warns(st.FallbackWarning, match="calls that need gradients"):
+            y = model(x)  # grad required: torch's own, with autograd
         y.sum().backward()
         assert calls == []
         with torch.no_grad():
@@ -370,9 +583,244 @@ def test_fallback(model_and_input, monkeypatch):
         q = torch.randn(2, 4, 8, dtype=torch.float16)
         out = F.scaled_dot_product_attention(q, q, q)  # grad enabled but not required: sdpa
         assert out.dtype == torch.float16 and len(calls) == 3
-        with torch.no_grad():
+        with torch.no_grad(), pytest.warns(st.FallbackWarning, match="dropout_p > 0"):
             F.scaled_dot_product_attention(q.float(), q.float(), q.float(), dropout_p=0.5)  # torch's own
         assert len(calls) == 3
+
+
+def test_fallback_warns_once_per_reason_and_matches_torch(model_and_input):
+    """Repeated calls that need gradients: one FallbackWarning, pointing at the
+    caller; torch's results and gradients."""
+    model, x = model_and_input
+    expected = model(x)
+    expected.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with warnings.catch_warnings(record=True) as caught, st.patch(fallback=True):
+        warnings.simplefilter("always")
+        for _ in range(3):
+            got = model(x)  # two attention calls each
+        got.sum().backward()
+        q = torch.randn(2, 4, 8, dtype=torch.float16)
+        with torch.no_grad():
+            for _ in range(2):
+                F.scaled_dot_product_attention(q, q, q, dropout_p=0.3)
+    ours = [w for w in caught if issubclass(w.category, st.FallbackWarning)]
+    assert [str(w.message) for w in ours] == [
+        "sdpa.torch: falling back to torch for calls that need gradients (grad mode is on and an input "
+        "requires grad; sdpa has no backward). Calls under torch.no_grad() or torch.inference_mode() run on sdpa",
+        "sdpa.torch: falling back to torch for calls with dropout_p > 0 (sdpa has no dropout; a model in "
+        "eval mode passes 0.0)",
+    ]
+    assert ours[1].filename == __file__  # the caller of F.scaled_dot_product_attention
+    assert torch.equal(got, expected)
+    for p, g in zip(model.parameters(), grads):
+        assert torch.equal(p.grad, g)
+
+
+def test_fallback_for_other_devices():
+    """Meta tensors (what sdpa cannot compute on, like CUDA): torch's own, with a warning."""
+    q = torch.empty(2, 4, 5, 8, device="meta")
+    with st.patch(fallback=True), pytest.warns(st.FallbackWarning, match="tensors on meta"):
+        out = F.scaled_dot_product_attention(q, q, q)
+    assert out.device.type == "meta" and out.shape == (2, 4, 5, 8)
+
+
+def test_fallback_for_bfloat16_without_ml_dtypes(monkeypatch):
+    def missing():
+        raise TypeError("no ml_dtypes")
+
+    monkeypatch.setattr(st, "_numpy_bfloat16", missing)
+    q = torch.randn(2, 4, 5, 8, dtype=torch.bfloat16)
+    with torch.no_grad(), st.patch(fallback=True), pytest.warns(st.FallbackWarning, match="ml_dtypes"):
+        out = F.scaled_dot_product_attention(q, q, q)
+    assert torch.equal(out, TORCH_SDPA(q, q, q))
+
+
+def test_fallback_does_not_warn_for_calls_sdpa_takes(model_and_input):
+    model, x = model_and_input
+    with warnings.catch_warnings(), st.patch(fallback=True), torch.no_grad():
+        warnings.simplefilter("error")
+        model(x)
+
+
+# --------------------------------------------------------------------------- torch's CausalBias masks
+
+
+def causal_bias(variant, L, S):
+    from torch.nn.attention import bias
+
+    with warnings.catch_warnings():  # lower right with L > S: torch warns of NaN, but gives zeros
+        warnings.simplefilter("ignore")
+        return getattr(bias, variant)(L, S)
+
+
+@pytest.mark.parametrize("how", ["direct", "patch", "fallback"])
+@pytest.mark.parametrize("L,S", [(3, 5), (5, 3), (4, 4), (1, 7), (37, 70)])
+@pytest.mark.parametrize("variant", ["causal_upper_left", "causal_lower_right"])
+def test_causal_bias_matches_torch(variant, L, S, how):
+    """torch's CausalBias holds no mask in its memory: sdpa takes it as its causal
+    flag (upper left: is_causal=True; lower right: "bottom_right"), builds no mask,
+    and returns a plain tensor."""
+    gen = torch.Generator().manual_seed(L * 100 + S)
+    q = torch.randn(2, 4, L, 16, generator=gen)
+    k = torch.randn(2, 4, S, 16, generator=gen)
+    v = torch.randn(2, 4, S, 8, generator=gen)
+    mask = causal_bias(variant, L, S)
+    expected = TORCH_SDPA(q, k, v, attn_mask=mask)
+    reference = TORCH_SDPA(q, k, v, attn_mask=mask._materialize())
+    assert torch.allclose(expected, reference, atol=1e-6)  # torch's own is right
+    seen = []
+    _core.set_observer(lambda handed: seen.append(handed["mask"]))
+    try:
+        with torch.no_grad():
+            if how == "direct":
+                out = st.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            else:
+                with st.patch(fallback=how == "fallback"):
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    finally:
+        _core.set_observer(None)
+    assert type(out) is torch.Tensor and out.dtype == torch.float32 and out.shape == (2, 4, L, 8)
+    assert seen == [None]  # on sdpa's core, with no mask
+    assert_close(out.numpy(), expected.numpy(), np.float32, scale=2)
+
+
+@pytest.mark.parametrize("variant", ["causal_upper_left", "causal_lower_right"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
+def test_causal_bias_with_gqa_and_16bit(variant, dtype):
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 8, 9, 32, generator=gen).to(dtype)
+    k = torch.randn(2, 2, 21, 32, generator=gen).to(dtype)
+    v = torch.randn(2, 2, 21, 32, generator=gen).to(dtype)
+    mask = causal_bias(variant, 9, 21)  # a float32 tensor, whatever the query's dtype
+    with torch.no_grad():
+        out = st.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        exact = TORCH_SDPA(q.double(), k.double(), v.double(), attn_mask=mask._materialize(), enable_gqa=True)
+        theirs = TORCH_SDPA(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert type(out) is torch.Tensor and out.dtype == dtype and out.shape == (2, 8, 9, 32)
+    ours_err = (out.double() - exact).abs().max().item()
+    their_err = (theirs.double() - exact).abs().max().item()
+    assert ours_err <= 1.5 * their_err + 1e-6
+
+
+@pytest.mark.parametrize("variant", ["causal_upper_left", "causal_lower_right"])
+def test_causal_bias_through_the_operator(variant):
+    """Traced by torch.compile, the call goes through torch.ops.sdpa.attention
+    (lower right as the mask it stands for)."""
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = torch.randn(1, 2, 3, 8, generator=gen), torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 5, 8)
+    mask = causal_bias(variant, 3, 5)
+    compiled = torch.compile(st.scaled_dot_product_attention, backend="eager", fullgraph=True)
+    out = compiled(q, k, v, mask)
+    assert type(out) is torch.Tensor
+    assert_close(out.numpy(), TORCH_SDPA(q, k, v, attn_mask=mask).numpy(), np.float32, scale=2)
+
+
+@pytest.mark.parametrize("L,S", [(3, 5), (5, 3)])
+@pytest.mark.parametrize("variant", ["causal_upper_left", "causal_lower_right"])
+def test_causal_bias_falls_back_to_torch_with_gradients(variant, L, S):
+    """A call that needs gradients goes to torch's own function, which under the
+    patch no longer recognises a CausalBias by itself: it gets what the bias
+    stands for, and gives torch's results and gradients."""
+    gen = torch.Generator().manual_seed(L * 10 + S)
+    q = torch.randn(2, 4, L, 16, generator=gen, requires_grad=True)
+    k = torch.randn(2, 4, S, 16, generator=gen, requires_grad=True)
+    v = torch.randn(2, 4, S, 8, generator=gen)
+    mask = causal_bias(variant, L, S)
+    expected = TORCH_SDPA(q, k, v, attn_mask=mask)
+    expected_grads = torch.autograd.grad(expected.sum(), (q, k))
+    with st.patch(fallback=True), pytest.warns(st.FallbackWarning, match="calls that need gradients"):
+        got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert type(got) is torch.Tensor
+    assert torch.allclose(got, expected, atol=1e-6)
+    for g, e in zip(torch.autograd.grad(got.sum(), (q, k)), expected_grads):
+        assert torch.allclose(g, e, atol=1e-6)
+
+
+def test_causal_bias_is_refused_by_the_operator():
+    """The operator gets the bias's (empty) memory, so it says what to pass instead."""
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+    for variant in ("causal_upper_left", "causal_lower_right"):
+        with pytest.raises(TypeError, match="CausalBias holds no mask.*the operator does not"):
+            torch.ops.sdpa.attention(q, k, k, causal_bias(variant, 3, 5))
+
+
+@pytest.mark.parametrize("fallback", [None, False, True])
+def test_causal_bias_of_other_sizes_is_refused(fallback):
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 5, 8)
+
+    def call(mask, **kw):
+        if fallback is None:
+            return st.scaled_dot_product_attention(q, k, k, attn_mask=mask, **kw)
+        with st.patch(fallback=fallback):
+            return F.scaled_dot_product_attention(q, k, k, attn_mask=mask, **kw)
+
+    with torch.no_grad():
+        for mask in (causal_bias("causal_upper_left", 4, 5), causal_bias("causal_lower_right", 3, 6)):
+            with pytest.raises(ValueError, match="CausalBias of seq_len_q=.* does not fit a query of length L=3"):
+                call(mask)
+        with pytest.raises(ValueError, match="CausalBias cannot be combined with is_causal=True"):
+            call(causal_bias("causal_lower_right", 3, 5), is_causal=True)
+
+
+# --------------------------------------------------------------------------- nested tensors
+
+
+def jagged(lengths, heads=2, dim=8, seed=0):
+    """A nested (jagged) tensor (B, heads, j, dim), laid out as torch's docs show."""
+    gen = torch.Generator().manual_seed(seed)
+    parts = [torch.randn(n, heads, dim, generator=gen) for n in lengths]
+    with warnings.catch_warnings():  # the jagged layout is a prototype
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor(parts, layout=torch.jagged).transpose(1, 2)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensors_fall_back_to_torch():
+    q, k, v = jagged([3, 5], seed=1), jagged([3, 5], seed=2), jagged([3, 5], seed=3)
+    with torch.no_grad():
+        expected = TORCH_SDPA(q, k, v)
+        with st.patch(fallback=True), pytest.warns(st.FallbackWarning, match="nested tensors"):
+            got = F.scaled_dot_product_attention(q, k, v)
+    assert got.is_nested
+    for a, b in zip(got.unbind(), expected.unbind()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensors_are_refused_without_fallback():
+    q = jagged([3, 5])
+    strided = torch.nested.nested_tensor([torch.randn(2, 3, 8), torch.randn(2, 5, 8)])
+    message = r"query: nested tensors are not supported by sdpa.*sdpa\.torch\.patch\(fallback=True\)"
+    with torch.no_grad():
+        for t in (q, strided):
+            with pytest.raises(TypeError, match=message):
+                st.scaled_dot_product_attention(t, t, t)
+        with st.patch(), pytest.raises(TypeError, match=message):
+            F.scaled_dot_product_attention(q, q, q)
+
+
+# --------------------------------------------------------------------------- rows that see no key
+
+
+@pytest.mark.skipif(torch.__version__ < "2.5", reason="torch < 2.5 gives NaN for rows that see no key")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=["f32", "f64", "bf16"])
+def test_rows_that_see_no_key_match_torch(dtype):
+    """Such rows give zeros, in sdpa and in torch >= 2.5 alike."""
+    gen = torch.Generator().manual_seed(13)
+    q = torch.randn(2, 3, 6, 16, generator=gen).to(dtype)
+    k = torch.randn(2, 3, 9, 16, generator=gen).to(dtype)
+    v = torch.randn(2, 3, 9, 16, generator=gen).to(dtype)
+    keep = torch.rand(3, 6, 9, generator=gen) < 0.6
+    keep[:, 2] = False
+    additive = torch.zeros(3, 6, 9, dtype=dtype).masked_fill(~keep, float("-inf"))
+    with torch.no_grad():
+        for mask in (keep, additive):
+            out = st.scaled_dot_product_attention(q, k, v, mask)
+            theirs = TORCH_SDPA(q, k, v, mask)
+            assert torch.equal(out[..., 2, :], torch.zeros_like(out[..., 2, :]))
+            assert torch.equal(theirs[..., 2, :], torch.zeros_like(theirs[..., 2, :]))
 
 
 # --------------------------------------------------------------------------- layers from modules

@@ -8,8 +8,9 @@
 ``torch.nn.functional.scaled_dot_product_attention`` and runs sdpa's C core on the
 tensors' memory (no copies on the way in).  It is registered as the operator
 ``torch.ops.sdpa.attention`` (a ``torch.library.custom_op`` with a fake
-implementation for shape inference), and :func:`patch` puts it in the place of
-torch's own function, so that an eager model calling
+implementation for shape inference: fake and meta tensors, ``torch.compile`` and
+``torch.export``, symbolic sizes included), and :func:`patch` puts it in the place
+of torch's own function, so that an eager model calling
 ``F.scaled_dot_product_attention`` runs on sdpa::
 
     with sdpa.torch.patch(), torch.inference_mode():
@@ -17,14 +18,21 @@ torch's own function, so that an eager model calling
 
 Limits: CPU tensors of float32, float64, bfloat16 or float16 (bfloat16 needs
 ml_dtypes, NumPy's bfloat16 dtype); no dropout (``dropout_p`` must be 0); no
-autograd (call it under ``torch.no_grad()`` or ``torch.inference_mode()``, or on
-tensors that do not require grad).  A query row that can see no key gives zeros,
-as torch >= 2.5 does.
+nested (jagged) tensors; no autograd (call it under ``torch.no_grad()`` or
+``torch.inference_mode()``, or on tensors that do not require grad: a model's
+parameters do, so a plain ``model(x)`` needs one of the two).
+``patch(fallback=True)`` sends the calls beyond these limits to torch, warning
+once for each reason (:class:`FallbackWarning`).  torch's ``CausalBias`` masks
+(``torch.nn.attention.bias.causal_upper_left`` / ``causal_lower_right``) are
+taken as sdpa's causal masks (``is_causal=True`` / ``"bottom_right"``).  A query
+row that can see no key gives zeros, as torch >= 2.5 does.
 
 Importing this module imports torch; ``import sdpa`` alone does not.
 """
 import functools
-from typing import Any, Callable, Dict, List, Optional, Type
+import sys
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type, Union
 
 import numpy as np
 import torch
@@ -39,12 +47,16 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
         f"sdpa.torch needs PyTorch >= 2.4 (torch.library.custom_op); found {torch.__version__}"
     )
 
+# torch.broadcast_shapes, which works on symbolic sizes, is not annotated
+_broadcast_shapes: Callable[..., Any] = torch.broadcast_shapes
+
 __all__ = [
     "scaled_dot_product_attention",
     "attention_op",
     "patch",
     "unpatch",
     "is_patched",
+    "FallbackWarning",
     "layer_from_module",
 ]
 
@@ -52,17 +64,39 @@ _DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _SINGLE_OR_HALF = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _check_nested(query: Any, key: Any, value: Any, attn_mask: Any) -> None:
+    """TypeError for nested tensors, which torch's dispatcher would refuse with a
+    bare NotImplementedError."""
+    for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask")):
+        if isinstance(t, Tensor) and t.is_nested:
+            raise TypeError(
+                f"{name}: nested tensors are not supported by sdpa (it has no variable-length path); "
+                "pad them into a dense tensor with a mask, or use sdpa.torch.patch(fallback=True) "
+                "to let torch compute these calls"
+            )
+
+
 def _check_tensors(
-    query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor]
+    query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor], allow_meta: bool = False
 ) -> torch.dtype:
-    """The dtype of the result; TypeError/ValueError for tensors sdpa cannot take."""
+    """The dtype of the result; TypeError/ValueError for tensors sdpa cannot take.
+    ``allow_meta``: tensors on the meta device too, all on it (shape inference)."""
+    _check_nested(query, key, value, attn_mask)
+    if _causal_bias_module(attn_mask) is not None:
+        raise TypeError(
+            "attn_mask: torch's CausalBias holds no mask in its memory; sdpa.torch.scaled_dot_product_attention "
+            "(and F.scaled_dot_product_attention under sdpa.torch.patch()) take it, the operator does not: "
+            "pass is_causal=True for causal_upper_left, or the bool mask causal_lower_right stands for"
+        )
     for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask")):
         if t is None:
             continue
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cpu":
+        if t.device.type != "cpu" and not (allow_meta and t.device.type == "meta"):
             raise ValueError(f"{name}: sdpa runs on the CPU; got a tensor on {t.device}")
+        if t.device != query.device:
+            raise ValueError(f"{name}: expected a tensor on {query.device} like the query, got one on {t.device}")
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
         if t.dtype not in _DTYPES:
             raise TypeError(f"{name}: expected float32, float64, bfloat16 or float16, got {t.dtype}")
@@ -119,10 +153,16 @@ def attention_op(
     is_causal: bool = False,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
+    window: Optional[List[int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tensor:
     """The operator ``torch.ops.sdpa.attention``: attention without dropout,
-    arguments as for :func:`scaled_dot_product_attention`.  It has no backward."""
+    arguments as for :func:`scaled_dot_product_attention` (``window`` a list of
+    two ints).  It has no backward."""
     _check_tensors(query, key, value, attn_mask)
+    _check_variants(query, window, alibi_slopes, sinks)
     out = _attention_numpy(
         _as_numpy(query),
         _as_numpy(key),
@@ -131,8 +171,36 @@ def attention_op(
         is_causal,
         scale,
         enable_gqa,
+        window=None if window is None else (int(window[0]), int(window[1])),
+        softcap=softcap,
+        alibi_slopes=None if alibi_slopes is None else _per_head_numpy(alibi_slopes),
+        sinks=None if sinks is None else _per_head_numpy(sinks),
     )
     return _as_tensor(out)
+
+
+def _check_variants(
+    query: Tensor, window: Optional[List[int]], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]
+) -> None:
+    """TypeError/ValueError for a ``window`` that is not two ints, and for
+    ``alibi_slopes`` / ``sinks`` that are not float tensors on the query's device
+    (their values and shapes are checked by :func:`sdpa.scaled_dot_product_attention`)."""
+    if window is not None and len(window) != 2:
+        raise ValueError(f"window: expected (left, right), got {tuple(window)}")
+    for t, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device != query.device:
+            raise ValueError(f"{name}: expected a tensor on {query.device} like the query, got one on {t.device}")
+        if not t.dtype.is_floating_point:
+            raise TypeError(f"{name}: expected a float tensor, got {t.dtype}")
+
+
+def _per_head_numpy(t: Tensor) -> np.ndarray:
+    """ALiBi slopes or sinks (a value per head, a few numbers) as float64."""
+    return t.detach().to(torch.float64).numpy()
 
 
 @attention_op.register_fake
@@ -144,10 +212,62 @@ def _attention_fake(
     is_causal: bool = False,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
+    window: Optional[List[int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tensor:
-    dtype = _check_tensors(query, key, value, attn_mask)
-    plan = _api.plan_shapes(query.shape, key.shape, value.shape, enable_gqa)
-    return query.new_empty(plan.out_shape, dtype=dtype)
+    dtype = _check_tensors(query, key, value, attn_mask, allow_meta=True)
+    _check_variants(query, window, alibi_slopes, sinks)
+    return query.new_empty(_out_shape(query.shape, key.shape, value.shape, enable_gqa), dtype=dtype)
+
+
+def _out_shape(qs: Tuple[Any, ...], ks: Tuple[Any, ...], vs: Tuple[Any, ...], enable_gqa: bool) -> Tuple[Any, ...]:
+    """The output shape for these input shapes, with the checks of
+    :func:`sdpa._api.plan_shapes`.  Sizes may be symbolic (``torch.SymInt``, under
+    ``torch.compile`` with dynamic shapes or ``torch.export``): they are compared,
+    which guards on their relations, but never turned into ints, which would fix
+    their values."""
+    if all(type(n) is int for s in (qs, ks, vs) for n in s):
+        return _api.plan_shapes(qs, ks, vs, enable_gqa).out_shape
+    for shape, name in ((qs, "query"), (ks, "key"), (vs, "value")):
+        if len(shape) < 2:
+            raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {tuple(shape)}")
+    shapes = f"query {tuple(qs)}, key {tuple(ks)}, value {tuple(vs)}"
+    if ks[-1] != qs[-1]:
+        raise ValueError(f"query and key must have the same last dim (E); got {shapes}")
+    if vs[-2] != ks[-2]:
+        raise ValueError(f"key and value must have the same sequence length (dim -2); got {shapes}")
+    has_heads = max(len(qs), len(ks), len(vs)) >= 3
+    hq = qs[-3] if len(qs) >= 3 else 1
+    hk = ks[-3] if len(ks) >= 3 else 1
+    hv = vs[-3] if len(vs) >= 3 else 1
+    if hk != hv and hk != 1 and hv != 1:
+        raise ValueError(f"key and value have different numbers of heads (dim -3); got {shapes}")
+    hkv = hv if hk == 1 else hk
+    if enable_gqa:
+        if hkv == 0 or hq % hkv != 0:
+            raise ValueError(
+                "enable_gqa=True needs the query heads to be a multiple of the key/value heads "
+                f"(dim -3); got {shapes}"
+            )
+        heads = hq
+    else:
+        if hq != hkv and hq != 1 and hkv != 1:
+            raise ValueError(
+                f"query and key/value heads (dim -3) differ: {hq} vs {hkv}; they must match or "
+                f"broadcast, or pass enable_gqa=True for grouped-query attention; got {shapes}"
+            )
+        heads = hkv if hq == 1 else hq
+    try:
+        batch = tuple(_broadcast_shapes(qs[:-3], ks[:-3], vs[:-3]))
+    except RuntimeError:
+        raise ValueError(
+            f"the batch dims (before dim -3) of query, key and value do not broadcast: {shapes}"
+        ) from None
+    if len(batch) > _api.MAX_BATCH_DIMS:
+        raise ValueError(f"at most {_api.MAX_BATCH_DIMS} batch dims are supported; got {shapes}")
+    return batch + ((heads,) if has_heads else ()) + (qs[-2], vs[-1])
 
 
 def scaled_dot_product_attention(
@@ -159,6 +279,11 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     scale: Optional[float] = None,
     enable_gqa: bool = False,
+    *,
+    window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Tensor:
     """``torch.nn.functional.scaled_dot_product_attention`` computed by sdpa.
 
@@ -169,59 +294,144 @@ def scaled_dot_product_attention(
         float64, or float32 / bfloat16 / float16 (key and value of one dtype,
         which may differ from the query's: a 16-bit cache); any strides.  Batch
         dims broadcast.  16-bit tensors are computed natively (float32
-        arithmetic, the output rounded once).
+        arithmetic, the output rounded once).  Meta tensors give a meta result
+        of the right shape and dtype.
     attn_mask : torch.Tensor, optional
         bool (True takes part) or float (added to the scores), broadcastable to
-        (..., Hq, L, S).
+        (..., Hq, L, S); or torch's ``CausalBias`` of (L, S)
+        (``torch.nn.attention.bias.causal_upper_left(L, S)``, the same as
+        ``is_causal=True``, or ``causal_lower_right(L, S)``, the causal mask
+        aligned to the last query row and key, ``tril(ones(L, S), S - L)``).
     dropout_p : float
         Must be 0.0: sdpa has no dropout.
     is_causal : bool
-        Mask with ``tril(ones(L, S))``; may be combined with ``attn_mask``.
+        Mask with ``tril(ones(L, S))``; may be combined with ``attn_mask``
+        (but not with a ``CausalBias``).
     scale : float, optional
         Defaults to ``1 / sqrt(E)``.
     enable_gqa : bool
         Grouped-query attention (Hq a multiple of Hkv).
+    window, softcap : optional
+        Sliding-window attention ``(left, right)`` and the cap of the scaled
+        scores, as for :func:`sdpa.scaled_dot_product_attention` (the window of
+        a row is aligned to the last keys unless ``is_causal`` is True, as for a
+        ``causal_lower_right`` mask).
+    alibi_slopes, sinks : torch.Tensor, optional
+        Float tensors of shape (Hq,) or (..., Hq): ALiBi's slope and the
+        attention sink's logit of each query head, as for
+        :func:`sdpa.scaled_dot_product_attention`.  ``torch.nn.functional``'s
+        function has none of these four keywords.
 
     Returns
     -------
-    torch.Tensor, (..., Hq, L, Ev), of the query's dtype; a new, contiguous tensor.
+    torch.Tensor, (..., Hq, L, Ev), of the query's dtype; a new, contiguous,
+    plain tensor.
 
     Raises
     ------
     ValueError
-        ``dropout_p`` is not 0, a tensor is not on the CPU, shapes do not fit.
+        ``dropout_p`` is not 0, a tensor is not on the CPU, shapes do not fit
+        (those of a ``CausalBias`` included).
     TypeError
-        Unsupported dtypes.
+        Unsupported dtypes; nested tensors.
     RuntimeError
         Gradients are required: grad mode is on and an input requires grad.
     """
     if dropout_p != 0.0:
         raise ValueError(
-            f"dropout_p: sdpa has no dropout, got {dropout_p}; pass 0.0 (as models do in eval mode)"
+            f"dropout_p: sdpa has no dropout, got {dropout_p}; pass 0.0 (as models do in eval mode), "
+            "or use sdpa.torch.patch(fallback=True) to let torch compute the calls with dropout"
         )
     if torch.is_grad_enabled():
-        for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask")):
+        for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask"),
+                        (alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
             if isinstance(t, Tensor) and t.requires_grad:
                 raise RuntimeError(
-                    f"sdpa has no backward, but {name} requires grad; run it under "
-                    "torch.no_grad() or torch.inference_mode(), or detach the inputs"
+                    f"sdpa has no backward, but {name} requires grad and grad mode is on (the outputs "
+                    "of a model's layers require grad, as its parameters do). Run the call under "
+                    "torch.no_grad() or torch.inference_mode(), detach the inputs, or use "
+                    "sdpa.torch.patch(fallback=True) to let torch compute the calls that need gradients"
                 )
-    if _plain_eager(query, key, value, attn_mask):
+    mask: Any = attn_mask
+    causal: Union[bool, str] = is_causal
+    if attn_mask is not None and type(attn_mask) is not Tensor:
+        mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
+    variants = not (window is None and softcap is None and alibi_slopes is None and sinks is None)
+    if not variants and _plain_eager(query, key, value, mask):
         # the common eager call, straight to the core (torch's dispatcher costs
         # more than the attention of a decoding step); what it declines goes on
         # to the operator, whose checks explain the problem
         try:
             arrays = [_as_numpy(query), _as_numpy(key), _as_numpy(value),
-                      None if attn_mask is None else _as_numpy(attn_mask)]
+                      None if mask is None else _as_numpy(mask)]
         except RuntimeError:  # a tensor numpy() cannot expose (negative bit, no storage)
             arrays = None
         if arrays is not None:
             q, k, v, m = arrays
-            result = _core.try_attention(q, k, v, m, is_causal, scale, enable_gqa, False, False, None, None, None)
+            result = _core.try_attention(q, k, v, m, causal, scale, enable_gqa, False, False, None, None, None)
             if isinstance(result, np.ndarray):
                 return _as_tensor(result)
-    out: Tensor = attention_op(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    # torch's dispatcher refuses nested tensors with a bare NotImplementedError
+    _check_nested(query, key, value, mask)
+    if causal == "bottom_right":  # the operator's is_causal is a bool: the mask itself
+        mask, causal = _bottom_right_mask(query, key), False
+    if variants and isinstance(query, Tensor):  # a TypeError naming the argument, not the dispatcher's RuntimeError
+        _check_variants(query, None if window is None else list(window), alibi_slopes, sinks)
+    out: Tensor = attention_op(
+        query, key, value, mask, bool(causal), scale, enable_gqa,
+        None if window is None else list(window), softcap, alibi_slopes, sinks,
+    )
     return out
+
+
+def _bottom_right_mask(query: Tensor, key: Tensor) -> Tensor:
+    """The bool mask of ``is_causal="bottom_right"``, ``tril(ones(L, S), S - L)``."""
+    L, S = query.shape[-2], key.shape[-2]
+    return torch.ones(L, S, dtype=torch.bool, device=query.device).tril(S - L)
+
+
+def _causal_bias_module(attn_mask: Any) -> Any:
+    """``torch.nn.attention.bias`` when ``attn_mask`` is one of its ``CausalBias``
+    masks, else None."""
+    if attn_mask is None or type(attn_mask) is Tensor:
+        return None
+    # a CausalBias comes with its module; it is not imported here, as it imports torch._dynamo
+    bias: Any = sys.modules.get("torch.nn.attention.bias")
+    if bias is None or not isinstance(attn_mask, bias.CausalBias):
+        return None
+    return bias
+
+
+def _from_causal_bias(
+    query: Any, key: Any, attn_mask: Any, is_causal: bool
+) -> Tuple[Any, Union[bool, str]]:
+    """``(attn_mask, is_causal)`` for sdpa: torch's ``CausalBias`` (whose tensor
+    memory holds nothing) becomes no mask and ``True`` (upper left) or
+    ``"bottom_right"`` (lower right); anything else is returned as it is."""
+    bias = _causal_bias_module(attn_mask)
+    if bias is None:
+        return attn_mask, is_causal
+    CausalVariant = bias.CausalVariant
+    variant = getattr(attn_mask, "variant", None)
+    seq_len_q = getattr(attn_mask, "seq_len_q", None)
+    seq_len_kv = getattr(attn_mask, "seq_len_kv", None)
+    if variant not in (CausalVariant.UPPER_LEFT, CausalVariant.LOWER_RIGHT) or seq_len_q is None:
+        raise ValueError(
+            "attn_mask: a CausalBias without its variant and sizes (the result of a tensor "
+            "operation on one?); make it with torch.nn.attention.bias.causal_upper_left or "
+            "causal_lower_right"
+        )
+    if is_causal:
+        raise ValueError("attn_mask: a CausalBias cannot be combined with is_causal=True (torch refuses it too)")
+    L, S = query.shape[-2], key.shape[-2]
+    if seq_len_q != L or seq_len_kv != S:
+        raise ValueError(
+            f"attn_mask: a CausalBias of seq_len_q={seq_len_q}, seq_len_kv={seq_len_kv} does not fit "
+            f"a query of length L={L} and keys of length S={S}"
+        )
+    if variant == CausalVariant.UPPER_LEFT or L == S:
+        return None, True
+    return None, "bottom_right"
 
 
 _EAGER_DTYPES = _DTYPES
@@ -303,24 +513,53 @@ _TorchSDPA = Callable[..., Tensor]
 _replaced: List[_TorchSDPA] = []
 
 
-def _handles(
-    query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float
-) -> bool:
-    """Whether sdpa can take this call (for ``patch(fallback=True)``)."""
-    tensors = (query, key, value)
-    if not all(isinstance(t, Tensor) for t in tensors) or dropout_p != 0.0:
-        return False
-    if attn_mask is not None and not isinstance(attn_mask, Tensor):
-        return False
-    if torch.is_grad_enabled() and any(
-        t.requires_grad for t in (query, key, value, attn_mask) if t is not None
-    ):
-        return False
+class FallbackWarning(UserWarning):
+    """Warned by ``patch(fallback=True)`` the first time it sends a call to torch
+    for a given reason (gradients, dropout, a device, dtypes, nested tensors); once
+    per reason and process.  Silence it with
+    ``warnings.filterwarnings("ignore", category=sdpa.torch.FallbackWarning)``."""
+
+
+# the reasons FallbackWarning has been given for
+_fallback_warned: Set[str] = set()
+
+
+def _fallback_reason(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p: float) -> Optional[str]:
+    """Why sdpa cannot take this call (for ``patch(fallback=True)``), or None
+    when it can.  ``attn_mask`` is after :func:`_from_causal_bias`."""
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    if not all(isinstance(t, Tensor) for t in tensors):
+        return "arguments that are not tensors"
+    if any(t.is_nested for t in tensors):
+        return "nested tensors (sdpa has no variable-length path)"
+    for t in tensors:
+        if t.device.type != "cpu":
+            return f"tensors on {t.device.type} (sdpa computes on the CPU)"
     try:
         _check_tensors(query, key, value, attn_mask)
-    except (TypeError, ValueError):
-        return False
-    return True
+    except (TypeError, ValueError) as exc:
+        return f"dtypes sdpa does not take ({exc})"
+    if torch.bfloat16 in (query.dtype, key.dtype, value.dtype):
+        try:
+            _numpy_bfloat16()
+        except TypeError:
+            return "bfloat16 tensors (sdpa needs ml_dtypes for them: pip install ml_dtypes)"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return (
+            "calls that need gradients (grad mode is on and an input requires grad; sdpa has no "
+            "backward). Calls under torch.no_grad() or torch.inference_mode() run on sdpa"
+        )
+    if dropout_p != 0.0:
+        return "calls with dropout_p > 0 (sdpa has no dropout; a model in eval mode passes 0.0)"
+    return None
+
+
+def _warn_fallback(reason: str) -> None:
+    """FallbackWarning, the first time for this reason."""
+    if reason not in _fallback_warned:
+        _fallback_warned.add(reason)
+        # stacklevel: the caller of F.scaled_dot_product_attention
+        warnings.warn(f"sdpa.torch: falling back to torch for {reason}", FallbackWarning, stacklevel=3)
 
 
 def _with_fallback(previous: _TorchSDPA) -> _TorchSDPA:
@@ -335,17 +574,26 @@ def _with_fallback(previous: _TorchSDPA) -> _TorchSDPA:
         scale: Optional[float] = None,
         enable_gqa: bool = False,
     ) -> Tensor:
-        if _handles(query, key, value, attn_mask, dropout_p):
+        # a CausalBias with the wrong sizes is an error here too, not a reason
+        mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
+        reason = _fallback_reason(query, key, value, mask, dropout_p)
+        if reason is None:
             return scaled_dot_product_attention(
                 query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa
             )
+        _warn_fallback(reason)
+        if causal == "bottom_right":
+            # a CausalBias is only recognised by torch when it comes through
+            # F.scaled_dot_product_attention, which is now this function: torch's
+            # own would take it as a plain tensor, so it gets the mask itself
+            mask, causal = _bottom_right_mask(query, key), False
         kwargs: Dict[str, Any] = {}  # keywords older torch releases lack are passed only when set
         if scale is not None:
             kwargs["scale"] = scale
         if enable_gqa:
             kwargs["enable_gqa"] = enable_gqa
         return previous(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs
+            query, key, value, attn_mask=mask, dropout_p=dropout_p, is_causal=bool(causal), **kwargs
         )
 
     return sdpa_or_previous
@@ -381,9 +629,13 @@ def patch(fallback: bool = False) -> _Patch:
     ``from torch.nn.functional import scaled_dot_product_attention``, keep torch's.
 
     With ``fallback=False`` every call goes to :func:`scaled_dot_product_attention`,
-    whose errors say what sdpa cannot do.  With ``fallback=True`` calls sdpa cannot
-    take (dropout, gradients required, other dtypes or devices) go to the function
-    that was there before.
+    whose errors say what sdpa cannot do: a forward pass with grad mode on over
+    inputs that require grad (a model's activations do) raises ``RuntimeError``,
+    so run the model under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    With ``fallback=True`` the calls sdpa cannot take (gradients required,
+    dropout, other devices or dtypes, nested tensors) go to the function that was
+    there before, and a :class:`FallbackWarning` says so, once for each reason
+    (``"sdpa.torch: falling back to torch for calls that need gradients ..."``).
 
     Patching is process-wide, for every Python thread.
     """
