@@ -295,9 +295,12 @@ def test_gradients_are_refused(name):
     model(ids, attention_mask=mask)
 
 
-def test_other_devices_are_refused():
+def test_other_devices_and_dtypes_are_refused():
     q = torch.zeros(1, 2, 3, 4, device="meta")
     with pytest.raises(ValueError, match="CPU"):
+        st.attention_forward(torch.nn.Module(), q, q, q, None)
+    q = torch.zeros(1, 2, 3, 4, dtype=torch.int32)
+    with pytest.raises(TypeError, match="query: expected float32"):
         st.attention_forward(torch.nn.Module(), q, q, q, None)
 
 
@@ -370,6 +373,12 @@ def test_without_a_mask_a_causal_layer_is_causal_for_a_prompt_only():
     # is_causal given by the call wins over the layer's
     torch.testing.assert_close(st.attention_forward(layer, q, k, v, None, is_causal=False)[0],
                                reference(q, k, v).float())
+    # a window of 2: the query's own position and the one before
+    band = causal & torch.ones(5, 5, dtype=torch.bool).triu(-1)
+    torch.testing.assert_close(st.attention_forward(layer, q, k, v, None, sliding_window=2)[0],
+                               reference(q, k, v, band).float())
+    torch.testing.assert_close(st.attention_forward(layer, last, k, v, None, sliding_window=2)[0],
+                               reference(last, k[:, :, -2:], v[:, :, -2:]).float())
 
 
 # --------------------------------------------------------------------------- taking masks apart

@@ -124,6 +124,8 @@ def register(name: str = DEFAULT_NAME) -> str:
 
 # ------------------------------------------------------------------ tensors
 
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
 _bfloat16: Any = None
 
 
@@ -332,6 +334,9 @@ def attention_forward(
     for name, t in named:
         if isinstance(t, Tensor) and t.device.type != "cpu":
             raise ValueError(f"{name}: sdpa runs on the CPU; got a tensor on {t.device}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}: expected float32, bfloat16, float16 or float64, got {t.dtype}")
     if torch.is_grad_enabled():
         for name, t in named:
             if isinstance(t, Tensor) and t.requires_grad:
@@ -356,9 +361,10 @@ def attention_forward(
     if attention_mask is None:
         # transformers leaves the mask out where a plain one does: causal for a
         # prompt (top-left, which also hides a static cache's empty slots), none
-        # for a single new token
-        if causal and L > 1:
-            arguments["is_causal"] = True
+        # for a single new token (whose window, if any, ends at the last key)
+        if causal:
+            if L > 1:
+                arguments["is_causal"] = True
             if window_left is not None:
                 arguments["window"] = (window_left, 0)
     else:
