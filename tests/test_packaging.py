@@ -72,7 +72,7 @@ def sdist(source, tmp_path_factory):
 def test_wheel_contents(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for name in (
-        "sdpa/__init__.py", "sdpa/_api.py", "sdpa/torch.py", "sdpa/_core.pyi", "sdpa/py.typed",
+        "sdpa/__init__.py", "sdpa/_api.py", "sdpa/torch.py", "sdpa/transformers.py", "sdpa/_core.pyi", "sdpa/py.typed",
         "sdpa/bench/__init__.py", "sdpa/bench/__main__.py",
     ):
         assert name in names, name
@@ -105,7 +105,8 @@ def test_sdist_contents(sdist, source):
     names = sdist_members(sdist)
     for name in (
         "csrc/include/sdpa.h", "csrc/kernels/avx512.c", "src/sdpa/_core.pyx", "src/sdpa/_core.pyi",
-        "src/sdpa/py.typed", "src/sdpa/torch.py", "README.md", "setup.py", "pyproject.toml",
+        "src/sdpa/py.typed", "src/sdpa/torch.py", "src/sdpa/transformers.py", "README.md", "setup.py",
+        "pyproject.toml",
         "MANIFEST.in", "tests/conftest.py",
     ):
         assert name in names, name

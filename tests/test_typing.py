@@ -71,8 +71,9 @@ def test_mypy_passes(tmp_path):
     assert (tmp_path / "sdpa" / "_core.pyi").is_file(), "the _core.pyi stub is not installed"
     assert (tmp_path / "sdpa" / "py.typed").is_file(), "py.typed is not installed"
     if importlib.util.find_spec("torch") is None:
-        # sdpa.torch is only checked where torch (its types) is installed
+        # sdpa.torch and sdpa.transformers are only checked where torch (its types) is installed
         (tmp_path / "sdpa" / "torch.py").unlink()
+        (tmp_path / "sdpa" / "transformers.py").unlink()
     (tmp_path / "user_code.py").write_text(USER_CODE)
 
     env = {k: v for k, v in os.environ.items() if k not in ("MYPYPATH", "PYTHONPATH")}
