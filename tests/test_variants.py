@@ -353,3 +353,62 @@ def test_head_values_are_not_written(rng):
     s0, k0 = slopes.copy(), sinks.copy()
     sdpa.scaled_dot_product_attention(q, k, v, alibi_slopes=slopes, sinks=sinks)
     assert np.array_equal(slopes, s0) and np.array_equal(sinks, k0)
+
+
+# ---- layers and caches ----
+
+def test_rolling_cache_keeps_what_the_window_needs(rng):
+    cache = sdpa.KVCache(1, 2, capacity=10, head_dim=4, window=4)
+    seen = []
+    for T in [3, 1, 1, 5, 1, 1, 1, 2]:
+        k = rng.standard_normal((1, 2, T, 4)).astype(np.float32)
+        seen.append(k)
+        keys, _ = cache.append(k, k)
+        everything = np.concatenate(seen, axis=2)
+        assert cache.start + len(cache) == everything.shape[2]
+        assert len(cache) >= min(everything.shape[2], 3 + T)  # window - 1 before the new ones
+        assert np.array_equal(keys, everything[:, :, cache.start:])
+    assert cache.start > 0 and cache.capacity == 10
+    before = (cache.start, cache.keys.copy())
+    with pytest.raises(sdpa.KVCacheFullError):  # 3 kept + 8 new > 10
+        cache.append(np.zeros((1, 2, 8, 4)), np.zeros((1, 2, 8, 4)))
+    assert cache.start == before[0] and np.array_equal(cache.keys, before[1])  # nothing dropped
+    cache.reset()
+    assert cache.start == 0 and len(cache) == 0
+    assert "window=4" in repr(cache)
+    with pytest.raises(ValueError, match="window"):
+        sdpa.KVCache(1, 2, 10, 4, window=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_windowed_layer_decodes_as_it_prefills(rng, dtype):
+    """Prefill then single steps over a rolling cache give the one-call result,
+    long after the cache has dropped positions."""
+    sinks = rng.standard_normal(4)
+    layer = sdpa.MultiHeadAttention(32, num_heads=4, num_kv_heads=2, dtype=dtype, window=6, sinks=sinks, rng=1)
+    x = rng.standard_normal((2, 30, 32)).astype(dtype)
+    full = layer(x)
+    cache = layer.new_cache(batch=2, capacity=9)
+    assert cache.window == 6
+    steps = [layer(x[:, :3], cache)] + [layer(x[:, t:t + 1], cache) for t in range(3, 30)]
+    assert cache.start > 15 and cache.capacity == 9  # bounded memory
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=tol, atol=tol)
+    # the window and the sinks are what the layer computes with
+    q = layer._project(x, layer.w_q, layer.b_q, 4)
+    k = layer._project(x, layer.w_k, layer.b_k, 2)
+    v = layer._project(x, layer.w_v, layer.b_v, 2)
+    o = ref(q, k, v, is_causal=True, enable_gqa=True, window=(5, 0), sinks=sinks)
+    want = o.transpose(0, 2, 1, 3).reshape(2, 30, 32) @ layer.w_o + layer.b_o
+    np.testing.assert_allclose(full, want, rtol=tol * 10, atol=tol * 10)
+    assert "window=6" in repr(layer)
+
+
+def test_layer_rejects_bad_window_and_sinks():
+    with pytest.raises(ValueError, match="window"):
+        sdpa.MultiHeadAttention(16, 2, window=0)
+    with pytest.raises(ValueError, match="sinks"):
+        sdpa.MultiHeadAttention(16, 2, sinks=[1.0, 2.0, 3.0])
+    w = np.eye(16)
+    layer = sdpa.MultiHeadAttention.from_weights(w, w, w, w, num_heads=2, window=3, sinks=[0.5, -0.5])
+    assert layer.window == 3 and layer.sinks.dtype == np.float64

@@ -50,6 +50,17 @@ class KVCache:
         When an append does not fit: False raises :class:`KVCacheFullError`;
         True reallocates with (at least) twice the capacity, so that appends stay
         amortized O(tokens).
+    window : int, optional
+        A rolling cache for sliding-window attention in which each position sees
+        itself and the ``window - 1`` positions before it: when an append does
+        not fit, the positions no new query can see any more are dropped (the
+        last ``window - 1`` are moved to the front) before the storage grows or
+        the append fails.  A capacity of ``window - 1`` plus the longest append,
+        and some room beyond it so that the move is rare, bounds the memory for
+        any number of steps.  :attr:`start` counts the positions dropped.
+        Attention aligned to the last key (``is_causal="bottom_right"``) with
+        ``window=(window - 1, 0)`` gives over the held keys what it gives over
+        all of them.
 
     A cache may be shared by Python threads: :meth:`append`, :meth:`reserve`
     and :meth:`reset` hold a lock, so concurrent appends each land whole, one
@@ -76,6 +87,7 @@ class KVCache:
         head_dim_v: int | None = None,
         dtype: Any = np.float32,
         grow: bool = False,
+        window: Optional[int] = None,
     ) -> None:
         self._batch = count(batch, "batch", 1)
         self._heads = count(num_kv_heads, "num_kv_heads", 1)
@@ -84,8 +96,10 @@ class KVCache:
         self._ev = self._e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
         self._dtype = float_dtype(dtype)
         self.grow = bool(grow)
+        self._window = None if window is None else count(window, "window", 1)
         self._lock = threading.Lock()
         self._length = 0
+        self._start = 0
         self._k = np.zeros((self._batch, self._heads, capacity, self._e), dtype=self._dtype)
         self._v = np.zeros((self._batch, self._heads, capacity, self._ev), dtype=self._dtype)
 
@@ -113,11 +127,22 @@ class KVCache:
 
     @property
     def length(self) -> int:
-        """Positions filled so far."""
+        """Positions held (all appended so far, less :attr:`start` for a rolling cache)."""
         return self._length
 
     def __len__(self) -> int:
         return self._length
+
+    @property
+    def window(self) -> Optional[int]:
+        """The window of a rolling cache (positions each query sees), or None."""
+        return self._window
+
+    @property
+    def start(self) -> int:
+        """Positions dropped from the front of a rolling cache: ``keys[..., i, :]``
+        is position ``start + i`` of the sequence.  Always 0 without a window."""
+        return self._start
 
     @property
     def capacity(self) -> int:
@@ -211,6 +236,10 @@ class KVCache:
         if T < 1:
             raise ValueError(f"k and v: expected at least one token (dim 2), got k {k.shape}")
         with self._lock:
+            if self._length + T > self.capacity and self._window is not None:
+                kept = min(self._length, self._window - 1)
+                if kept + T <= self.capacity or self.grow:  # else fail below, nothing dropped
+                    self._roll(T)
             start, end = self._length, self._length + T
             if end > self.capacity:
                 if not self.grow:
@@ -226,6 +255,19 @@ class KVCache:
         keys.flags.writeable = False
         values.flags.writeable = False
         return keys, values
+
+    def _roll(self, T: int) -> None:  # with the lock held
+        """Drop the positions that none of T new queries can see: keep the last
+        window - 1 at the front."""
+        assert self._window is not None
+        keep = min(self._length, self._window - 1)
+        drop = self._length - keep
+        if drop == 0:
+            return
+        self._k[:, :, :keep] = self._k[:, :, drop:self._length].copy()
+        self._v[:, :, :keep] = self._v[:, :, drop:self._length].copy()
+        self._length = keep
+        self._start += drop
 
     def reserve(self, capacity: int) -> None:
         """Make room for at least ``capacity`` positions (keeps the contents)."""
@@ -246,10 +288,12 @@ class KVCache:
         """Forget every position (the storage is kept for reuse)."""
         with self._lock:
             self._length = 0
+            self._start = 0
 
     def __repr__(self) -> str:
         return (
             f"KVCache(batch={self._batch}, num_kv_heads={self._heads}, "
             f"length={self._length}, capacity={self.capacity}, head_dim={self._e}, "
-            f"head_dim_v={self._ev}, dtype={self._dtype}, grow={self.grow})"
+            f"head_dim_v={self._ev}, dtype={self._dtype}, grow={self.grow}"
+            + (f", window={self._window}, start={self._start})" if self._window is not None else ")")
         )

@@ -49,6 +49,15 @@ class MultiHeadAttention:
     rng : numpy.random.Generator or int, optional
         Source (or seed) of the random initial weights; seed 0 when not given, so
         that two layers built alike are equal.
+    window : int, optional
+        Sliding-window attention (Mistral, Gemma 2/3, gpt-oss): each position
+        sees itself and the ``window - 1`` positions before it (and, with
+        ``causal=False``, as many after it).  Its caches (:meth:`new_cache`)
+        roll, so decoding holds at most about ``window`` positions.
+    sinks : array_like, shape (num_heads,), optional
+        Attention-sink logits, one per query head (gpt-oss): each joins its
+        head's softmax denominator and adds no value (see
+        :func:`sdpa.scaled_dot_product_attention`).  Kept in :attr:`sinks`.
 
     Attributes
     ----------
@@ -59,6 +68,9 @@ class MultiHeadAttention:
     b_k, b_v : (num_kv_heads * head_dim,) or None
     b_o : (embed_dim,) or None
         NumPy arrays of ``dtype``; they may be replaced by arrays of the same shape.
+    window : int or None
+    sinks : (num_heads,) or None
+        float64 for a float64 layer, else float32.
 
     Examples
     --------
@@ -82,8 +94,11 @@ class MultiHeadAttention:
         bias: bool = True,
         dtype: Any = np.float32,
         rng: Union[np.random.Generator, int, None] = None,
+        *,
+        window: Optional[int] = None,
+        sinks: Any = None,
     ) -> None:
-        self._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype)
+        self._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype, window, sinks)
         if not isinstance(rng, np.random.Generator):
             rng = np.random.default_rng(0 if rng is None else rng)
         embed_dim, num_heads, num_kv_heads = self.embed_dim, self.num_heads, self.num_kv_heads
@@ -115,8 +130,10 @@ class MultiHeadAttention:
         num_kv_heads: Optional[int],
         head_dim: Optional[int],
         dtype: Any,
+        window: Optional[int] = None,
+        sinks: Any = None,
     ) -> None:
-        """Check and set the sizes and the dtype."""
+        """Check and set the sizes, the dtype, the window and the sinks."""
         embed_dim = count(embed_dim, "embed_dim", 1)
         num_heads = count(num_heads, "num_heads", 1)
         num_kv_heads = num_heads if num_kv_heads is None else count(num_kv_heads, "num_kv_heads", 1)
@@ -139,6 +156,16 @@ class MultiHeadAttention:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
+        self.window: Optional[int] = None if window is None else count(window, "window", 1)
+        self.sinks: Optional[np.ndarray] = None
+        if sinks is not None:
+            a = np.asarray(sinks)
+            if a.dtype.kind not in "iuf" or a.shape != (num_heads,):
+                raise ValueError(
+                    f"sinks: expected {num_heads} real numbers (one per query head), got "
+                    f"shape {a.shape} of dtype {a.dtype}"
+                )
+            self.sinks = a.astype(compute_dtype(dtype))
 
     # ------------------------------------------------------------------ loading
 
@@ -157,8 +184,11 @@ class MultiHeadAttention:
         num_heads: int,
         num_kv_heads: Optional[int] = None,
         dtype: Any = None,
+        window: Optional[int] = None,
+        sinks: Any = None,
     ) -> "MultiHeadAttention":
-        """A layer with the given weights (same layout as the attributes; ``x @ w``).
+        """A layer with the given weights (same layout as the attributes; ``x @ w``),
+        and optionally a sliding window and attention sinks (as for the constructor).
 
         ``dtype`` defaults to the result dtype of the weights (float64 for
         non-float weights).  The arrays are copied.
@@ -201,7 +231,7 @@ class MultiHeadAttention:
                 raise ValueError(f"{name}: expected shape {(n,)}, got {b.shape}")
 
         layer = cls.__new__(cls)
-        layer._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype)
+        layer._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype, window, sinks)
         layer.w_q, layer.w_k, layer.w_v, layer.w_o = (np.array(a, dtype=layer.dtype) for a in arrays)
         layer.b_q, layer.b_k, layer.b_v, layer.b_o = (
             None if b is None else np.array(b, dtype=layer.dtype) for b in biases
@@ -220,7 +250,8 @@ class MultiHeadAttention:
 
     def new_cache(self, batch: int, capacity: int, grow: bool = False, dtype: Any = None) -> KVCache:
         """An empty :class:`KVCache` for this layer: (batch, num_kv_heads, capacity,
-        head_dim), of the layer's dtype unless ``dtype`` says otherwise."""
+        head_dim), of the layer's dtype unless ``dtype`` says otherwise; rolling
+        with the layer's window, if it has one."""
         return KVCache(
             batch,
             self.num_kv_heads,
@@ -228,6 +259,7 @@ class MultiHeadAttention:
             self.head_dim,
             dtype=self.dtype if dtype is None else dtype,
             grow=grow,
+            window=self.window,
         )
 
     def _matmul(self, x: np.ndarray, w: np.ndarray, b: Optional[np.ndarray]) -> np.ndarray:
@@ -310,6 +342,8 @@ class MultiHeadAttention:
             enable_gqa=Hkv != Hq,
             out=merged.transpose(0, 2, 1, 3),
             num_threads=num_threads,
+            window=None if self.window is None else (self.window - 1, 0 if causal else self.window - 1),
+            sinks=self.sinks,
         )
         y = self._matmul(merged.reshape(B, T, Hq * D).astype(self.dtype, copy=False), self.w_o, self.b_o)
         return y[0] if squeeze else y
@@ -318,5 +352,8 @@ class MultiHeadAttention:
         return (
             f"MultiHeadAttention(embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-            f"bias={self.b_q is not None}, dtype={self.dtype})"
+            f"bias={self.b_q is not None}, dtype={self.dtype}"
+            + (f", window={self.window}" if self.window is not None else "")
+            + (", sinks=..." if self.sinks is not None else "")
+            + ")"
         )
