@@ -1,6 +1,7 @@
 /* The attention driver: validates a problem, plans tiles and scratch, and runs
  * the tasks on one OpenMP parallel loop.  The maths is in attention_impl.h and
  * the kernels it calls. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

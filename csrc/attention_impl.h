@@ -107,6 +107,16 @@ static T FN(log_sum_exp_sink)(T m, T l, T sink) {
     return (T)(top + log((double)l * exp(md - top) + exp(sd - top)));
 }
 
+/* The softcap in T, clamped to T's normal range: a finite cap beyond T (above
+ * FLT_MAX in a float32 problem) would make cap * tanh(...) inf * 0, and one
+ * below it (a subnormal, or 0 once rounded) 2 / cap infinite, NaN for a score
+ * of 0.  Within the kernels' absolute error, a few ulp of the cap, the scores
+ * are the same. */
+static T FN(softcap_value)(const sdpa_problem *p) {
+    const double lo = TDT == SDPA_FLOAT64 ? DBL_MIN : FLT_MIN, hi = TDT == SDPA_FLOAT64 ? DBL_MAX : FLT_MAX;
+    return (T)(p->softcap < lo ? lo : p->softcap > hi ? hi : p->softcap);
+}
+
 /* The ALiBi slope or the sink logit of (b, h), from a view of the compute type. */
 static T FN(head_value)(const sdpa_problem *p, const sdpa_view *view, int64_t b, int64_t h) {
     return *(const T *)view_at(p, view, b, h, sizeof(T));
@@ -357,6 +367,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         kv_begin = window_first(p, l0) / tile_k * tile_k;
     }
     const T slope = p->alibi.data ? FN(head_value)(p, &p->alibi, b, h) : 0;
+    const T cap = FN(softcap_value)(p);
     T *lse = p->lse.data ? AT(lse, b, h) : NULL;
     const int rows_vec = qdt == TDT && p->out.col_stride == 1 && FN(store_rows_of)(kern) != NULL;
     int packed = 0;  /* panels of Q packed so far */
@@ -410,7 +421,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                 FN(prefetch_task)(p, pl, task + pl->num_threads, pn, panels);
             }
             kern->gemm(np, E, kt, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
-            if (p->softcap > 0) kern->softcap(st, (int64_t)np * nr, (T)p->softcap);
+            if (p->softcap > 0) kern->softcap(st, (int64_t)np * nr, cap);
             if (p->alibi.data) FN(add_alibi_tile)(p, st, nr, r0, prows, s0, np, slope);
 
             const int diagonal = p->causal && s0 + np - 1 > r0 + p->causal_offset;
@@ -507,7 +518,7 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     T *kbuf = scratch + pl->off_k;   /* tile_k x E: strided or converted K rows */
     T *vbuf = scratch + pl->off_v;   /* tile_k x Ev: strided or converted V rows */
 
-    const T scale = (T)p->scale;
+    const T scale = (T)p->scale, cap = FN(softcap_value)(p);
     for (int x = 0; x < M; x++) {
         const int64_t h = hkv * group + x / L, l = x % L;
         const char *qr = (const char *)view_at(p, &p->query, b, h, qe) + l * p->query.row_stride * (int64_t)qe;
@@ -534,7 +545,7 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             T *sr = st + (int64_t)x * tile_k;
             const int64_t lim = p->causal ? l + p->causal_offset + 1 : s_end;
             const void *mask = FN(mask_at)(p, b, h);
-            if (p->softcap > 0) kern->softcap(sr, n, (T)p->softcap);
+            if (p->softcap > 0) kern->softcap(sr, n, cap);
             if (p->alibi.data) FN(add_alibi_row)(p, sr, l, s0, n, FN(head_value)(p, &p->alibi, b, h));
             FN(mask_scores)(p, mask ? FN(mask_row_of)(p, mask, l) : NULL, sr, 1, s0, n, lim);
             if (win) {

@@ -7,13 +7,14 @@
  * reversed, zero for inputs), scale (0, huge, NaN, inf), causality with any
  * int64 offset (both ends of the range), key lengths (negative, past S, int64
  * extremes) with their strides, weights and lse outputs, thread counts, an
- * interrupt callback, and values with NaN, infinities and subnormals.  For
- * each problem:
+ * interrupt callback, the model variants (window sides, the alignment offset,
+ * softcap, ALiBi slopes and sink logits, with values out of range too), and
+ * values with NaN, infinities and subnormals.  For each problem:
  *
  *   - a problem the harness built invalid must get an error status, a valid
  *     one SDPA_OK (or SDPA_ERR_INTERRUPTED when its callback stops it);
- *   - outputs are compared with a double-precision reference written here,
- *     when every input value is finite;
+ *   - outputs, weights and lse are compared with a double-precision reference
+ *     written here, when every input value is finite;
  *   - the bits must not change with the thread count or the output's layout
  *     (except which NaN a NaN result is);
  *   - the inputs must be unchanged.
@@ -178,7 +179,7 @@ static int poll_stopper(void *data) {
 
 static const sdpa_status ERRORS_OF_INVALID[] = {SDPA_ERR_NULL_POINTER, SDPA_ERR_BAD_DTYPE, SDPA_ERR_BAD_SHAPE,
                                                 SDPA_ERR_BAD_GQA, SDPA_ERR_BAD_MASK, SDPA_ERR_BAD_THREADS,
-                                                SDPA_ERR_OVERFLOW};
+                                                SDPA_ERR_OVERFLOW, SDPA_ERR_BAD_VARIANT};
 
 static int is_validation_error(sdpa_status st) {
     for (size_t i = 0; i < sizeof(ERRORS_OF_INVALID) / sizeof(ERRORS_OF_INVALID[0]); i++)
@@ -247,6 +248,47 @@ static int run_input(const uint8_t *data, size_t size) {
         case 2: p.causal_offset = range(r, -30, 80); break;
         default: p.causal_offset = far[range(r, 0, 4)]; break;
     }
+    /* the model variants, in half of the problems: window sides (-1 leaves a
+     * side unbounded; below -1 or past 2^61 is refused), the alignment offset
+     * (past 2^61 either way is refused with a window or ALiBi), softcap (finite
+     * and >= 0, or refused), ALiBi slopes and sink logits */
+    const int64_t big = (int64_t)1 << 61;
+    int with_alibi = 0, with_sinks = 0;
+    if (one_in(r, 2)) {
+        int64_t *side[2] = {&p.window_left, &p.window_right};
+        static const int64_t wide[] = {80, (int64_t)1 << 40, ((int64_t)1 << 61) - 1, (int64_t)1 << 61};
+        static const int64_t bad_side[] = {-2, INT64_MIN, ((int64_t)1 << 61) + 1, INT64_MAX};
+        for (int i = 0; i < 2; i++) switch (range(r, 0, 31)) {
+                case 0: *side[i] = -range(r, 2, 5); valid = 0; break;
+                case 1: *side[i] = bad_side[range(r, 0, 3)]; valid = 0; break;
+                case 2: case 3: case 4: case 5: *side[i] = wide[range(r, 0, 3)]; break;
+                case 6: case 7: case 8: case 9: *side[i] = 0; break;
+                case 10: case 11: case 12: case 13: case 14: case 15: case 16: case 17: *side[i] = range(r, 1, 40); break;
+                default: *side[i] = -1; break;
+            }
+        static const int64_t far_align[] = {(int64_t)1 << 61, -((int64_t)1 << 61), ((int64_t)1 << 61) + 1,
+                                            -((int64_t)1 << 61) - 1, INT64_MAX, INT64_MIN};
+        switch (range(r, 0, 5)) {
+            case 0: p.align_offset = 0; break;
+            case 1: case 2: p.align_offset = S - L; break;
+            case 3: case 4: p.align_offset = range(r, -30, 80); break;
+            default: p.align_offset = far_align[range(r, 0, 5)]; break;
+        }
+        with_alibi = one_in(r, 3), with_sinks = one_in(r, 3);
+        if ((p.window_left >= 0 || p.window_right >= 0 || with_alibi) && (p.align_offset > big || p.align_offset < -big))
+            valid = 0;
+        static const double caps[] = {0.5, 1, 2.5, 5, 20, 50};
+        static const double far_caps[] = {4.9e-324, 1e-300, 1e-30, 1e-3, 1e4, 1e30, 1e300, -0.0};
+        static const double bad_caps[] = {NAN, -1, -1e-300, INFINITY, -INFINITY};
+        switch (range(r, 0, 31)) {
+            case 0: p.softcap = bad_caps[range(r, 0, 4)]; valid = 0; break;
+            case 1: case 2: case 3: p.softcap = far_caps[range(r, 0, 7)]; break;
+            case 4: case 5: case 6: case 7: case 8: case 9: case 10: case 11: case 12: case 13:
+                p.softcap = caps[range(r, 0, 5)];
+                break;
+            default: p.softcap = 0; break;
+        }
+    }
     const int with_lengths = one_in(r, 3), with_weights = one_in(r, 4), with_lse = one_in(r, 3);
     p.num_threads = (int32_t)range(r, 0, 3);
     if (one_in(r, 60)) p.num_threads = -1, valid = 0;
@@ -256,9 +298,9 @@ static int run_input(const uint8_t *data, size_t size) {
     /* the operands */
     int64_t shape[MAX_DIMS];
     for (int d = 0; d < nbv; d++) shape[d] = p.batch_shape[d] > 0 ? p.batch_shape[d] : 0;
-    operand q, k, v, out, mask, weights, lse, lengths;
-    operand *all[8] = {&q, &k, &v, &out, &mask, &weights, &lse, &lengths};
-    for (int i = 0; i < 8; i++) memset(all[i], 0, sizeof(operand));
+    operand q, k, v, out, mask, weights, lse, lengths, alibi, sinks;
+    operand *all[10] = {&q, &k, &v, &out, &mask, &weights, &lse, &lengths, &alibi, &sinks};
+    for (int i = 0; i < 10; i++) memset(all[i], 0, sizeof(operand));
     int ok = 1;
     const int specials = one_in(r, 4);
     shape[nbv] = H, shape[nbv + 1] = L, shape[nbv + 2] = E;
@@ -276,9 +318,12 @@ static int run_input(const uint8_t *data, size_t size) {
     if (ok && with_weights) ok = make_operand(r, &weights, nbv + 3, shape, celem, 0);
     if (ok && with_lse) ok = make_operand(r, &lse, nbv + 2, shape, celem, 0);
     if (ok && with_lengths) ok = make_operand(r, &lengths, nbv, shape, sizeof(int64_t), 1);
+    shape[nbv] = H; /* a slope or sink per (batch, head) */
+    if (ok && with_alibi) ok = make_operand(r, &alibi, nbv + 1, shape, celem, 1);
+    if (ok && with_sinks) ok = make_operand(r, &sinks, nbv + 1, shape, celem, 1);
     if (!ok) {
         stat_skipped++;
-        for (int i = 0; i < 8; i++) free_operand(all[i]);
+        for (int i = 0; i < 10; i++) free_operand(all[i]);
         return 0;
     }
     fill(r, &q, dt, specials);
@@ -292,11 +337,17 @@ static int run_input(const uint8_t *data, size_t size) {
     static const int64_t far_len[] = {INT64_MAX, INT64_MIN, -1, (int64_t)1 << 40};
     for (size_t i = 0; i < lengths.total; i++)
         ((int64_t *)lengths.base)[i] = one_in(r, 6) ? far_len[range(r, 0, 3)] : range(r, 0, S + 3);
+    for (size_t i = 0; i < alibi.total; i++) /* slopes: mostly >= 0, as models have them */
+        store(alibi.base, i, cdt, one_in(r, 4) ? value(r, specials) : fabs(value(r, specials)) / 4);
+    for (size_t i = 0; i < sinks.total; i++) /* -inf: no sink; a large one overflows exp in float32 */
+        store(sinks.base, i, cdt, one_in(r, 6) ? -INFINITY : one_in(r, 6) ? (double)range(r, -120, 120) : value(r, specials));
 
     p.query = view_of(&q, nbv), p.key = view_of(&k, nbv), p.value = view_of(&v, nbv), p.out = view_of(&out, nbv);
     if (mask.base) p.mask = view_of(&mask, nbv);
     if (with_weights) p.weights = view_of(&weights, nbv);
     if (with_lse) p.lse = view_of(&lse, nbv);
+    if (with_alibi) p.alibi = view_of(&alibi, nbv);
+    if (with_sinks) p.sinks = view_of(&sinks, nbv);
     if (with_lengths) {
         p.key_lengths = (const int64_t *)lengths.data;
         for (int d = 0; d < nbv; d++) p.key_lengths_strides[d] = lengths.stride[d];
@@ -307,17 +358,19 @@ static int run_input(const uint8_t *data, size_t size) {
     }
     snprintf(problem_text, sizeof(problem_text),
              "dtype=%d/%d nb=%d batch=%lld,%lld,%lld H=%lld G=%lld L=%lld S=%lld E=%lld Ev=%lld mask=%d scale=%g "
-             "causal=%d offset=%lld lengths=%d weights=%d lse=%d threads=%d interrupt=%d specials=%d valid=%d",
+             "causal=%d offset=%lld lengths=%d weights=%d lse=%d threads=%d interrupt=%d specials=%d "
+             "window=%lld,%lld align=%lld softcap=%g alibi=%d sinks=%d valid=%d",
              (int)p.dtype, (int)p.kv_dtype, nb, (long long)p.batch_shape[0], (long long)p.batch_shape[1],
              (long long)p.batch_shape[2], (long long)p.num_heads, (long long)p.gqa_group, (long long)p.len_q,
              (long long)p.len_kv, (long long)p.head_dim, (long long)p.head_dim_v, (int)p.mask_kind, p.scale,
              p.causal, (long long)p.causal_offset, with_lengths, with_weights, with_lse, p.num_threads,
-             p.interrupt != NULL, specials, valid);
+             p.interrupt != NULL, specials, (long long)p.window_left, (long long)p.window_right,
+             (long long)p.align_offset, p.softcap, with_alibi, with_sinks, valid);
 
     /* inputs kept, to check they are not written */
-    unsigned char *copies[4];
-    const operand *inputs[4] = {&q, &k, &v, &mask};
-    for (int i = 0; i < 4; i++) {
+    unsigned char *copies[7];
+    const operand *inputs[7] = {&q, &k, &v, &mask, &lengths, &alibi, &sinks};
+    for (int i = 0; i < 7; i++) {
         size_t bytes = inputs[i]->total * inputs[i]->elem;
         copies[i] = (unsigned char *)malloc(bytes ? bytes : 1);
         if (inputs[i]->base) memcpy(copies[i], inputs[i]->base, bytes);
@@ -335,7 +388,7 @@ static int run_input(const uint8_t *data, size_t size) {
     } else if (st != SDPA_OK) {
         fail("a valid problem was refused");
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 7; i++)
         if (inputs[i]->base && memcmp(copies[i], inputs[i]->base, inputs[i]->total * inputs[i]->elem))
             fail("an input was written");
 
@@ -387,9 +440,15 @@ static int run_input(const uint8_t *data, size_t size) {
                     int64_t len = ((const int64_t *)lengths.data)[offset_of(&lengths, idx)];
                     limit = len < 0 ? 0 : len < S ? len : S;
                 }
+                idx[nbv] = h;
+                const double slope = with_alibi ? load(&alibi, cdt, offset_of(&alibi, idx)) : 0;
+                const double sink = with_sinks ? load(&sinks, cdt, offset_of(&sinks, idx)) : -INFINITY;
                 double mx = -INFINITY;
                 for (int64_t j = 0; j < S; j++) {
                     int visible = j < limit && (!p.causal || j - l <= p.causal_offset);
+                    /* (a valid problem with a window has |align_offset| <= 2^61) */
+                    if (p.window_left >= 0) visible &= j >= l + p.align_offset - p.window_left;
+                    if (p.window_right >= 0) visible &= j <= l + p.align_offset + p.window_right;
                     idx[nbv] = h, idx[nbv + 1] = l;
                     double dot = 0;
                     for (int64_t c = 0; c < E; c++) {
@@ -400,6 +459,8 @@ static int run_input(const uint8_t *data, size_t size) {
                         idx[nbv] = h, idx[nbv + 1] = l;
                     }
                     double sj = p.scale * dot;
+                    if (p.softcap > 0) sj = p.softcap * tanh(sj / p.softcap);
+                    if (with_alibi) sj -= slope * fabs((double)(l + p.align_offset - j));
                     if (mask.base) {
                         idx[nbv + 2] = j;
                         const int64_t mo = offset_of(&mask, idx);
@@ -409,41 +470,65 @@ static int run_input(const uint8_t *data, size_t size) {
                     s[j] = visible ? sj : -INFINITY;
                     if (s[j] > mx) mx = s[j];
                 }
+                /* a sink joins the max and the denominator of a row that sees a
+                 * key; a sink of -inf is none */
+                const double top = mx != -INFINITY && sink > mx ? sink : mx;
                 double sum = 0;
-                for (int64_t j = 0; j < S; j++) sum += s[j] == -INFINITY ? 0 : exp(s[j] - mx);
+                for (int64_t j = 0; j < S; j++) sum += s[j] == -INFINITY ? 0 : exp(s[j] - top);
+                const int seen = mx != -INFINITY; /* (sum may underflow to 0 below a large sink) */
+                const double denom = seen && sink != -INFINITY ? sum + exp(sink - top) : sum;
                 /* (a 16-bit output adds its own rounding) */
                 const double tol = dt == SDPA_FLOAT64 ? 1e-9 : dt == SDPA_BFLOAT16 ? 1e-2 : 2e-3;
+                const double tol_c = dt == SDPA_FLOAT64 ? 1e-9 : 2e-3; /* weights and lse: compute type */
+                /* scores carry rounding in proportion to their size, and a
+                 * softcap an absolute error of a few ulp of the cap */
+                const double size = isfinite(mx) ? 1 + fabs(mx) : 1;
+                const double cap_err = p.softcap > 0 ? 16 * p.softcap * (cdt == SDPA_FLOAT64 ? 0x1p-52 : 0x1p-23) : 0;
                 idx[nbv] = h, idx[nbv + 1] = l;
                 for (int64_t c = 0; c < Ev; c++) {
                     double ref = 0, scale = 0;
                     for (int64_t j = 0; j < S; j++) {
                         if (s[j] == -INFINITY) continue;
                         idx[nbv] = h / G, idx[nbv + 1] = j, idx[nbv + 2] = c;
-                        const double w = exp(s[j] - mx) / sum, vv = load(&v, kvdt, offset_of(&v, idx));
+                        const double w = exp(s[j] - top) / denom, vv = load(&v, kvdt, offset_of(&v, idx));
                         ref += w * vv;
                         scale += fabs(w * vv);
                     }
                     idx[nbv] = h, idx[nbv + 1] = l, idx[nbv + 2] = c;
                     const double got = load(&out, dt, offset_of(&out, idx));
-                    /* scores carry rounding in proportion to their size */
-                    const double bound = tol * (1 + scale) * (isfinite(mx) ? 1 + fabs(mx) : 1);
-                    if (!(fabs(got - ref) <= bound)) {
+                    if (!(fabs(got - ref) <= (1 + scale) * (tol * size + 2 * cap_err))) {
                         fprintf(stderr, "row %lld h %lld l %lld c %lld: got %g ref %g\n", (long long)row, (long long)h, (long long)l, (long long)c, got, ref);
                         fail("output differs from the reference");
+                    }
+                }
+                if (with_weights) {
+                    idx[nbv] = h, idx[nbv + 1] = l;
+                    for (int64_t j = 0; j < S; j++) {
+                        idx[nbv + 2] = j;
+                        const double got = load(&weights, cdt, offset_of(&weights, idx));
+                        const double ref = s[j] == -INFINITY ? 0 : exp(s[j] - top) / denom;
+                        if (!(fabs(got - ref) <= tol_c * size + 2 * cap_err)) {
+                            fprintf(stderr, "row %lld h %lld l %lld key %lld: got %g ref %g\n", (long long)row, (long long)h, (long long)l, (long long)j, got, ref);
+                            fail("weights differ from the reference");
+                        }
                     }
                 }
                 if (with_lse) {
                     idx[nbv] = h, idx[nbv + 1] = l;
                     const double got = load(&lse, cdt, offset_of(&lse, idx));
-                    const double ref = sum > 0 ? mx + log(sum) : -INFINITY;
-                    if (!(got == ref || fabs(got - ref) <= tol * (1 + fabs(ref)))) fail("lse differs from the reference");
+                    /* a row that sees no key: the sink alone (-inf without one) */
+                    const double ref = seen ? top + log(denom) : sink;
+                    if (!(got == ref || fabs(got - ref) <= tol_c * (1 + fabs(ref)) + 2 * cap_err)) {
+                        fprintf(stderr, "row %lld h %lld l %lld: got %g ref %g\n", (long long)row, (long long)h, (long long)l, got, ref);
+                        fail("lse differs from the reference");
+                    }
                 }
             }
             free(s);
         }
     }
-    for (int i = 0; i < 4; i++) free(copies[i]);
-    for (int i = 0; i < 8; i++) free_operand(all[i]);
+    for (int i = 0; i < 7; i++) free(copies[i]);
+    for (int i = 0; i < 10; i++) free_operand(all[i]);
     return 0;
 }
 

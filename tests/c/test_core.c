@@ -6,6 +6,10 @@
  * weighted sum), for every kernel set the CPU supports, float32 and float64,
  * and strided, transposed, padded, reversed and broadcast views.  Each call is
  * repeated with 1, 2 and 3 threads, whose results must be bitwise identical.
+ * The model variants are checked against what they stand for: a window
+ * against its bool mask, ALiBi against its additive mask, a sink against one
+ * more key, the softcap against a reference; out-of-range values must be
+ * refused with SDPA_ERR_BAD_VARIANT.
  *
  *   sdpa_test_core            the full run (a few seconds)
  *   sdpa_test_core --quick    small sizes, for valgrind (also SDPA_TEST_QUICK=1)
@@ -706,6 +710,47 @@ static void test_statuses(void) {
     p.mask_kind = SDPA_MASK_BOOL;
     check_status(sdpa_attention(&p), SDPA_ERR_NULL_POINTER, "bool mask with mask.data NULL");
 
+    /* the model variants: window sides -1 or in [0, 2^61], the alignment at
+       most 2^61 in magnitude when a window or ALiBi uses it, softcap finite and
+       >= 0 */
+    {
+        const int64_t big = INT64_C(1) << 61;
+        float slope[1] = {0.5f};
+        valid_problem(&p);
+        p.window_left = -2;
+        check_status(sdpa_attention(&p), SDPA_ERR_BAD_VARIANT, "window_left = -2");
+        valid_problem(&p);
+        p.window_right = big + 1;
+        check_status(sdpa_attention(&p), SDPA_ERR_BAD_VARIANT, "window_right = 2^61 + 1");
+        valid_problem(&p);
+        p.window_left = p.window_right = big;
+        p.align_offset = -big;
+        check_status(sdpa_attention(&p), SDPA_OK, "window sides 2^61, align_offset -2^61");
+        valid_problem(&p);
+        p.window_right = 0;
+        p.align_offset = big + 1;
+        check_status(sdpa_attention(&p), SDPA_ERR_BAD_VARIANT, "a window with align_offset 2^61 + 1");
+        valid_problem(&p);
+        p.alibi.data = slope;
+        p.align_offset = INT64_MIN;
+        check_status(sdpa_attention(&p), SDPA_ERR_BAD_VARIANT, "ALiBi with align_offset INT64_MIN");
+        valid_problem(&p);
+        p.sinks.data = slope;
+        p.align_offset = INT64_MAX; /* unused without a window or ALiBi */
+        check_status(sdpa_attention(&p), SDPA_OK, "sinks with align_offset INT64_MAX (unused)");
+        const double bad_caps[] = {NAN, -1, INFINITY, -INFINITY};
+        for (int i = 0; i < 4; i++) {
+            valid_problem(&p);
+            p.softcap = bad_caps[i];
+            char what[64];
+            snprintf(what, sizeof(what), "softcap = %g", bad_caps[i]);
+            check_status(sdpa_attention(&p), SDPA_ERR_BAD_VARIANT, what);
+        }
+        valid_problem(&p);
+        p.softcap = -0.0;
+        check_status(sdpa_attention(&p), SDPA_OK, "softcap = -0 (off)");
+    }
+
     valid_problem(&p);
     p.num_batch_dims = 3;
     p.batch_shape[0] = p.batch_shape[1] = p.batch_shape[2] = INT64_C(1) << 30;
@@ -748,8 +793,8 @@ static void test_statuses(void) {
     }
 
     /* every status has a message, and no two share one */
-    const char *msgs[SDPA_ERR_BAD_ISA + 1];
-    for (int s = SDPA_OK; s <= SDPA_ERR_BAD_ISA; s++) {
+    const char *msgs[SDPA_ERR_BAD_VARIANT + 1];
+    for (int s = SDPA_OK; s <= SDPA_ERR_BAD_VARIANT; s++) {
         msgs[s] = sdpa_status_message((sdpa_status)s);
         int ok = msgs[s] != NULL && msgs[s][0] != '\0';
         for (int t = 0; ok && t < s; t++) ok = strcmp(msgs[s], msgs[t]) != 0;
@@ -773,6 +818,9 @@ static void test_statuses(void) {
               p.weights.data == NULL && p.lse.data == NULL && p.key_lengths == NULL && p.interrupt == NULL &&
               p.causal == 0 && p.num_batch_dims == 0,
           "sdpa_problem_init: gqa_group 1, scale 1, no mask, weights, lse, key lengths or callback");
+    check(p.window_left == -1 && p.window_right == -1 && p.align_offset == 0 && p.softcap == 0 &&
+              p.alibi.data == NULL && p.sinks.data == NULL,
+          "sdpa_problem_init: no window, softcap, ALiBi or sinks");
     sdpa_problem_init(NULL); /* must not crash */
 }
 
@@ -861,6 +909,302 @@ static void test_seed_example(sdpa_dtype dt) {
     check(ok, "worked example %s: weights [[0.67, 0.33], [0.33, 0.67]], output [[2.66, 3.66], [3.34, 4.34]] "
               "(got w00 %.4f, o00 %.4f)",
           f32 ? "f32" : "f64", w0, o0);
+}
+
+/* ---- the model variants, against what they stand for ---- */
+
+/* One head group of dense, contiguous operands of a float32 or float64
+ * problem: q (H, L, E), k (Hkv, S, E), v (Hkv, S, Ev), out (H, L, Ev), weights
+ * (H, L, S), lse (H, L); a mask (H, L, S), slopes and sinks (H) when asked. */
+typedef struct vprob {
+    sdpa_dtype dt;
+    size_t es;
+    int64_t H, G, L, S, E, Ev;
+    void *q, *k, *v, *out, *w, *lse, *mask, *alibi, *sinks;
+    sdpa_problem p;
+} vprob;
+
+static sdpa_view dense_view(void *data, int64_t rows, int64_t cols) {
+    sdpa_view view;
+    memset(&view, 0, sizeof(view));
+    view.data = data;
+    view.head_stride = rows * cols;
+    view.row_stride = cols;
+    view.col_stride = 1;
+    return view;
+}
+
+static void vprob_make(vprob *x, sdpa_dtype dt, int64_t H, int64_t G, int64_t L, int64_t S, int64_t E,
+                       int64_t Ev) {
+    memset(x, 0, sizeof(*x));
+    x->dt = dt, x->es = dtype_size(dt);
+    x->H = H, x->G = G, x->L = L, x->S = S, x->E = E, x->Ev = Ev;
+    const int64_t Hkv = H / G;
+    x->q = xcalloc((size_t)(H * L * E), x->es);
+    x->k = xcalloc((size_t)(Hkv * S * E), x->es);
+    x->v = xcalloc((size_t)(Hkv * S * Ev), x->es);
+    x->out = xcalloc((size_t)(H * L * Ev), x->es);
+    x->w = xcalloc((size_t)(H * L * S), x->es);
+    x->lse = xcalloc((size_t)(H * L), x->es);
+    x->alibi = xcalloc((size_t)H, x->es);
+    x->sinks = xcalloc((size_t)H, x->es);
+    for (int64_t i = 0; i < H * L * E; i++) store(x->q, dt, i, 2 * rng_uniform() - 1);
+    for (int64_t i = 0; i < Hkv * S * E; i++) store(x->k, dt, i, 2 * rng_uniform() - 1);
+    for (int64_t i = 0; i < Hkv * S * Ev; i++) store(x->v, dt, i, 2 * rng_uniform() - 1);
+    sdpa_problem *p = &x->p;
+    sdpa_problem_init(p);
+    p->dtype = dt;
+    p->num_heads = H, p->gqa_group = G;
+    p->len_q = L, p->len_kv = S, p->head_dim = E, p->head_dim_v = Ev;
+    p->query = dense_view(x->q, L, E);
+    p->key = dense_view(x->k, S, E);
+    p->value = dense_view(x->v, S, Ev);
+    p->out = dense_view(x->out, L, Ev);
+    p->weights = dense_view(x->w, L, S);
+    p->lse = dense_view(x->lse, L, 1);
+    p->scale = 1 / sqrt((double)E);
+}
+
+static void vprob_free(vprob *x) {
+    void *bufs[] = {x->q, x->k, x->v, x->out, x->w, x->lse, x->mask, x->alibi, x->sinks};
+    for (int i = 0; i < 9; i++) free(bufs[i]);
+}
+
+/* A dense mask (H, L, S) of the compute type (additive) or bytes (bool). */
+static void vprob_mask(vprob *x, sdpa_mask_kind kind) {
+    free(x->mask);
+    x->mask = xcalloc((size_t)(x->H * x->L * x->S), kind == SDPA_MASK_BOOL ? 1 : x->es);
+    x->p.mask_kind = kind;
+    x->p.mask = dense_view(x->mask, x->L, x->S);
+}
+
+/* The results of a call as doubles: out, then weights, then lse. */
+typedef struct vresult {
+    sdpa_status st;
+    double *out, *w, *lse;
+} vresult;
+
+static vresult vprob_run(vprob *x) {
+    vresult r;
+    const int64_t no = x->H * x->L * x->Ev, nw = x->H * x->L * x->S, nl = x->H * x->L;
+    r.st = sdpa_attention(&x->p);
+    r.out = (double *)xcalloc((size_t)no, sizeof(double));
+    r.w = (double *)xcalloc((size_t)nw, sizeof(double));
+    r.lse = (double *)xcalloc((size_t)nl, sizeof(double));
+    for (int64_t i = 0; i < no; i++) r.out[i] = load(x->out, x->dt, i);
+    for (int64_t i = 0; i < nw; i++) r.w[i] = load(x->w, x->dt, i);
+    for (int64_t i = 0; i < nl; i++) r.lse[i] = load(x->lse, x->dt, i);
+    return r;
+}
+
+static void vresult_free(vresult *r) {
+    free(r->out);
+    free(r->w);
+    free(r->lse);
+}
+
+/* The largest rel_err over n elements of got (stride gs) against want (stride ws). */
+static double max_err(const double *got, int64_t gs, const double *want, int64_t ws, int64_t n) {
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = rel_err(got[i * gs], want[i * ws]);
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+/* Whether two results agree within tol: out, weights (the first S keys of a
+ * row of `want`, which may have more) and lse. */
+static int vresult_close(const vprob *x, const vresult *got, const vresult *want, int64_t want_S, double tol,
+                         double *worst) {
+    const int64_t rows = x->H * x->L;
+    double e = max_err(got->out, 1, want->out, 1, rows * x->Ev);
+    e = fmax(e, max_err(got->lse, 1, want->lse, 1, rows));
+    for (int64_t r = 0; r < rows; r++) e = fmax(e, max_err(got->w + r * x->S, 1, want->w + r * want_S, 1, x->S));
+    *worst = e;
+    return got->st == SDPA_OK && want->st == SDPA_OK && e <= tol;
+}
+
+/* The attention of vprob x with softcap `cap` (and nothing else), in double. */
+static void softcap_reference(const vprob *x, double cap, double *out, double *lse) {
+    double *s = (double *)xcalloc((size_t)x->S, sizeof(double));
+    for (int64_t h = 0; h < x->H; h++)
+        for (int64_t l = 0; l < x->L; l++) {
+            const int64_t hkv = h / x->G, row = h * x->L + l;
+            double mx = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < x->S; j++) {
+                double dot = 0;
+                for (int64_t c = 0; c < x->E; c++)
+                    dot += load(x->q, x->dt, row * x->E + c) * load(x->k, x->dt, (hkv * x->S + j) * x->E + c);
+                s[j] = cap * tanh(x->p.scale * dot / cap);
+                mx = fmax(mx, s[j]);
+            }
+            for (int64_t j = 0; j < x->S; j++) sum += s[j] = exp(s[j] - mx);
+            for (int64_t c = 0; c < x->Ev; c++) {
+                double acc = 0;
+                for (int64_t j = 0; j < x->S; j++) acc += s[j] / sum * load(x->v, x->dt, (hkv * x->S + j) * x->Ev + c);
+                out[row * x->Ev + c] = acc;
+            }
+            lse[row] = mx + log(sum);
+        }
+    free(s);
+}
+
+/* Each variant against what it stands for, for one shape: the window against
+ * the bool mask of the same keys, ALiBi against the additive mask of its
+ * distances, a sink against an extra key of score `sink` and value 0, the
+ * softcap against a double-precision reference. */
+static void variant_cases(const char *isa, sdpa_dtype dt, int64_t H, int64_t G, int64_t L, int64_t S) {
+    const int64_t E = 16, Ev = 24;
+    const double tol = dt == SDPA_FLOAT64 ? 1e-12 : 2e-5;
+    char shape[96];
+    snprintf(shape, sizeof(shape), "[%s] %s H=%lld/%lld L=%lld S=%lld", isa, dtype_name(dt), (long long)H,
+             (long long)(H / G), (long long)L, (long long)S);
+    vprob x;
+    vprob_make(&x, dt, H, G, L, S, E, Ev);
+    double err;
+
+    /* windows: (left, right, align_offset) */
+    const int64_t windows[][3] = {{5, 2, S - L}, {-1, 0, 0}, {0, 3, -4}, {7, -1, S - L}, {2, 2, S + 10}};
+    for (int i = 0; i < 5; i++) {
+        const int64_t left = windows[i][0], right = windows[i][1], off = windows[i][2];
+        x.p.window_left = left, x.p.window_right = right, x.p.align_offset = off;
+        vresult a = vprob_run(&x);
+        x.p.window_left = x.p.window_right = -1, x.p.align_offset = 0;
+        vprob_mask(&x, SDPA_MASK_BOOL);
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t j = 0; j < S; j++)
+                    ((uint8_t *)x.mask)[(h * L + l) * S + j] =
+                        (left < 0 || j >= l + off - left) && (right < 0 || j <= l + off + right);
+        vresult b = vprob_run(&x);
+        const int same = vresult_close(&x, &a, &b, S, tol, &err);
+        check(same, "%s: window (%lld, %lld) aligned at %lld = its bool mask (err %.2g)",
+              shape, (long long)left, (long long)right, (long long)off, err);
+        vresult_free(&a);
+        vresult_free(&b);
+        x.p.mask_kind = SDPA_MASK_NONE;
+    }
+
+    /* ALiBi, with a window and causality on top */
+    for (int64_t h = 0; h < H; h++) store(x.alibi, dt, h, ldexp(1.0, -(int)(h + 1)));
+    x.p.alibi = dense_view(x.alibi, 1, 1);
+    x.p.align_offset = S - L;
+    x.p.window_left = 9;
+    x.p.causal = 1, x.p.causal_offset = S - L;
+    vresult a = vprob_run(&x);
+    x.p.alibi.data = NULL;
+    vprob_mask(&x, SDPA_MASK_ADDITIVE);
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t j = 0; j < S; j++)
+                store(x.mask, dt, (h * L + l) * S + j, -load(x.alibi, dt, h) * fabs((double)(l + S - L - j)));
+    vresult b = vprob_run(&x);
+    int same = vresult_close(&x, &a, &b, S, tol, &err);
+    check(same, "%s: ALiBi = its additive mask, with a window and causality (err %.2g)",
+          shape, err);
+    vresult_free(&a);
+    vresult_free(&b);
+    x.p.mask_kind = SDPA_MASK_NONE, x.p.window_left = -1, x.p.causal = 0;
+
+    /* sinks: one more key, of score `sink` (a zero key and an additive mask)
+       and value 0 */
+    for (int64_t h = 0; h < H; h++) store(x.sinks, dt, h, h == 0 ? 3.0 : h == 1 ? -INFINITY : -0.5 * (double)h);
+    x.p.sinks = dense_view(x.sinks, 1, 1);
+    a = vprob_run(&x);
+    {
+        vprob y;
+        vprob_make(&y, dt, H, G, L, S + 1, E, Ev);
+        const int64_t Hkv = H / G;
+        memcpy(y.q, x.q, (size_t)(H * L * E) * x.es);
+        for (int64_t hk = 0; hk < Hkv; hk++) {
+            memcpy((char *)y.k + (size_t)(hk * (S + 1) * E) * x.es, (char *)x.k + (size_t)(hk * S * E) * x.es,
+                   (size_t)(S * E) * x.es);
+            memcpy((char *)y.v + (size_t)(hk * (S + 1) * Ev) * x.es, (char *)x.v + (size_t)(hk * S * Ev) * x.es,
+                   (size_t)(S * Ev) * x.es);
+            for (int64_t c = 0; c < E; c++) store(y.k, dt, (hk * (S + 1) + S) * E + c, 0);
+            for (int64_t c = 0; c < Ev; c++) store(y.v, dt, (hk * (S + 1) + S) * Ev + c, 0);
+        }
+        y.p.scale = x.p.scale;
+        vprob_mask(&y, SDPA_MASK_ADDITIVE);
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t l = 0; l < L; l++) store(y.mask, dt, (h * L + l) * (S + 1) + S, load(x.sinks, dt, h));
+        b = vprob_run(&y);
+        same = vresult_close(&x, &a, &b, S + 1, tol, &err);
+        check(same, "%s: sinks = one more key of score sink and value 0 (err %.2g)",
+              shape, err);
+        vresult_free(&b);
+        vprob_free(&y);
+    }
+    /* a sink of -inf is no sink, to the bit */
+    x.p.sinks.data = NULL;
+    b = vprob_run(&x);
+    const int64_t lh = L; /* head 1's rows */
+    check(memcmp(a.out + lh * Ev, b.out + lh * Ev, (size_t)(L * Ev) * sizeof(double)) == 0 &&
+              memcmp(a.lse + lh, b.lse + lh, (size_t)L * sizeof(double)) == 0,
+          "%s: a sink of -inf gives the bits of no sink", shape);
+    vresult_free(&a);
+    vresult_free(&b);
+    /* rows that see no key: zeros, weights 0 and lse = the sink */
+    x.p.sinks.data = x.sinks;
+    x.p.window_left = x.p.window_right = 0, x.p.align_offset = -L - 5;
+    a = vprob_run(&x);
+    int empty_ok = a.st == SDPA_OK;
+    for (int64_t i = 0; i < H * L * Ev; i++) empty_ok &= a.out[i] == 0;
+    for (int64_t i = 0; i < H * L * S; i++) empty_ok &= a.w[i] == 0;
+    for (int64_t i = 0; i < H * L; i++) empty_ok &= a.lse[i] == load(x.sinks, dt, i / L);
+    check(empty_ok, "%s: rows that see no key give zeros, and the sink as lse", shape);
+    vresult_free(&a);
+    x.p.sinks.data = NULL, x.p.window_left = x.p.window_right = -1, x.p.align_offset = 0;
+
+    /* softcap */
+    double *ro = (double *)xcalloc((size_t)(H * L * Ev), sizeof(double));
+    double *rl = (double *)xcalloc((size_t)(H * L), sizeof(double));
+    for (int i = 0; i < 2; i++) {
+        const double cap = i == 0 ? 0.3 : 30;
+        x.p.softcap = cap;
+        x.p.scale = 4; /* scores of a few units: the cap matters */
+        a = vprob_run(&x);
+        softcap_reference(&x, cap, ro, rl);
+        err = fmax(max_err(a.out, 1, ro, 1, H * L * Ev), max_err(a.lse, 1, rl, 1, H * L));
+        check(a.st == SDPA_OK && err <= tol, "%s: softcap %g against the reference (err %.2g)", shape, cap, err);
+        vresult_free(&a);
+    }
+    /* caps beyond the compute type's range give finite results: a tiny one
+       makes every score about 0 (the mean of the values); the first query row,
+       of zeros, has scores of exactly 0 */
+    for (int64_t c = 0; c < E; c++) store(x.q, dt, c, 0);
+    const double far_caps[] = {1e-300, 4.9e-324, 1e39, 1e300};
+    for (int i = 0; i < 4; i++) {
+        x.p.softcap = far_caps[i];
+        a = vprob_run(&x);
+        int finite = a.st == SDPA_OK;
+        for (int64_t j = 0; j < H * L * Ev; j++) finite &= isfinite(a.out[j]);
+        for (int64_t j = 0; j < H * L; j++) finite &= isfinite(a.lse[j]);
+        if (far_caps[i] < 1) {
+            softcap_reference(&x, far_caps[i] < 1e-300 ? 1e-300 : far_caps[i], ro, rl);
+            err = max_err(a.out, 1, ro, 1, H * L * Ev);
+        } else {
+            err = 0;
+        }
+        check(finite && err <= tol, "%s: softcap %g gives finite results (err %.2g)", shape, far_caps[i], err);
+        vresult_free(&a);
+    }
+    free(ro);
+    free(rl);
+    vprob_free(&x);
+}
+
+static void test_variants(void) {
+    for (int i = 0; i < NUM_ISAS; i++) {
+        if (!sdpa_isa_supported(ISAS[i])) continue;
+        sdpa_set_isa(ISAS[i]);
+        for (int d = 0; d < 2; d++) {
+            const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
+            variant_cases(ISAS[i], dt, 4, 2, 3, 70);                   /* 6 rows per group: row mode */
+            variant_cases(ISAS[i], dt, 2, 1, quick ? 20 : 37, quick ? 80 : 150); /* tiled, several key tiles */
+        }
+    }
 }
 
 /* ---- the case lists ---- */
@@ -1080,6 +1424,8 @@ int main(int argc, char **argv) {
     test_seed_example(SDPA_FLOAT32);
     test_seed_example(SDPA_FLOAT64);
     test_interrupt();
+    test_variants();
+    sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
         const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
         clock_t t = clock();
