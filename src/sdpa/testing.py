@@ -12,7 +12,7 @@ spirit of ``numpy.testing``.
   in the inputs included.
 * Hypothesis strategies: :func:`qkv_problems` (finite problems) and
   :func:`attention_calls` (whole calls: sizes from 0, heads, masks, causal modes,
-  key lengths, dtypes, layouts, special values).  Hypothesis is imported when a
+  key lengths, windows, softcaps, ALiBi, sinks, dtypes, layouts, special values).  Hypothesis is imported when a
   strategy is made, so ``import sdpa.testing`` works without it.
 
 Decisions other than array contents (how many special values, where, which
@@ -56,6 +56,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "OTHER_DTYPES",
     "SPECIALS",
+    "SOFTCAPS",
     "special_value",
     "random_values",
     "place",
@@ -1075,13 +1076,90 @@ def _draw_attention_call(draw: Callable[..., Any], regime: str, specials: bool) 
         layout = {**draw(layouts(len(out_shape))), "readonly": False, "kind": "strided"}
         out = place(np.zeros(out_shape, dtype=cdtype), layout)
 
+    head_target = out_shape[:-2] if maxnd >= 3 else (1,)  # (batch..., query heads)
+    variants = _draw_variants(draw, rng, choices, head_target, L, S, with_specials)
+
     return dict(
         q=arrays["q"], k=arrays["k"], v=arrays["v"], batch=batch, H=H, gqa=gqa,
         hq=hq, hk=hk, hv=hv, L=L, S=S, E=E, Ev=Ev, mask=mask,
         causal=causal, key_lengths=key_lengths, scale=scale, out=out, out_shape=out_shape,
-        cdtype=cdtype, return_weights=draw(st.booleans()),
-        num_threads=draw(st.sampled_from([None, 1, 2, 3])),
+        cdtype=cdtype, return_weights=draw(st.booleans()), return_lse=draw(st.booleans()),
+        num_threads=draw(st.sampled_from([None, 1, 2, 3])), **variants,
     )
+
+
+#: Softcaps drawn: heavy capping to none at all in practice.  Not drawn: caps
+#: whose float32 form overflows ``2 / c`` or ``c`` itself (below about 6e-39,
+#: above about 3e38): sdpa computes a float32 problem's cap in float32, where
+#: they make NaN scores.
+SOFTCAPS = [1e-3, 0.5, 1.0, 2.5, 30.0, 50.0, 1e4]
+
+
+def _draw_variants(
+    draw: Callable[..., Any],
+    rng: np.random.Generator,
+    choices: Choices,
+    head_target: Shape,
+    L: int,
+    S: int,
+    with_specials: bool,
+) -> Dict[str, Any]:
+    """``window``, ``softcap``, ``alibi_slopes`` and ``sinks`` for one call, each
+    drawn now and then (None otherwise).
+
+    Without special values, slopes and sinks are finite.  With them, slopes may
+    also be NaN, +-inf or +-6e4 (a NaN or an infinite ALiBi term, or scores
+    decided by rounding), and sinks NaN, -inf (no sink) or 6e4 (a sink that
+    outweighs every key).  A +inf sink is not drawn: what it gives (zeros, and
+    an lse of +inf in the reference) is the limit of ever larger sinks, but
+    sdpa's lse is NaN there.  The values stay within float16's range, so that
+    any dtype holds them.
+    """
+    from hypothesis import strategies as st
+
+    window = None
+    if draw(st.integers(0, 2)) == 0:
+        # -1 (unbounded), small sides (a window may show a row no key), any side up to the sizes, huge
+        sides = st.one_of(st.sampled_from([-1, -1, 0, 1, 3, 2**62]), st.integers(0, L + S + 1))
+        window = (draw(sides), draw(sides))
+    softcap = draw(st.sampled_from(SOFTCAPS)) if draw(st.integers(0, 3)) == 0 else None
+
+    def head_values(kind: str) -> Any:
+        shape = broadcastable_shape(choices, head_target, len(head_target))
+        if kind == "alibi":
+            style = draw(st.sampled_from(["geometric", "random", "random", "zero", "signed"]))
+            if style == "geometric":  # the slopes of the ALiBi paper, 2^(-8 h / H), over the last dim
+                n = shape[-1] if shape else 1
+                x = np.broadcast_to(2.0 ** (-8.0 * np.arange(1, n + 1) / n), shape or (1,)).reshape(shape).copy()
+            elif style == "zero":
+                x = np.zeros(shape)
+            else:
+                x = rng.random(shape) * draw(st.sampled_from([0.01, 0.25, 1.0, 4.0]))
+                if style == "signed":  # slopes < 0 favour distant keys
+                    x = x * np.where(rng.random(shape) < 0.5, -1.0, 1.0)
+            kinds = ["nan", "inf", "-inf", "huge", "-huge"]
+        else:
+            x = rng.standard_normal(shape) * draw(st.sampled_from([1.0, 4.0, 30.0])) + draw(
+                st.sampled_from([0.0, 0.0, 5.0, -5.0])
+            )
+            kinds = ["nan", "-inf", "huge"]
+        x = np.array(x, dtype=np.float64)  # (a 0-d draw is a float)
+        if with_specials and x.size:
+            special = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "huge": 6e4, "-huge": -6e4}
+            for _ in range(draw(st.integers(0, 2))):
+                idx = tuple(int(rng.integers(0, n)) for n in shape)
+                x[idx] = special[draw(st.sampled_from(kinds))]
+        x = x.astype(draw(st.sampled_from(["float64", "float32", "float16", ">f8"])))
+        form = draw(st.sampled_from(["array", "array", "array", "list", "layout"]))
+        if form == "list" and x.size:  # (an empty array has no list form)
+            return x.tolist()
+        if form == "layout" and x.ndim:
+            return place(x, draw(layouts(x.ndim)))
+        return x
+
+    alibi = head_values("alibi") if draw(st.integers(0, 3)) == 0 else None
+    sinks = head_values("sinks") if draw(st.integers(0, 3)) == 0 else None
+    return dict(window=window, softcap=softcap, alibi_slopes=alibi, sinks=sinks)
 
 
 def attention_calls(regime: str = "small", specials: bool = True) -> "SearchStrategy[Dict[str, Any]]":
@@ -1094,10 +1172,14 @@ def attention_calls(regime: str = "small", specials: bool = True) -> "SearchStra
     mode, key lengths, dtypes (float32, float64, float16, non-native byte order,
     integers, bool, mixed), memory layouts (transposed, reversed, strided,
     zero-stride broadcast views, unaligned, read-only, a strided ``out=``), thread
-    counts and, with ``specials``, special values in the inputs and masks.
+    counts, the model variants (``window``, ``softcap``, ``alibi_slopes`` and
+    ``sinks``, each now and then, slopes and sinks of any shape that broadcasts
+    to (batch..., Hq), as arrays, lists or strided views) and, with
+    ``specials``, special values in the inputs, masks, slopes and sinks.
 
     Each example is a dict: the arguments q, k, v, mask, causal, scale, gqa,
-    key_lengths, out, return_weights and num_threads; the sizes batch, H, hq, hk,
+    key_lengths, window, softcap, alibi_slopes, sinks, out, return_weights,
+    return_lse and num_threads; the sizes batch, H, hq, hk,
     hv, L, S, E, Ev; and what to expect: out_shape and cdtype (the result dtype).
     :func:`describe_call` says what was drawn.
     """
@@ -1111,6 +1193,14 @@ def describe_call(p: Dict[str, Any]) -> str:
     parts = [f"{n}: {p[n].dtype}{p[n].shape} strides={p[n].strides}" for n in ("q", "k", "v")]
     m = p["mask"]
     parts.append("mask: None" if m is None else f"mask: {m.dtype}{m.shape}")
-    for key in ("batch", "H", "gqa", "L", "S", "E", "Ev", "causal", "scale", "key_lengths", "num_threads"):
-        parts.append(f"{key}={p[key]!r}")
+    for key in ("batch", "H", "gqa", "L", "S", "E", "Ev", "causal", "scale", "key_lengths", "num_threads",
+                "return_weights", "return_lse", "window", "softcap"):
+        if key in p:
+            parts.append(f"{key}={p[key]!r}")
+    for key in ("alibi_slopes", "sinks"):
+        x = p.get(key)
+        if isinstance(x, np.ndarray):
+            parts.append(f"{key}: {x.dtype}{x.shape} strides={x.strides} {x.tolist()!r}")
+        else:
+            parts.append(f"{key}={x!r}")
     return "\n".join(parts)
