@@ -2,10 +2,11 @@
 
 Every input byte string is decoded into one call: sizes (0 included), dtypes,
 head layouts (equal, grouped-query, broadcast, 2-D), batch dims that broadcast,
-masks, causal modes, key lengths, memory layouts (transposed, reversed,
-strided, zero-stride, unaligned, read-only, lists), ``out=``, thread counts,
-special values (NaN, +-inf, subnormals, huge), and now and then one deliberate
-mistake (mismatched shapes, bad dtypes or arguments).  For each call:
+masks, causal modes, key lengths, the model variants (windows, softcaps,
+ALiBi slopes, sinks), weights and log-sum-exp, memory layouts (transposed,
+reversed, strided, zero-stride, unaligned, read-only, lists), ``out=``, thread
+counts, special values (NaN, +-inf, subnormals, huge), and now and then one
+deliberate mistake (mismatched shapes, bad dtypes or arguments).  For each call:
 
 * it must not crash, and the only exceptions allowed are ValueError, TypeError
   and MemoryError -- and those only for the calls with a deliberate mistake;
@@ -46,6 +47,7 @@ else:
 from sdpa.testing import (  # noqa: E402
     FLOAT_DTYPES,
     OTHER_DTYPES,
+    SOFTCAPS,
     SPECIALS,
     assert_matches_reference,
     broadcastable_shape,
@@ -100,6 +102,7 @@ MAGNITUDES = [1.0, 1.0, 1e-3, 3.0]  # moderate: finite problems are compared
 MISTAKES = [
     "E", "S", "heads", "gqa", "ndim", "dtype", "mask-shape", "mask-dtype", "causal", "scale",
     "threads", "key-lengths", "out-shape", "out-dtype", "out-readonly", "out-overlap", "batch",
+    "window", "softcap", "head-values",
 ]
 
 
@@ -218,6 +221,19 @@ def decode(data: bytes) -> dict:
     kwargs["num_threads"] = r.pick([None, 1, 2, 3])
     kwargs["return_weights"] = r.one_in(3)
     kwargs["return_lse"] = r.one_in(4)
+    # the model variants; slopes and sinks finite unless special values are on
+    if r.one_in(3):
+        kwargs["window"] = tuple(r.pick([-1, 0, 1, 3, r.integer(0, L + S + 1)]) for _ in range(2))
+    if r.one_in(4):
+        kwargs["softcap"] = r.pick(SOFTCAPS)
+    head_target = out_shape[:-2] if has_heads else (1,)  # (batch..., query heads)
+    for name in ("alibi_slopes", "sinks"):
+        if r.one_in(4):
+            shape = broadcastable_shape(r, head_target, len(head_target))
+            x = np.array(rng.random(shape) / 2 if name == "alibi_slopes" else 3 * rng.standard_normal(shape))
+            if specials and x.size:
+                x[tuple(int(rng.integers(0, n)) for n in shape)] = r.pick([np.nan, -np.inf, 6e4, -6e4])
+            kwargs[name] = x.astype(r.pick(["float64", "float32", "float16"]))
     if r.one_in(4):
         out = np.zeros(tuple(reversed(out_shape)), dtype=cdtype).T  # reversed strides
         kwargs["out"] = out
@@ -293,6 +309,13 @@ def apply_mistake(kind, args, kwargs, out_shape, rng):
     elif kind == "batch":
         args["q"] = np.zeros((1,) * 9 + (2, 3))
         kwargs.pop("out", None)
+    elif kind == "window":
+        kwargs["window"] = [(-2, 0), (0, 1.5), (3,), 4, (True, 0)][int(rng.integers(0, 5))]
+    elif kind == "softcap":
+        kwargs["softcap"] = [0.0, -1.0, np.nan, np.inf, "1", True][int(rng.integers(0, 6))]
+    elif kind == "head-values":
+        bad = [np.ones(out_shape[:-2][-1:] + (7,)), np.ones(3, bool), "abc", np.ones(2, complex)]
+        kwargs[["alibi_slopes", "sinks"][int(rng.integers(0, 2))]] = bad[int(rng.integers(0, 4))]
 
 
 # --------------------------------------------------------------------------- the checks
@@ -339,9 +362,11 @@ def TestOneInput(data: bytes) -> None:
     if not p["specials"] and out.size:
         assert np.isfinite(out).all(), "finite inputs gave a non-finite result"
         weights = result[1] if kwargs["return_weights"] else None
+        lse = result[-1] if kwargs["return_lse"] else None
+        variants = {n: kwargs.get(n) for n in ("window", "softcap", "alibi_slopes", "sinks")}
         assert_matches_reference(
             out, weights, args["q"], args["k"], args["v"], kwargs.get("attn_mask"), kwargs["is_causal"],
-            kwargs.get("scale"), kwargs["enable_gqa"], kwargs.get("key_lengths"),
+            kwargs.get("scale"), kwargs["enable_gqa"], kwargs.get("key_lengths"), lse=lse, **variants,
         )
 
 

@@ -6,8 +6,10 @@ batch dims that broadcast, bool and float masks of any broadcastable shape, ever
 causal mode, key lengths, dtypes (float32, float64, float16, non-native byte
 order, integers, bool, mixed), memory layouts (transposed, reversed, strided,
 zero-stride broadcast views, unaligned, read-only, a strided ``out=``), thread
-counts, and special values written into the inputs: NaN, +-inf, subnormals,
-signed zeros and magnitudes large enough for the scores to overflow.
+counts, the model variants (sliding windows, softcaps, ALiBi slopes and
+attention sinks), the weights and the log-sum-exp, and special values written
+into the inputs, masks, slopes and sinks: NaN, +-inf, subnormals, signed zeros
+and magnitudes large enough for the scores to overflow.
 
 Each result is compared with ``sdpa.reference`` (float64) row by row by
 ``sdpa.testing.assert_matches_reference``, whose docstring says how: what each
@@ -40,21 +42,29 @@ def snapshot(*arrays):
 def test_matches_reference(data, regime, specials):
     p = data.draw(attention_calls(regime, specials))
     note(describe_call(p))
-    inputs = (p["q"], p["k"], p["v"], p["mask"], p["key_lengths"])
+    inputs = (p["q"], p["k"], p["v"], p["mask"], p["key_lengths"], p["alibi_slopes"], p["sinks"])
     before = snapshot(*inputs)
+    variants = {name: p[name] for name in ("window", "softcap", "alibi_slopes", "sinks")}
     kwargs = dict(
         attn_mask=p["mask"], is_causal=p["causal"], scale=p["scale"], enable_gqa=p["gqa"],
-        key_lengths=p["key_lengths"], return_weights=p["return_weights"], out=p["out"],
-        num_threads=p["num_threads"],
+        key_lengths=p["key_lengths"], return_weights=p["return_weights"], return_lse=p["return_lse"],
+        out=p["out"], num_threads=p["num_threads"], **variants,
     )
     with np.errstate(all="ignore"):
         result = attention(p["q"], p["k"], p["v"], **kwargs)
-    out, weights = result if p["return_weights"] else (result, None)
+    parts = list(result) if isinstance(result, tuple) else [result]
+    out = parts.pop(0)
+    weights = parts.pop(0) if p["return_weights"] else None
+    lse = parts.pop(0) if p["return_lse"] else None
+    assert not parts
     assert out.shape == p["out_shape"] and out.dtype == p["cdtype"]
     if p["out"] is not None:
         assert out is p["out"]
+    cd = np.float64 if p["cdtype"] == np.float64 else np.float32
     if weights is not None:
-        assert weights.shape == p["out_shape"][:-1] + (p["S"],)
+        assert weights.shape == p["out_shape"][:-1] + (p["S"],) and weights.dtype == cd
+    if lse is not None:
+        assert lse.shape == p["out_shape"][:-1] and lse.dtype == cd
 
     # nothing written to the inputs
     for a, b in zip(inputs, before):
@@ -63,12 +73,15 @@ def test_matches_reference(data, regime, specials):
 
     # the same bits for another thread count
     other = 3 if p["num_threads"] != 3 else 1
-    again = attention(p["q"], p["k"], p["v"], **{**kwargs, "out": None, "num_threads": other})
-    again_out = again[0] if p["return_weights"] else again
-    assert np.array_equal(again_out, out, equal_nan=True)
+    with np.errstate(all="ignore"):
+        again = attention(p["q"], p["k"], p["v"], **{**kwargs, "out": None, "num_threads": other})
+    again = again if isinstance(again, tuple) else (again,)
+    for a, b in zip(again, [x for x in (out, weights, lse) if x is not None]):
+        assert np.array_equal(a, b, equal_nan=True)
 
     assert_matches_reference(
-        out, weights, p["q"], p["k"], p["v"], p["mask"], p["causal"], p["scale"], p["gqa"], p["key_lengths"]
+        out, weights, p["q"], p["k"], p["v"], p["mask"], p["causal"], p["scale"], p["gqa"], p["key_lengths"],
+        lse=lse, **variants,
     )
 
 
