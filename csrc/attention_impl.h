@@ -102,6 +102,7 @@ static void FN(normalize_weights)(const sdpa_problem *p, T *wr, int64_t row, int
  * m, l = sum_s e^(x_s - m); the sink alone when no key was visible (l = 0). */
 static T FN(log_sum_exp_sink)(T m, T l, T sink) {
     if (l == 0) return sink;
+    if (sink == (T)INFINITY && l == l && m == m) return sink;  /* the limit, not inf - inf */
     const double md = (double)m, sd = (double)sink;
     const double top = md > sd ? md : sd;  /* NaN in either gives NaN below */
     return (T)(top + log((double)l * exp(md - top) + exp(sd - top)));

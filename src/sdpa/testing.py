@@ -1109,11 +1109,9 @@ def _draw_variants(
 
     Without special values, slopes and sinks are finite.  With them, slopes may
     also be NaN, +-inf or +-6e4 (a NaN or an infinite ALiBi term, or scores
-    decided by rounding), and sinks NaN, -inf (no sink) or 6e4 (a sink that
-    outweighs every key).  A +inf sink is not drawn: what it gives (zeros, and
-    an lse of +inf in the reference) is the limit of ever larger sinks, but
-    sdpa's lse is NaN there.  The values stay within float16's range, so that
-    any dtype holds them.
+    decided by rounding), and sinks NaN, -inf (no sink), 6e4 (a sink that
+    outweighs every key) or +inf (the limit: zeros, and an lse of +inf).  The
+    values stay within float16's range, so that any dtype holds them.
     """
     from hypothesis import strategies as st
 
@@ -1142,7 +1140,7 @@ def _draw_variants(
             x = rng.standard_normal(shape) * draw(st.sampled_from([1.0, 4.0, 30.0])) + draw(
                 st.sampled_from([0.0, 0.0, 5.0, -5.0])
             )
-            kinds = ["nan", "-inf", "huge"]
+            kinds = ["nan", "-inf", "huge", "inf"]
         x = np.array(x, dtype=np.float64)  # (a 0-d draw is a float)
         if with_specials and x.size:
             special = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf, "huge": 6e4, "-huge": -6e4}
