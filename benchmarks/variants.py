@@ -3,7 +3,11 @@ softcap, ALiBi and sinks cost, and what the same attention costs as a dense mask
 
 Rounds alternate between the variants (so that a noisy machine slows all of them
 alike) and the medians are reported, as seconds, GFLOP/s over the pairs each
-call computes, and ratios to the plain call of the same shape.
+call computes, and ratios to the first call of the case (the plain one).  Two more
+cases: packed sequences of mixed lengths (``varlen_attention``) against the padded
+batch with ``key_lengths`` ("useful" GFLOP/s count the sequences' own pairs only),
+and greedy ``generate()`` of a tiny Llama with transformers' own "sdpa" and with
+``sdpa.transformers.register()``.
 
     python benchmarks/variants.py                  # 2 threads, the default shapes
     python benchmarks/variants.py --threads 1 --rounds 5 --json out.json
@@ -134,6 +138,72 @@ def make_calls(case: Dict[str, Any], threads: int, with_torch: bool) -> Dict[str
     return calls
 
 
+def varlen_case(quick: bool, threads: int) -> Dict[str, Any]:
+    """Packed sequences of mixed lengths against the padded batch with key_lengths."""
+    lens = [64, 128, 256, 96] if quick else [128, 512, 2048, 256, 1024, 64, 768, 1536]
+    H, E = (4, 64) if quick else (16, 64)
+    rng = np.random.default_rng(0)
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    q = rng.standard_normal((cu[-1], H, E), dtype=np.float32)
+    k = rng.standard_normal((cu[-1], H, E), dtype=np.float32)
+    v = rng.standard_normal((cu[-1], H, E), dtype=np.float32)
+    Lmax = max(lens)
+
+    def pad(a: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(lens), H, Lmax, E), np.float32)
+        for i, n in enumerate(lens):
+            out[i, :, :n] = a[cu[i]:cu[i + 1]].transpose(1, 0, 2)
+        return out
+
+    qp, kp, vp = pad(q), pad(k), pad(v)
+    real = sum(n * (n + 1) // 2 for n in lens)  # causal pairs of the sequences themselves
+    padded_pairs = sum(int(np.minimum(np.arange(1, Lmax + 1), n).sum()) for n in lens)  # padded rows too
+    out = np.empty_like(q)
+    outp = np.empty_like(qp)
+    calls = {
+        "varlen": (lambda: sdpa.varlen_attention(q, k, v, cu, cu, is_causal=True, out=out, num_threads=threads),
+                   real),
+        "padded + key_lengths": (lambda: sdpa.scaled_dot_product_attention(
+            qp, kp, vp, is_causal=True, key_lengths=lens, out=outp, num_threads=threads), padded_pairs),
+    }
+    return {"name": f"varlen-{len(lens)}", "shape": (1, H, H, cu[-1], cu[-1], E), "calls": calls, "real": real}
+
+
+def generate_case(threads: int) -> Optional[Dict[str, Any]]:
+    """Greedy generate() of a tiny Llama: transformers' own "sdpa" against sdpa registered."""
+    try:
+        import torch
+        import transformers
+
+        import sdpa.transformers as st
+    except ImportError:
+        return None
+    from sdpa.bench.generate import LLAMA_CONFIG, NEW_TOKENS, PROMPT_TOKENS
+
+    torch.set_num_threads(threads)
+    sdpa.set_num_threads(threads)
+    name = st.register()
+    torch.manual_seed(0)
+    models = {}
+    for impl in ("sdpa", name):
+        config = transformers.LlamaConfig(**LLAMA_CONFIG, attn_implementation=impl)
+        torch.manual_seed(0)
+        models[impl] = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(0, 128, (1, PROMPT_TOKENS))
+    kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+              do_sample=False, pad_token_id=0)
+
+    def gen(m: Any) -> Any:
+        with torch.inference_mode():
+            return m.generate(prompt, **kw)
+
+    calls = {
+        "transformers sdpa": (lambda: gen(models["sdpa"]), 0),
+        f"sdpa.transformers ({name})": (lambda: gen(models[name]), 0),
+    }
+    return {"name": "generate-llama", "shape": None, "calls": calls}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -151,10 +221,15 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     all_cases = cases(args.quick)
     built = [(c, make_calls(c, args.threads, with_torch)) for c in all_cases]
+    vc = varlen_case(args.quick, args.threads)
+    built.append((vc, vc["calls"]))
+    if with_torch:
+        gc_ = generate_case(args.threads)
+        if gc_ is not None:
+            built.append((gc_, gc_["calls"]))
     progress = Progress(sum(len(calls) for _, calls in built) * args.rounds, enabled=sys.stderr.isatty())
     results: List[Dict[str, Any]] = []
     for case, calls in built:
-        B, Hq, Hkv, L, S, E = case["shape"]
         times: Dict[str, List[float]] = {n: [] for n in calls}
         for fn, _ in calls.values():
             fn()  # warm-up
@@ -165,20 +240,26 @@ def main(argv: Optional[List[str]] = None) -> int:
                 fn()
                 times[name].append(time.perf_counter() - t0)
                 progress.advance()
-        plain = statistics.median(times["plain"])
+        first = statistics.median(times[next(iter(calls))])  # the plain call, or the first peer
         for name, (_fn, n) in calls.items():
             t = statistics.median(times[name])
-            flops = 2.0 * B * Hq * n * (2 * E)
-            results.append({
-                "case": case["name"], "shape": list(case["shape"]), "variant": name, "seconds": t,
-                "gflops": flops / t / 1e9, "vs_plain": plain / t, "pairs": n,
-            })
+            row = {"case": case["name"], "variant": name, "seconds": t, "vs_plain": first / t, "gflops": None}
+            if case["shape"] is not None:
+                B, Hq, Hkv, L, S, E = case["shape"]
+                row["shape"] = list(case["shape"])
+                row["pairs"] = n
+                row["gflops"] = 2.0 * B * Hq * n * (2 * E) / t / 1e9  # over the pairs the call computes
+                if "real" in case:  # and over the pairs of the sequences alone
+                    row["useful_gflops"] = 2.0 * Hq * case["real"] * (2 * E) / t / 1e9
+            results.append(row)
     progress.close()
 
     print(f"threads={args.threads} rounds={args.rounds} cpu={machine_info().get('cpu_model')}")
-    print(f"{'case':<14} {'variant':<28} {'ms':>10} {'GFLOP/s':>9} {'speed vs plain':>15}")
+    print(f"{'case':<14} {'variant':<34} {'ms':>10} {'GFLOP/s':>9} {'useful':>8} {'speed vs first':>15}")
     for r in results:
-        print(f"{r['case']:<14} {r['variant']:<28} {r['seconds'] * 1e3:>10.2f} {r['gflops']:>9.1f} "
+        g = f"{r['gflops']:.1f}" if r["gflops"] is not None else "-"
+        u = f"{r['useful_gflops']:.1f}" if "useful_gflops" in r else "-"
+        print(f"{r['case']:<14} {r['variant']:<34} {r['seconds'] * 1e3:>10.2f} {g:>9} {u:>8} "
               f"{r['vs_plain']:>14.2f}x")
     if args.json:
         with open(args.json, "w") as f:
