@@ -132,7 +132,8 @@ _bfloat16: Any = None
 def _numpy(t: Tensor, name: str) -> Any:
     """The tensor's memory as a NumPy array, no copy (bfloat16 as ml_dtypes')."""
     global _bfloat16
-    t = t.detach()
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         if _bfloat16 is None:
             try:
@@ -400,7 +401,9 @@ def attention_forward(
     heads, kv_heads = query.shape[-3], key.shape[-3]
     want_weights = bool(kwargs.get("output_attentions", False))
 
-    batch = np.broadcast_shapes(tuple(query.shape[:-3]), tuple(key.shape[:-3]), tuple(value.shape[:-3]))
+    batch = tuple(query.shape[:-3])
+    if key.shape[:-3] != batch or value.shape[:-3] != batch:  # (np.broadcast_shapes costs microseconds)
+        batch = np.broadcast_shapes(batch, tuple(key.shape[:-3]), tuple(value.shape[:-3]))
     same_dtype = query.dtype == key.dtype == value.dtype
     output = torch.empty(*batch, L, heads, value.shape[-1], dtype=query.dtype) if same_dtype else None
     operands = (
