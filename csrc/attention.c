@@ -17,7 +17,6 @@
 /* Row mode serves problems with at most this many query rows per key/value
  * head (gqa_group x L), and splits the keys into chunks of this many. */
 #define SDPA_ROW_MODE_MAX_ROWS 8
-#define SDPA_MIN_FLOPS_PER_THREAD 4e6
 /* Thread counts are capped at this many per CPU (and at least this many). */
 #define SDPA_THREADS_PER_CPU 4
 #define SDPA_MIN_THREAD_CAP 8

@@ -16,6 +16,11 @@
 /* Every scratch buffer and packed panel is aligned to this many bytes. */
 #define SDPA_ALIGN 64
 
+/* Without an explicit thread count (num_threads 0, or the Python layer's
+ * process-wide setting), each thread of a call gets at least this much work
+ * (flops): waking a thread costs tens of microseconds. */
+#define SDPA_MIN_FLOPS_PER_THREAD 4e6
+
 /*
  * Kernels: single-threaded, allocation free.  Scores are kept transposed, keys
  * by query rows, so that a vector holds nr consecutive query rows and the

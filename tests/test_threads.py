@@ -70,21 +70,42 @@ def test_set_and_reset():
     assert sdpa.get_num_threads() == _core.default_num_threads()
 
 
+def large_problem():
+    """Work enough for 3 threads of at least 4 MFLOP each: 2*2*3*128*128*(64+64) = 25 MFLOP."""
+    rng = np.random.default_rng(6)
+    return tuple(rng.standard_normal((2, 3, 128, 64)).astype(np.float32) for _ in range(3))
+
+
 def test_calls_use_the_set_value(core_threads):
-    q, k, v = small_problem()
+    q, k, v = large_problem()
     sdpa.scaled_dot_product_attention(q, k, v)
     sdpa.set_num_threads(3)
     sdpa.scaled_dot_product_attention(q, k, v)
     sdpa.scaled_dot_product_attention(q, k, v, num_threads=1)  # an explicit value wins
     sdpa.scaled_dot_product_attention(q, k, v, num_threads=None)
+    sdpa.scaled_dot_product_attention(q.astype(np.float64), k, v)  # the general path too
     sdpa.set_num_threads(None)
     sdpa.scaled_dot_product_attention(q, k, v)
-    assert core_threads == [0, 3, 1, 3, 0]
+    assert core_threads == [0, 3, 1, 3, 3, 0]
+
+
+def test_set_value_gives_small_problems_fewer_threads(core_threads):
+    """Like the OpenMP default, the set value is capped at 4 MFLOP of work per
+    thread (waking threads costs more than a small problem); an explicit
+    num_threads= is taken as asked."""
+    q, k, v = small_problem()  # 2*2*3*17*17*16 flops: one thread
+    sdpa.set_num_threads(3)
+    sdpa.scaled_dot_product_attention(q, k, v)
+    sdpa.scaled_dot_product_attention(q, k, v, scale=0.5, return_lse=True)
+    sdpa.scaled_dot_product_attention(q, k, v, num_threads=3)
+    q2, k2, v2 = (np.concatenate([a] * 13, axis=-2).astype(np.float32) for a in (q, k, v))  # 169x: 2 threads
+    sdpa.scaled_dot_product_attention(q2, k2, v2)
+    assert core_threads == [1, 1, 3, 2]
 
 
 def test_layers_use_the_set_value(core_threads):
-    layer = sdpa.MultiHeadAttention(16, 4, rng=0)
-    x = np.random.default_rng(0).standard_normal((2, 5, 16))
+    layer = sdpa.MultiHeadAttention(256, 4, rng=0)
+    x = np.random.default_rng(0).standard_normal((2, 128, 256))
     sdpa.set_num_threads(2)
     layer(x)
     layer(x, num_threads=1)
@@ -92,7 +113,7 @@ def test_layers_use_the_set_value(core_threads):
 
 
 def test_value_seen_from_other_threads(core_threads):
-    q, k, v = small_problem()
+    q, k, v = large_problem()
     sdpa.set_num_threads(2)
     t = threading.Thread(target=sdpa.scaled_dot_product_attention, args=(q, k, v))
     t.start()
@@ -227,7 +248,7 @@ def test_threadpool_limits_in_a_fresh_process():
 @needs_openmp
 def test_set_num_threads_wins_over_threadpool_limits(core_threads):
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    q, k, v = small_problem()
+    q, k, v = large_problem()
     sdpa.set_num_threads(2)
     with threadpoolctl.threadpool_limits(1, user_api="openmp"):
         assert sdpa.get_num_threads() == 2

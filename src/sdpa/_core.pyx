@@ -97,6 +97,10 @@ cdef extern from "sdpa.h" nogil:
     sdpa_status sdpa_set_isa(const char *name)
     const char *sdpa_isa()
 
+cdef extern from "internal.h" nogil:
+    double SDPA_MIN_FLOPS_PER_THREAD
+
+
 cdef extern from "testing.h" nogil:
     sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t n)
     void sdpa_fp_flags_in_threads(int num_threads, int *flags)
@@ -165,6 +169,24 @@ def cache_sizes():
 
 # Set by sdpa.set_num_threads(); 0: the OpenMP default.  Process-wide.
 cdef int _threads_setting = 0
+
+
+cdef int32_t _setting_for(const sdpa_problem *p) noexcept nogil:
+    """The thread count of a call without num_threads=: the setting, but, as
+    the core does with the OpenMP default, no more threads than
+    SDPA_MIN_FLOPS_PER_THREAD of work each (0 where there is no setting)."""
+    cdef int32_t n = _threads_setting
+    cdef double flops = 2.0 * <double>p.num_heads * <double>p.len_q * <double>p.len_kv \
+        * <double>(p.head_dim + p.head_dim_v)
+    cdef int i
+    if n <= 1:
+        return n
+    for i in range(p.num_batch_dims):
+        flops *= <double>p.batch_shape[i]
+    flops /= SDPA_MIN_FLOPS_PER_THREAD
+    if flops < n:
+        return 1 if flops < 1 else <int32_t>flops
+    return n
 
 
 def set_threads_setting(int n):
@@ -495,7 +517,7 @@ def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
     p.window_right = window_right
     p.align_offset = align_offset
     p.softcap = softcap
-    p.num_threads = num_threads if num_threads > 0 else _threads_setting
+    p.num_threads = num_threads if num_threads > 0 else _setting_for(&p)
     arrays = None
     if _observer is not None:
         arrays = {"q": q, "k": k, "v": v, "mask": mask}
@@ -665,7 +687,7 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
     else:
         return None
     if num_threads is None:
-        p.num_threads = _threads_setting
+        p.num_threads = -1  # the setting, capped by the work once the sizes are known
     elif type(num_threads) is int and 1 <= num_threads:
         p.num_threads = num_threads if num_threads < MAX_THREADS else MAX_THREADS
     else:
@@ -734,6 +756,8 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
         return None
 
     if cnp.PyArray_SIZE(o) or (lse is not None and cnp.PyArray_SIZE(lse)):
+        if p.num_threads < 0:
+            p.num_threads = _setting_for(&p)
         arrays = None
         if _observer is not None:
             arrays = {"q": q, "k": k, "v": v, "mask": m}
