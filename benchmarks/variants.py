@@ -166,7 +166,8 @@ def varlen_case(quick: bool, threads: int) -> Dict[str, Any]:
         "padded + key_lengths": (lambda: sdpa.scaled_dot_product_attention(
             qp, kp, vp, is_causal=True, key_lengths=lens, out=outp, num_threads=threads), padded_pairs),
     }
-    return {"name": f"varlen-{len(lens)}", "shape": (1, H, H, cu[-1], cu[-1], E), "calls": calls, "real": real}
+    total = int(cu[-1])
+    return {"name": f"varlen-{len(lens)}", "shape": (1, H, H, total, total, E), "calls": calls, "real": real}
 
 
 def generate_case(threads: int) -> Optional[Dict[str, Any]]:
