@@ -326,6 +326,13 @@ class MultiHeadAttention:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache: expected a KVCache, got {type(cache).__name__}")
             cache.check_fits(B, Hkv, D)
+            if cache.window is not None and (self.window is None or cache.window < self.window):
+                # it drops positions this layer's queries still see: wrong results, silently
+                raise ValueError(
+                    f"cache: rolls with window={cache.window}, which drops positions this layer "
+                    f"(window={self.window}) attends to; use a cache from new_cache(), or one whose "
+                    "window is at least the layer's"
+                )
             k, v = cache.append(k, v)
             is_causal: Union[bool, str] = "bottom_right" if causal else False
         else:
