@@ -153,3 +153,15 @@ def test_16bit_layer_end_to_end(rng, dtype):
     tol = 2e-3 if np.dtype(dtype) == np.float16 else 2e-2
     np.testing.assert_allclose(steps.astype(np.float64), full.astype(np.float64), rtol=tol, atol=tol)
     np.testing.assert_allclose(full.astype(np.float64), reference_layer(layer, x, True), rtol=tol, atol=tol)
+
+
+def test_bfloat16_weights_and_sinks_make_a_bfloat16_layer():
+    """from_weights keeps bfloat16 weights in bfloat16 (a float dtype, not one to
+    promote to float64), and bfloat16 sinks, as checkpoints store them, are taken."""
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    w = np.eye(16, dtype=bf16)
+    sinks = np.array([0.5, -1.5], dtype=bf16)
+    layer = sdpa.MultiHeadAttention.from_weights(w, w, w, w, num_heads=2, window=4, sinks=sinks)
+    assert layer.dtype == bf16 and layer.w_q.dtype == bf16
+    assert layer.sinks.dtype == np.float32 and layer.sinks.tolist() == [0.5, -1.5]
+    assert sdpa.MultiHeadAttention(16, 2, dtype=bf16, sinks=sinks).sinks.tolist() == [0.5, -1.5]

@@ -438,6 +438,19 @@ def test_variant_keywords_are_checked():
             st.scaled_dot_product_attention(q, k, v, enable_gqa=True, sinks=[0.0] * 4)
         with pytest.raises(ValueError, match=r"window: expected \(left, right\)"):
             st.scaled_dot_product_attention(q, k, v, enable_gqa=True, window=(1, 2, 3))
+        # each side as sdpa's own checks it, before the dispatcher's RuntimeError
+        with pytest.raises(TypeError, match="window: the left side must be an int, got float"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, window=(1.5, 0))
+        with pytest.raises(TypeError, match="window: the right side must be an int, got bool"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, window=(1, True))
+        with pytest.raises(ValueError, match="window: the left side must be >= 0"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, window=(-2, 0))
+        with pytest.raises(TypeError, match="window: expected a pair"):
+            st.scaled_dot_product_attention(q, k, v, enable_gqa=True, window=3)
+        # a side beyond int64 shows every key, as it does for sdpa.scaled_dot_product_attention
+        wide = st.scaled_dot_product_attention(q, k, v, enable_gqa=True, window=(10**20, 0))
+        plain = st.scaled_dot_product_attention(q, k, v, enable_gqa=True, window=(-1, 0))
+        assert torch.equal(wide, plain)
         with pytest.raises(ValueError, match="softcap"):
             st.scaled_dot_product_attention(q, k, v, enable_gqa=True, softcap=-1.0)
     with pytest.raises(RuntimeError, match="alibi_slopes requires grad"):

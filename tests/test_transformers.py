@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 masking_utils = pytest.importorskip("transformers.masking_utils")
 
+import sdpa  # noqa: E402
 import sdpa.transformers as st  # noqa: E402
 
 VOCAB = 97
@@ -350,6 +351,18 @@ def test_a_mask_of_another_form_goes_to_sdpa_as_it_is(calls):
         assert weights is None and out.shape == (2, 6, 4, 8) and out.is_contiguous()
         assert calls[0]["attn_mask"].shape == mask.shape
         torch.testing.assert_close(out, reference(q, k, v, mask, 0.3).float(), rtol=2e-5, atol=2e-5)
+
+
+def test_sinks_of_a_float64_model_keep_their_precision():
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 4, 6, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]
+    sinks = torch.randn(4, generator=g, dtype=torch.float64) * 3
+    out, _ = st.attention_forward(Layer(), q, k, v, None, scaling=0.3, s_aux=sinks)
+    want = sdpa.reference.scaled_dot_product_attention(
+        q.numpy(), k.numpy(), v.numpy(), scale=0.3, enable_gqa=True, sinks=sinks.numpy()
+    )
+    np.testing.assert_allclose(out.transpose(1, 2).numpy(), want, rtol=1e-12, atol=1e-12)
 
 
 def test_position_bias_with_a_mask_of_another_form():

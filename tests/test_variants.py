@@ -412,3 +412,20 @@ def test_layer_rejects_bad_window_and_sinks():
     w = np.eye(16)
     layer = sdpa.MultiHeadAttention.from_weights(w, w, w, w, num_heads=2, window=3, sinks=[0.5, -0.5])
     assert layer.window == 3 and layer.sinks.dtype == np.float64
+
+
+def test_layer_refuses_a_cache_that_rolls_away_what_it_sees(rng):
+    """A rolling cache narrower than the layer's window (or under a layer without
+    one) would drop keys the queries still see: refused, not wrong results."""
+    x = rng.standard_normal((1, 12, 16)).astype(np.float32)
+    for layer, window in ((sdpa.MultiHeadAttention(16, 2), 3), (sdpa.MultiHeadAttention(16, 2, window=5), 4)):
+        cache = sdpa.KVCache(1, 2, capacity=6, head_dim=8, window=window)
+        with pytest.raises(ValueError, match="cache: rolls with window"):
+            layer(x[:, :1], cache)
+        assert len(cache) == 0  # nothing appended
+    # a wider window than the layer's holds more than it needs: the one-call result
+    layer = sdpa.MultiHeadAttention(16, 2, window=3)
+    cache = sdpa.KVCache(1, 2, capacity=6, head_dim=8, window=4)
+    steps = [layer(x[:, t:t + 1], cache) for t in range(12)]
+    assert cache.start > 0
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), layer(x), rtol=1e-5, atol=1e-5)

@@ -159,7 +159,8 @@ class KVCache:
     @property
     def keys(self) -> np.ndarray:
         """The filled keys, (batch, num_kv_heads, length, head_dim): a read-only view
-        of the storage, valid until the next :meth:`reset` or growth."""
+        of the storage, valid until the next :meth:`reset`, growth or (with a
+        window) roll."""
         with self._lock:
             view = self._k[:, :, : self._length]
         view.flags.writeable = False
@@ -168,7 +169,8 @@ class KVCache:
     @property
     def values(self) -> np.ndarray:
         """The filled values, (batch, num_kv_heads, length, head_dim_v): a read-only
-        view of the storage, valid until the next :meth:`reset` or growth."""
+        view of the storage, valid until the next :meth:`reset`, growth or (with a
+        window) roll."""
         with self._lock:
             view = self._v[:, :, : self._length]
         view.flags.writeable = False

@@ -160,7 +160,7 @@ class MultiHeadAttention:
         self.sinks: Optional[np.ndarray] = None
         if sinks is not None:
             a = np.asarray(sinks)
-            if a.dtype.kind not in "iuf" or a.shape != (num_heads,):
+            if not (a.dtype.kind in "iuf" or a.dtype.name == "bfloat16") or a.shape != (num_heads,):
                 raise ValueError(
                     f"sinks: expected {num_heads} real numbers (one per query head), got "
                     f"shape {a.shape} of dtype {a.dtype}"
@@ -197,7 +197,7 @@ class MultiHeadAttention:
         biases = [None if b is None else np.asarray(b) for b in (b_q, b_k, b_v, b_o)]
         if dtype is None:
             dtype = np.result_type(*arrays, *(b for b in biases if b is not None))
-            if dtype.kind != "f":
+            if dtype.kind != "f" and dtype.name != "bfloat16":
                 dtype = np.float64
         wq, wk, wv, wo = arrays
         for a, name in zip(arrays, ("w_q", "w_k", "w_v", "w_o")):
@@ -326,6 +326,13 @@ class MultiHeadAttention:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache: expected a KVCache, got {type(cache).__name__}")
             cache.check_fits(B, Hkv, D)
+            if cache.window is not None and (self.window is None or cache.window < self.window):
+                # it drops positions this layer's queries still see: wrong results, silently
+                raise ValueError(
+                    f"cache: rolls with window={cache.window}, which drops positions this layer "
+                    f"(window={self.window}) attends to; use a cache from new_cache(), or one whose "
+                    "window is at least the layer's"
+                )
             k, v = cache.append(k, v)
             is_causal: Union[bool, str] = "bottom_right" if causal else False
         else:

@@ -375,11 +375,17 @@ def scaled_dot_product_attention(
     _check_nested(query, key, value, mask)
     if causal == "bottom_right":  # the operator's is_causal is a bool: the mask itself
         mask, causal = _bottom_right_mask(query, key), False
+    sides = None
+    if window is not None:
+        if not isinstance(window, (tuple, list, Tensor)):
+            _api.window_sides(window)  # the TypeError of a window that is not a pair
+        sides = list(window)
     if variants and isinstance(query, Tensor):  # a TypeError naming the argument, not the dispatcher's RuntimeError
-        _check_variants(query, None if window is None else list(window), alibi_slopes, sinks)
+        _check_variants(query, sides, alibi_slopes, sinks)
+    if sides is not None:  # ints (not floats or bools), sides past 2**61 taken as 2**61, as sdpa's own
+        sides = list(_api.window_sides([s.item() if isinstance(s, Tensor) else s for s in sides]))
     out: Tensor = attention_op(
-        query, key, value, mask, bool(causal), scale, enable_gqa,
-        None if window is None else list(window), softcap, alibi_slopes, sinks,
+        query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
     )
     return out
 

@@ -395,7 +395,8 @@ def attention_forward(
         key, value = key[..., :keys, :], value[..., :keys, :]
 
     if s_aux is not None:
-        arguments["sinks"] = s_aux.detach().float().numpy()
+        # float64 for a float64 model; converted to the compute type either way
+        arguments["sinks"] = s_aux.detach().to(torch.float64).numpy()
     if softcap is not None:
         arguments["softcap"] = softcap
     heads, kv_heads = query.shape[-3], key.shape[-3]
