@@ -429,3 +429,14 @@ def test_layer_refuses_a_cache_that_rolls_away_what_it_sees(rng):
     steps = [layer(x[:, t:t + 1], cache) for t in range(12)]
     assert cache.start > 0
     np.testing.assert_allclose(np.concatenate(steps, axis=1), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_merge_with_the_sink_in_one_chunk(rng):
+    q, k, v = make_qkv(rng, (2,), 3, 3, 4, 30, 8)
+    sinks = rng.standard_normal(3)
+    whole, whole_lse = sdpa.scaled_dot_product_attention(q, k, v, sinks=sinks, return_lse=True)
+    a = sdpa.scaled_dot_product_attention(q, k[..., :12, :], v[..., :12, :], sinks=sinks, return_lse=True)
+    b = sdpa.scaled_dot_product_attention(q, k[..., 12:, :], v[..., 12:, :], return_lse=True)
+    merged, lse = sdpa.merge_attention([a[0], b[0]], [a[1], b[1]])
+    np.testing.assert_allclose(merged, whole, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, whole_lse, rtol=1e-12)
