@@ -184,3 +184,17 @@ def test_merge_attention_over_quantized_shards(rng):
     exp_out, exp_lse = whole.attend(q, is_causal=False, return_lse=True)
     assert_close(out, exp_out, np.float32)
     assert_close(lse, exp_lse, np.float32)
+
+
+def test_layer_with_an_int8_cache(rng):
+    layer = sdpa.MultiHeadAttention(64, num_heads=8, num_kv_heads=2, kv_cache_dtype="int8")
+    cache = layer.new_cache(batch=1, capacity=32)
+    assert cache.dtype == np.int8 and layer.new_cache(1, 4, dtype=np.float32).dtype == np.float32
+    x = rng.standard_normal((1, 20, 64)).astype(np.float32)
+    full = layer(x)
+    steps = [layer(x[:, :12], cache)] + [layer(x[:, t:t + 1], cache) for t in range(12, 20)]
+    got = np.concatenate(steps, axis=1)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, full, atol=2e-2)
+    with pytest.raises(TypeError, match="dtype"):
+        sdpa.MultiHeadAttention(64, num_heads=8, kv_cache_dtype=np.int32)

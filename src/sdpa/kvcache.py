@@ -9,7 +9,7 @@ tokens and no reallocation.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union, cast
 
 import numpy as np
 
@@ -18,8 +18,10 @@ from ._api import (
     ArrayInput,
     AttentionResult,
     _attention_general,
+    _single_or_half,
     count,
     float_dtype,
+    result_dtype,
     scaled_dot_product_attention,
 )
 
@@ -309,6 +311,14 @@ class KVCache:
         KVCacheFullError
             The positions do not fit and the cache may not grow (nothing is written).
         """
+        end = self._append(k, v)
+        with self._lock:
+            keys, values = self._k[:, :, :end], self._v[:, :, :end]
+            kscales, vscales = self._ks[:, :, :end], self._vs[:, :, :end]
+        return self._filled(keys, kscales), self._filled(values, vscales)
+
+    def _append(self, k: Any, v: Any) -> int:
+        """append without building its result; returns the length after it."""
         k = np.asarray(k)
         v = np.asarray(v)
         expected_k = (self._batch, self._heads, "T", self._e)
@@ -360,9 +370,7 @@ class KVCache:
                 np.copyto(self._k[:, :, start:end], k, casting="same_kind")
                 np.copyto(self._v[:, :, start:end], v, casting="same_kind")
             self._length = end
-            keys, values = self._k[:, :, :end], self._v[:, :, :end]
-            kscales, vscales = self._ks[:, :, :end], self._vs[:, :, :end]
-        return self._filled(keys, kscales), self._filled(values, vscales)
+        return end
 
     def _roll(self, T: int) -> None:  # with the lock held
         """Drop the positions that none of T new queries can see: keep the last
@@ -420,7 +428,9 @@ class KVCache:
         """
         if window is None and self._window is not None:
             window = (self._window - 1, 0)
-        shape = np.shape(query)
+        shape = getattr(query, "shape", None)
+        if shape is None:
+            shape = np.shape(cast(Any, query))
         heads = shape[-3] if len(shape) >= 3 else 1
         with self._lock:
             n = self._length
@@ -437,6 +447,13 @@ class KVCache:
             None, out, num_threads, window, softcap, alibi_slopes, sinks,
             quantized=(ks, vs, self._group),
         )
+
+    def result_dtype(self, query_dtype: Any) -> np.dtype:
+        """The dtype of :meth:`attend`'s output for a query of ``query_dtype``."""
+        qdt = np.dtype(query_dtype)
+        if self._int8:
+            return qdt if _single_or_half(qdt) else np.dtype(np.float32)
+        return result_dtype(qdt, self._dtype, self._dtype)
 
     def reset(self) -> None:
         """Forget every position (the storage is kept for reuse)."""
