@@ -216,6 +216,7 @@ size_t sdpa_dtype_size(sdpa_dtype dt) {
         case SDPA_FLOAT64: return 8;
         case SDPA_BFLOAT16:
         case SDPA_FLOAT16: return 2;
+        case SDPA_INT8: return 1;
         default: return 4;
     }
 }
@@ -243,6 +244,16 @@ typedef void (*dot_half_f64_fn)(sdpa_dtype, int, int, int64_t, const double *, i
                                 double *, int64_t);
 static dot_half_f64_fn dot_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 static dot_half_f64_fn pv_rows_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+
+/* The row kernels over int8 keys and values (unscaled), or NULL. */
+typedef void (*dot_i8_fn)(int, int, int64_t, const float *, int64_t, const int8_t *, int64_t, float *, int64_t);
+typedef void (*pv_rows_i8_fn)(int, int, int64_t, const float *, int64_t, const int8_t *, int64_t, float *, int64_t);
+typedef void (*dot_i8_f64_fn)(int, int, int64_t, const double *, int64_t, const int8_t *, int64_t, double *,
+                              int64_t);
+static dot_i8_fn dot_i8_of_f32(const kernels_f32 *kern) { return kern->dot_i8; }
+static pv_rows_i8_fn pv_rows_i8_of_f32(const kernels_f32 *kern) { return kern->pv_rows_i8; }
+static dot_i8_f64_fn dot_i8_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+static dot_i8_f64_fn pv_rows_i8_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 
 /* The tile mask kernels, or NULL (float64, and sets without them: per element). */
 typedef void (*mask_add_f32_fn)(float *, int, int, const float *, int64_t);
@@ -328,11 +339,15 @@ static sdpa_dtype kv_dtype_of(const sdpa_problem *p) {
 }
 
 static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
+    const int int8 = kv_dtype_of(p) == SDPA_INT8;
     if (p->dtype == SDPA_FLOAT64) {
         if (kv_dtype_of(p) != SDPA_FLOAT64) return SDPA_ERR_BAD_DTYPE;
-    } else if (!is_single_or_half(p->dtype) || !is_single_or_half(kv_dtype_of(p))) {
+    } else if (!is_single_or_half(p->dtype) || (!is_single_or_half(kv_dtype_of(p)) && !int8)) {
         return SDPA_ERR_BAD_DTYPE;
     }
+    if (int8 && (p->kv_group_size < 0 || (p->kv_group_size > 0 && (p->head_dim % p->kv_group_size != 0 ||
+                                                                   p->head_dim_v % p->kv_group_size != 0))))
+        return SDPA_ERR_BAD_SHAPE;
     if (p->num_batch_dims < 0 || p->num_batch_dims > SDPA_MAX_BATCH_DIMS) return SDPA_ERR_BAD_SHAPE;
     if (p->num_heads < 0 || p->len_q < 0 || p->len_kv < 0 || p->head_dim < 0 || p->head_dim_v < 0)
         return SDPA_ERR_BAD_SHAPE;
@@ -364,6 +379,7 @@ static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
     if (work > 0) {
         if (!p->query.data || !p->out.data) return SDPA_ERR_NULL_POINTER;
         if (p->len_kv > 0 && (!p->key.data || !p->value.data)) return SDPA_ERR_NULL_POINTER;
+        if (int8 && p->len_kv > 0 && (!p->key_scale.data || !p->value_scale.data)) return SDPA_ERR_NULL_POINTER;
         if (p->mask_kind != SDPA_MASK_NONE && p->len_kv > 0 && !p->mask.data)
             return SDPA_ERR_NULL_POINTER;
     }
@@ -457,7 +473,9 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
     const size_t E = (size_t)p->head_dim, Ev = (size_t)p->head_dim_v;
     const int64_t rows = p->gqa_group * p->len_q;
     pl->row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS;
-    choose_blocking(p, batch_count, nthreads, elem, sdpa_dtype_size(pl->kv_dtype), pl);
+    /* int8 tiles are dequantized into float scratch: blocked as float */
+    choose_blocking(p, batch_count, nthreads, elem,
+                    pl->kv_dtype == SDPA_INT8 ? sizeof(float) : sdpa_dtype_size(pl->kv_dtype), pl);
     size_t off = 0;
     if (pl->row_mode) {
         const size_t tk = (size_t)pl->tile_k, M = (size_t)rows;
@@ -470,6 +488,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
         pl->off_s = off; off += round_elems(M * tk, elem);
         pl->off_k = off; off += round_elems(tk * E, elem);
         pl->off_v = off; off += round_elems(tk * Ev, elem);
+        pl->off_pp = off; off += round_elems(M * tk, elem);  /* int8: scores of one scale group */
     } else {
         const size_t tq = (size_t)pl->tile_q, tk = (size_t)pl->tile_k, nr = (size_t)pl->nr;
         pl->num_bh = batch_count * p->num_heads;
@@ -595,6 +614,7 @@ const char *sdpa_status_message(sdpa_status status) {
         case SDPA_ERR_OVERFLOW: return "sizes overflow 64-bit integers";
         case SDPA_ERR_INTERRUPTED: return "interrupted";
         case SDPA_ERR_BAD_ISA: return "unknown kernel set, or not supported by this CPU";
+        case SDPA_ERR_NOT_FINITE: return "a value to quantize is NaN or infinite";
         case SDPA_ERR_BAD_VARIANT:
             return "window sides must be -1 or in [0, 2^61], align_offset and len_q at most 2^61 with a window "
                    "or ALiBi, softcap finite and >= 0";

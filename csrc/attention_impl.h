@@ -36,6 +36,7 @@ static inline T FN(load)(const void *base, int64_t i, sdpa_dtype dt) {
         case SDPA_BFLOAT16: return (T)sdpa_bf16_to_f32(((const uint16_t *)base)[i]);
         case SDPA_FLOAT16: return (T)sdpa_f16_to_f32(((const uint16_t *)base)[i]);
         case SDPA_FLOAT32: return (T)((const float *)base)[i];
+        case SDPA_INT8: return (T)((const int8_t *)base)[i];  /* unscaled */
         default: return (T)((const double *)base)[i];
     }
 }
@@ -60,11 +61,46 @@ static void FN(load_scaled)(T *dst, const void *src, int64_t n, int64_t stride, 
     }
 }
 
+/* The scales of a quantized key or value view (kv_dtype SDPA_INT8). */
+typedef struct FN(kv_scales) {
+    const float *base;      /* at (batch index, key/value head); NULL: not int8 */
+    int64_t rs, cs;         /* token and group strides                         */
+    int64_t group;          /* channels per scale                              */
+} FN(kv_scales);
+
+static FN(kv_scales) FN(kv_scales_at)(const sdpa_problem *p, const sdpa_view *view, int64_t b, int64_t hkv,
+                                      int64_t cols) {
+    FN(kv_scales) sc = {NULL, 0, 0, 1};
+    if (p->kv_dtype != SDPA_INT8) return sc;
+    sc.base = (const float *)view_at(p, view, b, hkv, sizeof(float));
+    sc.rs = view->row_stride;
+    sc.cs = view->col_stride;
+    sc.group = p->kv_group_size > 0 ? p->kv_group_size : (cols > 0 ? cols : 1);
+    return sc;
+}
+
 /* Rows [s0, s0 + n) of a key or value view (dt elements) as T, row-major with
- * ld = cols, in buf: with a widening kernel for contiguous 16-bit rows. */
+ * ld = cols, in buf: with a widening kernel for contiguous 16-bit rows; int8
+ * rows times their scales (sc). */
 static void FN(convert_rows)(const KT *kern, T *buf, const char *base, const sdpa_view *view, sdpa_dtype dt,
-                             int64_t s0, int n, int64_t cols) {
+                             int64_t s0, int n, int64_t cols, const FN(kv_scales) *sc) {
     const size_t elem = sdpa_dtype_size(dt);
+    if (dt == SDPA_INT8) {  /* (float)q * scale, in float: the values cache.keys shows */
+        const int64_t cs = view->col_stride, g = sc->group;
+        for (int j = 0; j < n; j++) {
+            const int8_t *row = (const int8_t *)base + (s0 + j) * view->row_stride;
+            const float *srow = sc->base + (s0 + j) * sc->rs;
+            T *dst = buf + (int64_t)j * cols;
+            for (int64_t c0 = 0; c0 < cols; c0 += g) {
+                const float f = srow[(c0 / g) * sc->cs];
+                if (cs == 1)
+                    for (int64_t c = c0; c < c0 + g; c++) dst[c] = (T)((float)row[c] * f);
+                else
+                    for (int64_t c = c0; c < c0 + g; c++) dst[c] = (T)((float)row[c * cs] * f);
+            }
+        }
+        return;
+    }
     for (int j = 0; j < n; j++) {
         const char *row = base + (s0 + j) * view->row_stride * (int64_t)elem;
         T *dst = buf + (int64_t)j * cols;
@@ -332,6 +368,8 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     const int convert_kv = kvdt != TDT;
     const int64_t ksr = convert_kv ? E : p->key.row_stride, ksc = convert_kv ? 1 : p->key.col_stride;
     const int64_t vsr = convert_kv ? Ev : p->value.row_stride, vsc = convert_kv ? 1 : p->value.col_stride;
+    const FN(kv_scales) kscl = FN(kv_scales_at)(p, &p->key_scale, b, hkv, E);
+    const FN(kv_scales) vscl = FN(kv_scales_at)(p, &p->value_scale, b, hkv, Ev);
     T *kbuf = scratch + pl->off_k;   /* a K tile as T, tile_k x E (convert_kv) */
     T *vbuf = scratch + pl->off_v;   /* a V tile as T, tile_k x Ev            */
 
@@ -378,8 +416,8 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
         const T *kt = (const T *)k + s0 * ksr, *vt = (const T *)v + s0 * vsr;
         if (convert_kv) {  /* once per tile, for every panel */
-            FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E);
-            FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev);
+            FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E, &kscl);
+            FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev, &vscl);
             kt = kbuf, vt = vbuf;
         }
         for (int pn = 0; pn < panels; pn++) {
@@ -518,6 +556,12 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     T *st = scratch + pl->off_s;     /* M x tile_k scores                 */
     T *kbuf = scratch + pl->off_k;   /* tile_k x E: strided or converted K rows */
     T *vbuf = scratch + pl->off_v;   /* tile_k x Ev: strided or converted V rows */
+    T *sg = scratch + pl->off_pp;    /* M x tile_k: int8, the scores or weights of one scale group */
+    const FN(kv_scales) kscl = FN(kv_scales_at)(p, &p->key_scale, b, hkv, E);
+    const FN(kv_scales) vscl = FN(kv_scales_at)(p, &p->value_scale, b, hkv, Ev);
+    const int half = kvdt == SDPA_BFLOAT16 || kvdt == SDPA_FLOAT16;
+    const int k_i8 = kvdt == SDPA_INT8 && ksc == 1 && FN(dot_i8_of)(kern) != NULL;
+    const int v_i8 = kvdt == SDPA_INT8 && vsc == 1 && FN(pv_rows_i8_of)(kern) != NULL;
 
     const T scale = (T)p->scale, cap = FN(softcap_value)(p);
     for (int x = 0; x < M; x++) {
@@ -529,13 +573,30 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;
         const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
-        if (kvdt != TDT && ksc == 1 && FN(dot_half_of)(kern)) {  /* 16-bit keys read in place */
+        if (half && ksc == 1 && FN(dot_half_of)(kern)) {  /* 16-bit keys read in place */
             FN(dot_half_of)(kern)(kvdt, M, n, E, qs, E, (const uint16_t *)k + s0 * ksr, ksr, st, tile_k);
+        } else if (k_i8) {  /* int8 keys read in place, each scale group's dot then scaled */
+            const int8_t *kb = (const int8_t *)k + s0 * ksr;
+            const float *ks = kscl.base + s0 * kscl.rs;
+            const int64_t g = kscl.group;
+            for (int64_t c0 = 0; c0 < E; c0 += g) {
+                const float *kg = ks + (c0 / g) * kscl.cs;
+                T *dst = c0 == 0 ? st : sg;
+                FN(dot_i8_of)(kern)(M, n, g, qs + c0, E, kb + c0, ksr, dst, tile_k);
+                for (int x = 0; x < M; x++) {
+                    T *sx = st + (int64_t)x * tile_k;
+                    const T *gx = dst + (int64_t)x * tile_k;
+                    if (c0 == 0)
+                        for (int j = 0; j < n; j++) sx[j] = gx[j] * kg[j * kscl.rs];
+                    else
+                        for (int j = 0; j < n; j++) sx[j] += gx[j] * kg[j * kscl.rs];
+                }
+            }
         } else {
             const T *kb = (const T *)k + s0 * ksr;
             int64_t ldk = ksr;
             if (ksc != 1 || kvdt != TDT) {
-                FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E);
+                FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E, &kscl);
                 kb = kbuf;
                 ldk = E;
             }
@@ -558,13 +619,26 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                 FN(store_raw_scores)(p, AT(weights, b, h) + l * p->weights.row_stride, sr, 1, s0, n);
             kern->row_softmax(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
         }
-        if (kvdt != TDT && vsc == 1 && FN(pv_rows_half_of)(kern)) {
+        if (half && vsc == 1 && FN(pv_rows_half_of)(kern)) {
             FN(pv_rows_half_of)(kern)(kvdt, M, n, Ev, st, tile_k, (const uint16_t *)v + s0 * vsr, vsr, acc, Ev);
+        } else if (v_i8) {  /* int8 values read in place, the weights of each scale group scaled */
+            const int8_t *vb = (const int8_t *)v + s0 * vsr;
+            const float *vs = vscl.base + s0 * vscl.rs;
+            const int64_t g = vscl.group;
+            for (int64_t c0 = 0; c0 < Ev; c0 += g) {
+                const float *vg = vs + (c0 / g) * vscl.cs;
+                for (int x = 0; x < M; x++) {
+                    const T *sx = st + (int64_t)x * tile_k;
+                    T *px = sg + (int64_t)x * tile_k;
+                    for (int j = 0; j < n; j++) px[j] = sx[j] * vg[j * vscl.rs];
+                }
+                FN(pv_rows_i8_of)(kern)(M, n, g, sg, tile_k, vb + c0, vsr, acc + c0, Ev);
+            }
         } else {
             const T *vb = (const T *)v + s0 * vsr;
             int64_t ldv = vsr;
             if (vsc != 1 || kvdt != TDT) {
-                FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev);
+                FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev, &vscl);
                 vb = vbuf;
                 ldv = Ev;
             }

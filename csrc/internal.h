@@ -80,6 +80,12 @@ typedef struct kernels_f32 {
                      int64_t ldk, float *s, int64_t lds);
     void (*pv_rows_half)(sdpa_dtype dt, int m, int n, int64_t ev, const float *p, int64_t ldp, const uint16_t *v,
                          int64_t ldv, float *acc, int64_t ldacc);
+    /* dot and pv_rows with int8 keys / values, unscaled (the driver applies the
+     * scales to the scores and to p; NULL: dequantize first) */
+    void (*dot_i8)(int m, int n, int64_t e, const float *q, int64_t ldq, const int8_t *k, int64_t ldk, float *s,
+                   int64_t lds);
+    void (*pv_rows_i8)(int m, int n, int64_t ev, const float *p, int64_t ldp, const int8_t *v, int64_t ldv,
+                       float *acc, int64_t ldacc);
     /* Masks on a transposed score tile s (n keys x nr rows) for its first `rows`
      * rows, the element of row x and key j at m[x*m_rs + j] (NULL: per element
      * in the driver):  mask_add: s[j*nr + x] += m[...];

@@ -9,16 +9,20 @@ caches.  Each block is pre-norm:
     x = h + mlp(rmsnorm(h))              SiLU, 4x wide
 
 Prints the throughput of prefill and decode, then checks that the cached
-decode gives what one causal pass over the whole sequence gives.
+decode gives what one causal pass over the whole sequence gives.  With
+``--kv-cache``, the caches hold another dtype (several, comma-separated, are
+run one after the other): float32 gives the full pass's logits to rounding,
+16-bit and int8 caches to their own precision.
 
     python examples/decoder.py --layers 4 --tokens 32 --threads 2
+    python examples/decoder.py --prompt 2048 --kv-cache float32,bfloat16,int8
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
@@ -59,8 +63,8 @@ class Decoder:
         self.norm_out = np.ones(embed, dtype=np.float32)
         self.unembedding = (rng.standard_normal((embed, vocab)) / np.sqrt(embed)).astype(np.float32)
 
-    def new_caches(self, batch: int, capacity: int) -> List[KVCache]:
-        return [b.attn.new_cache(batch, capacity) for b in self.blocks]
+    def new_caches(self, batch: int, capacity: int, dtype: Any = None) -> List[KVCache]:
+        return [b.attn.new_cache(batch, capacity, dtype=dtype) for b in self.blocks]
 
     def logits(self, tokens: np.ndarray, caches: Optional[List[KVCache]], threads: Optional[int]) -> np.ndarray:
         """tokens (batch, T) -> logits (batch, T, vocab); with caches, the tokens
@@ -86,8 +90,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--vocab", type=int, default=1024, help="vocabulary size (default 1024)")
     ap.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-cache", default="float32",
+                    help="cache dtypes, comma-separated: float32, bfloat16, float16, int8 (default float32)")
     ap.add_argument("--no-check", action="store_true", help="skip the check against a full pass")
     args = ap.parse_args(argv)
+    cache_types = [t.strip() for t in args.kv_cache.split(",") if t.strip()]
+    known: Dict[str, Any] = {"float32": np.float32, "float16": np.float16, "int8": "int8"}
+    try:
+        import ml_dtypes
+
+        known["bfloat16"] = ml_dtypes.bfloat16
+    except ImportError:
+        pass
+    if not cache_types or any(t not in known for t in cache_types):
+        ap.error(f"--kv-cache: expected some of {', '.join(known)}, got {args.kv_cache!r}")
     if args.layers < 1 or args.tokens < 1 or args.prompt < 1 or args.batch < 1:
         ap.error("--layers, --tokens, --prompt and --batch must be >= 1")
     if args.threads < 0:
@@ -98,47 +114,54 @@ def main(argv: Optional[List[str]] = None) -> int:
     rng = np.random.default_rng(args.seed + 1)
     prompt = rng.integers(0, args.vocab, size=(args.batch, args.prompt))
     total = args.prompt + args.tokens
-    caches = model.new_caches(args.batch, total)
     print(
         f"sdpa {sdpa.__version__} ({sdpa.config()['isa']}), {args.layers} layers, embed {args.embed}, "
         f"{args.heads} query heads, {args.kv_heads} kv heads, batch {args.batch}, "
         f"attention threads: {threads or 'sdpa default'}"
     )
+    # the largest relative difference from the full pass each cache type allows
+    tolerance = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2, "int8": 5e-2}
+    failed = False
+    for cache_type in cache_types:
+        caches = model.new_caches(args.batch, total, known[cache_type])
 
-    # prefill: the whole prompt in one pass per layer; the last position predicts
-    t0 = time.perf_counter()
-    step_logits = [model.logits(prompt, caches, threads)[:, -1]]
-    t_prefill = time.perf_counter() - t0
-    generated = [np.argmax(step_logits[-1], axis=-1)]
+        # prefill: the whole prompt in one pass per layer; the last position predicts
+        t0 = time.perf_counter()
+        step_logits = [model.logits(prompt, caches, threads)[:, -1]]
+        t_prefill = time.perf_counter() - t0
+        generated = [np.argmax(step_logits[-1], axis=-1)]
 
-    # decode: one token per step, through the caches
-    t0 = time.perf_counter()
-    for _ in range(args.tokens - 1):
-        step_logits.append(model.logits(generated[-1][:, None], caches, threads)[:, -1])
-        generated.append(np.argmax(step_logits[-1], axis=-1))
-    t_decode = time.perf_counter() - t0
+        # decode: one token per step, through the caches
+        t0 = time.perf_counter()
+        for _ in range(args.tokens - 1):
+            step_logits.append(model.logits(generated[-1][:, None], caches, threads)[:, -1])
+            generated.append(np.argmax(step_logits[-1], axis=-1))
+        t_decode = time.perf_counter() - t0
 
-    tokens = np.stack(generated, axis=1)  # (batch, tokens)
-    print(f"prefill: {args.batch * args.prompt} tokens in {t_prefill * 1e3:.1f} ms, "
-          f"{args.batch * args.prompt / t_prefill:,.0f} tokens/s")
-    if args.tokens > 1:
-        n = args.batch * (args.tokens - 1)
-        print(f"decode:  {n} tokens in {t_decode * 1e3:.1f} ms, {n / t_decode:,.0f} tokens/s")
-    print("generated:", " ".join(str(t) for t in tokens[0][:16]) + (" ..." if args.tokens > 16 else ""))
-    assert all(len(c) == total - 1 for c in caches)
+        tokens = np.stack(generated, axis=1)  # (batch, tokens)
+        mib = sum(c.nbytes for c in caches) / 2**20
+        print(f"[{cache_type} cache, {mib:.1f} MiB] prefill: {args.batch * args.prompt} tokens in "
+              f"{t_prefill * 1e3:.1f} ms, {args.batch * args.prompt / t_prefill:,.0f} tokens/s")
+        if args.tokens > 1:
+            n = args.batch * (args.tokens - 1)
+            print(f"[{cache_type} cache] decode:  {n} tokens in {t_decode * 1e3:.1f} ms, "
+                  f"{n / t_decode:,.0f} tokens/s")
+        print("generated:", " ".join(str(t) for t in tokens[0][:16]) + (" ..." if args.tokens > 16 else ""))
+        assert all(len(c) == total - 1 for c in caches)
 
-    if args.no_check:
-        return 0
-    # the same logits from one causal pass over prompt + generated tokens, no cache
-    sequence = np.concatenate([prompt, tokens[:, :-1]], axis=1)
-    full = model.logits(sequence, None, threads)[:, args.prompt - 1 :]
-    cached = np.stack(step_logits, axis=1)
-    err = float(np.max(np.abs(full - cached)) / max(float(np.max(np.abs(full))), 1e-30))
-    same = bool(np.array_equal(np.argmax(full, axis=-1), tokens))
-    ok = err < 1e-4
-    print(f"check: cached decode vs full pass, max relative difference {err:.2e}, "
-          f"same tokens: {same} -> {'OK' if ok else 'MISMATCH'}")
-    return 0 if ok else 1
+        if args.no_check:
+            continue
+        # the same logits from one causal pass over prompt + generated tokens, no cache
+        sequence = np.concatenate([prompt, tokens[:, :-1]], axis=1)
+        full = model.logits(sequence, None, threads)[:, args.prompt - 1 :]
+        cached = np.stack(step_logits, axis=1)
+        err = float(np.max(np.abs(full - cached)) / max(float(np.max(np.abs(full))), 1e-30))
+        same = bool(np.array_equal(np.argmax(full, axis=-1), tokens))
+        ok = err < tolerance[cache_type]
+        failed |= not ok
+        print(f"check: cached decode vs full pass, max relative difference {err:.2e}, "
+              f"same tokens: {same} -> {'OK' if ok else 'MISMATCH'}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

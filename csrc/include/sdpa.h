@@ -44,8 +44,9 @@ typedef enum sdpa_status {
     SDPA_ERR_OVERFLOW = 8,          /* a size product overflows int64        */
     SDPA_ERR_INTERRUPTED = 9,       /* the interrupt callback asked to stop  */
     SDPA_ERR_BAD_ISA = 10,          /* unknown or unsupported kernel set     */
-    SDPA_ERR_BAD_VARIANT = 11       /* window, softcap or alignment offset
+    SDPA_ERR_BAD_VARIANT = 11,      /* window, softcap or alignment offset
                                        out of range                          */
+    SDPA_ERR_NOT_FINITE = 12        /* a value to quantize is NaN or infinite */
 } sdpa_status;
 
 /*
@@ -59,6 +60,9 @@ typedef enum sdpa_dtype {
     SDPA_FLOAT64 = 1,   /* double                                         */
     SDPA_BFLOAT16 = 2,  /* bfloat16: the upper 16 bits of a float          */
     SDPA_FLOAT16 = 3,   /* IEEE 754 binary16                               */
+    SDPA_INT8 = 4,      /* kv_dtype only, with a float32 or 16-bit query:
+                           int8_t, each element times its float32 scale
+                           (key_scale / value_scale, kv_group_size)       */
     SDPA_DTYPE_OF_QUERY = -1  /* kv_dtype only: the same as dtype          */
 } sdpa_dtype;
 
@@ -93,7 +97,8 @@ typedef struct sdpa_problem {
     sdpa_dtype kv_dtype;   /* of key and value: SDPA_DTYPE_OF_QUERY (the
                               default), or with a float32 or 16-bit dtype any
                               of SDPA_FLOAT32, _BFLOAT16, _FLOAT16 (a float32
-                              query can attend a 16-bit cache in place)      */
+                              query can attend a 16-bit cache in place) or
+                              SDPA_INT8 (a quantized cache, read in place)  */
     int32_t num_batch_dims;                    /* 0..SDPA_MAX_BATCH_DIMS       */
     int64_t batch_shape[SDPA_MAX_BATCH_DIMS];
     int64_t num_heads;     /* query heads = output heads (Hq)                   */
@@ -156,6 +161,18 @@ typedef struct sdpa_problem {
     double softcap;
     sdpa_view alibi;
     sdpa_view sinks;
+
+    /* Quantized keys and values (kv_dtype SDPA_INT8): the value of key element
+     * (b, h, s, c) is (float)key[b, h, s, c] * key_scale[b, h, s, c / G] with
+     * G = kv_group_size, or G = head_dim when kv_group_size is 0 (one scale
+     * per token and head); values alike with value_scale and head_dim_v.  The
+     * scale views are float32, (..., Hkv, S, E / G) and (..., Hkv, S, Ev / G),
+     * any strides.  A nonzero kv_group_size divides head_dim and head_dim_v.
+     * sdpa_quantize_int8 writes such rows.  The kernels dequantize a tile at a
+     * time (in registers when decoding); the cache is never copied.       */
+    sdpa_view key_scale;
+    sdpa_view value_scale;
+    int64_t kv_group_size;
 } sdpa_problem;
 
 /* Fills *p with an empty problem: float32, key and value of the query's
@@ -169,6 +186,23 @@ SDPA_API void sdpa_problem_init(sdpa_problem *p);
  * MXCSR flush-to-zero, denormals-are-zero and rounding; AArch64 FPCR), which
  * are left as they were. */
 SDPA_API sdpa_status sdpa_attention(const sdpa_problem *p);
+
+/* Quantizes `rows` rows of `cols` floats (src, rows src_row_stride apart) to
+ * int8, symmetric, round to nearest (ties to even): each group of group_size
+ * consecutive columns (0: the whole row) gets the scale max|x| / 127 (0 for a
+ * group of zeros), scales[r * scale_row_stride + g], and the values
+ * dst[r * dst_row_stride + c] = round(x / scale), in [-127, 127].  group_size
+ * must divide cols (else SDPA_ERR_BAD_SHAPE).  A NaN or infinite value gives
+ * SDPA_ERR_NOT_FINITE and writes nothing.  Thread safe; no allocation. */
+SDPA_API sdpa_status sdpa_quantize_int8(const float *src, int64_t src_row_stride, int64_t rows, int64_t cols,
+                                        int64_t group_size, int8_t *dst, int64_t dst_row_stride, float *scales,
+                                        int64_t scale_row_stride);
+
+/* Scales per row of `cols` columns in groups of group_size (0: whole rows):
+ * cols / group_size, 1 for group_size 0; -1 when group_size is negative or
+ * does not divide cols.  A (..., H, S, E) int8 key cache takes H*S*E bytes
+ * and H*S*sdpa_int8_scales_per_row(E, G) floats of scales. */
+SDPA_API int64_t sdpa_int8_scales_per_row(int64_t cols, int64_t group_size);
 
 /* A static, human-readable message for a status. */
 SDPA_API const char *sdpa_status_message(sdpa_status status);

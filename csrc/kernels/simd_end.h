@@ -25,6 +25,7 @@
 #undef S_EXP
 #undef V_LOADU_BF16
 #undef V_LOADU_F16
+#undef V_LOADU_I8
 #undef V_TRANSPOSE
 #undef V_BOOL_TO_NEGINF
 #undef V_NEGINF_WHERE

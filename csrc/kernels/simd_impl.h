@@ -18,6 +18,8 @@
  *   V_HSUM_LANES(a)        a vector whose lane i is V_HSUM(a[i]), a[0..LANES)
  *   V_LOADU_BF16(p) V_LOADU_F16(p)   (float only, optional) LANES 16-bit values
  *                          widened to T: the row kernels over a 16-bit cache
+ *   V_LOADU_I8(p)          (float only, optional) LANES int8 values widened to
+ *                          T: the row kernels over an int8 cache
  *   V_TRANSPOSE(r)         (float only, optional) r[0..LANES) as rows of a square
  *                          block become its columns: the vectorised masks
  *   V_BOOL_TO_NEGINF(p)    LANES bool bytes: 0 where nonzero, -inf where zero
@@ -261,11 +263,17 @@ static void FN(store_rows)(T *out, int64_t rs, const T *acc, const T *row_l, int
 #define KV_T 0
 #define KV_BF16 1
 #define KV_F16 2
+#define KV_I8 3
+/* bytes of one key or value element of a kind */
+#define KV_SIZE(kind) ((kind) == KV_T ? (int64_t)sizeof(T) : (kind) == KV_I8 ? 1 : 2)
 
 static inline __attribute__((always_inline)) V FN(load_kv)(const char *p, const int kind) {
 #ifdef V_LOADU_BF16
     if (kind == KV_BF16) return V_LOADU_BF16((const uint16_t *)p);
     if (kind == KV_F16) return V_LOADU_F16((const uint16_t *)p);
+#endif
+#ifdef V_LOADU_I8
+    if (kind == KV_I8) return V_LOADU_I8((const int8_t *)p);
 #endif
     (void)kind;
     return V_LOADU((const T *)p);
@@ -274,6 +282,7 @@ static inline __attribute__((always_inline)) V FN(load_kv)(const char *p, const 
 static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *p, const int kind) {
     if (kind == KV_BF16) return (T)sdpa_bf16_to_f32(*(const uint16_t *)p);
     if (kind == KV_F16) return (T)sdpa_f16_to_f32(*(const uint16_t *)p);
+    if (kind == KV_I8) return (T) * (const int8_t *)p;
     return *(const T *)p;
 }
 
@@ -289,7 +298,7 @@ static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *p, cons
 static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, int m, int n, int64_t e, const T *q,
                                                             int64_t ldq, const char *k, int64_t ldk, T *s,
                                                             int64_t lds) {
-    const int64_t es = kind == KV_T ? (int64_t)sizeof(T) : 2;
+    const int64_t es = KV_SIZE(kind);
     const int64_t ev = e / LANES * LANES;
     int j = 0;
     for (; j + 4 <= n; j += 4) {
@@ -325,7 +334,7 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, i
 static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, int m, int n, int64_t e, const T *q,
                                                             int64_t ldq, const char *k, int64_t ldk, T *s,
                                                             int64_t lds) {
-    const int64_t es = kind == KV_T ? (int64_t)sizeof(T) : 2;
+    const int64_t es = KV_SIZE(kind);
     const int64_t ev = e / LANES * LANES;
     int j = 0;
     if (kind != KV_T && m >= 2 && LANES >= 8) j = FN(dot_rows4)(kind, m, n, e, q, ldq, k, ldk, s, lds);
@@ -371,7 +380,7 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, i
 static inline __attribute__((always_inline)) void FN(pv_rows_block)(
     const int kind, const int mr, const int nvb, int n, const T *p, int64_t ldp, const char *v, int64_t ldv,
     T *acc, int64_t ldacc) {
-    const int64_t es = kind == KV_T ? (int64_t)sizeof(T) : 2;
+    const int64_t es = KV_SIZE(kind);
     V a[4][8];
     for (int x = 0; x < mr; x++)
         for (int t = 0; t < nvb; t++) a[x][t] = V_LOADU(acc + x * ldacc + t * LANES);
@@ -390,7 +399,7 @@ static inline __attribute__((always_inline)) void FN(pv_rows_block)(
 static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kind, int m, int n, int64_t ev,
                                                                 const T *p, int64_t ldp, const char *v,
                                                                 int64_t ldv, T *acc, int64_t ldacc) {
-    const int64_t es = kind == KV_T ? (int64_t)sizeof(T) : 2;
+    const int64_t es = KV_SIZE(kind);
     for (int x0 = 0; x0 < m; x0 += 4) {
         const int mr = m - x0 < 4 ? m - x0 : 4;
         const T *px = p + x0 * ldp;
@@ -454,9 +463,23 @@ static void FN(pv_rows_half)(sdpa_dtype dt, int m, int n, int64_t ev, const T *p
 }
 #endif
 
+#ifdef V_LOADU_I8
+static void FN(dot_i8)(int m, int n, int64_t e, const T *q, int64_t ldq, const int8_t *k, int64_t ldk, T *s,
+                       int64_t lds) {
+    FN(dot_kind)(KV_I8, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+}
+
+static void FN(pv_rows_i8)(int m, int n, int64_t ev, const T *p, int64_t ldp, const int8_t *v, int64_t ldv, T *acc,
+                           int64_t ldacc) {
+    FN(pv_rows_kind)(KV_I8, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+}
+#endif
+
 #undef KV_T
 #undef KV_BF16
 #undef KV_F16
+#undef KV_I8
+#undef KV_SIZE
 
 static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
     const int nv = n / LANES * LANES;

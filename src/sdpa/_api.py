@@ -700,9 +700,13 @@ def _attention_general(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[ArrayInput] = None,
     sinks: Optional[ArrayInput] = None,
+    quantized: Optional[Tuple[Array, Array, int]] = None,
 ) -> AttentionResult:
     """scaled_dot_product_attention for any arguments: converts what it can,
-    raises with a message naming the argument for what it cannot."""
+    raises with a message naming the argument for what it cannot.  With
+    ``quantized = (key_scale, value_scale, group_size)``, key and value are the
+    int8 storage of a :class:`KVCache` (checked by it) and the query is computed
+    in float32 (kept if 16-bit)."""
     q = _to_array(query, "query")
     k = _to_array(key, "key")
     v = _to_array(value, "value")
@@ -711,10 +715,15 @@ def _attention_general(
         _check_real(a, name)
         if a.ndim < 2:
             raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {a.shape}")
-    dtype, kv_dtype = operand_dtypes(q.dtype, k.dtype, v.dtype)  # dtype: the query's and the output's
+    quant_args: Dict[str, Any] = {}
+    if quantized is None:
+        dtype, kv_dtype = operand_dtypes(q.dtype, k.dtype, v.dtype)  # dtype: the query's and the output's
+        k, v = (_as_operand(a, kv_dtype) for a in (k, v))
+    else:
+        dtype = q.dtype if _single_or_half(q.dtype) else _FLOAT32
+        quant_args = {"k_scale": quantized[0], "v_scale": quantized[1], "group_size": quantized[2]}
     cdtype = compute_dtype(dtype)  # of weights, lse and a float mask
     q = _as_operand(q, dtype)
-    k, v = (_as_operand(a, kv_dtype) for a in (k, v))
 
     plan = plan_shapes(q.shape, k.shape, v.shape, enable_gqa)
     L, S, E = plan.L, plan.S, plan.E
@@ -824,7 +833,7 @@ def _attention_general(
             q, k, v, result,
             mask=m, weights=weights, lse=lse, key_lengths=lengths,
             scale=scale_value, causal=causal, causal_offset=causal_offset,
-            group=group, num_threads=threads, **variants,
+            group=group, num_threads=threads, **variants, **quant_args,
         )
 
     extra = [x for x in (weights, lse) if x is not None]  # each there iff asked for

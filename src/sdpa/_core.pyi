@@ -44,6 +44,12 @@ def run(
     softcap: float = 0.0,
     alibi: Optional[npt.NDArray[Any]] = None,
     sinks: Optional[npt.NDArray[Any]] = None,
+    k_scale: Optional[npt.NDArray[Any]] = None,
+    v_scale: Optional[npt.NDArray[Any]] = None,
+    group_size: int = 0,
+) -> None: ...
+def quantize_int8(
+    src: npt.NDArray[Any], dst: npt.NDArray[Any], scales: npt.NDArray[Any], group_size: int = 0
 ) -> None: ...
 def try_attention(
     query: Any,

@@ -20,7 +20,7 @@ cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.math cimport sqrt
-from libc.stdint cimport int32_t, int64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uintptr_t, int8_t
 
 import threading
 
@@ -35,11 +35,13 @@ cdef extern from "sdpa.h" nogil:
         SDPA_ERR_NO_MEMORY
         SDPA_ERR_INTERRUPTED
         SDPA_ERR_BAD_ISA
+        SDPA_ERR_NOT_FINITE
     ctypedef enum sdpa_dtype:
         SDPA_FLOAT32
         SDPA_FLOAT64
         SDPA_BFLOAT16
         SDPA_FLOAT16
+        SDPA_INT8
     ctypedef enum sdpa_mask_kind:
         SDPA_MASK_NONE
         SDPA_MASK_BOOL
@@ -85,7 +87,13 @@ cdef extern from "sdpa.h" nogil:
         double softcap
         sdpa_view alibi
         sdpa_view sinks
+        sdpa_view key_scale
+        sdpa_view value_scale
+        int64_t kv_group_size
     void sdpa_problem_init(sdpa_problem *p)
+    sdpa_status sdpa_quantize_int8(const float *src, int64_t src_row_stride, int64_t rows, int64_t cols,
+                                   int64_t group_size, int8_t *dst, int64_t dst_row_stride, float *scales,
+                                   int64_t scale_row_stride)
     sdpa_status sdpa_attention(const sdpa_problem *p)
     const char *sdpa_status_message(sdpa_status status)
     int sdpa_has_openmp()
@@ -437,24 +445,36 @@ def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
         cnp.ndarray lse=None, cnp.ndarray key_lengths=None, double scale=1.0,
         bint causal=False, int64_t causal_offset=0, int64_t group=1, int num_threads=0,
         int64_t window_left=-1, int64_t window_right=-1, int64_t align_offset=0,
-        double softcap=0.0, cnp.ndarray alibi=None, cnp.ndarray sinks=None):
+        double softcap=0.0, cnp.ndarray alibi=None, cnp.ndarray sinks=None,
+        cnp.ndarray k_scale=None, cnp.ndarray v_scale=None, int64_t group_size=0):
     """Computes attention into `out` (and `weights`, `lse`) from arrays prepared by
     sdpa._api, native and aligned: q and out of one dtype (float32, float64,
     float16 or bfloat16), k and v of one (float64 with float64 only), weights,
     lse and a float mask of the compute type (float64 for float64, else
     float32), or a bool mask; int64 key_lengths; alibi slopes and sinks of the
     compute type, (batch..., heads) broadcasting.  The problem's sizes are read
-    from out (batch..., heads, L, Ev; 2-D: one head), q (E) and k (S)."""
+    from out (batch..., heads, L, Ev; 2-D: one head), q (E) and k (S).
+    With k_scale and v_scale (float32, (batch..., Hkv, S, E / G) and (..., Ev / G),
+    G = group_size or the whole row for 0), k and v are int8 and the query is
+    not float64: a quantized cache."""
     cdef sdpa_problem p
     cdef int64_t ex[MAX_DIMS]
     cdef int nd = cnp.PyArray_NDIM(out), nb, i
     cdef cnp.npy_intp *os = cnp.PyArray_DIMS(out)
     cdef int dt = _dtype_of(q), kvdt = _dtype_of(k), cdt = _compute_dtype(dt)
+    cdef bint int8 = k_scale is not None or v_scale is not None
     sdpa_problem_init(&p)
+    if int8:
+        if k_scale is None or v_scale is None or dt < 0 or dt == SDPA_FLOAT64 \
+                or cnp.PyArray_TYPE(k) != cnp.NPY_INT8 or cnp.PyArray_TYPE(v) != cnp.NPY_INT8 \
+                or _dtype_of(k_scale) != SDPA_FLOAT32 or _dtype_of(v_scale) != SDPA_FLOAT32:
+            raise TypeError("sdpa._core.run: int8 k and v need float32 k_scale and v_scale, "
+                            "and a float32 or 16-bit query")
+        kvdt = SDPA_INT8
     if nd < 2 or nd > MAX_DIMS or cnp.PyArray_NDIM(q) < 2 or cnp.PyArray_NDIM(k) < 2 or dt < 0 \
             or group < 1:
         raise ValueError("sdpa._core.run: operands that do not describe a problem")
-    if not _pairs(dt, kvdt) or _dtype_of(v) != kvdt or _dtype_of(out) != dt:
+    if not int8 and (not _pairs(dt, kvdt) or _dtype_of(v) != kvdt) or _dtype_of(out) != dt:
         raise TypeError("sdpa._core.run: operands of dtypes that do not go together")
     for a in (weights, lse):
         if a is not None and _dtype_of(a) != cdt:
@@ -505,6 +525,16 @@ def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
         bad |= _fill_view(&p.alibi, alibi, nb, 1, ex, False)
     if sinks is not None:
         bad |= _fill_view(&p.sinks, sinks, nb, 1, ex, False)
+    if int8:
+        if group_size < 0 or (group_size > 0 and (p.head_dim % group_size or p.head_dim_v % group_size)):
+            raise ValueError("sdpa._core.run: group_size must divide head_dim and head_dim_v")
+        p.kv_group_size = group_size
+        _expected(ex, p.batch_shape, nb, p.num_heads // group, p.len_kv,
+                  p.head_dim // group_size if group_size else 1)
+        bad |= _fill_view(&p.key_scale, k_scale, nb, 3, ex, False)
+        _expected(ex, p.batch_shape, nb, p.num_heads // group, p.len_kv,
+                  p.head_dim_v // group_size if group_size else 1)
+        bad |= _fill_view(&p.value_scale, v_scale, nb, 3, ex, False)
     if bad:
         raise ValueError("sdpa._core.run: an operand does not fit the problem")
     for a in (out, weights, lse):
@@ -522,6 +552,52 @@ def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
     if _observer is not None:
         arrays = {"q": q, "k": k, "v": v, "mask": mask}
     _execute(&p, _interruptible(), arrays)
+
+
+def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarray scales not None,
+                  int64_t group_size=0):
+    """Quantizes src (float32, (N, H, T, C)) into dst (int8, the same shape) and
+    scales (float32, (N, H, T, C / group_size, or 1 for 0)), each with
+    contiguous columns and any other strides.  ValueError for a NaN or infinite
+    value: nothing of its (N, H) slab is written, but earlier slabs may be (the
+    caller checks first)."""
+    cdef cnp.npy_intp *sh = cnp.PyArray_DIMS(src)
+    cdef int64_t n, h, i, j, rows, cols, groups
+    cdef sdpa_status st = SDPA_OK
+    cdef const char *sp
+    cdef char *dp
+    cdef char *cp
+    cdef cnp.npy_intp *ss
+    cdef cnp.npy_intp *ds
+    cdef cnp.npy_intp *cs
+    if cnp.PyArray_NDIM(src) != 4 or cnp.PyArray_NDIM(dst) != 4 or cnp.PyArray_NDIM(scales) != 4 \
+            or _dtype_of(src) != SDPA_FLOAT32 or cnp.PyArray_TYPE(dst) != cnp.NPY_INT8 \
+            or _dtype_of(scales) != SDPA_FLOAT32 or not cnp.PyArray_ISWRITEABLE(dst) \
+            or not cnp.PyArray_ISWRITEABLE(scales):
+        raise TypeError("sdpa._core.quantize_int8: operands of the wrong kind")
+    n, h, rows, cols = sh[0], sh[1], sh[2], sh[3]
+    groups = cols // group_size if group_size > 0 else 1
+    for i in range(4):
+        if cnp.PyArray_DIMS(dst)[i] != sh[i] or cnp.PyArray_DIMS(scales)[i] != (sh[i] if i < 3 else groups):
+            raise ValueError("sdpa._core.quantize_int8: shapes that do not fit")
+    ss, ds, cs = cnp.PyArray_STRIDES(src), cnp.PyArray_STRIDES(dst), cnp.PyArray_STRIDES(scales)
+    if (cols > 1 and (ss[3] != 4 or ds[3] != 1)) or (groups > 1 and cs[3] != 4) \
+            or ss[2] % 4 or cs[2] % 4:
+        raise ValueError("sdpa._core.quantize_int8: rows must be contiguous")
+    with nogil:
+        for i in range(n):
+            if st != SDPA_OK:
+                break
+            for j in range(h):
+                sp = cnp.PyArray_BYTES(src) + i * ss[0] + j * ss[1]
+                dp = cnp.PyArray_BYTES(dst) + i * ds[0] + j * ds[1]
+                cp = cnp.PyArray_BYTES(scales) + i * cs[0] + j * cs[1]
+                st = sdpa_quantize_int8(<const float *>sp, ss[2] // 4, rows, cols, group_size,
+                                        <int8_t *>dp, ds[2], <float *>cp, cs[2] // 4)
+                if st != SDPA_OK:
+                    break
+    if st != SDPA_OK:
+        raise ValueError("sdpa: " + sdpa_status_message(st).decode())
 
 
 # ---------------------------------------------------------------- the fast path

@@ -9,11 +9,21 @@ tokens and no reallocation.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union, cast
 
 import numpy as np
 
-from ._api import count, float_dtype
+from . import _core
+from ._api import (
+    ArrayInput,
+    AttentionResult,
+    _attention_general,
+    _single_or_half,
+    count,
+    float_dtype,
+    result_dtype,
+    scaled_dot_product_attention,
+)
 
 __all__ = ["KVCache", "KVCacheFullError"]
 
@@ -41,11 +51,20 @@ class KVCache:
         Features of a key (E).
     head_dim_v : int, optional
         Features of a value (Ev); defaults to ``head_dim``.
-    dtype : numpy dtype, default float32
+    dtype : numpy dtype or ``"int8"``, default float32
         Storage dtype: float32, float64, float16 or ``ml_dtypes.bfloat16``;
         appended arrays are converted to it.  A 16-bit cache takes half the
         memory and half the reading time of a float32 one: attention reads it
         in place (a float32 query against it gives float32 results).
+        ``"int8"`` (or ``np.int8``) quantizes each appended key and value row:
+        symmetric, round to nearest, with a float32 scale ``max|x| / 127`` per
+        (batch, head, position), or per group of ``group_size`` features.  It
+        takes about a quarter of the float32 memory and reading time; the
+        kernels dequantize as they read.  Appended values must be finite.
+    group_size : int, optional
+        int8 only: features per scale, a divisor of ``head_dim`` and
+        ``head_dim_v``; by default one scale covers a whole key (or value) row.
+        Smaller groups follow outliers more closely at 4 bytes per group.
     grow : bool, default False
         When an append does not fit: False raises :class:`KVCacheFullError`;
         True reallocates with (at least) twice the capacity, so that appends stay
@@ -76,6 +95,13 @@ class KVCache:
     >>> _ = cache.append(k, v)
     >>> len(cache), cache.keys.shape
     (3, (1, 2, 3, 4))
+
+    Storage of an int8 cache: ``key_data`` int8 (batch, num_kv_heads,
+    capacity, head_dim) and ``key_scales`` float32 (batch, num_kv_heads,
+    capacity, head_dim // group_size, or 1); key feature ``c`` of a position is
+    ``float32(key_data[..., c]) * key_scales[..., c // group_size]`` (in float32),
+    and values alike.  :attr:`keys` / :attr:`values` return those dequantized
+    values as float32 copies.
     """
 
     def __init__(
@@ -88,20 +114,40 @@ class KVCache:
         dtype: Any = np.float32,
         grow: bool = False,
         window: Optional[int] = None,
+        group_size: Optional[int] = None,
     ) -> None:
         self._batch = count(batch, "batch", 1)
         self._heads = count(num_kv_heads, "num_kv_heads", 1)
         capacity = count(capacity, "capacity", 0)
         self._e = count(head_dim, "head_dim", 1)
         self._ev = self._e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
-        self._dtype = float_dtype(dtype)
+        self._int8 = _is_int8(dtype)
+        self._dtype = np.dtype(np.int8) if self._int8 else float_dtype(dtype)
+        self._group = 0  # int8: features per scale, 0 for whole rows
+        if group_size is not None:
+            if not self._int8:
+                raise ValueError(f"group_size: only an int8 cache has scales; this one is {self._dtype}")
+            self._group = count(group_size, "group_size", 1)
+            if self._e % self._group or self._ev % self._group:
+                raise ValueError(
+                    f"group_size: {self._group} must divide head_dim ({self._e}) and "
+                    f"head_dim_v ({self._ev})"
+                )
         self.grow = bool(grow)
         self._window = None if window is None else count(window, "window", 1)
         self._lock = threading.Lock()
         self._length = 0
         self._start = 0
-        self._k = np.zeros((self._batch, self._heads, capacity, self._e), dtype=self._dtype)
-        self._v = np.zeros((self._batch, self._heads, capacity, self._ev), dtype=self._dtype)
+        self._k, self._v, self._ks, self._vs = self._storage(capacity)
+
+    def _storage(self, capacity: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Zeroed keys, values and (int8; else empty) their scales for capacity positions."""
+        shape = (self._batch, self._heads, capacity)
+        k = np.zeros(shape + (self._e,), dtype=self._dtype)
+        v = np.zeros(shape + (self._ev,), dtype=self._dtype)
+        gk = (self._e // self._group if self._group else 1) if self._int8 else 0
+        gv = (self._ev // self._group if self._group else 1) if self._int8 else 0
+        return k, v, np.zeros(shape + (gk,), np.float32), np.zeros(shape + (gv,), np.float32)
 
     # ------------------------------------------------------------------ sizes
 
@@ -123,7 +169,14 @@ class KVCache:
 
     @property
     def dtype(self) -> np.dtype:
+        """The storage dtype (int8 for a quantized cache)."""
         return self._dtype
+
+    @property
+    def group_size(self) -> Optional[int]:
+        """Features per scale of an int8 cache; None when one scale covers each
+        row, and for a float cache."""
+        return self._group or None
 
     @property
     def length(self) -> int:
@@ -151,8 +204,8 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the storage (both arrays, whole capacity)."""
-        return self._k.nbytes + self._v.nbytes
+        """Bytes of the storage (keys, values and int8 scales, whole capacity)."""
+        return self._k.nbytes + self._v.nbytes + self._ks.nbytes + self._vs.nbytes
 
     # ------------------------------------------------------------------ contents
 
@@ -160,19 +213,62 @@ class KVCache:
     def keys(self) -> np.ndarray:
         """The filled keys, (batch, num_kv_heads, length, head_dim): a read-only view
         of the storage, valid until the next :meth:`reset`, growth or (with a
-        window) roll."""
+        window) roll.  For an int8 cache, a new float32 array of the dequantized keys (the values
+        attention computes with)."""
+        with self._lock:
+            k, ks = self._k[:, :, : self._length], self._ks[:, :, : self._length]
+        return self._filled(k, ks)
+
+    @property
+    def values(self) -> np.ndarray:
+        """The filled values, (batch, num_kv_heads, length, head_dim_v): a read-only
+        view of the storage, valid until the next :meth:`reset`, growth or (with
+        a window) roll.  For an int8 cache, a new float32 array of the dequantized values."""
+        with self._lock:
+            v, vs = self._v[:, :, : self._length], self._vs[:, :, : self._length]
+        return self._filled(v, vs)
+
+    def _filled(self, data: np.ndarray, scales: np.ndarray) -> np.ndarray:
+        if self._int8:
+            width = data.shape[-1] // scales.shape[-1]
+            return data.astype(np.float32) * np.repeat(scales, width, axis=-1)
+        data.flags.writeable = False
+        return data
+
+    @property
+    def key_data(self) -> np.ndarray:
+        """The filled part of the key storage as it is (int8 for an int8 cache), read only."""
         with self._lock:
             view = self._k[:, :, : self._length]
         view.flags.writeable = False
         return view
 
     @property
-    def values(self) -> np.ndarray:
-        """The filled values, (batch, num_kv_heads, length, head_dim_v): a read-only
-        view of the storage, valid until the next :meth:`reset`, growth or (with a
-        window) roll."""
+    def value_data(self) -> np.ndarray:
+        """The filled part of the value storage as it is, read only."""
         with self._lock:
             view = self._v[:, :, : self._length]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def key_scales(self) -> Optional[np.ndarray]:
+        """int8: the scales of the filled keys, float32 (batch, num_kv_heads, length,
+        groups), read only; None for a float cache."""
+        if not self._int8:
+            return None
+        with self._lock:
+            view = self._ks[:, :, : self._length]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def value_scales(self) -> Optional[np.ndarray]:
+        """int8: the scales of the filled values; None for a float cache."""
+        if not self._int8:
+            return None
+        with self._lock:
+            view = self._vs[:, :, : self._length]
         view.flags.writeable = False
         return view
 
@@ -203,15 +299,26 @@ class KVCache:
         Returns
         -------
         (keys, values) : the filled part after the append, as :attr:`keys` and
-        :attr:`values` give it.
+        :attr:`values` give it: for an int8 cache, dequantized copies of the
+        whole cache (costly at every step: attend with :meth:`attend` instead,
+        which reads the int8 storage in place).
 
         Raises
         ------
         ValueError
-            Shapes that do not fit the cache (nothing is written).
+            Shapes that do not fit the cache, or (int8) a value that is NaN or
+            infinite (nothing is written).
         KVCacheFullError
             The positions do not fit and the cache may not grow (nothing is written).
         """
+        end = self._append(k, v)
+        with self._lock:
+            keys, values = self._k[:, :, :end], self._v[:, :, :end]
+            kscales, vscales = self._ks[:, :, :end], self._vs[:, :, :end]
+        return self._filled(keys, kscales), self._filled(values, vscales)
+
+    def _append(self, k: Any, v: Any) -> int:
+        """append without building its result; returns the length after it."""
         k = np.asarray(k)
         v = np.asarray(v)
         expected_k = (self._batch, self._heads, "T", self._e)
@@ -237,6 +344,12 @@ class KVCache:
             )
         if T < 1:
             raise ValueError(f"k and v: expected at least one token (dim 2), got k {k.shape}")
+        if self._int8:
+            k = np.ascontiguousarray(k, dtype=np.float32)
+            v = np.ascontiguousarray(v, dtype=np.float32)
+            for a, name in ((k, "k"), (v, "v")):
+                if not np.isfinite(a).all():
+                    raise ValueError(f"{name}: an int8 cache holds finite values only; got NaN or inf")
         with self._lock:
             if self._length + T > self.capacity and self._window is not None:
                 kept = min(self._length, self._window - 1)
@@ -250,13 +363,14 @@ class KVCache:
                         f"and {T} more do not fit; make it larger or pass grow=True"
                     )
                 self._reserve(max(end, 2 * self.capacity))
-            np.copyto(self._k[:, :, start:end], k, casting="same_kind")
-            np.copyto(self._v[:, :, start:end], v, casting="same_kind")
+            if self._int8:
+                _core.quantize_int8(k, self._k[:, :, start:end], self._ks[:, :, start:end], self._group)
+                _core.quantize_int8(v, self._v[:, :, start:end], self._vs[:, :, start:end], self._group)
+            else:
+                np.copyto(self._k[:, :, start:end], k, casting="same_kind")
+                np.copyto(self._v[:, :, start:end], v, casting="same_kind")
             self._length = end
-            keys, values = self._k[:, :, :end], self._v[:, :, :end]
-        keys.flags.writeable = False
-        values.flags.writeable = False
-        return keys, values
+        return end
 
     def _roll(self, T: int) -> None:  # with the lock held
         """Drop the positions that none of T new queries can see: keep the last
@@ -266,8 +380,8 @@ class KVCache:
         drop = self._length - keep
         if drop == 0:
             return
-        self._k[:, :, :keep] = self._k[:, :, drop:self._length].copy()
-        self._v[:, :, :keep] = self._v[:, :, drop:self._length].copy()
+        for a in (self._k, self._v, self._ks, self._vs):
+            a[:, :, :keep] = a[:, :, drop:self._length].copy()
         self._length = keep
         self._start += drop
 
@@ -280,11 +394,66 @@ class KVCache:
 
     def _reserve(self, capacity: int) -> None:  # with the lock held
         n = self._length
-        k = np.zeros((self._batch, self._heads, capacity, self._e), dtype=self._dtype)
-        v = np.zeros((self._batch, self._heads, capacity, self._ev), dtype=self._dtype)
-        k[:, :, :n] = self._k[:, :, :n]
-        v[:, :, :n] = self._v[:, :, :n]
-        self._k, self._v = k, v
+        new = self._storage(capacity)
+        for a, old in zip(new, (self._k, self._v, self._ks, self._vs)):
+            a[:, :, :n] = old[:, :, :n]
+        self._k, self._v, self._ks, self._vs = new
+
+    def attend(
+        self,
+        query: ArrayInput,
+        attn_mask: Optional[ArrayInput] = None,
+        is_causal: Union[bool, str] = "bottom_right",
+        scale: Optional[float] = None,
+        *,
+        return_lse: bool = False,
+        out: Optional[np.ndarray] = None,
+        num_threads: Optional[int] = None,
+        window: Optional[Tuple[int, int]] = None,
+        softcap: Optional[float] = None,
+        alibi_slopes: Optional[ArrayInput] = None,
+        sinks: Optional[ArrayInput] = None,
+    ) -> AttentionResult:
+        """Attention of ``query`` over the held keys and values.
+
+        :func:`sdpa.scaled_dot_product_attention` with the cache as key and
+        value: ``query`` is (batch, num_heads, L, head_dim), ``num_heads`` a
+        multiple of ``num_kv_heads`` (grouped-query attention is inferred), and
+        the keywords mean what they mean there.  ``is_causal`` defaults to
+        ``"bottom_right"``: the L queries are the last L positions.  A rolling
+        cache's ``window`` defaults to ``(window - 1, 0)``.  An int8 cache is
+        read in place, dequantized by the kernels; its query is computed in
+        float32 (a 16-bit query keeps its dtype for the output, any other is
+        converted to float32).
+        """
+        if window is None and self._window is not None:
+            window = (self._window - 1, 0)
+        shape = getattr(query, "shape", None)
+        if shape is None:
+            shape = np.shape(cast(Any, query))
+        heads = shape[-3] if len(shape) >= 3 else 1
+        with self._lock:
+            n = self._length
+            k, v = self._k[:, :, :n], self._v[:, :, :n]
+            ks, vs = self._ks[:, :, :n], self._vs[:, :, :n]
+        if not self._int8:
+            return scaled_dot_product_attention(
+                query, k, v, attn_mask, is_causal, scale, enable_gqa=heads != self._heads,
+                return_lse=return_lse, out=out, num_threads=num_threads, window=window,
+                softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+            )
+        return _attention_general(
+            query, k, v, attn_mask, is_causal, scale, heads != self._heads, False, return_lse,
+            None, out, num_threads, window, softcap, alibi_slopes, sinks,
+            quantized=(ks, vs, self._group),
+        )
+
+    def result_dtype(self, query_dtype: Any) -> np.dtype:
+        """The dtype of :meth:`attend`'s output for a query of ``query_dtype``."""
+        qdt = np.dtype(query_dtype)
+        if self._int8:
+            return qdt if _single_or_half(qdt) else np.dtype(np.float32)
+        return result_dtype(qdt, self._dtype, self._dtype)
 
     def reset(self) -> None:
         """Forget every position (the storage is kept for reuse)."""
@@ -297,5 +466,16 @@ class KVCache:
             f"KVCache(batch={self._batch}, num_kv_heads={self._heads}, "
             f"length={self._length}, capacity={self.capacity}, head_dim={self._e}, "
             f"head_dim_v={self._ev}, dtype={self._dtype}, grow={self.grow}"
+            + (f", group_size={self.group_size}" if self._group else "")
             + (f", window={self._window}, start={self._start})" if self._window is not None else ")")
         )
+
+
+def _is_int8(dtype: Any) -> bool:
+    """Whether ``dtype`` asks for an int8 (quantized) cache."""
+    if isinstance(dtype, str):
+        return dtype == "int8"
+    try:
+        return bool(np.dtype(dtype) == np.int8)
+    except TypeError:
+        return False

@@ -58,6 +58,11 @@ class MultiHeadAttention:
         Attention-sink logits, one per query head (gpt-oss): each joins its
         head's softmax denominator and adds no value (see
         :func:`sdpa.scaled_dot_product_attention`).  Kept in :attr:`sinks`.
+    kv_cache_dtype : numpy dtype or ``"int8"``, optional
+        The storage dtype of the caches :meth:`new_cache` makes (see
+        :class:`KVCache`); the layer's dtype by default.  ``"int8"`` quantizes
+        the cached keys and values: a quarter of the float32 memory and of the
+        bytes each decoding step reads, at about 1e-3 of accuracy.
 
     Attributes
     ----------
@@ -97,8 +102,12 @@ class MultiHeadAttention:
         *,
         window: Optional[int] = None,
         sinks: Any = None,
+        kv_cache_dtype: Any = None,
     ) -> None:
         self._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype, window, sinks)
+        if kv_cache_dtype is not None:  # checked now, not at the first new_cache
+            KVCache(1, 1, 0, 1, dtype=kv_cache_dtype)
+        self.kv_cache_dtype: Any = kv_cache_dtype
         if not isinstance(rng, np.random.Generator):
             rng = np.random.default_rng(0 if rng is None else rng)
         embed_dim, num_heads, num_kv_heads = self.embed_dim, self.num_heads, self.num_kv_heads
@@ -250,14 +259,17 @@ class MultiHeadAttention:
 
     def new_cache(self, batch: int, capacity: int, grow: bool = False, dtype: Any = None) -> KVCache:
         """An empty :class:`KVCache` for this layer: (batch, num_kv_heads, capacity,
-        head_dim), of the layer's dtype unless ``dtype`` says otherwise; rolling
-        with the layer's window, if it has one."""
+        head_dim), of ``dtype`` if given (``"int8"`` included), else the layer's
+        ``kv_cache_dtype``, else the layer's dtype; rolling with the layer's
+        window, if it has one."""
+        if dtype is None:
+            dtype = self.dtype if getattr(self, "kv_cache_dtype", None) is None else self.kv_cache_dtype
         return KVCache(
             batch,
             self.num_kv_heads,
             capacity,
             self.head_dim,
-            dtype=self.dtype if dtype is None else dtype,
+            dtype=dtype,
             grow=grow,
             window=self.window,
         )
@@ -322,6 +334,9 @@ class MultiHeadAttention:
         q = self._project(x, self.w_q, self.b_q, Hq)
         k = self._project(x, self.w_k, self.b_k, Hkv)
         v = self._project(x, self.w_v, self.b_v, Hkv)
+        window = None if self.window is None else (self.window - 1, 0 if causal else self.window - 1)
+        # The output is written straight into (batch, T, heads, D) memory, so the
+        # heads are concatenated for the output projection without a copy.
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache: expected a KVCache, got {type(cache).__name__}")
@@ -333,25 +348,29 @@ class MultiHeadAttention:
                     f"(window={self.window}) attends to; use a cache from new_cache(), or one whose "
                     "window is at least the layer's"
                 )
-            k, v = cache.append(k, v)
-            is_causal: Union[bool, str] = "bottom_right" if causal else False
+            cache._append(k, v)
+            merged = np.empty((B, T, Hq, D), dtype=cache.result_dtype(q.dtype))
+            cache.attend(
+                q,
+                is_causal="bottom_right" if causal else False,
+                out=merged.transpose(0, 2, 1, 3),
+                num_threads=num_threads,
+                window=window,
+                sinks=self.sinks,
+            )
         else:
-            is_causal = bool(causal)
-
-        # The output is written straight into (batch, T, heads, D) memory, so the
-        # heads are concatenated for the output projection without a copy.
-        merged = np.empty((B, T, Hq, D), dtype=result_dtype(q.dtype, k.dtype, v.dtype))
-        scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=is_causal,
-            enable_gqa=Hkv != Hq,
-            out=merged.transpose(0, 2, 1, 3),
-            num_threads=num_threads,
-            window=None if self.window is None else (self.window - 1, 0 if causal else self.window - 1),
-            sinks=self.sinks,
-        )
+            merged = np.empty((B, T, Hq, D), dtype=result_dtype(q.dtype, k.dtype, v.dtype))
+            scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                is_causal=bool(causal),
+                enable_gqa=Hkv != Hq,
+                out=merged.transpose(0, 2, 1, 3),
+                num_threads=num_threads,
+                window=window,
+                sinks=self.sinks,
+            )
         y = self._matmul(merged.reshape(B, T, Hq * D).astype(self.dtype, copy=False), self.w_o, self.b_o)
         return y[0] if squeeze else y
 

@@ -1398,6 +1398,97 @@ static void feature_cases(sdpa_dtype dt, sdpa_dtype kvdt) {
     }
 }
 
+/* int8 keys and values: sdpa_quantize_int8, then attention over them (row and
+ * tiled paths, whole-row and grouped scales) against a float64 loop over the
+ * dequantized values, on every kernel set. */
+static void test_int8(void) {
+    enum { S = 300, E = 32, H = 2, G = 2 /* query heads per kv head */ };
+    float *kf = (float *)xcalloc((size_t)H * S * E, sizeof(float)), *vf = (float *)xcalloc((size_t)H * S * E, sizeof(float));
+    int8_t *kq = (int8_t *)xcalloc((size_t)H * S * E, 1), *vq = (int8_t *)xcalloc((size_t)H * S * E, 1);
+    float *ks = (float *)xcalloc((size_t)H * S * E, sizeof(float)), *vs = (float *)xcalloc((size_t)H * S * E, sizeof(float));
+    uint32_t seed = 12345;
+    for (int i = 0; i < H * S * E; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        kf[i] = (float)((int)(seed >> 9) % 2001 - 1000) / 400.0f;
+        seed = seed * 1664525u + 1013904223u;
+        vf[i] = (float)((int)(seed >> 9) % 2001 - 1000) / 400.0f;
+    }
+    check(sdpa_int8_scales_per_row(E, 0) == 1 && sdpa_int8_scales_per_row(E, 8) == 4 &&
+              sdpa_int8_scales_per_row(E, 5) == -1, "int8: sdpa_int8_scales_per_row");
+    float bad[4] = {1, NAN, 2, 3};
+    int8_t untouched[4] = {7, 7, 7, 7};
+    float bad_scale = 9;
+    check(sdpa_quantize_int8(bad, 4, 1, 4, 0, untouched, 4, &bad_scale, 1) == SDPA_ERR_NOT_FINITE &&
+              untouched[0] == 7 && bad_scale == 9, "int8: a NaN is refused, nothing written");
+    check(sdpa_quantize_int8(kf, E, 1, E, 5, kq, E, ks, 1) == SDPA_ERR_BAD_SHAPE, "int8: a group not dividing E");
+    const int groups[2] = {0, 8};
+    const int lens[2] = {1, 20};
+    for (int gi = 0; gi < 2; gi++) {
+        const int g = groups[gi], ng = (int)sdpa_int8_scales_per_row(E, g), gw = g ? g : E;
+        int ok = sdpa_quantize_int8(kf, E, H * S, E, g, kq, E, ks, ng) == SDPA_OK &&
+                 sdpa_quantize_int8(vf, E, H * S, E, g, vq, E, vs, ng) == SDPA_OK;
+        double qerr = 0;
+        for (int i = 0; i < H * S * E; i++) {
+            const float d = (float)kq[i] * ks[(i / E) * ng + (i % E) / gw];
+            qerr = fmax(qerr, fabs((double)d - kf[i]) / ((double)ks[(i / E) * ng + (i % E) / gw] + 1e-30));
+        }
+        check(ok && qerr <= 0.5 + 1e-4, "int8: quantize, group %d: within half a step (%.3f)", g, qerr);
+        for (int li = 0; li < 2; li++) {
+            const int L = lens[li];
+            float *q = (float *)xcalloc((size_t)H * G * L * E, sizeof(float)), *out = (float *)xcalloc((size_t)H * G * L * E, sizeof(float));
+            for (int i = 0; i < H * G * L * E; i++) q[i] = (float)((i * 37) % 101 - 50) / 50.0f;
+            for (int isa = 0; isa < NUM_ISAS; isa++) {
+                if (!sdpa_isa_supported(ISAS[isa])) continue;
+                sdpa_set_isa(ISAS[isa]);
+                sdpa_problem p;
+                sdpa_problem_init(&p);
+                p.kv_dtype = SDPA_INT8;
+                p.num_heads = H * G, p.gqa_group = G, p.len_q = L, p.len_kv = S, p.head_dim = E, p.head_dim_v = E;
+                p.query = (sdpa_view){.data = q, .head_stride = L * E, .row_stride = E, .col_stride = 1};
+                p.out = (sdpa_view){.data = out, .head_stride = L * E, .row_stride = E, .col_stride = 1};
+                p.key = (sdpa_view){.data = kq, .head_stride = S * E, .row_stride = E, .col_stride = 1};
+                p.value = (sdpa_view){.data = vq, .head_stride = S * E, .row_stride = E, .col_stride = 1};
+                p.key_scale = (sdpa_view){.data = ks, .head_stride = S * ng, .row_stride = ng, .col_stride = 1};
+                p.value_scale = (sdpa_view){.data = vs, .head_stride = S * ng, .row_stride = ng, .col_stride = 1};
+                p.kv_group_size = g;
+                p.scale = 1.0 / sqrt((double)E);
+                p.causal = 1, p.causal_offset = S - L;
+                const sdpa_status st = sdpa_attention(&p);
+                double err = 0;
+                for (int h = 0; h < H * G; h++)
+                    for (int l = 0; l < L; l++) {
+                        const int hk = h / G, last = S - L + l;
+                        double m = -INFINITY, sum = 0, acc[E] = {0};
+                        double *sc = (double *)xcalloc(S, sizeof(double));
+                        for (int s = 0; s <= last; s++) {
+                            double d = 0;
+                            for (int c = 0; c < E; c++) {
+                                const int i = (hk * S + s) * E + c;
+                                d += (double)q[(h * L + l) * E + c] * (double)((float)kq[i] * ks[(hk * S + s) * ng + c / gw]);
+                            }
+                            sc[s] = d * p.scale;
+                            m = fmax(m, sc[s]);
+                        }
+                        for (int s = 0; s <= last; s++) {
+                            const double w = exp(sc[s] - m);
+                            sum += w;
+                            for (int c = 0; c < E; c++) {
+                                const int i = (hk * S + s) * E + c;
+                                acc[c] += w * (double)((float)vq[i] * vs[(hk * S + s) * ng + c / gw]);
+                            }
+                        }
+                        for (int c = 0; c < E; c++) err = fmax(err, fabs(acc[c] / sum - out[(h * L + l) * E + c]));
+                        free(sc);
+                    }
+                check(st == SDPA_OK && err < 2e-5, "int8: %s, group %d, L %d: max error %.2e", ISAS[isa], g, L, err);
+            }
+            free(q);
+            free(out);
+        }
+    }
+    free(kf), free(vf), free(kq), free(vq), free(ks), free(vs);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
@@ -1425,6 +1516,7 @@ int main(int argc, char **argv) {
     test_seed_example(SDPA_FLOAT64);
     test_interrupt();
     test_variants();
+    test_int8();
     sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
         const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
