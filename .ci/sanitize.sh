@@ -7,6 +7,8 @@
 #
 # SOURCE_TREE defaults to the repository that holds this script.  It is copied
 # first, so that no object file of an earlier, unsanitized build can be reused.
+# Under SDPA_ISA the tests' `isa` fixture runs the forced set alone, so each
+# kernel set is tested once here, not once per run.
 # Any sanitizer report aborts the process that hit it and fails the run; the
 # reports (with file:line stacks) are printed at the end of each kernel set.
 #
