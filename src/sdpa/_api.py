@@ -294,6 +294,49 @@ def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, i
     )
 
 
+def scale_of(scale: object, E: int) -> float:
+    """``scale=`` checked: None (``1 / sqrt(E)``) or a real number; NaN and inf
+    are taken (every result is then NaN)."""
+    if scale is None:
+        return 1.0 / math.sqrt(E) if E > 0 else 1.0
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        try:
+            return float(scale)
+        except OverflowError:
+            raise ValueError(f"scale: {scale!r} is too large for a float64") from None
+    raise TypeError(f"scale: expected None or a real number, got {type(scale).__name__}")
+
+
+def output_array(
+    out: object,
+    shape: Tuple[int, ...],
+    dtype: np.dtype[Any],
+    operands: Sequence[Tuple[Optional[Array], str]],
+    shapes: str,
+) -> Array:
+    """A new output of ``shape`` and ``dtype``, or ``out=`` checked: that shape
+    and dtype, writeable, aligned, no element over another, and no overlap with
+    any of ``operands`` (the caller's arrays and their converted copies)."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != shape:
+        raise ValueError(f"out: expected shape {shape}, got {out.shape}; {shapes}")
+    if out.dtype != dtype:
+        raise TypeError(f"out: expected dtype {dtype} (the query's, after promotion), got {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError("out: the array is read-only")
+    if not out.flags.aligned or any(st % out.itemsize for st in out.strides):
+        raise ValueError("out: the array is not aligned to its element size")
+    if not _no_internal_overlap(out):
+        raise ValueError(f"out: its elements overlap each other (strides {out.strides})")
+    for operand, name in operands:
+        if operand is not None and _overlaps(out, operand):
+            raise ValueError(f"out: overlaps the memory of {name}")
+    return out
+
+
 _WINDOW_MAX = 1 << 61  # the core's bound on a window side; any larger side shows every key
 
 
@@ -731,15 +774,7 @@ def _attention_general(
     out_shape, weights_shape = plan.out_shape, plan.weights_shape
     shapes = f"query {q.shape}, key {k.shape}, value {v.shape}"
 
-    if scale is None:
-        scale_value = 1.0 / math.sqrt(E) if E > 0 else 1.0
-    elif isinstance(scale, numbers.Real) and not isinstance(scale, bool):
-        try:
-            scale_value = float(scale)  # NaN and inf are taken: every result is then NaN
-        except OverflowError:
-            raise ValueError(f"scale: {scale!r} is too large for a float64") from None
-    else:
-        raise TypeError(f"scale: expected None or a real number, got {type(scale).__name__}")
+    scale_value = scale_of(scale, E)
     causal, causal_offset = _causal_offset(is_causal, L, S)
     threads = thread_count(num_threads) or 0
 
@@ -792,28 +827,10 @@ def _attention_general(
         window, softcap, alibi_slopes, sinks, is_causal, L, S, batch_shape, plan.heads, cdtype, given
     )
 
-    if out is None:
-        result = np.empty(out_shape, dtype=dtype)
-    else:
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
-        if out.shape != out_shape:
-            raise ValueError(f"out: expected shape {out_shape}, got {out.shape}; {shapes}")
-        if out.dtype != dtype:
-            raise TypeError(f"out: expected dtype {dtype} (the query's, after promotion), got {out.dtype}")
-        if not out.flags.writeable:
-            raise ValueError("out: the array is read-only")
-        if not out.flags.aligned or any(s % out.itemsize for s in out.strides):
-            raise ValueError("out: the array is not aligned to its element size")
-        if not _no_internal_overlap(out):
-            raise ValueError(f"out: its elements overlap each other (strides {out.strides})")
-        # the arrays the core reads, and the caller's own where they were converted
-        operands = given + [(q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")]
-        operands += [(variants.get(n), n) for n in ("alibi", "sinks")]
-        for operand, name in operands:
-            if operand is not None and _overlaps(out, operand):
-                raise ValueError(f"out: overlaps the memory of {name}")
-        result = out
+    # the arrays the core reads, and the caller's own where they were converted
+    operands = given + [(q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")]
+    operands += [(variants.get(n), n) for n in ("alibi", "sinks")]
+    result = output_array(out, out_shape, dtype, operands, shapes)
 
     weights: Optional[Array] = None
     if return_weights:

@@ -6,8 +6,6 @@ features) array.  Each sequence attends to its own keys only.
 """
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any, Dict, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
@@ -19,12 +17,12 @@ from ._api import (
     FloatArray,
     _as_operand,
     _check_real,
-    _no_internal_overlap,
-    _overlaps,
     _to_array,
     compute_dtype,
     head_values,
     operand_dtypes,
+    output_array,
+    scale_of,
     softcap_value,
     thread_count,
     window_sides,
@@ -179,15 +177,7 @@ def varlen_attention(
     q = _as_operand(q, dtype)
     k, v = (_as_operand(a, kv_dtype) for a in (k, v))
 
-    if scale is None:
-        scale_value = 1.0 / math.sqrt(E) if E > 0 else 1.0
-    elif isinstance(scale, numbers.Real) and not isinstance(scale, bool):
-        try:
-            scale_value = float(scale)
-        except OverflowError:
-            raise ValueError(f"scale: {scale!r} is too large for a float64") from None
-    else:
-        raise TypeError(f"scale: expected None or a real number, got {type(scale).__name__}")
+    scale_value = scale_of(scale, E)
     if isinstance(is_causal, str):
         if is_causal not in ("top_left", "bottom_right"):
             raise ValueError(f"is_causal: expected a bool, 'top_left' or 'bottom_right', got {is_causal!r}")
@@ -209,26 +199,8 @@ def varlen_attention(
             given.append((original, name))
             per_seq[key_] = np.broadcast_to(head_values(original, name, (n,), Hq, cdtype), (n, Hq))
 
-    out_shape = (total_q, Hq, Ev)
-    if out is None:
-        result = np.empty(out_shape, dtype=dtype)
-    else:
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
-        if out.shape != out_shape:
-            raise ValueError(f"out: expected shape {out_shape}, got {out.shape}; {shapes}")
-        if out.dtype != dtype:
-            raise TypeError(f"out: expected dtype {dtype} (the query's, after promotion), got {out.dtype}")
-        if not out.flags.writeable:
-            raise ValueError("out: the array is read-only")
-        if not out.flags.aligned or any(s % out.itemsize for s in out.strides):
-            raise ValueError("out: the array is not aligned to its element size")
-        if not _no_internal_overlap(out):
-            raise ValueError(f"out: its elements overlap each other (strides {out.strides})")
-        for operand, name in given + [(q, "query"), (k, "key"), (v, "value")]:
-            if _overlaps(out, operand):
-                raise ValueError(f"out: overlaps the memory of {name}")
-        result = out
+    operands = given + [(q, "query"), (k, "key"), (v, "value")]
+    result = output_array(out, (total_q, Hq, Ev), dtype, operands, shapes)
     lse = np.empty((total_q, Hq), dtype=cdtype) if return_lse else None
 
     # one core call per sequence, on (heads, rows, features) views of the packed arrays
