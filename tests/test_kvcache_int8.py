@@ -108,6 +108,23 @@ def test_int8_zeros_and_tiny_values_quantize_to_zero():
     assert not cache.key_scales.any()
 
 
+def test_int8_append_takes_misaligned_and_swapped_input(rng):
+    """A misaligned buffer (as unpickled from a network message) and a
+    byte-swapped one quantize like a plain float32 array."""
+    k = rng.standard_normal((1, 2, 3, 16)).astype(np.float32)
+    buf = np.zeros(k.nbytes + 1, np.uint8)[1:]
+    misaligned = buf.view(np.float32).reshape(k.shape)
+    misaligned[...] = k
+    assert not misaligned.flags.aligned
+    plain = sdpa.KVCache(1, 2, 8, 16, dtype="int8")
+    plain.append(k, k)
+    for odd in (misaligned, k.astype(">f4")):
+        cache = sdpa.KVCache(1, 2, 8, 16, dtype="int8")
+        cache.append(odd, odd)
+        np.testing.assert_array_equal(cache.key_data, plain.key_data)
+        np.testing.assert_array_equal(cache.value_scales, plain.value_scales)
+
+
 def test_int8_bad_input_writes_nothing(rng):
     cache, _, _ = filled(rng, 1, 2, 10, 8, 8, 3)
     before = (cache.key_data.copy(), cache.key_scales.copy(), len(cache))

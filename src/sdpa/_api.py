@@ -744,12 +744,15 @@ def _attention_general(
     alibi_slopes: Optional[ArrayInput] = None,
     sinks: Optional[ArrayInput] = None,
     quantized: Optional[Tuple[Array, Array, int]] = None,
+    diagonal: Optional[int] = None,
 ) -> AttentionResult:
     """scaled_dot_product_attention for any arguments: converts what it can,
     raises with a message naming the argument for what it cannot.  With
     ``quantized = (key_scale, value_scale, group_size)``, key and value are the
     int8 storage of a :class:`KVCache` (checked by it) and the query is computed
-    in float32 (kept if 16-bit)."""
+    in float32 (kept if 16-bit).  ``diagonal``, when given, replaces
+    ``is_causal``: row ``l`` sees keys ``s <= l + diagonal`` (a causal mask
+    shifted by any amount, for one chunk of a longer key sequence)."""
     q = _to_array(query, "query")
     k = _to_array(key, "key")
     v = _to_array(value, "value")
@@ -776,6 +779,8 @@ def _attention_general(
 
     scale_value = scale_of(scale, E)
     causal, causal_offset = _causal_offset(is_causal, L, S)
+    if diagonal is not None:
+        causal, causal_offset = True, int(diagonal)
     threads = thread_count(num_threads) or 0
 
     # mask: bool (True = takes part) or float (added), broadcastable to weights_shape

@@ -345,8 +345,10 @@ class KVCache:
         if T < 1:
             raise ValueError(f"k and v: expected at least one token (dim 2), got k {k.shape}")
         if self._int8:
-            k = np.ascontiguousarray(k, dtype=np.float32)
-            v = np.ascontiguousarray(v, dtype=np.float32)
+            # native, aligned, contiguous float32 (a misaligned buffer, such as one
+            # unpickled from a network message, is copied)
+            k = np.require(k, np.float32, ["C", "A"])
+            v = np.require(v, np.float32, ["C", "A"])
             for a, name in ((k, "k"), (v, "v")):
                 if not np.isfinite(a).all():
                     raise ValueError(f"{name}: an int8 cache holds finite values only; got NaN or inf")
@@ -426,6 +428,28 @@ class KVCache:
         float32 (a 16-bit query keeps its dtype for the output, any other is
         converted to float32).
         """
+        return self._attend(
+            query, attn_mask, is_causal, scale, return_lse, out, num_threads,
+            window, softcap, alibi_slopes, sinks,
+        )
+
+    def _attend(
+        self,
+        query: ArrayInput,
+        attn_mask: Optional[ArrayInput],
+        is_causal: Union[bool, str],
+        scale: Optional[float],
+        return_lse: bool,
+        out: Optional[np.ndarray],
+        num_threads: Optional[int],
+        window: Optional[Tuple[int, int]] = None,
+        softcap: Optional[float] = None,
+        alibi_slopes: Optional[ArrayInput] = None,
+        sinks: Optional[ArrayInput] = None,
+        diagonal: Optional[int] = None,
+    ) -> AttentionResult:
+        """attend; ``diagonal`` (see ``_attention_general``) replaces
+        ``is_causal`` when the held positions are one range of a longer sequence."""
         if window is None and self._window is not None:
             window = (self._window - 1, 0)
         shape = getattr(query, "shape", None)
@@ -436,7 +460,7 @@ class KVCache:
             n = self._length
             k, v = self._k[:, :, :n], self._v[:, :, :n]
             ks, vs = self._ks[:, :, :n], self._vs[:, :, :n]
-        if not self._int8:
+        if not self._int8 and diagonal is None:
             return scaled_dot_product_attention(
                 query, k, v, attn_mask, is_causal, scale, enable_gqa=heads != self._heads,
                 return_lse=return_lse, out=out, num_threads=num_threads, window=window,
@@ -445,7 +469,7 @@ class KVCache:
         return _attention_general(
             query, k, v, attn_mask, is_causal, scale, heads != self._heads, False, return_lse,
             None, out, num_threads, window, softcap, alibi_slopes, sinks,
-            quantized=(ks, vs, self._group),
+            quantized=(ks, vs, self._group) if self._int8 else None, diagonal=diagonal,
         )
 
     def result_dtype(self, query_dtype: Any) -> np.dtype:
