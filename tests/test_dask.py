@@ -343,3 +343,17 @@ def test_sharded_cache_worker_lost_is_an_error():
             cache.attend(q)
         with pytest.raises(sd.ShardLostError):  # and every later call
             cache.append(*_kv(rng, 1))
+
+
+def test_the_long_context_example_runs(capsys):
+    """examples/dask_long_context.py at a small size, with its check."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "dask_long_context.py"
+    spec = importlib.util.spec_from_file_location("dask_long_context", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(["--workers", "2", "--keys", "5000", "--steps", "3", "--dtype", "int8", "--check"]) == 0
+    shown = capsys.readouterr().out
+    assert "dashboard:" in shown and "tokens/s" in shown and "check: max" in shown
