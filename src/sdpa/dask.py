@@ -429,7 +429,8 @@ class ShardedKVCache:
             for w in self._workers
         ]
         self._futures = futures  # keep the actors alive
-        self._shards = [f.result() for f in futures]
+        with self._client.as_current():  # actor handles bind to the current client
+            self._shards = [f.result() for f in futures]
         self._lengths = [0] * len(self._shards)
         self._lock = threading.Lock()
         self._lost: Optional[str] = None
@@ -474,8 +475,9 @@ class ShardedKVCache:
         if self._lost:
             raise ShardLostError(self._lost)
         try:
-            pending = [method(self._shards[i], i) for i in shards]
-            return [p.result() for p in pending]
+            with self._client.as_current():
+                pending = [method(self._shards[i], i) for i in shards]
+                return [p.result() for p in pending]
         except Exception as exc:
             gone = self._gone(wait=isinstance(exc, (OSError, TimeoutError)))
             if not gone:
