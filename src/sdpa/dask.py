@@ -232,8 +232,9 @@ def scaled_dot_product_attention(
             return qd[bi + (hi, li, 0)]
 
     m = None
+    mask_block = None
     if attn_mask is not None:
-        m = _as_dask(attn_mask, "attn_mask")
+        m = attn_mask if isinstance(attn_mask, da.Array) else np.asarray(attn_mask)
         if m.dtype != np.bool_ and m.dtype.kind != "f" and m.dtype.name != "bfloat16":
             raise TypeError(
                 f"attn_mask: expected a bool mask (True = takes part) or a float mask (added to "
@@ -247,7 +248,21 @@ def scaled_dot_product_attention(
             )
         m = _lift(m, len(full))
         target = batch_chunks + (head_chunks, l_chunks, s_chunks)
-        m = m.rechunk(tuple(t if d != 1 or n == 1 else -1 for d, n, t in zip(m.shape, full, target)))
+        if isinstance(m, da.Array):  # its chunks: the target's along the axes it does not broadcast
+            m = m.rechunk(tuple(t if d != 1 or n == 1 else -1 for d, n, t in zip(m.shape, full, target)))
+            md = m.to_delayed(optimize_graph=False)
+
+            def mask_block(index: Tuple[int, ...]) -> Any:
+                return md[tuple(0 if md.shape[d] == 1 else i for d, i in enumerate(index))]
+        else:  # sliced here, like a NumPy query
+            bounds = [_starts(t) for t in target]
+            mn = m
+
+            def mask_block(index: Tuple[int, ...]) -> Any:
+                return np.ascontiguousarray(mn[tuple(
+                    slice(None) if mn.shape[d] == 1 else slice(bounds[d][i], bounds[d][i + 1])
+                    for d, i in enumerate(index)
+                )])
 
     lengths = None
     if key_lengths is not None:
@@ -265,7 +280,6 @@ def scaled_dot_product_attention(
 
     kd = k.to_delayed(optimize_graph=False)
     vd = v.to_delayed(optimize_graph=False)
-    md = m.to_delayed(optimize_graph=False) if m is not None else None
     partial = dask.delayed(_partial, pure=True)
     merge = dask.delayed(_merge, pure=True)
     s_starts = _starts(s_chunks)
@@ -290,12 +304,7 @@ def scaled_dot_product_attention(
                         chunk_lengths = np.clip(lengths[bslice] - s0, 0, sc)
                         if sc and not chunk_lengths.any():
                             continue  # every key of this chunk is past its batch's length
-                    mblock = None
-                    if md is not None:
-                        idx = tuple(
-                            0 if md.shape[d] == 1 else i for d, i in enumerate(bi + (hi, li, si))
-                        )
-                        mblock = md[idx]
+                    mblock = mask_block(bi + (hi, li, si)) if mask_block is not None else None
                     kidx = bi + (hi, si, 0)
                     parts.append(partial(
                         q_block(bi, bslice, hi, li), kd[kidx], vd[kidx], mblock, chunk_lengths,
