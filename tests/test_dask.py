@@ -79,8 +79,9 @@ def test_chunked_equals_the_single_call(rng, q_shape, k_shape, ev, chunks, kwarg
     _close(got_lse[seen], want_lse[seen])
 
 
+@pytest.mark.parametrize("as_dask", [True, False])
 @pytest.mark.parametrize("mask_kind", ["bool", "float", "row"])
-def test_chunked_mask(rng, mask_kind):
+def test_chunked_mask(rng, mask_kind, as_dask):
     q, k, v = _arrays(rng, (2, 4, 6, 16), (2, 2, 80, 16), 16)
     if mask_kind == "bool":
         mask = rng.random((2, 4, 6, 80)) > 0.4
@@ -89,7 +90,7 @@ def test_chunked_mask(rng, mask_kind):
         mask = rng.standard_normal((1, 4, 6, 80)).astype(np.float32)
     else:
         mask = rng.random((80,)) > 0.5  # one row broadcast to every query
-    md = da.from_array(mask, chunks=mask.shape[:-1] + (17,))
+    md = da.from_array(mask, chunks=mask.shape[:-1] + (17,)) if as_dask else mask
     kd = da.from_array(k, chunks=(1, 2, 20, 16))
     vd = da.from_array(v, chunks=(1, 2, 20, 16))
     got = sd.scaled_dot_product_attention(q, kd, vd, attn_mask=md, enable_gqa=True).compute(scheduler="sync")
