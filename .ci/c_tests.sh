@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI for the C core on its own, without Python: a CMake build (Release, OpenMP
 # required) in a temporary directory, the exported symbols, ctest (the C tests,
-# the example, the fuzz harness on random inputs), the C tests (--quick) under
+# the examples, the fuzz harness on random inputs), the C tests (--quick) under
 # valgrind memcheck, and the fuzz harness under ASan + UBSan.
 #
 #   bash .ci/c_tests.sh            (SDPA_C_BUILD_DIR=dir keeps the build there)
@@ -44,8 +44,9 @@ fi
 echo "== ctest"
 (cd "$BUILD" && ctest --output-on-failure)
 
-echo "== example"
+echo "== examples"
 "$BUILD/sdpa_seed_example"
+"$BUILD/sdpa_int8_decode"
 
 echo "== valgrind memcheck: sdpa_test_core --quick"
 if ! command -v valgrind >/dev/null; then  # CI runs as root

@@ -703,3 +703,130 @@ def test_cli_masked_shapes(tmp_path, capsys):
     for row in data["results"]:
         assert row["mask"] in ("dense-bool", "padding") and row["sdpa_mask_speed"] > 0
         assert row["impls"]["numpy"]["agreement"]["agrees"] is True
+
+
+# --------------------------------------------------------------------------- cache mode
+
+#: Bound on a step's max error against float64 attention over the float32 keys and
+#: values of TINY_DECODE (standard normal, E = 8), by cache dtype: the storage rounding
+#: dominates (int8: half a step of max|x| / 127 per element, up to about 0.02).
+CACHE_ERR = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 2e-3, "int8": 2e-2, "int8:4": 2e-2}
+
+
+def test_cache_shapes_are_the_documented_ones():
+    assert [(s.name, s.B, s.Hq, s.Hkv, s.L, s.S, s.E) for s in bench.CACHE_SHAPES] == [
+        ("decode-gqa-32k", 1, 32, 8, 1, 32768, 128),
+        ("decode-gqa-4k", 1, 32, 8, 1, 4096, 128),
+    ]
+    assert bench.CACHE_DTYPES == ("float32", "bfloat16", "float16", "int8")
+
+
+def test_parse_cache_dtypes():
+    assert bench.parse_cache_dtypes("float32, int8:4,int8,float32") == ["float32", "int8:4", "int8"]
+    for bad in ("int4", "int8:0", "int8:x", "float32:2", "float64", " , "):
+        with pytest.raises(ValueError, match="cache dtype|at least one"):
+            bench.parse_cache_dtypes(bad)
+
+
+def test_alternating_loop_times_rotates_the_order():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times, numbers = bench.alternating_loop_times(fns, min_time=0.0, repeat=4)
+    assert numbers == {"a": 1, "b": 1, "c": 1} and all(len(t) == 4 for t in times.values())
+    # one loop each to pick the counts, then the rounds, each starting one further on
+    assert "".join(calls) == "abc" + "abc" + "bca" + "cab" + "abc"
+    times, numbers = bench.alternating_loop_times({"s": lambda: time.sleep(0.001)}, min_time=0.02, repeat=2)
+    assert numbers["s"] >= 8 and all(t >= 0.001 for t in times["s"])
+
+
+def test_run_cache_on_a_tiny_decode(refs):
+    specs = ["float32", "float16", "int8", "int8:4"] + ([] if _ml_dtypes_missing else ["bfloat16"])
+    rows = bench.run_cache([TINY_DECODE], threads=[1, 2], cache_dtypes=specs, references=refs, **FAST)
+    assert [(r["shape"], r["threads"]) for r in rows] == [("tiny-decode", 1), ("tiny-decode", 2)]
+    rows_kv = 1 * 2 * 64  # B * Hkv * S
+    expected_bytes = {
+        "float32": rows_kv * 16 * 4,
+        "bfloat16": rows_kv * 16 * 2,
+        "float16": rows_kv * 16 * 2,
+        "int8": rows_kv * (16 + 2 * 4),  # one float32 scale per key row and per value row
+        "int8:4": rows_kv * (16 + 4 * 4),  # two per row of 8 features each
+    }
+    for row in rows:
+        assert row["baseline"] == "float32" and row["dtype"] == "float32" and row["error_rows"] == 1
+        assert list(row["caches"]) == specs
+        assert row["bandwidth_gbps"] > 0
+        for spec, r in row["caches"].items():
+            assert r["status"] == "ok", (spec, r)
+            assert r["bytes"] == expected_bytes[spec], spec
+            assert r["rounds"] == len(r["times_s"]) == 2 and r["calls_per_round"] == 1
+            assert r["median_s"] > 0 and r["gbps"] == pytest.approx(r["bytes"] / r["median_s"] / 1e9)
+            assert r["pct_bandwidth"] == pytest.approx(100 * r["gbps"] / row["bandwidth_gbps"])
+            assert r["speedup"] == pytest.approx(row["caches"]["float32"]["median_s"] / r["median_s"])
+            assert 0 <= r["max_abs_err"] < CACHE_ERR[spec], (spec, r["max_abs_err"])
+        # rounding the cache costs accuracy; the float32 one has float32 arithmetic alone
+        assert row["caches"]["int8"]["max_abs_err"] > 10 * row["caches"]["float32"]["max_abs_err"]
+    lines = bench.format_cache_table(rows).splitlines()
+    assert lines[0].split() == ["shape", "threads", "cache", "MiB", "ms", "GB/s", "%", "bw", "vs", "float32", "err"]
+    assert [line.split()[2] for line in lines[2:]] == specs * 2
+    assert lines[2].split()[7] == "1.00x"
+
+
+def test_run_cache_reports_what_it_cannot_make(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now fails
+    specs = ["int8", "bfloat16", "int8:3"]
+    rows = bench.run_cache([TINY_DECODE], threads=[1], cache_dtypes=specs, error_rows=0, **FAST)
+    caches = rows[0]["caches"]
+    assert caches["int8"]["status"] == "ok" and caches["int8"]["speedup"] == 1.0
+    assert "max_abs_err" not in caches["int8"]
+    reason = "a bfloat16 cache needs ml_dtypes (pip install ml_dtypes)"
+    assert caches["bfloat16"] == {"status": "absent", "reason": reason}
+    assert caches["int8:3"]["status"] == "unsupported" and "must divide head_dim" in caches["int8:3"]["reason"]
+    lines = bench.format_cache_table(rows).splitlines()
+    assert "err" not in lines[0]
+    assert lines[3].split() == ["tiny-decode", "1", "bfloat16", "absent"]
+    assert lines[4].split() == ["tiny-decode", "1", "int8:3", "unsup"]
+    notes = bench.cache_notes(rows)
+    assert notes[-2] == "bfloat16 absent (a bfloat16 cache needs ml_dtypes (pip install ml_dtypes))"
+    assert notes[-1].startswith("int8:3 unsupported (group_size: 3 must divide head_dim (8)")
+    assert not any(note.startswith("err:") for note in notes)
+
+
+def test_cli_cache_dtypes(tmp_path, capsys):
+    """--cache-dtypes alone: every cache dtype, the table, the notes and the JSON."""
+    path = tmp_path / "cache.json"
+    argv = ["--cache-dtypes", "--shapes", TINY_DECODE, "--threads", "1", "--min-time", "0", "--repeat", "1"]
+    argv += ["--bandwidth-mib", "1", "--no-progress", "--json", str(path)]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "float32 query, float32, bfloat16, float16, int8 caches" in out
+    assert "gemm" not in out and "read bandwidth" in out
+    assert "ms: median of 1 round alternating between the caches" in out
+    assert "int8: one byte each, and their float32 scales" in out
+    assert ("bfloat16 absent" in out) == _ml_dtypes_missing
+    data = json.loads(path.read_text())
+    settings = data["settings"]
+    assert settings["mode"] == "cache" and settings["cache_dtypes"] == list(bench.CACHE_DTYPES)
+    assert data["references"]["gemm"]["results"] == []
+    [row] = data["cache"]
+    assert list(row["caches"]) == list(bench.CACHE_DTYPES)
+    statuses = {spec: r["status"] for spec, r in row["caches"].items()}
+    bf16 = "absent" if _ml_dtypes_missing else "ok"
+    assert statuses == {"float32": "ok", "bfloat16": bf16, "float16": "ok", "int8": "ok"}
+    assert row["caches"]["int8"]["bytes"] < row["caches"]["float16"]["bytes"] < row["caches"]["float32"]["bytes"]
+
+
+def test_cli_cache_dtypes_quick(capsys):
+    argv = ["--cache-dtypes", "int8,float32", "--quick", "--threads", "1", "--min-time", "0", "--repeat", "1"]
+    assert bench.main(argv + ["--bandwidth-mib", "0", "--error-rows", "0", "--no-progress"]) == 0
+    lines = capsys.readouterr().out.split("\n\n", 1)[1].splitlines()
+    assert lines[0].split()[-2:] == ["vs", "int8"]  # the first dtype is the baseline
+    assert [line.split()[:3] for line in lines[2:4]] == [["decode-gqa-4k", "1", d] for d in ("int8", "float32")]
+
+
+def test_cli_cache_dtypes_rejects(capsys):
+    base = ["--no-progress", "--cache-dtypes"]
+    assert bench.main(base + ["int4"]) == 2
+    assert "cache dtype 'int4'" in capsys.readouterr().err
+    for extra in (["--latency"], ["--impls", "sdpa"], ["--dtype", "float16"], ["--kv-dtype", "float16"]):
+        assert bench.main(base + ["int8"] + extra) == 2, extra
+        assert "--cache-dtypes" in capsys.readouterr().err

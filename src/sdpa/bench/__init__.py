@@ -8,6 +8,7 @@ OpenVINO on this machine.
     python -m sdpa.bench --dtype float32 --kv-dtype bfloat16   # a float32 query, a bfloat16 cache
     python -m sdpa.bench --shapes mask-dense-bool,mask-padding --impls sdpa,torch,ort-mha
     python -m sdpa.bench --latency            # microseconds per call on small problems
+    python -m sdpa.bench --cache-dtypes       # a decode step over a float32, bfloat16, float16, int8 cache
 
 Every implementation runs in the same process on the same inputs (and the same mask,
 on the masked shapes), and the results are reported as throughput next to ratios
@@ -23,6 +24,11 @@ microseconds per call: sdpa on NumPy arrays, ``sdpa.torch`` on tensors, torch's
 own function and ONNX Runtime's Attention operator, then the greedy ``generate()``
 of a tiny random-weight Llama (transformers) with and without ``sdpa.torch.patch()``.
 
+``--cache-dtypes`` times a decoding step of a float32 query over a :class:`sdpa.KVCache`
+of each dtype (float32, bfloat16, float16, int8) holding the same keys and values, in
+alternating rounds: milliseconds, GB/s of the bytes the cache holds (int8 scales
+included) and the speed against the float32 cache.
+
 Only the standard library and NumPy are needed; PyTorch, ONNX Runtime, OpenVINO,
 transformers, threadpoolctl and matplotlib are used when they are installed.
 
@@ -33,13 +39,15 @@ bar), :mod:`~sdpa.bench.threads` (thread counts and limits),
 :mod:`~sdpa.bench.peers` (the implementations), :mod:`~sdpa.bench.errors` (the
 float64 reference and the errors), :mod:`~sdpa.bench.onnxgraph` (the ONNX models ONNX
 Runtime runs), :mod:`~sdpa.bench.suite` (the throughput suite),
-:mod:`~sdpa.bench.latency` (the latency mode), :mod:`~sdpa.bench.generate` (the
+:mod:`~sdpa.bench.latency` (the latency mode), :mod:`~sdpa.bench.cache` (the cache
+mode), :mod:`~sdpa.bench.generate` (the
 Llama ``generate()``), :mod:`~sdpa.bench.report` (tables and JSON),
 :mod:`~sdpa.bench.plot` (the figure) and :mod:`~sdpa.bench.cli` (the command line).
 """
 
 from __future__ import annotations
 
+from .cache import CACHE_DTYPES, cache_bytes, iter_cache, parse_cache_dtypes, run_cache
 from .cli import main
 from .errors import ERROR_ROWS, ReferenceSample, max_abs_error, reference_sample, sample_rows
 from .generate import measure_generate
@@ -57,7 +65,9 @@ from .peers import (
 )
 from .plot import plot_results
 from .report import (
+    cache_notes,
     describe_kernels,
+    format_cache_table,
     format_generate,
     format_latency_table,
     format_references,
@@ -65,6 +75,7 @@ from .report import (
     suite_notes,
 )
 from .shapes import (
+    CACHE_SHAPES,
     DTYPES,
     HALF_DTYPES,
     LATENCY_SHAPES,
@@ -89,7 +100,7 @@ from .shapes import (
 )
 from .suite import iter_suite, run_suite, suite_dtypes
 from .threads import default_threads
-from .timing import Progress, loop_times, median_time, time_call
+from .timing import Progress, alternating_loop_times, loop_times, median_time, time_call
 
 __all__ = [
     "Shape",
@@ -148,4 +159,13 @@ __all__ = [
     "kept_pairs",
     "describe_kernels",
     "suite_notes",
+    "CACHE_DTYPES",
+    "CACHE_SHAPES",
+    "parse_cache_dtypes",
+    "cache_bytes",
+    "iter_cache",
+    "run_cache",
+    "format_cache_table",
+    "cache_notes",
+    "alternating_loop_times",
 ]

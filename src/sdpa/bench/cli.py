@@ -1,4 +1,5 @@
-"""The command line: ``python -m sdpa.bench`` (the throughput suite, or ``--latency``)."""
+"""The command line: ``python -m sdpa.bench`` (the throughput suite, ``--latency`` or
+``--cache-dtypes``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .cache import CACHE_DTYPES, iter_cache, parse_cache_dtypes
 from .errors import ERROR_ROWS
 from .generate import measure_generate
 from .latency import LATENCY_THREADS, iter_latency
@@ -17,7 +19,9 @@ from .machine import machine_info, measure_references, package_version, referenc
 from .peers import AGREEMENT_TOLERANCE, IMPLEMENTATIONS, KERNELS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES
 from .plot import plot_results
 from .report import (
+    cache_notes,
     describe_latency_skips,
+    format_cache_table,
     format_generate,
     format_latency_table,
     format_references,
@@ -26,6 +30,7 @@ from .report import (
     write_json,
 )
 from .shapes import (
+    CACHE_SHAPES,
     DTYPES,
     HALF_DTYPES,
     LATENCY_SHAPES,
@@ -72,6 +77,17 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="microseconds per call on small shapes: sdpa, sdpa.torch, torch and ONNX Runtime, "
         "then generate() of a tiny Llama with and without sdpa.torch.patch()",
+    )
+    p.add_argument(
+        "--cache-dtypes",
+        nargs="?",
+        const=",".join(CACHE_DTYPES),
+        metavar="LIST",
+        help="instead of the suite, a decoding step of a float32 query over a KVCache of each "
+        f"dtype in LIST (default: {','.join(CACHE_DTYPES)}; int8:G for one scale per G features): "
+        "time, GB/s of the bytes read (int8 scales included) and speed against the first; on "
+        + " and ".join(s.name for s in CACHE_SHAPES)
+        + " unless --shapes (--quick: the second)",
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
@@ -161,17 +177,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{s.name:16s} {s.describe():46s} {flops / 1e9:10.2f} GFLOP{tag}")
         return 0
 
+    cache_mode = args.cache_dtypes is not None
     known = LATENCY_IMPLEMENTATIONS if args.latency else IMPLEMENTATIONS
     min_time, repeat = _QUICK_LATENCY_TIMING if args.latency and args.quick else _TIMING
     args.min_time = min_time if args.min_time is None else args.min_time
     args.repeat = repeat if args.repeat is None else args.repeat
     try:
-        if args.quick and not args.latency:
+        if cache_mode:
+            if args.latency:
+                raise ValueError("--cache-dtypes and --latency are separate modes: choose one")
+            if args.impls or args.plot or args.dtype != "float32" or args.kv_dtype is not None:
+                raise ValueError(
+                    "--cache-dtypes times sdpa alone, with a float32 query: no --impls, --plot, "
+                    "--dtype or --kv-dtype (the cache dtypes are its list)"
+                )
+            cache_specs = parse_cache_dtypes(args.cache_dtypes)
+        if args.quick and cache_mode:
+            shapes = CACHE_SHAPES[1:]
+        elif args.quick and not args.latency:
             shapes = list(QUICK_SHAPES)
         elif args.shapes:
             shapes = [parse_shape(s) for s in split_shapes(args.shapes)]
         else:
-            shapes = list(LATENCY_SHAPES if args.latency else SHAPES)
+            shapes = list(CACHE_SHAPES if cache_mode else LATENCY_SHAPES if args.latency else SHAPES)
         impls = [i.strip() for i in (args.impls or ",".join(known)).split(",") if i.strip()]
         bad = [i for i in impls if i not in known]
         if bad or not impls:
@@ -184,7 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError("--latency runs float32 or float64, one dtype for q, k and v")
         if args.error_rows < 0:
             raise ValueError("--error-rows must be >= 0")
-        if not args.latency:
+        if not args.latency and not cache_mode:
             args.kv_dtype = suite_dtypes(args.dtype, args.kv_dtype)[1].name
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -192,6 +220,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.latency:
         return _run_latency(args, shapes, impls)
+    if cache_mode:
+        return _run_cache(args, shapes, cache_specs)
 
     if args.plot:
         try:
@@ -321,6 +351,77 @@ def _print_header(info: Dict[str, Any], dtype: str, extra: str = "") -> None:
         f"{info['cpu_model'] or info['machine']}, {info['cpu_count']} CPUs, numpy {info['numpy']}"
         f"{blas_text}, torch {info['torch'] or 'not installed'}{extra}, {dtype}"
     )
+
+
+def _run_cache(args: argparse.Namespace, shapes: List[Shape], specs: List[str]) -> int:
+    """``--cache-dtypes``: the read-bandwidth reference, then the cache table; the exit status."""
+    threads = args.threads or default_threads()
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    steps = reference_steps(threads, 0, args.bandwidth_mib) + len(shapes) * len(threads)
+    progress = Progress(steps, enabled=show)
+
+    info = machine_info()
+    rows: List[Dict[str, Any]] = []
+    references: Dict[str, Any] = {}
+    interrupted = False
+    try:
+        references = measure_references(
+            threads,
+            "float32",
+            gemm_n=0,  # the step reads; it multiplies too little for a gemm to say anything
+            bandwidth_mib=args.bandwidth_mib,
+            min_time=args.min_time,
+            repeat=args.repeat,
+            progress=progress,
+        )
+        for row in iter_cache(
+            shapes,
+            threads,
+            specs,
+            min_time=args.min_time,
+            repeat=args.repeat,
+            references=references,
+            error_rows=args.error_rows,
+            seed=args.seed,
+            progress=progress,
+        ):
+            rows.append(row)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+
+    _print_header(info, f"float32 query, {', '.join(specs)} caches")
+    ref_text = format_references(references)
+    if ref_text:
+        print(ref_text)
+    print()
+    print(format_cache_table(rows))
+    for note in cache_notes(rows, args.error_rows):
+        print(f"  {note}")
+    if interrupted:
+        print("(interrupted: partial results)")
+
+    if args.json:
+        payload = {
+            "machine": info,
+            "settings": {
+                "mode": "cache",
+                "shapes": [asdict(s) for s in shapes],
+                "threads": threads,
+                "cache_dtypes": specs,
+                "dtype": "float32",
+                "error_rows": args.error_rows,
+                "min_time": args.min_time,
+                "repeat": args.repeat,
+                "seed": args.seed,
+                "complete": not interrupted,
+            },
+            "references": references,
+            "cache": rows,
+        }
+        write_json(args.json, payload)
+    return 130 if interrupted else 0
 
 
 def _run_latency(args: argparse.Namespace, shapes: List[Shape], impls: List[str]) -> int:

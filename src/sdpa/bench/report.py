@@ -19,6 +19,8 @@ __all__ = [
     "format_latency_table",
     "describe_latency_skips",
     "format_generate",
+    "format_cache_table",
+    "cache_notes",
     "write_json",
 ]
 
@@ -295,6 +297,77 @@ def format_generate(result: Dict[str, Any]) -> str:
         + ("same tokens" if result["same_tokens"] else "DIFFERENT TOKENS"),
     ]
     return "\n".join(lines)
+
+
+def format_cache_table(rows: Sequence[Dict[str, Any]]) -> str:
+    """The cache mode's results as a plain-text table, one line per (shape, threads,
+    cache dtype).
+
+    ``MiB``: the bytes a step reads (keys and values as stored, int8 scales
+    included); ``ms``: the median time of a step; ``GB/s`` and ``% bw`` (decode
+    shapes): those bytes over the time, and that as a percentage of the read-bandwidth
+    reference; ``vs <first>``: the first cache dtype's time over this one's (above 1x:
+    faster); ``err`` (when measured): max |output - float64 reference|.  A cache not
+    measured shows its status in the ``ms`` column (``absent``, ``unsup``).
+    """
+    errors = any(row.get("error_rows") for row in rows)
+    baseline = rows[0]["baseline"] if rows else "float32"
+    header = ["shape", "threads", "cache", "MiB", "ms", "GB/s", "% bw", f"vs {baseline}"]
+    if errors:
+        header.append("err")
+    lines: List[List[str]] = []
+    for row in rows:
+        for spec, r in row["caches"].items():
+            cells = [row["shape"], str(row["threads"]), spec]
+            if r["status"] != "ok":
+                cells += ["", _STATUS_CELLS.get(r["status"], r["status"]), "", "", ""]
+                if errors:
+                    cells.append("")
+                lines.append(cells)
+                continue
+            pct = r.get("pct_bandwidth")
+            cells += [
+                _fmt_rate(r["bytes"] / MiB),
+                _fmt_rate(r["median_s"] * 1e3),
+                _fmt_rate(r.get("gbps")),
+                "" if pct is None else f"{pct:.0f}%",
+                _fmt_ratio(r.get("speedup")),
+            ]
+            if errors:
+                cells.append(_fmt_err(r.get("max_abs_err")))
+            lines.append(cells)
+    return _render(header, lines)
+
+
+def cache_notes(rows: Sequence[Dict[str, Any]], error_rows: int = 0) -> List[str]:
+    """The notes printed under the cache mode's table: how it was timed, what the bytes
+    and the errors count, and why any cache was not measured."""
+    if not rows:
+        return []
+    rounds = max((r.get("rounds", 0) for row in rows for r in row["caches"].values()), default=0)
+    baseline = rows[0]["baseline"]
+    notes = [
+        f"ms: median of {rounds} round{'s' if rounds != 1 else ''} alternating between the caches, "
+        "each a loop of back-to-back KVCache.attend calls with a float32 query; "
+        f"vs {baseline}: the {baseline} cache's time over this one's (above 1x: faster)",
+        "MiB, GB/s: the keys and values as the cache stores them (int8: one byte each, and "
+        "their float32 scales), read once per step",
+    ]
+    if error_rows and any(row.get("error_rows") for row in rows):
+        notes.append(
+            f"err: max |output - float64 attention over the float32 keys and values| over up to "
+            f"{error_rows} query rows per shape: storing them in the cache's dtype included"
+        )
+    shapes: Dict[str, Dict[str, None]] = {}  # note -> the shapes it applies to, in order
+    for row in rows:
+        for spec, r in row["caches"].items():
+            if r["status"] != "ok":
+                shapes.setdefault(f"{spec} {r['status']} ({r['reason']})", {})[row["shape"]] = None
+    every = list(dict.fromkeys(row["shape"] for row in rows))
+    notes += [
+        note if list(names) == every else f"{', '.join(names)}: {note}" for note, names in shapes.items()
+    ]
+    return notes
 
 
 def write_json(path: str, payload: Dict[str, Any]) -> None:

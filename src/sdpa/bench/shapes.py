@@ -16,6 +16,7 @@ __all__ = [
     "SHAPES",
     "QUICK_SHAPES",
     "LATENCY_SHAPES",
+    "CACHE_SHAPES",
     "ShapeLike",
     "parse_shape",
     "split_shapes",
@@ -134,6 +135,10 @@ LATENCY_SHAPES: List[Shape] = [
 ]
 
 _SHAPES_BY_NAME: Dict[str, Shape] = {s.name: s for s in SHAPES + QUICK_SHAPES + LATENCY_SHAPES}
+
+#: Decode steps over a long and a shorter grouped-query cache (``--cache-dtypes``);
+#: ``--quick`` keeps the shorter one.
+CACHE_SHAPES: List[Shape] = [_SHAPES_BY_NAME["decode-gqa-32k"], _SHAPES_BY_NAME["decode-gqa-4k"]]
 
 ShapeLike = Union[Shape, str, Sequence[Any]]
 

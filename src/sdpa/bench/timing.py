@@ -7,9 +7,9 @@ import itertools
 import statistics
 import sys
 import time
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Tuple
 
-__all__ = ["time_call", "median_time", "loop_times", "Progress"]
+__all__ = ["time_call", "median_time", "loop_times", "alternating_loop_times", "Progress"]
 
 
 def time_call(
@@ -53,6 +53,33 @@ def loop_times(
     while _time_loop(fn, number) < target and number < max_number:
         number *= 2
     return [_time_loop(fn, number) / number for _ in range(repeat)], number
+
+
+def alternating_loop_times(
+    fns: Mapping[str, Callable[[], Any]], min_time: float = 0.5, repeat: int = 5, max_number: int = 1_000_000
+) -> Tuple[Dict[str, List[float]], Dict[str, int]]:
+    """Seconds per call of several functions, timed in alternating rounds.
+
+    Each function's calls per loop are picked as by :func:`loop_times` (loops of 1, 2,
+    4, ... calls warm it up, the first lasting ``min_time / repeat`` seconds sets
+    ``number``).  Then ``repeat`` rounds each time one loop of every function, the
+    order rotated by one from round to round, so that a slow spell of a noisy machine
+    falls on all of them alike and none always follows the same one.  Returns, per
+    function, the per-call time of each of its loops, and its ``number``.
+    """
+    names = list(fns)
+    target = min_time / max(repeat, 1)
+    numbers: Dict[str, int] = {}
+    for name in names:
+        number = 1
+        while _time_loop(fns[name], number) < target and number < max_number:
+            number *= 2
+        numbers[name] = number
+    times: Dict[str, List[float]] = {name: [] for name in names}
+    for r in range(repeat):
+        for name in names[r % len(names) :] + names[: r % len(names)] if names else []:
+            times[name].append(_time_loop(fns[name], numbers[name]) / numbers[name])
+    return times, numbers
 
 
 def _time_loop(fn: Callable[[], Any], number: int) -> float:
