@@ -105,8 +105,8 @@ def test_sdist_contents(sdist, source):
     names = sdist_members(sdist)
     for name in (
         "csrc/include/sdpa.h", "csrc/kernels/avx512.c", "src/sdpa/_core.pyx", "src/sdpa/_core.pyi",
-        "src/sdpa/py.typed", "src/sdpa/torch.py", "src/sdpa/transformers.py", "src/sdpa/dask.py", "README.md", "setup.py",
-        "pyproject.toml",
+        "src/sdpa/py.typed", "src/sdpa/torch.py", "src/sdpa/transformers.py", "src/sdpa/dask.py",
+        "README.md", "setup.py", "pyproject.toml",
         "MANIFEST.in", "tests/conftest.py",
     ):
         assert name in names, name
