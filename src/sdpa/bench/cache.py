@@ -167,7 +167,7 @@ def _measure_row(
     calls = {}
     results: Dict[str, Dict[str, Any]] = {}
     for spec, cache in caches.items():
-        out = np.empty((shape.B, shape.Hq, shape.L, shape.Ev), dtype=np.float32)
+        out = np.empty((shape.B, shape.Hq, shape.L, shape.E if shape.Ev is None else shape.Ev), dtype=np.float32)
 
         def call(cache: KVCache = cache, out: np.ndarray = out) -> None:
             cache.attend(q, is_causal=shape.causal, out=out, num_threads=threads)
