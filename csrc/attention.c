@@ -254,6 +254,14 @@ static dot_i8_fn dot_i8_of_f32(const kernels_f32 *kern) { return kern->dot_i8; }
 static pv_rows_i8_fn pv_rows_i8_of_f32(const kernels_f32 *kern) { return kern->pv_rows_i8; }
 static dot_i8_f64_fn dot_i8_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 static dot_i8_f64_fn pv_rows_i8_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+typedef int (*dot_i8g_fn)(int, int, int64_t, int64_t, const float *, int64_t, const int8_t *, int64_t,
+                          const float *, int64_t, int64_t, float *, int64_t);
+typedef int (*dot_i8g_f64_fn)(int, int, int64_t, int64_t, const double *, int64_t, const int8_t *, int64_t,
+                              const float *, int64_t, int64_t, double *, int64_t);
+static dot_i8g_fn dot_i8g_of_f32(const kernels_f32 *kern) { return kern->dot_i8g; }
+static dot_i8g_fn pv_rows_i8g_of_f32(const kernels_f32 *kern) { return kern->pv_rows_i8g; }
+static dot_i8g_f64_fn dot_i8g_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+static dot_i8g_f64_fn pv_rows_i8g_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 
 /* The tile mask kernels, or NULL (float64, and sets without them: per element). */
 typedef void (*mask_add_f32_fn)(float *, int, int, const float *, int64_t);

@@ -579,7 +579,10 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             const int8_t *kb = (const int8_t *)k + s0 * ksr;
             const float *ks = kscl.base + s0 * kscl.rs;
             const int64_t g = kscl.group;
-            for (int64_t c0 = 0; c0 < E; c0 += g) {
+            /* groups: the scales applied to each key vector in the kernel, if it can */
+            const int folded = g < E && FN(dot_i8g_of)(kern) &&
+                               FN(dot_i8g_of)(kern)(M, n, E, g, qs, E, kb, ksr, ks, kscl.rs, kscl.cs, st, tile_k);
+            for (int64_t c0 = 0; c0 < E && !folded; c0 += g) {
                 const float *kg = ks + (c0 / g) * kscl.cs;
                 T *dst = c0 == 0 ? st : sg;
                 FN(dot_i8_of)(kern)(M, n, g, qs + c0, E, kb + c0, ksr, dst, tile_k);
@@ -625,7 +628,9 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             const int8_t *vb = (const int8_t *)v + s0 * vsr;
             const float *vs = vscl.base + s0 * vscl.rs;
             const int64_t g = vscl.group;
-            for (int64_t c0 = 0; c0 < Ev; c0 += g) {
+            const int folded = g < Ev && FN(pv_rows_i8g_of)(kern) &&
+                               FN(pv_rows_i8g_of)(kern)(M, n, Ev, g, st, tile_k, vb, vsr, vs, vscl.rs, vscl.cs, acc, Ev);
+            for (int64_t c0 = 0; c0 < Ev && !folded; c0 += g) {
                 const float *vg = vs + (c0 / g) * vscl.cs;
                 for (int x = 0; x < M; x++) {
                     const T *sx = st + (int64_t)x * tile_k;

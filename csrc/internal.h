@@ -86,6 +86,15 @@ typedef struct kernels_f32 {
                    int64_t lds);
     void (*pv_rows_i8)(int m, int n, int64_t ev, const float *p, int64_t ldp, const int8_t *v, int64_t ldv,
                        float *acc, int64_t ldacc);
+    /* the same with a float32 scale per group of g features, applied to each key /
+     * value vector as it is widened (row j's features c.. scale by
+     * ks[j * ksr + (c / g) * ksc]); return 0, doing nothing, unless g is a power of
+     * two, a multiple of the vector width, and divides e / ev (NULL: per group in
+     * the driver) */
+    int (*dot_i8g)(int m, int n, int64_t e, int64_t g, const float *q, int64_t ldq, const int8_t *k, int64_t ldk,
+                   const float *ks, int64_t ksr, int64_t ksc, float *s, int64_t lds);
+    int (*pv_rows_i8g)(int m, int n, int64_t ev, int64_t g, const float *p, int64_t ldp, const int8_t *v,
+                       int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, float *acc, int64_t ldacc);
     /* Masks on a transposed score tile s (n keys x nr rows) for its first `rows`
      * rows, the element of row x and key j at m[x*m_rs + j] (NULL: per element
      * in the driver):  mask_add: s[j*nr + x] += m[...];

@@ -12,7 +12,7 @@ import sdpa
 from conftest import assert_close
 from sdpa import reference
 
-GROUPS = [None, 16]
+GROUPS = [None, 8, 16]
 
 
 def filled(rng, batch, heads, capacity, e, ev, tokens, group=None, **kw):

@@ -202,6 +202,7 @@ const kernel_table sdpa_kernels_avx2 = {
             .dot = dot_avx2_f32, .pv_rows = pv_rows_avx2_f32, .row_softmax = row_softmax_avx2_f32,
             .dot_half = dot_half_avx2_f32, .pv_rows_half = pv_rows_half_avx2_f32,
             .dot_i8 = dot_i8_avx2_f32, .pv_rows_i8 = pv_rows_i8_avx2_f32,
+            .dot_i8g = dot_i8g_avx2_f32, .pv_rows_i8g = pv_rows_i8g_avx2_f32,
             .mask_add = mask_add_avx2_f32, .mask_bool = mask_bool_avx2_f32,
             .pack_q = pack_q_avx2_f32, .store_rows = store_rows_avx2_f32},
     .f64 = {.nr = panel_rows_avx2_f64,

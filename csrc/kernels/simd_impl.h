@@ -264,8 +264,23 @@ static void FN(store_rows)(T *out, int64_t rs, const T *acc, const T *row_l, int
 #define KV_BF16 1
 #define KV_F16 2
 #define KV_I8 3
+#define KV_I8G 4 /* int8 with a float32 scale per group of features, applied to each vector (FN(gscale)) */
 /* bytes of one key or value element of a kind */
-#define KV_SIZE(kind) ((kind) == KV_T ? (int64_t)sizeof(T) : (kind) == KV_I8 ? 1 : 2)
+#define KV_SIZE(kind) ((kind) == KV_T ? (int64_t)sizeof(T) : (kind) == KV_I8 || (kind) == KV_I8G ? 1 : 2)
+
+/* The scales of KV_I8G rows: row j's features c .. c + LANES (one group) scale by
+ * base[j * rs + (c >> shift) * cs]; groups of 1 << shift features, a multiple of LANES. */
+typedef struct {
+    const float *base;
+    int64_t rs, cs;
+    int shift;
+} FN(gscale);
+
+static inline __attribute__((always_inline)) V FN(scaled)(V kv, const int kind, const FN(gscale) *gs, int64_t j,
+                                                       int64_t c) {
+    if (kind != KV_I8G) return kv;
+    return V_MUL(kv, V_SET1((T)gs->base[j * gs->rs + (c >> gs->shift) * gs->cs]));
+}
 
 static inline __attribute__((always_inline)) V FN(load_kv)(const char *p, const int kind) {
 #ifdef V_LOADU_BF16
@@ -273,7 +288,7 @@ static inline __attribute__((always_inline)) V FN(load_kv)(const char *p, const 
     if (kind == KV_F16) return V_LOADU_F16((const uint16_t *)p);
 #endif
 #ifdef V_LOADU_I8
-    if (kind == KV_I8) return V_LOADU_I8((const int8_t *)p);
+    if (kind == KV_I8 || kind == KV_I8G) return V_LOADU_I8((const int8_t *)p);
 #endif
     (void)kind;
     return V_LOADU((const T *)p);
@@ -282,7 +297,7 @@ static inline __attribute__((always_inline)) V FN(load_kv)(const char *p, const 
 static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *p, const int kind) {
     if (kind == KV_BF16) return (T)sdpa_bf16_to_f32(*(const uint16_t *)p);
     if (kind == KV_F16) return (T)sdpa_f16_to_f32(*(const uint16_t *)p);
-    if (kind == KV_I8) return (T) * (const int8_t *)p;
+    if (kind == KV_I8 || kind == KV_I8G) return (T) * (const int8_t *)p;
     return *(const T *)p;
 }
 
@@ -295,7 +310,8 @@ static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *p, cons
  * float keys it measured 4-10% slower than LANES keys per row).
  */
 #define DOT_RB (LANES / 4)
-static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, int m, int n, int64_t e, const T *q,
+static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, const FN(gscale) *gs, int m, int n,
+                                                            int64_t e, const T *q,
                                                             int64_t ldq, const char *k, int64_t ldk, T *s,
                                                             int64_t lds) {
     const int64_t es = KV_SIZE(kind);
@@ -310,7 +326,8 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, i
             for (int i = 0; i < LANES; i++) acc[i] = V_ZERO();
             for (int64_t c = 0; c < ev; c += LANES) {
                 V kv[4];
-                for (int t = 0; t < 4; t++) kv[t] = FN(load_kv)(kj + (t * ldk + c) * es, kind);
+                for (int t = 0; t < 4; t++)
+                    kv[t] = FN(scaled)(FN(load_kv)(kj + (t * ldk + c) * es, kind), kind, gs, j + t, c);
                 for (int x = 0; x < DOT_RB; x++) {
                     V qv = V_LOADU(qx[x] + c);
                     for (int t = 0; t < 4; t++) acc[x * 4 + t] = V_FMA(qv, kv[t], acc[x * 4 + t]);
@@ -331,13 +348,14 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, i
 #undef DOT_RB
 
 /* dot over k rows of kind elements; ldk counts elements */
-static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, int m, int n, int64_t e, const T *q,
+static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, const FN(gscale) *gs, int m, int n,
+                                                            int64_t e, const T *q,
                                                             int64_t ldq, const char *k, int64_t ldk, T *s,
                                                             int64_t lds) {
     const int64_t es = KV_SIZE(kind);
     const int64_t ev = e / LANES * LANES;
     int j = 0;
-    if (kind != KV_T && m >= 2 && LANES >= 8) j = FN(dot_rows4)(kind, m, n, e, q, ldq, k, ldk, s, lds);
+    if (kind != KV_T && m >= 2 && LANES >= 8) j = FN(dot_rows4)(kind, gs, m, n, e, q, ldq, k, ldk, s, lds);
     /* LANES keys at a time: one accumulator per key, reduced together */
     for (; j + LANES <= n; j += LANES) {
         const char *kj = k + (int64_t)j * ldk * es;
@@ -348,7 +366,7 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, i
             for (int64_t c = 0; c < ev; c += LANES) {
                 V qv = V_LOADU(qx + c);
                 for (int t = 0; t < LANES; t++)
-                    acc[t] = V_FMA(qv, FN(load_kv)(kj + (t * ldk + c) * es, kind), acc[t]);
+                    acc[t] = V_FMA(qv, FN(scaled)(FN(load_kv)(kj + (t * ldk + c) * es, kind), kind, gs, j + t, c), acc[t]);
             }
             V r = V_HSUM_LANES(acc);
             if (ev < e) {
@@ -368,7 +386,8 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, i
         for (int x = 0; x < m; x++) {
             const T *qx = q + x * ldq;
             V a = V_ZERO();
-            for (int64_t c = 0; c < ev; c += LANES) a = V_FMA(V_LOADU(qx + c), FN(load_kv)(kj + c * es, kind), a);
+            for (int64_t c = 0; c < ev; c += LANES)
+                a = V_FMA(V_LOADU(qx + c), FN(scaled)(FN(load_kv)(kj + c * es, kind), kind, gs, j, c), a);
             T r = V_HSUM(a);
             for (int64_t c = ev; c < e; c++) r += qx[c] * FN(scalar_kv)(kj + c * es, kind);
             s[x * lds + j] = r;
@@ -378,15 +397,16 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, i
 
 /* acc rows x0..x0+mr, columns c0..c0+nvb*LANES, over all n keys (mr * nvb <= 16) */
 static inline __attribute__((always_inline)) void FN(pv_rows_block)(
-    const int kind, const int mr, const int nvb, int n, const T *p, int64_t ldp, const char *v, int64_t ldv,
-    T *acc, int64_t ldacc) {
+    const int kind, const FN(gscale) *gs, int64_t c0, const int mr, const int nvb, int n, const T *p, int64_t ldp,
+    const char *v, int64_t ldv, T *acc, int64_t ldacc) {
     const int64_t es = KV_SIZE(kind);
     V a[4][8];
     for (int x = 0; x < mr; x++)
         for (int t = 0; t < nvb; t++) a[x][t] = V_LOADU(acc + x * ldacc + t * LANES);
     for (int j = 0; j < n; j++) {
         V vv[8];
-        for (int t = 0; t < nvb; t++) vv[t] = FN(load_kv)(v + ((int64_t)j * ldv + t * LANES) * es, kind);
+        for (int t = 0; t < nvb; t++)
+            vv[t] = FN(scaled)(FN(load_kv)(v + ((int64_t)j * ldv + t * LANES) * es, kind), kind, gs, j, c0 + t * LANES);
         for (int x = 0; x < mr; x++) {
             V w = V_SET1(p[x * ldp + j]);
             for (int t = 0; t < nvb; t++) a[x][t] = V_FMA(w, vv[t], a[x][t]);
@@ -396,7 +416,8 @@ static inline __attribute__((always_inline)) void FN(pv_rows_block)(
         for (int t = 0; t < nvb; t++) V_STOREU(acc + x * ldacc + t * LANES, a[x][t]);
 }
 
-static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kind, int m, int n, int64_t ev,
+static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kind, const FN(gscale) *gs, int m, int n,
+                                                                int64_t ev,
                                                                 const T *p, int64_t ldp, const char *v,
                                                                 int64_t ldv, T *acc, int64_t ldacc) {
     const int64_t es = KV_SIZE(kind);
@@ -409,25 +430,25 @@ static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kin
          * so that each V row is read once per tile */
         for (; mr <= 2 && c + 8 * LANES <= ev; c += 8 * LANES) {
             const char *vc = v + c * es;
-            if (mr == 1) FN(pv_rows_block)(kind, 1, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
-            else FN(pv_rows_block)(kind, 2, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
+            if (mr == 1) FN(pv_rows_block)(kind, gs, c, 1, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
+            else FN(pv_rows_block)(kind, gs, c, 2, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
         }
         for (; c + 4 * LANES <= ev; c += 4 * LANES) {
             const char *vc = v + c * es;
             switch (mr) {
-                case 1: FN(pv_rows_block)(kind, 1, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
-                case 2: FN(pv_rows_block)(kind, 2, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
-                case 3: FN(pv_rows_block)(kind, 3, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
-                default: FN(pv_rows_block)(kind, 4, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                case 1: FN(pv_rows_block)(kind, gs, c, 1, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                case 2: FN(pv_rows_block)(kind, gs, c, 2, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                case 3: FN(pv_rows_block)(kind, gs, c, 3, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                default: FN(pv_rows_block)(kind, gs, c, 4, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
             }
         }
         for (; c + LANES <= ev; c += LANES) {
             const char *vc = v + c * es;
             switch (mr) {
-                case 1: FN(pv_rows_block)(kind, 1, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
-                case 2: FN(pv_rows_block)(kind, 2, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
-                case 3: FN(pv_rows_block)(kind, 3, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
-                default: FN(pv_rows_block)(kind, 4, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                case 1: FN(pv_rows_block)(kind, gs, c, 1, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                case 2: FN(pv_rows_block)(kind, gs, c, 2, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                case 3: FN(pv_rows_block)(kind, gs, c, 3, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
+                default: FN(pv_rows_block)(kind, gs, c, 4, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
             }
         }
         for (; c < ev; c++)
@@ -441,41 +462,70 @@ static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kin
 
 static void FN(dot)(int m, int n, int64_t e, const T *q, int64_t ldq, const T *k, int64_t ldk, T *s,
                     int64_t lds) {
-    FN(dot_kind)(KV_T, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+    FN(dot_kind)(KV_T, NULL, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
 }
 
 static void FN(pv_rows)(int m, int n, int64_t ev, const T *p, int64_t ldp, const T *v, int64_t ldv,
                         T *acc, int64_t ldacc) {
-    FN(pv_rows_kind)(KV_T, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+    FN(pv_rows_kind)(KV_T, NULL, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
 }
 
 #ifdef V_LOADU_BF16
 static void FN(dot_half)(sdpa_dtype dt, int m, int n, int64_t e, const T *q, int64_t ldq, const uint16_t *k,
                          int64_t ldk, T *s, int64_t lds) {
-    if (dt == SDPA_BFLOAT16) FN(dot_kind)(KV_BF16, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
-    else FN(dot_kind)(KV_F16, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+    if (dt == SDPA_BFLOAT16) FN(dot_kind)(KV_BF16, NULL, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+    else FN(dot_kind)(KV_F16, NULL, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
 }
 
 static void FN(pv_rows_half)(sdpa_dtype dt, int m, int n, int64_t ev, const T *p, int64_t ldp, const uint16_t *v,
                              int64_t ldv, T *acc, int64_t ldacc) {
-    if (dt == SDPA_BFLOAT16) FN(pv_rows_kind)(KV_BF16, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
-    else FN(pv_rows_kind)(KV_F16, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+    if (dt == SDPA_BFLOAT16) FN(pv_rows_kind)(KV_BF16, NULL, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+    else FN(pv_rows_kind)(KV_F16, NULL, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
 }
 #endif
 
 #ifdef V_LOADU_I8
 static void FN(dot_i8)(int m, int n, int64_t e, const T *q, int64_t ldq, const int8_t *k, int64_t ldk, T *s,
                        int64_t lds) {
-    FN(dot_kind)(KV_I8, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+    FN(dot_kind)(KV_I8, NULL, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
 }
 
 static void FN(pv_rows_i8)(int m, int n, int64_t ev, const T *p, int64_t ldp, const int8_t *v, int64_t ldv, T *acc,
                            int64_t ldacc) {
-    FN(pv_rows_kind)(KV_I8, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+    FN(pv_rows_kind)(KV_I8, NULL, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+}
+#endif
+
+#ifdef V_LOADU_I8
+/* log2(g) when g is a power of two, a multiple of LANES and divides e; else -1 */
+static int FN(group_shift)(int64_t g, int64_t e) {
+    int shift = 0;
+    while (shift < 62 && ((int64_t)1 << shift) < g) shift++;
+    return ((int64_t)1 << shift) == g && g % LANES == 0 && e % g == 0 ? shift : -1;
+}
+
+/* dot_i8 and pv_rows_i8 with a scale per group of g features, applied to each key
+ * or value vector as it is widened; 0 (nothing done) unless g is a power of two, a
+ * multiple of the vector width, and divides e / ev */
+static int FN(dot_i8g)(int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq, const int8_t *k, int64_t ldk,
+                       const float *ks, int64_t ksr, int64_t ksc, T *s, int64_t lds) {
+    const FN(gscale) gs = {ks, ksr, ksc, FN(group_shift)(g, e)};
+    if (gs.shift < 0) return 0;
+    FN(dot_kind)(KV_I8G, &gs, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+    return 1;
+}
+
+static int FN(pv_rows_i8g)(int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp, const int8_t *v,
+                           int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc, int64_t ldacc) {
+    const FN(gscale) gs = {vs, vsr, vsc, FN(group_shift)(g, ev)};
+    if (gs.shift < 0) return 0;
+    FN(pv_rows_kind)(KV_I8G, &gs, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+    return 1;
 }
 #endif
 
 #undef KV_T
+#undef KV_I8G
 #undef KV_BF16
 #undef KV_F16
 #undef KV_I8
