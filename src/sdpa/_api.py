@@ -835,6 +835,8 @@ def _attention_general(
     # the arrays the core reads, and the caller's own where they were converted
     operands = given + [(q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")]
     operands += [(variants.get(n), n) for n in ("alibi", "sinks")]
+    if quantized is not None:
+        operands += [(quantized[0], "the key scales"), (quantized[1], "the value scales")]
     result = output_array(out, out_shape, dtype, operands, shapes)
 
     weights: Optional[Array] = None
