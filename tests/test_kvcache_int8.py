@@ -71,6 +71,29 @@ def test_int8_cache_query_dtypes(rng, qdtype):
                                atol=tol, rtol=tol)
 
 
+def test_int8_cache_takes_a_swapped_or_misaligned_query(rng):
+    """Made native and aligned: the output is native float32, as for a plain query."""
+    cache, _, _ = filled(rng, 1, 2, 16, 8, 8, 10)
+    q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
+    buf = np.zeros(q.nbytes + 1, np.uint8)[1:]
+    misaligned = buf.view(np.float32).reshape(q.shape)
+    misaligned[...] = q
+    plain = cache.attend(q, return_lse=True)
+    for odd in (q.astype(q.dtype.newbyteorder()), misaligned):
+        got = cache.attend(odd, return_lse=True)
+        for a, b in zip(got, plain):
+            assert a.dtype == b.dtype and a.dtype.isnative
+            np.testing.assert_array_equal(a, b)
+
+
+def test_int8_out_must_not_overlap_the_scales(rng):
+    cache, _, _ = filled(rng, 1, 2, 64, 32, 32, 40)
+    q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
+    out = np.lib.stride_tricks.as_strided(cache._ks, (1, 4, 1, 32), (0, 128, 0, 4))  # all the key scales
+    with pytest.raises(ValueError, match="out: overlaps the memory of the key scales"):
+        cache.attend(q, out=out)
+
+
 def test_int8_accuracy_against_unquantized(rng):
     """Standard-normal Q, K, V, E = 128, S = 4096: max abs error <= 1e-2 and
     mean abs error <= 1e-3 against attention over the float32 keys and values."""

@@ -766,7 +766,7 @@ def _attention_general(
         dtype, kv_dtype = operand_dtypes(q.dtype, k.dtype, v.dtype)  # dtype: the query's and the output's
         k, v = (_as_operand(a, kv_dtype) for a in (k, v))
     else:
-        dtype = q.dtype if _single_or_half(q.dtype) else _FLOAT32
+        dtype = (q.dtype if _single_or_half(q.dtype) else _FLOAT32).newbyteorder("=")
         quant_args = {"k_scale": quantized[0], "v_scale": quantized[1], "group_size": quantized[2]}
     cdtype = compute_dtype(dtype)  # of weights, lse and a float mask
     q = _as_operand(q, dtype)
@@ -835,6 +835,8 @@ def _attention_general(
     # the arrays the core reads, and the caller's own where they were converted
     operands = given + [(q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")]
     operands += [(variants.get(n), n) for n in ("alibi", "sinks")]
+    if quantized is not None:
+        operands += [(quantized[0], "the key scales"), (quantized[1], "the value scales")]
     result = output_array(out, out_shape, dtype, operands, shapes)
 
     weights: Optional[Array] = None

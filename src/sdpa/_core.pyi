@@ -64,4 +64,9 @@ def try_attention(
     key_lengths: Any,
     out: Any,
     num_threads: Any,
+    *,
+    k_scale: Optional[npt.NDArray[Any]] = None,
+    v_scale: Optional[npt.NDArray[Any]] = None,
+    group_size: int = 0,
+    diagonal: Optional[int] = None,
 ) -> Union[None, npt.NDArray[np.floating[Any]], Tuple[npt.NDArray[np.floating[Any]], ...]]: ...

@@ -7,9 +7,10 @@ computation and turn status codes into exceptions:
 
 ``try_attention``
     The whole public call, for the common case: NumPy arrays of one native
-    dtype, no conversion needed.  Everything is checked here at C speed.  It
-    returns None for anything else (other array-likes, dtypes to convert,
-    arguments to reject), and the caller takes the general path in
+    dtype (or a quantized cache's int8 storage and its scales), no conversion
+    needed.  Everything is checked here at C speed.  It returns None for
+    anything else (other array-likes, dtypes to convert, arguments to
+    reject), and the caller takes the general path in
     ``sdpa._api``, which converts what it can and explains what it cannot.
 ``run``
     Arrays that path has prepared.  It checks again that every operand fits the
@@ -440,6 +441,34 @@ cdef void _expected(int64_t *dst, const int64_t *batch, int nb, int64_t h, int64
     dst[nb + 2] = c
 
 
+cdef int _int8_kv(int dt, cnp.ndarray k, cnp.ndarray v, cnp.ndarray k_scale,
+                  cnp.ndarray v_scale) except -1:
+    """Whether k and v are the int8 storage of a quantized cache that a query of
+    the core's dtype dt may attend: int8 k and v, native aligned float32 scales,
+    and a float32 or 16-bit query."""
+    return k_scale is not None and v_scale is not None and dt >= 0 and dt != SDPA_FLOAT64 \
+        and cnp.PyArray_TYPE(k) == cnp.NPY_INT8 and cnp.PyArray_TYPE(v) == cnp.NPY_INT8 \
+        and _dtype_of(k_scale) == SDPA_FLOAT32 and _dtype_of(v_scale) == SDPA_FLOAT32
+
+
+cdef int _fill_scales(sdpa_problem *p, cnp.ndarray k_scale, cnp.ndarray v_scale, int64_t group_size,
+                      int64_t *ex) noexcept:
+    """The views of an int8 problem's scales, whose sizes p already holds:
+    (batch..., Hkv, S, E / G) and (batch..., Hkv, S, Ev / G), G = group_size (0:
+    one scale per row).  Returns 0; 2 when group_size does not divide E and Ev;
+    1 when a scale array does not fit."""
+    cdef int nb = p.num_batch_dims
+    cdef int64_t hkv = p.num_heads // p.gqa_group
+    if group_size < 0 or (group_size > 0 and (p.head_dim % group_size or p.head_dim_v % group_size)):
+        return 2
+    p.kv_group_size = group_size
+    _expected(ex, p.batch_shape, nb, hkv, p.len_kv, p.head_dim // group_size if group_size else 1)
+    if _fill_view(&p.key_scale, k_scale, nb, 3, ex, False):
+        return 1
+    _expected(ex, p.batch_shape, nb, hkv, p.len_kv, p.head_dim_v // group_size if group_size else 1)
+    return _fill_view(&p.value_scale, v_scale, nb, 3, ex, False)
+
+
 def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
         cnp.ndarray out not None, *, cnp.ndarray mask=None, cnp.ndarray weights=None,
         cnp.ndarray lse=None, cnp.ndarray key_lengths=None, double scale=1.0,
@@ -465,9 +494,7 @@ def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
     cdef bint int8 = k_scale is not None or v_scale is not None
     sdpa_problem_init(&p)
     if int8:
-        if k_scale is None or v_scale is None or dt < 0 or dt == SDPA_FLOAT64 \
-                or cnp.PyArray_TYPE(k) != cnp.NPY_INT8 or cnp.PyArray_TYPE(v) != cnp.NPY_INT8 \
-                or _dtype_of(k_scale) != SDPA_FLOAT32 or _dtype_of(v_scale) != SDPA_FLOAT32:
+        if not _int8_kv(dt, k, v, k_scale, v_scale):
             raise TypeError("sdpa._core.run: int8 k and v need float32 k_scale and v_scale, "
                             "and a float32 or 16-bit query")
         kvdt = SDPA_INT8
@@ -526,15 +553,10 @@ def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
     if sinks is not None:
         bad |= _fill_view(&p.sinks, sinks, nb, 1, ex, False)
     if int8:
-        if group_size < 0 or (group_size > 0 and (p.head_dim % group_size or p.head_dim_v % group_size)):
+        i = _fill_scales(&p, k_scale, v_scale, group_size, ex)
+        if i == 2:
             raise ValueError("sdpa._core.run: group_size must divide head_dim and head_dim_v")
-        p.kv_group_size = group_size
-        _expected(ex, p.batch_shape, nb, p.num_heads // group, p.len_kv,
-                  p.head_dim // group_size if group_size else 1)
-        bad |= _fill_view(&p.key_scale, k_scale, nb, 3, ex, False)
-        _expected(ex, p.batch_shape, nb, p.num_heads // group, p.len_kv,
-                  p.head_dim_v // group_size if group_size else 1)
-        bad |= _fill_view(&p.value_scale, v_scale, nb, 3, ex, False)
+        bad |= i
     if bad:
         raise ValueError("sdpa._core.run: an operand does not fit the problem")
     for a in (out, weights, lse):
@@ -659,6 +681,10 @@ cdef bint _no_self_overlap(cnp.ndarray a) noexcept:
     return True
 
 
+# try_attention's bound on |diagonal|: any int64 offset the core takes
+_DIAGONAL_MAX = (1 << 63) - 1
+
+
 cdef inline bint _dims(cnp.ndarray a, int *nd, cnp.npy_intp **shape) noexcept:
     """a's dims, when it has 2 to MAX_DIMS of them."""
     nd[0] = cnp.PyArray_NDIM(a)
@@ -667,11 +693,17 @@ cdef inline bint _dims(cnp.ndarray a, int *nd, cnp.npy_intp **shape) noexcept:
 
 
 def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                  return_weights, return_lse, key_lengths, out, num_threads):
+                  return_weights, return_lse, key_lengths, out, num_threads, *,
+                  k_scale=None, v_scale=None, int64_t group_size=0, diagonal=None):
     """scaled_dot_product_attention's arguments, as given.  When every one is in
     the form the core takes as it is, computes and returns the result; returns
-    None when the call needs the general path (conversions, or an error)."""
-    cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None
+    None when the call needs the general path (conversions, or an error).
+
+    For a quantized cache, key and value are its int8 storage, and k_scale,
+    v_scale and group_size its scales, as sdpa._core.run takes them.
+    ``diagonal``, an int, replaces the causal alignment as in
+    sdpa._api._attention_general (is_causal must still be valid)."""
+    cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, ks = None, vs = None
     cdef cnp.npy_intp *shapes[3]
     cdef int nds[3]
     cdef int nd, nb, mn, i, j, t, dt, kvdt
@@ -691,9 +723,17 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
             and _dims(v, &nds[2], &shapes[2])):
         return None
     dt = _dtype_of(q)
-    kvdt = _dtype_of(k)
-    if not _pairs(dt, kvdt) or _dtype_of(v) != kvdt:
-        return None
+    if k_scale is None and v_scale is None:
+        kvdt = _dtype_of(k)
+        if not _pairs(dt, kvdt) or _dtype_of(v) != kvdt:
+            return None
+    else:
+        if not (cnp.PyArray_CheckExact(k_scale) and cnp.PyArray_CheckExact(v_scale)):
+            return None
+        ks, vs = <cnp.ndarray>k_scale, <cnp.ndarray>v_scale
+        if not _int8_kv(dt, k, v, ks, vs):
+            return None
+        kvdt = SDPA_INT8
 
     # the sizes, worked out as sdpa._api.plan_shapes does
     L = shapes[0][nds[0] - 2]
@@ -762,6 +802,11 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
         p.causal_offset = S - L
     else:
         return None
+    if diagonal is not None:
+        if type(diagonal) is not int or not (-_DIAGONAL_MAX <= diagonal <= _DIAGONAL_MAX):
+            return None
+        p.causal = 1
+        p.causal_offset = diagonal
     if num_threads is None:
         p.num_threads = -1  # the setting, capped by the work once the sizes are known
     elif type(num_threads) is int and 1 <= num_threads:
@@ -778,6 +823,8 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
         return None
     _expected(ex, p.batch_shape, nb, heads // group, S, Ev)
     if _fill_view(&p.value, v, nb, 3, ex, False):
+        return None
+    if ks is not None and _fill_scales(&p, ks, vs, group_size, ex):
         return None
     if attn_mask is not None:
         if not cnp.PyArray_CheckExact(attn_mask):
@@ -819,7 +866,7 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
         if _dtype_of(o) != dt or not cnp.PyArray_ISWRITEABLE(o) or not _no_self_overlap(o):
             return None
         if not (_disjoint(o, q) and _disjoint(o, k) and _disjoint(o, v) and _disjoint(o, m)
-                and _disjoint(o, kl)):
+                and _disjoint(o, kl) and _disjoint(o, ks) and _disjoint(o, vs)):
             return None
     _expected(ex, p.batch_shape, nb, heads, L, Ev)
     if _fill_view(&p.out, o, nb, 3, ex, True):

@@ -22,7 +22,6 @@ from ._api import (
     count,
     float_dtype,
     result_dtype,
-    scaled_dot_product_attention,
 )
 
 __all__ = ["KVCache", "KVCacheFullError"]
@@ -449,27 +448,37 @@ class KVCache:
         diagonal: Optional[int] = None,
     ) -> AttentionResult:
         """attend; ``diagonal`` (see ``_attention_general``) replaces
-        ``is_causal`` when the held positions are one range of a longer sequence."""
+        ``is_causal`` when the held positions are one range of a longer sequence.
+
+        The storage needs no checks: a call whose query and keywords the core
+        takes as they are runs from ``_core.try_attention`` (int8 and float
+        caches alike); anything else takes the general path, which converts or
+        raises naming the argument."""
         if window is None and self._window is not None:
             window = (self._window - 1, 0)
         shape = getattr(query, "shape", None)
         if shape is None:
             shape = np.shape(cast(Any, query))
-        heads = shape[-3] if len(shape) >= 3 else 1
+        gqa = (shape[-3] if len(shape) >= 3 else 1) != self._heads
+        ks: Optional[np.ndarray] = None
+        vs: Optional[np.ndarray] = None
         with self._lock:
             n = self._length
             k, v = self._k[:, :, :n], self._v[:, :, :n]
-            ks, vs = self._ks[:, :, :n], self._vs[:, :, :n]
-        if not self._int8 and diagonal is None:
-            return scaled_dot_product_attention(
-                query, k, v, attn_mask, is_causal, scale, enable_gqa=heads != self._heads,
-                return_lse=return_lse, out=out, num_threads=num_threads, window=window,
-                softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+            if self._int8:
+                ks, vs = self._ks[:, :, :n], self._vs[:, :, :n]
+        if window is None and softcap is None and alibi_slopes is None and sinks is None:
+            result = _core.try_attention(
+                query, k, v, attn_mask, is_causal, scale, gqa, False, return_lse, None, out,
+                num_threads, k_scale=ks, v_scale=vs, group_size=self._group, diagonal=diagonal,
             )
+            if result is not None:
+                return result
         return _attention_general(
-            query, k, v, attn_mask, is_causal, scale, heads != self._heads, False, return_lse,
+            query, k, v, attn_mask, is_causal, scale, gqa, False, return_lse,
             None, out, num_threads, window, softcap, alibi_slopes, sinks,
-            quantized=(ks, vs, self._group) if self._int8 else None, diagonal=diagonal,
+            quantized=None if ks is None or vs is None else (ks, vs, self._group),
+            diagonal=diagonal,
         )
 
     def result_dtype(self, query_dtype: Any) -> np.dtype:
