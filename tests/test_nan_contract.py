@@ -45,8 +45,8 @@ reference = sdpa.reference.scaled_dot_product_attention
 DTYPES = [np.float32, np.float64]
 
 # name: (batch, hq, hkv, L, S, E, Ev).  "prefill" runs the tiled path; "decode"
-# and "few-rows" have at most 8 query rows per key/value head: the row path,
-# with keys in chunks of 1024.
+# and "few-rows" have at most 8 query rows per key/value head (or L <= 16): the
+# row path, with keys in chunks of 1024.
 SHAPES = {
     "prefill": ((2,), 4, 2, 70, 90, 16, 12),
     "decode": ((2,), 8, 2, 1, 1100, 32, 16),
@@ -290,10 +290,11 @@ def test_nan_value_row_of_a_masked_key_is_multiplied_by_zero(isa, dtype, name, m
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("L", [1, 8, 9, 40], ids=lambda L: f"L{L}")
+@pytest.mark.parametrize("L", [1, 8, 9, 17, 40], ids=lambda L: f"L{L}")
 def test_row_that_sees_no_key_gives_zeros_even_next_to_nan_values(isa, dtype, L):
     """Zeros, not 0 * NaN, in the row path (at most 8 query rows per key/value
-    head) and the tiled path alike -- unlike the dense reference."""
+    head, or L <= 16) and the tiled path (L 17 and 40) alike -- unlike the dense
+    reference."""
     rng = np.random.default_rng(seed_for(f"blind-row-{L}-{np.dtype(dtype).name}"))
     S = 20
     q = rng.standard_normal((1, L, 8)).astype(dtype)
