@@ -21,6 +21,8 @@
  * than the row path (12-50 against 70-85 GFLOP/s a thread for L = 2..16 with GQA). */
 #define SDPA_ROW_MODE_MAX_ROWS 8
 #define SDPA_ROW_MODE_MAX_L 16
+#define SDPA_ROW_MODE_MAX_L_BF16 12 /* bfloat16 query and keys with AVX512-BF16: 81-87
+                                      * against 76-80 GFLOP/s at L = 16 on the tiled path */
 #define SDPA_ROW_MODE_WIDE_ROWS 128
 /* Thread counts are capped at this many per CPU (and at least this many). */
 #define SDPA_THREADS_PER_CPU 4
@@ -485,8 +487,11 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
     if (nthreads < 1) nthreads = 1;
     const size_t E = (size_t)p->head_dim, Ev = (size_t)p->head_dim_v;
     const int64_t rows = p->gqa_group * p->len_q;
-    pl->row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS ||
-                   (p->len_q <= SDPA_ROW_MODE_MAX_L && rows <= SDPA_ROW_MODE_WIDE_ROWS);
+    /* bfloat16 pairs on the tiled path (AVX512-BF16) are ahead from L = 16 */
+    const int bf16_pairs = p->dtype == SDPA_BFLOAT16 && pl->kv_dtype == SDPA_BFLOAT16 &&
+                           kt->f32.gemm_bf16 != NULL && !has_variants(p);
+    const int64_t max_l = bf16_pairs ? SDPA_ROW_MODE_MAX_L_BF16 : SDPA_ROW_MODE_MAX_L;
+    pl->row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS || (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS);
     /* int8 tiles are dequantized into float scratch: blocked as float */
     choose_blocking(p, batch_count, nthreads, elem,
                     pl->kv_dtype == SDPA_INT8 ? sizeof(float) : sdpa_dtype_size(pl->kv_dtype), pl);
@@ -514,8 +519,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
         pl->off_m = off;   off += round_elems(tq, elem);
         pl->off_l = off;   off += round_elems(tq, elem);
         /* the model variants run in the float32 kernels (bfloat16 widened) */
-        pl->bf16 = p->dtype == SDPA_BFLOAT16 && pl->kv_dtype == SDPA_BFLOAT16 && kt->f32.gemm_bf16 != NULL &&
-                   !has_variants(p);
+        pl->bf16 = bf16_pairs;
         if (pl->bf16) {  /* pairs of bfloat16, 32 bits each: the size of a float */
             const size_t E2 = (E + 1) / 2, pairs = (tk + 1) / 2;
             pl->off_pp = off; off += round_elems(pairs * nr, elem);
