@@ -44,6 +44,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
 from ._api import (
     _attention_general,
     _causal_offset,
+    _is_bfloat16,
     compute_dtype,
     operand_dtypes,
     plan_shapes,
@@ -64,8 +65,7 @@ def _compute_query(q: np.ndarray) -> np.ndarray:
     """A 16-bit query is computed in float32 for the partials (its values are
     exact in float32), so that the partials merge without a 16-bit rounding
     each; the merged result is rounded once at the end."""
-    sixteen = q.dtype == np.float16 or q.dtype.name == "bfloat16"
-    return q.astype(np.float32) if sixteen else q
+    return q.astype(np.float32) if q.dtype == np.float16 or _is_bfloat16(q.dtype) else q
 
 
 def _partial(
@@ -520,13 +520,8 @@ class ShardedKVCache:
         k = np.asarray(k)
         v = np.asarray(v)
         self._spec.check_fits(*_cache_dims(k, v))
+        k, v = self._spec._checked(k, v)  # what one shard's append would refuse
         T = k.shape[2]
-        s = self._spec
-        for a, name in ((k, "k"), (v, "v")):
-            if a.dtype.kind not in "biuf" and a.dtype.name != "bfloat16":
-                raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}")
-            if s.dtype == np.int8 and not np.isfinite(a).all():
-                raise ValueError(f"{name}: an int8 cache cannot hold NaN or infinite values")
         with self._lock:
             if self.length + T > self.capacity:
                 raise KVCacheFullError(
@@ -604,7 +599,8 @@ class ShardedKVCache:
         dtype = s.result_dtype(q.dtype)
         cdtype = compute_dtype(dtype)
         if shards:
-            parts = self._call_each(q, shards, args, scale_value, threads)
+            by_shard = dict(zip(shards, args))
+            parts = self._call(lambda sh, i: sh.attend(q, *by_shard[i], scale_value, threads), shards)
             out, lse = parts[0] if len(parts) == 1 else _merge(*parts)
             out = out.astype(dtype, copy=False)
             lse = lse.astype(cdtype, copy=False)
@@ -612,11 +608,6 @@ class ShardedKVCache:
             out = np.zeros((B, H, L, s.head_dim_v), dtype=dtype)
             lse = np.full((B, H, L), -np.inf, dtype=cdtype)
         return (out, lse) if return_lse else out
-
-    def _call_each(self, q: np.ndarray, shards: List[int], args: List[Tuple[Any, Any]],
-                   scale: float, threads: Optional[int]) -> List[Partial]:
-        by_shard = dict(zip(shards, args))
-        return self._call(lambda sh, i: sh.attend(q, *by_shard[i], scale, threads), shards)
 
     # ---- contents ----------------------------------------------------------------------
     def _contents(self) -> Tuple[np.ndarray, np.ndarray]:

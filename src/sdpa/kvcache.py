@@ -316,8 +316,10 @@ class KVCache:
             kscales, vscales = self._ks[:, :, :end], self._vs[:, :, :end]
         return self._filled(keys, kscales), self._filled(values, vscales)
 
-    def _append(self, k: Any, v: Any) -> int:
-        """append without building its result; returns the length after it."""
+    def _checked(self, k: Any, v: Any) -> Tuple[np.ndarray, np.ndarray]:
+        """The keys and values of an append, checked against this cache (shapes,
+        dtypes and, for int8, finite values; converted to native float32 then);
+        raises naming ``k`` or ``v`` before anything is written."""
         k = np.asarray(k)
         v = np.asarray(v)
         expected_k = (self._batch, self._heads, "T", self._e)
@@ -351,6 +353,12 @@ class KVCache:
             for a, name in ((k, "k"), (v, "v")):
                 if not np.isfinite(a).all():
                     raise ValueError(f"{name}: an int8 cache holds finite values only; got NaN or inf")
+        return k, v
+
+    def _append(self, k: Any, v: Any) -> int:
+        """append without building its result; returns the length after it."""
+        k, v = self._checked(k, v)
+        T = k.shape[2]
         with self._lock:
             if self._length + T > self.capacity and self._window is not None:
                 kept = min(self._length, self._window - 1)
