@@ -11,7 +11,9 @@
  *          scale is applied to the float scores, so that rounding the scaled
  *          query to bfloat16 adds no error);
  *   P V:   P rounded to bfloat16 and paired along the keys per panel, against
- *          the V tile packed once per key tile as [keys/2][Ev] pairs.
+ *          the V tile packed once per key tile as [keys/2][Ev] pairs, or as
+ *          [Ev][tile_k/2] where the kernel set asks for it (AMX tiles load
+ *          rows of pairs in place).
  */
 
 /* (lo, hi) in one 32-bit pair, lo in the low half */
@@ -46,6 +48,19 @@ static void bf16_pack_value_pairs(uint32_t *dst, const uint16_t *base, const sdp
         } else {
             for (int64_t c = 0; c < Ev; c++) d[c] = bf16_pair(r0[c * cs], 0);
         }
+    }
+}
+
+/* The same pairs feature by feature: dst[c * ld + p], ld >= ceil(n/2). */
+static void bf16_pack_value_pairs_by_feature(uint32_t *dst, int64_t ld, const uint16_t *base, const sdpa_view *view,
+                                             int64_t s0, int n, int64_t Ev) {
+    const int64_t rs = view->row_stride, cs = view->col_stride;
+    for (int64_t c = 0; c < Ev; c++) {
+        const uint16_t *col = base + s0 * rs + c * cs;
+        uint32_t *d = dst + c * ld;
+        int p = 0;
+        for (; 2 * p + 1 < n; p++) d[p] = bf16_pair(col[2 * p * rs], col[(2 * p + 1) * rs]);
+        if (2 * p < n) d[p] = bf16_pair(col[2 * p * rs], 0);
     }
 }
 
@@ -130,7 +145,11 @@ static void run_task_bf16(const sdpa_problem *p, const plan *pl, const kernels_f
             kt = kp;
             k_rs = E2;
         }
-        bf16_pack_value_pairs(vp, v, &p->value, s0, n, Ev);
+        const int64_t vp_ld = (tile_k + 1) / 2;  /* by feature: pairs per feature row */
+        if (kern->bf16_values_by_feature)
+            bf16_pack_value_pairs_by_feature(vp, vp_ld, v, &p->value, s0, n, Ev);
+        else
+            bf16_pack_value_pairs(vp, v, &p->value, s0, n, Ev);
         for (int pn = 0; pn < panels; pn++) {
             const int64_t r0 = l0 + (int64_t)pn * nr;
             const int prows = (int)(L - r0 < nr ? L - r0 : nr);
@@ -163,7 +182,10 @@ static void run_task_bf16(const sdpa_problem *p, const plan *pl, const kernels_f
 
             kern->softmax(st, np, pmax, psum, pacc, Ev);
             kern->pairs_bf16(st, np, pp);
-            kern->gemm_bf16((int)Ev, (np + 1) / 2, vp, 1, Ev, pp, nr, pacc, nr, 1);
+            if (kern->bf16_values_by_feature)
+                kern->gemm_bf16((int)Ev, (np + 1) / 2, vp, vp_ld, 1, pp, nr, pacc, nr, 1);
+            else
+                kern->gemm_bf16((int)Ev, (np + 1) / 2, vp, 1, Ev, pp, nr, pacc, nr, 1);
         }
     }
 

@@ -1,11 +1,28 @@
 /* Chooses the kernel table: the best kernel set this CPU supports, decided once
  * (cpuid + xgetbv), unless SDPA_ISA names another or sdpa_set_isa switches.
  * A kernel set named by SDPA_ISA that is unknown, or that this CPU cannot run,
- * is an error (every call returns SDPA_ERR_BAD_ISA), never a silent fallback. */
+ * is an error (every call returns SDPA_ERR_BAD_ISA), never a silent fallback.
+ *
+ * AMX: besides the CPU (cpuid) and the OS's XSAVE support (XCR0), Linux makes
+ * a process ask for the tile data state before its first tile instruction
+ * (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).  That request is made
+ * once per process, and only when the amx set is about to be used or asked
+ * about by name (a call, sdpa_isa, sdpa_isa_supported, sdpa_set_isa), never
+ * at load.  When the OS refuses it (an old kernel, a seccomp filter), the
+ * default choice falls back to avx512_bf16; a forced "amx" is an error. */
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* syscall(), which -std=c11 hides */
+#endif
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+#include "testing.h"
+
+#if SDPA_HAVE_AMX_KERNELS
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /* The kernel sets, lowest first; a CPU that runs one runs those before it. */
 static const kernel_table *const isa_tables[] = {
@@ -14,6 +31,9 @@ static const kernel_table *const isa_tables[] = {
     &sdpa_kernels_avx2,
     &sdpa_kernels_avx512,
     &sdpa_kernels_avx512_bf16,
+#endif
+#if SDPA_HAVE_AMX_KERNELS
+    &sdpa_kernels_amx,
 #endif
 };
 #define NUM_ISAS ((int)(sizeof(isa_tables) / sizeof(isa_tables[0])))
@@ -28,7 +48,8 @@ static unsigned long long read_xcr0(void) {
 }
 
 /* The index of the best set: 0 = scalar, 1 = avx2 + fma + f16c, 2 = avx512
- * f/bw/dq/vl, 3 = that and avx512_bf16; the OS must save the registers too. */
+ * f/bw/dq/vl, 3 = that and avx512_bf16, 4 = that and amx-tile + amx-bf16; the
+ * OS must save the registers too (for AMX: XCR0's XTILECFG and XTILEDATA). */
 static int detect_level(void) {
     unsigned int a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
@@ -47,7 +68,13 @@ static int detect_level(void) {
     if (max_subleaf < 1) return 2;
     __cpuid_count(7, 1, a, b, c, d);
     const int has_bf16 = (a >> 5) & 1;  /* AVX512_BF16: VDPBF16PS, VCVTNEPS2BF16 */
-    return has_bf16 ? 3 : 2;
+    if (!has_bf16) return 2;
+#if SDPA_HAVE_AMX_KERNELS
+    __cpuid_count(7, 0, a, b, c, d);
+    const int has_amx = ((d >> 24) & 1) && ((d >> 22) & 1);  /* AMX-TILE, AMX-BF16 */
+    if (has_amx && (xcr0 & 0x60000ull) == 0x60000ull) return 4;
+#endif
+    return 3;
 }
 #else
 static int detect_level(void) { return 0; }
@@ -65,19 +92,56 @@ static int cpu_level(void) {
     return level;
 }
 
+/* The tile data permission: 0 not asked yet, 1 granted, -1 refused. */
+static SDPA_ATOMIC(int) amx_permission = 0;
+
+#if SDPA_HAVE_AMX_KERNELS
+#define SDPA_ARCH_GET_XCOMP_PERM 0x1022
+#define SDPA_ARCH_REQ_XCOMP_PERM 0x1023
+#define SDPA_XFEATURE_XTILEDATA 18
+
+static int ask_for_tiles(void) {
+    unsigned long bits = 0;
+    if (syscall(SYS_arch_prctl, SDPA_ARCH_GET_XCOMP_PERM, &bits) == 0 && (bits >> SDPA_XFEATURE_XTILEDATA) & 1)
+        return 1;  /* granted before, by this library or another */
+    if (syscall(SYS_arch_prctl, SDPA_ARCH_REQ_XCOMP_PERM, SDPA_XFEATURE_XTILEDATA) != 0) return 0;
+    bits = 0;
+    return syscall(SYS_arch_prctl, SDPA_ARCH_GET_XCOMP_PERM, &bits) == 0 && (bits >> SDPA_XFEATURE_XTILEDATA) & 1;
+}
+#else
+static int ask_for_tiles(void) { return 0; }
+#endif
+
+/* Whether this process may run tile instructions, asked of the OS once (two
+ * threads racing here both ask; the answer is the same). */
+static int tiles_permitted(void) {
+    int state = sdpa_atomic_load(&amx_permission);
+    if (state == 0) {
+        state = ask_for_tiles() ? 1 : -1;
+        sdpa_atomic_store(&amx_permission, state);
+    }
+    return state > 0;
+}
+
+int sdpa_testing_ask_for_tiles(void) { return ask_for_tiles(); }
+
 static int index_of_name(const char *name) {
     if (!name) return -1;
     for (int i = 0; i < NUM_ISAS; i++)
         if (strcmp(name, isa_tables[i]->name) == 0) return i;
     /* names of sets this build has no code for (non-x86): known, never supported */
-    if (strcmp(name, "avx2") == 0 || strcmp(name, "avx512") == 0 || strcmp(name, "avx512_bf16") == 0)
+    if (strcmp(name, "avx2") == 0 || strcmp(name, "avx512") == 0 || strcmp(name, "avx512_bf16") == 0 ||
+        strcmp(name, "amx") == 0)
         return NUM_ISAS;
     return -1;
 }
 
+/* Level 4 (amx) is usable once the OS grants the tile state. */
+static int usable(int i) { return i >= 0 && i < NUM_ISAS && i <= cpu_level() && (i < 4 || tiles_permitted()); }
+
 const kernel_table *sdpa_kernel_table_named(const char *name) {
     int i = index_of_name(name);
-    return i >= 0 && i < NUM_ISAS && i <= cpu_level() ? isa_tables[i] : NULL;
+    return usable(i) ? isa_tables[i] : NULL;
 }
 
 /* The choice: the table in use, or, once SDPA_ISA was found unusable, NULL
@@ -86,28 +150,48 @@ enum { CHOICE_UNDECIDED, CHOICE_MADE, CHOICE_ENV_ERROR };
 static SDPA_ATOMIC(int) choice_state = CHOICE_UNDECIDED;
 static SDPA_ATOMIC(const kernel_table *) chosen = NULL;
 static SDPA_ATOMIC(const char *) env_error = NULL;
+/* whether the table in use was named (SDPA_ISA, sdpa_set_isa): not replaced then */
+static SDPA_ATOMIC(int) chosen_by_name = 0;
 
+/* Decides from the CPU and SDPA_ISA alone: no request to the OS here, since
+ * this runs when the module loads (sdpa_isa_env_error). */
 static void choose(void) {
     const char *forced = getenv("SDPA_ISA");
     const kernel_table *kt = isa_tables[cpu_level()];
     const char *error = NULL;
+    int by_name = 0;
     if (forced && *forced) {
         int i = index_of_name(forced);
         if (i < 0)
-            error = "SDPA_ISA names no kernel set (the sets are scalar, avx2, avx512 and avx512_bf16)";
+            error = "SDPA_ISA names no kernel set (the sets are scalar, avx2, avx512, avx512_bf16 and amx)";
         else if (i >= NUM_ISAS || i > cpu_level())
             error = "SDPA_ISA names a kernel set this CPU or build cannot run";
         else
             kt = isa_tables[i];
+        by_name = 1;
     }
     sdpa_atomic_store(&env_error, error);
     sdpa_atomic_store(&chosen, error ? NULL : kt);
+    sdpa_atomic_store(&chosen_by_name, by_name);
     sdpa_atomic_store(&choice_state, error ? CHOICE_ENV_ERROR : CHOICE_MADE);
 }
 
 const kernel_table *sdpa_kernel_table(void) {
     if (sdpa_atomic_load(&choice_state) == CHOICE_UNDECIDED) choose();
-    return sdpa_atomic_load(&chosen);
+    const kernel_table *kt = sdpa_atomic_load(&chosen);
+#if SDPA_HAVE_AMX_KERNELS
+    if (kt == &sdpa_kernels_amx && !tiles_permitted()) {
+        if (sdpa_atomic_load(&chosen_by_name)) {
+            sdpa_atomic_store(&env_error, "the OS refused this process the AMX tile state (arch_prctl)");
+            sdpa_atomic_store(&chosen, (const kernel_table *)NULL);
+            sdpa_atomic_store(&choice_state, CHOICE_ENV_ERROR);
+            return NULL;
+        }
+        kt = &sdpa_kernels_avx512_bf16;
+        sdpa_atomic_store(&chosen, kt);
+    }
+#endif
+    return kt;
 }
 
 const char *sdpa_isa_env_error(void) {
@@ -122,6 +206,7 @@ sdpa_status sdpa_set_isa(const char *name) {
     if (!kt) return SDPA_ERR_BAD_ISA;
     /* an explicit choice replaces whatever SDPA_ISA said */
     sdpa_atomic_store(&chosen, kt);
+    sdpa_atomic_store(&chosen_by_name, 1);
     sdpa_atomic_store(&env_error, NULL);
     sdpa_atomic_store(&choice_state, CHOICE_MADE);
     return SDPA_OK;
@@ -130,4 +215,25 @@ sdpa_status sdpa_set_isa(const char *name) {
 const char *sdpa_isa(void) {
     const kernel_table *kt = sdpa_kernel_table();
     return kt ? kt->name : "none";
+}
+
+const kernel_table *sdpa_testing_table(const char *name) {
+#if SDPA_HAVE_X86_KERNELS
+    if (name && strcmp(name, "amx_emulated") == 0) return cpu_level() >= 3 ? &sdpa_kernels_amx_emulated : NULL;
+#endif
+    return sdpa_kernel_table_named(name);
+}
+
+sdpa_status sdpa_testing_use_kernels(const char *name) {
+#if SDPA_HAVE_X86_KERNELS
+    if (name && strcmp(name, "amx_emulated") == 0) {
+        if (cpu_level() < 3) return SDPA_ERR_BAD_ISA;  /* its other kernels are avx512_bf16's */
+        sdpa_atomic_store(&chosen, &sdpa_kernels_amx_emulated);
+        sdpa_atomic_store(&env_error, NULL);
+        sdpa_atomic_store(&chosen_by_name, 1);
+        sdpa_atomic_store(&choice_state, CHOICE_MADE);
+        return SDPA_OK;
+    }
+#endif
+    return sdpa_set_isa(name);
 }

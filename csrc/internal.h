@@ -13,6 +13,15 @@
 #define SDPA_HAVE_X86_KERNELS 0
 #endif
 
+/* The amx set: Linux only (the OS must grant the tile state, dispatch.c), and
+ * compilers with the AMX intrinsics (GCC 11, clang 12). */
+#if SDPA_HAVE_X86_KERNELS && defined(__linux__) && \
+    ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define SDPA_HAVE_AMX_KERNELS 1
+#else
+#define SDPA_HAVE_AMX_KERNELS 0
+#endif
+
 /* Every scratch buffer and packed panel is aligned to this many bytes. */
 #define SDPA_ALIGN 64
 
@@ -75,6 +84,11 @@ typedef struct kernels_f32 {
     void (*gemm_bf16)(int m, int64_t kpairs, const uint32_t *a, int64_t a_rs, int64_t a_ks, const uint32_t *b,
                       int64_t ldb, float *c, int64_t ldc, int accumulate);
     void (*pairs_bf16)(const float *s, int n, uint32_t *dst);
+    /* 1: the bfloat16 tiled path packs V pairs feature by feature, [Ev][pairs],
+     * so that P V's a is contiguous along the pairs (AMX tiles load it in
+     * place); 0: pair by pair, [pairs][Ev] (a broadcast reads one pair at a
+     * time).  gemm_bf16 is correct with either; this is its fast layout. */
+    int bf16_values_by_feature;
     /* dot and pv_rows with keys / values of a 16-bit dt (NULL: convert first) */
     void (*dot_half)(sdpa_dtype dt, int m, int n, int64_t e, const float *q, int64_t ldq, const uint16_t *k,
                      int64_t ldk, float *s, int64_t lds);
@@ -154,6 +168,11 @@ extern const kernel_table sdpa_kernels_scalar;
 extern const kernel_table sdpa_kernels_avx2;
 extern const kernel_table sdpa_kernels_avx512;
 extern const kernel_table sdpa_kernels_avx512_bf16;
+/* the amx set's code over a software model of the tiles, for the tests only */
+extern const kernel_table sdpa_kernels_amx_emulated;
+#endif
+#if SDPA_HAVE_AMX_KERNELS
+extern const kernel_table sdpa_kernels_amx;
 #endif
 
 /* Atomic loads and stores of shared state (the kernel choice, flags set once).

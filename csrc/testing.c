@@ -18,6 +18,15 @@ sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t
     return SDPA_OK;
 }
 
+sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
+                                   int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
+                                   int accumulate) {
+    const kernel_table *kt = sdpa_testing_table(name);
+    if (!kt || !kt->f32.gemm_bf16) return SDPA_ERR_BAD_ISA;
+    kt->f32.gemm_bf16(m, kpairs, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
+    return SDPA_OK;
+}
+
 #if SDPA_HAVE_X86_KERNELS
 #include <immintrin.h>
 static int fp_flags_here(void) { return (int)(_mm_getcsr() & 0x8040u); }

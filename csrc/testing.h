@@ -20,4 +20,21 @@ int sdpa_set_flush_to_zero(int on);
  * restores the rule for that one. */
 void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk);
 
+/* Asks the OS for the AMX tile state now (arch_prctl), whatever was asked
+ * before; 1 when this process may use tiles.  0 off Linux x86 builds. */
+int sdpa_testing_ask_for_tiles(void);
+
+/* Like sdpa_set_isa, and also takes "amx_emulated": the amx set's kernel over
+ * a software model of the tiles, on any CPU that runs avx512_bf16. */
+sdpa_status sdpa_testing_use_kernels(const char *name);
+
+/* The named table (as sdpa_testing_use_kernels names them), or NULL. */
+const kernel_table *sdpa_testing_table(const char *name);
+
+/* The named set's gemm_bf16 on its own (internal.h's contract; b and c rows
+ * 64-byte aligned); SDPA_ERR_BAD_ISA when the set has none or cannot run. */
+sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
+                                   int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
+                                   int accumulate);
+
 #endif

@@ -101,13 +101,13 @@ def test_head_dims_and_odd_sizes(rng, half, E, L, S):
 @pytest.mark.parametrize("L", [9, 1], ids=["tiled", "row-mode"])
 def test_16bit_is_float32_arithmetic_rounded_once(isa, rng, half, L):
     """float32 arithmetic on the same values, the output rounded once -- except
-    for bfloat16 products (the avx512_bf16 set, tiled), which round P to
+    for bfloat16 products (the avx512_bf16 and amx sets, tiled), which round P to
     bfloat16 before P V as torch and FlashAttention do."""
     dt = HALF[half]
     q, k, v = (a.astype(dt) for a in make_qkv(rng, batch=(2,), hq=2, L=L, S=70, E=32, dtype=np.float32))
     out = attention(q, k, v, is_causal=True)
     out32 = attention(*(a.astype(np.float32) for a in (q, k, v)), is_causal=True)
-    if half == "bf16" and L > 1 and isa == "avx512_bf16":
+    if half == "bf16" and L > 1 and isa in ("avx512_bf16", "amx"):
         np.testing.assert_allclose(out.astype(np.float64), out32, rtol=tolerance(dt), atol=tolerance(dt))
     else:
         np.testing.assert_array_equal(out.view(np.uint16), out32.astype(dt).view(np.uint16))

@@ -208,8 +208,10 @@ SDPA_API int64_t sdpa_int8_scales_per_row(int64_t cols, int64_t group_size);
 SDPA_API const char *sdpa_status_message(sdpa_status status);
 
 /* Kernel sets ("isa"): "scalar" (portable C), "avx2" (AVX2 + FMA + F16C),
- * "avx512" (AVX-512 F/BW/DQ/VL) and "avx512_bf16" (that and AVX512_BF16).  The best one this CPU supports is chosen at
- * first use, unless the environment variable SDPA_ISA names another.
+ * "avx512" (AVX-512 F/BW/DQ/VL), "avx512_bf16" (that and AVX512_BF16) and "amx" (that and AMX-TILE + AMX-BF16,
+ * Linux only).  The best one this CPU supports is chosen at first use, unless the environment variable SDPA_ISA
+ * names another.  "amx" is asked of the OS (arch_prctl) once, when first used or named here; if refused, the default
+ * becomes "avx512_bf16" and a forced "amx" is SDPA_ERR_BAD_ISA.
  * sdpa_isa_supported: 1 if this build and CPU can run the named set.
  * sdpa_set_isa: switch to it for later calls (SDPA_ERR_BAD_ISA if not supported).
  * sdpa_isa: the name of the set in use. */

@@ -13,8 +13,11 @@
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
 #endif
 
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 /*
  * exp: x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2 (ln2 split in two
@@ -259,38 +262,79 @@ enum { bf16_panel_rows = BF16_NV * 16 };
 #pragma GCC pop_options
 #endif
 
+/* ---- bfloat16 products on AMX tiles: the "amx" set, and its emulation ---- */
+
+#define AMX_EMULATE 1
+#include "amx_impl.h"
+#undef AMX_EMULATE
+
+#if SDPA_HAVE_AMX_KERNELS
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16")
+#endif
+#define AMX_EMULATE 0
+#include "amx_impl.h"
+#undef AMX_EMULATE
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
+
+/* The float32 kernels every AVX-512 set shares. */
+#define AVX512_F32_KERNELS                                                                                     \
+    .nr = panel_rows_avx512_f32, .widen = widen_avx512, .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, \
+    .exp = exp_avx512_f32, .softcap = softcap_avx512_f32, .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, \
+    .row_softmax = row_softmax_avx512_f32, .dot_half = dot_half_avx512_f32,                                    \
+    .pv_rows_half = pv_rows_half_avx512_f32, .dot_i8 = dot_i8_avx512_f32, .pv_rows_i8 = pv_rows_i8_avx512_f32,  \
+    .dot_i8g = dot_i8g_avx512_f32, .pv_rows_i8g = pv_rows_i8g_avx512_f32, .mask_add = mask_add_avx512_f32,     \
+    .mask_bool = mask_bool_avx512_f32, .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32
+#define AVX512_F64_KERNELS                                                                                     \
+    .nr = panel_rows_avx512_f64, .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64, \
+    .softcap = softcap_avx512_f64, .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64,                       \
+    .row_softmax = row_softmax_avx512_f64
+
 const kernel_table sdpa_kernels_avx512 = {
     .name = "avx512",
-    .f32 = {.nr = panel_rows_avx512_f32, .widen = widen_avx512,
-            .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32, .softcap = softcap_avx512_f32,
-            .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32,
-            .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32,
-            .dot_i8 = dot_i8_avx512_f32, .pv_rows_i8 = pv_rows_i8_avx512_f32,
-            .dot_i8g = dot_i8g_avx512_f32, .pv_rows_i8g = pv_rows_i8g_avx512_f32,
-            .mask_add = mask_add_avx512_f32, .mask_bool = mask_bool_avx512_f32,
-            .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32},
-    .f64 = {.nr = panel_rows_avx512_f64,
-            .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64, .softcap = softcap_avx512_f64,
-            .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64, .row_softmax = row_softmax_avx512_f64},
+    .f32 = {AVX512_F32_KERNELS},
+    .f64 = {AVX512_F64_KERNELS},
 };
 
 /* The avx512 set plus bfloat16 dot products for bfloat16 problems. */
 const kernel_table sdpa_kernels_avx512_bf16 = {
     .name = "avx512_bf16",
-    .f32 = {.nr = panel_rows_avx512_f32, .widen = widen_avx512,
-            .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, .exp = exp_avx512_f32, .softcap = softcap_avx512_f32,
-            .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, .row_softmax = row_softmax_avx512_f32,
-            .dot_half = dot_half_avx512_f32, .pv_rows_half = pv_rows_half_avx512_f32,
-            .dot_i8 = dot_i8_avx512_f32, .pv_rows_i8 = pv_rows_i8_avx512_f32,
-            .dot_i8g = dot_i8g_avx512_f32, .pv_rows_i8g = pv_rows_i8g_avx512_f32,
-            .mask_add = mask_add_avx512_f32, .mask_bool = mask_bool_avx512_f32,
-            .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32,
-            .gemm_bf16 = gemm_bf16_avx512, .pairs_bf16 = pairs_bf16_avx512},
-    .f64 = {.nr = panel_rows_avx512_f64,
-            .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64, .softcap = softcap_avx512_f64,
-            .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64, .row_softmax = row_softmax_avx512_f64},
+    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_avx512, .pairs_bf16 = pairs_bf16_avx512},
+    .f64 = {AVX512_F64_KERNELS},
 };
 
+#if SDPA_HAVE_AMX_KERNELS
+/* The avx512_bf16 set with its bfloat16 products on AMX tiles. */
+const kernel_table sdpa_kernels_amx = {
+    .name = "amx",
+    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx, .pairs_bf16 = pairs_bf16_avx512,
+            .bf16_values_by_feature = 1},
+    .f64 = {AVX512_F64_KERNELS},
+};
+#endif
+
+/* The amx set's code over emulated tiles (testing.h): runs wherever
+ * avx512_bf16 does. */
+const kernel_table sdpa_kernels_amx_emulated = {
+    .name = "amx_emulated",
+    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx_emulated, .pairs_bf16 = pairs_bf16_avx512,
+            .bf16_values_by_feature = 1},
+    .f64 = {AVX512_F64_KERNELS},
+};
+
+#undef AVX512_F32_KERNELS
+#undef AVX512_F64_KERNELS
+
 _Static_assert((int)bf16_panel_rows == (int)panel_rows_avx512_f32, "the bfloat16 panel is the float32 one");
+_Static_assert((int)panel_rows_avx512_f32 == 32, "the AMX kernel's C and B tiles cover a panel of 32 rows");
 
 #endif /* SDPA_HAVE_X86_KERNELS */

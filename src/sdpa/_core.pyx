@@ -21,7 +21,7 @@ cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.math cimport sqrt
-from libc.stdint cimport int32_t, int64_t, uintptr_t, int8_t
+from libc.stdint cimport int32_t, int64_t, uintptr_t, int8_t, uint32_t
 
 import threading
 
@@ -116,9 +116,14 @@ cdef extern from "testing.h" nogil:
     int sdpa_set_flush_to_zero(int on)
     const char *sdpa_isa_env_error()
     void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk)
+    int sdpa_testing_ask_for_tiles()
+    sdpa_status sdpa_testing_use_kernels(const char *name)
+    sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
+                                       int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
+                                       int accumulate)
 
 MAX_BATCH_DIMS = SDPA_MAX_BATCH_DIMS
-ISAS = ("scalar", "avx2", "avx512", "avx512_bf16")
+ISAS = ("scalar", "avx2", "avx512", "avx512_bf16", "amx")
 
 cdef enum:
     # dims of a full operand: batch dims, then (head, row, column)
@@ -241,6 +246,47 @@ def set_blocking(int tile_q=0, int tile_k=0, int chunk=0):
     if tile_q < 0 or tile_k < 0 or chunk < 0 or tile_q > 4096 or tile_k > 4096 or chunk > 65536:
         raise ValueError("set_blocking: tile_q and tile_k in 0..4096, chunk in 0..65536")
     sdpa_testing_set_blocking(tile_q, tile_k, chunk)
+
+
+def ask_for_tiles():
+    """Asks the OS for the AMX tile state now (for tests): True when this
+    process may run tile instructions; False off Linux x86 and where refused."""
+    return bool(sdpa_testing_ask_for_tiles())
+
+
+def use_kernels(name):
+    """Like :func:`set_isa`, and also takes ``"amx_emulated"`` (for tests): the
+    amx set's kernel over a software model of the tiles, on any CPU with
+    AVX512-BF16."""
+    if sdpa_testing_use_kernels(name.encode()) != SDPA_OK:
+        raise ValueError(f"use_kernels: {name!r} cannot run on this CPU")
+
+
+def gemm_bf16(name, int m, int64_t kpairs, cnp.ndarray a, int64_t a_rs, int64_t a_ks, cnp.ndarray b,
+              int64_t ldb, cnp.ndarray c, int64_t ldc, bint accumulate):
+    """The named kernel set's bfloat16 product on its own (for tests):
+    ``c[r*ldc + x] (=, or += when accumulate) sum_p dot2(a[r*a_rs + p*a_ks],
+    b[p*ldb + x])`` for r < m, x < 32, on flat uint32 pair arrays a and b and a
+    float32 array c; b and c 64-byte aligned, ldb and ldc multiples of 16."""
+    if (cnp.PyArray_TYPE(a) != cnp.NPY_UINT32 or cnp.PyArray_TYPE(b) != cnp.NPY_UINT32
+            or cnp.PyArray_TYPE(c) != cnp.NPY_FLOAT32 or a.ndim != 1 or b.ndim != 1 or c.ndim != 1
+            or not all(cnp.PyArray_IS_C_CONTIGUOUS(x) and cnp.PyArray_ISNOTSWAPPED(x) for x in (a, b, c))
+            or not cnp.PyArray_ISWRITEABLE(c)):
+        raise TypeError("gemm_bf16: flat contiguous uint32 a and b, a writable float32 c")
+    if m < 0 or kpairs < 0 or a_rs < 0 or a_ks < 0 or ldb < 32 or ldc < 32 or ldb % 16 or ldc % 16:
+        raise ValueError("gemm_bf16: m, kpairs and strides >= 0; ldb and ldc multiples of 16, >= 32")
+    if ((<uintptr_t>cnp.PyArray_DATA(b)) % 64 or (<uintptr_t>cnp.PyArray_DATA(c)) % 64):
+        raise ValueError("gemm_bf16: b and c 64-byte aligned")
+    if m and kpairs and (m - 1) * a_rs + (kpairs - 1) * a_ks >= a.shape[0]:
+        raise ValueError("gemm_bf16: a too small")
+    if kpairs and (kpairs - 1) * ldb + 32 > b.shape[0]:
+        raise ValueError("gemm_bf16: b too small")
+    if m and (m - 1) * ldc + 32 > c.shape[0]:
+        raise ValueError("gemm_bf16: c too small")
+    if sdpa_testing_gemm_bf16(name.encode(), m, kpairs, <const uint32_t *>cnp.PyArray_DATA(a), a_rs, a_ks,
+                              <const uint32_t *>cnp.PyArray_DATA(b), ldb, <float *>cnp.PyArray_DATA(c), ldc,
+                              accumulate) != SDPA_OK:
+        raise ValueError(f"gemm_bf16: {name!r} has no bfloat16 product on this CPU")
 
 
 def set_flush_to_zero(bint on):

@@ -279,8 +279,8 @@ typedef struct instance {
     double *ref_out, *ref_w, *ref_lse;
 } instance;
 
-static const char *const ISAS[] = {"scalar", "avx2", "avx512", "avx512_bf16"};
-#define NUM_ISAS 4
+static const char *const ISAS[] = {"scalar", "avx2", "avx512", "avx512_bf16", "amx"};
+#define NUM_ISAS ((int)(sizeof(ISAS) / sizeof(ISAS[0])))
 
 static void instance_build(instance *in, const test_case *tc) {
     memset(in, 0, sizeof(*in));
@@ -1501,10 +1501,10 @@ int main(int argc, char **argv) {
     if (env && env[0] && strcmp(env, "0") != 0) quick = 1;
 
     const char *initial_isa = sdpa_isa();
-    printf("# sdpa %s, kernels %s (supported:%s%s%s%s), OpenMP %s, default threads %d%s\n", sdpa_version(),
+    printf("# sdpa %s, kernels %s (supported:%s%s%s%s%s), OpenMP %s, default threads %d%s\n", sdpa_version(),
            initial_isa, sdpa_isa_supported("scalar") ? " scalar" : "", sdpa_isa_supported("avx2") ? " avx2" : "",
            sdpa_isa_supported("avx512") ? " avx512" : "", sdpa_isa_supported("avx512_bf16") ? " avx512_bf16" : "",
-           sdpa_has_openmp() ? "yes" : "no",
+           sdpa_isa_supported("amx") ? " amx" : "", sdpa_has_openmp() ? "yes" : "no",
            sdpa_default_num_threads(), quick ? ", quick" : "");
     for (int i = 0; i < NUM_ISAS; i++)
         if (!sdpa_isa_supported(ISAS[i])) skip("kernel set %s: not supported by this CPU or build", ISAS[i]);

@@ -1,0 +1,267 @@
+/*
+ * bfloat16 products on AMX tiles (TDPBF16PS).  Included twice by avx512.c:
+ *   AMX_EMULATE 0: the "amx" set's kernel, with the tile instructions;
+ *   AMX_EMULATE 1: the same code over a software model of the tiles, for the
+ *                  test suite on CPUs without AMX ("amx_emulated", testing.h).
+ * The two differ only in what the T_* macros below expand to, so the tile
+ * configuration, the blocking, the padding and the strides are tested on every
+ * CPU with AVX512-BF16; the instructions themselves run only on AMX CPUs.
+ *
+ * gemm_bf16's contract (internal.h), for a panel of nr = 32 query rows: c is
+ * m x 32 floats, b is kpairs x 32 pairs, a is m x kpairs pairs at any strides.
+ * Every tile is 16 rows x 64 bytes (palette 1):
+ *   tmm0-3  C: rows [r0 + 16i, +16) x columns [16j, +16), tile 2i + j
+ *   tmm4-5  A: 16 rows x 16 pairs of a, row block i
+ *   tmm6-7  B: 16 pairs x 16 columns of b, column half j
+ * A step of 16 pairs loads two B and (up to) two A tiles for four products.  A
+ * block with fewer than 16 rows or pairs, or an a whose pairs are not
+ * contiguous (a_ks != 1), is copied into a zero-padded buffer first, so that a
+ * tile never reads past the caller's rows and padding multiplies zero by zero.
+ *
+ * The instruction: C[m][n] += A[m][2k] B[k][2n] + A[m][2k+1] B[k][2n+1] for
+ * k < 16, in order, in float (each bfloat16 product is exact in float), with
+ * subnormal inputs and results flushed to zero whatever MXCSR says.
+ */
+
+#if AMX_EMULATE
+#define AMX_FN(name) name##_amx_emulated
+#else
+#define AMX_FN(name) name##_amx
+#endif
+
+#ifndef SDPA_AMX_COMMON
+#define SDPA_AMX_COMMON
+
+/* LDTILECFG's 64-byte operand */
+typedef struct amx_config {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+_Static_assert(sizeof(amx_config) == 64, "the tile configuration is 64 bytes");
+
+static void amx_config_init(amx_config *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg->colsb[t] = 64;
+        cfg->rows[t] = 16;
+    }
+}
+
+/* The block at src (rows x 16 elements of 32 bits, row stride ld elements)
+ * where a tile can load it in place; else copied into buf (16 x 16, zero
+ * padded).  *stride is set in bytes. */
+static inline const void *amx_rows_src(const void *src, int64_t ld, int rows, int cols, uint32_t *buf,
+                                       int64_t *stride) {
+    if (rows == 16 && cols == 16) {
+        *stride = ld * 4;
+        return src;
+    }
+    memset(buf, 0, 16 * 16 * 4);
+    for (int r = 0; r < rows; r++) memcpy(buf + r * 16, (const uint32_t *)src + r * ld, (size_t)cols * 4);
+    *stride = 64;
+    return buf;
+}
+
+/* rows x kp pairs of a at (a_rs, a_ks), in place when whole and contiguous */
+static inline const void *amx_a_src(const uint32_t *a, int64_t a_rs, int64_t a_ks, int rows, int kp,
+                                    uint32_t *buf, int64_t *stride) {
+    if (a_ks == 1) return amx_rows_src(a, a_rs, rows, kp, buf, stride);
+    memset(buf, 0, 16 * 16 * 4);
+    for (int r = 0; r < rows; r++)
+        for (int k = 0; k < kp; k++) buf[r * 16 + k] = a[r * a_rs + k * a_ks];
+    *stride = 64;
+    return buf;
+}
+
+/* The emulator: eight tiles of 16 x 16 32-bit elements and their shapes. */
+typedef struct amx_tiles {
+    uint32_t t[8][16][16];
+    uint8_t rows[8];
+    uint16_t colsb[8];
+    uint8_t palette;
+} amx_tiles;
+
+/* A tile used with a shape the kernel does not configure is a bug in the
+ * kernel, which real tiles would turn into wrong results or a fault. */
+static void amx_emu_check(const amx_tiles *st, int t) {
+    if (st->palette != 1 || st->rows[t] != 16 || st->colsb[t] != 64) abort();
+}
+
+static void amx_emu_config(amx_tiles *st, const amx_config *cfg) {
+    st->palette = cfg->palette;
+    for (int t = 0; t < 8; t++) {
+        st->rows[t] = cfg->rows[t];
+        st->colsb[t] = cfg->colsb[t];
+    }
+}
+
+static void amx_emu_load(amx_tiles *st, int t, const void *src, int64_t stride) {
+    amx_emu_check(st, t);
+    for (int r = 0; r < 16; r++) memcpy(st->t[t][r], (const char *)src + r * stride, 64);
+}
+
+static void amx_emu_store(amx_tiles *st, int t, void *dst, int64_t stride) {
+    amx_emu_check(st, t);
+    for (int r = 0; r < 16; r++) memcpy((char *)dst + r * stride, st->t[t][r], 64);
+}
+
+static void amx_emu_zero(amx_tiles *st, int t) {
+    amx_emu_check(st, t);
+    memset(st->t[t], 0, sizeof(st->t[t]));
+}
+
+/* half 0 (low) or 1 (high) of a pair as float, a subnormal flushed to zero */
+static inline float amx_emu_bf16(uint32_t pair, int half) {
+    uint32_t bits = (half ? pair >> 16 : pair & 0xFFFFu) << 16;
+    if ((bits & 0x7F800000u) == 0) bits &= 0x80000000u;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float amx_emu_ftz(float x) { return fabsf(x) < FLT_MIN ? copysignf(0.0f, x) : x; }
+
+static void amx_emu_dpbf16ps(amx_tiles *st, int c, int a, int b) {
+    amx_emu_check(st, c);
+    amx_emu_check(st, a);
+    amx_emu_check(st, b);
+    for (int m = 0; m < 16; m++) {
+        float row[16];
+        memcpy(row, st->t[c][m], sizeof(row));
+        for (int k = 0; k < 16; k++) {
+            const uint32_t ak = st->t[a][m][k];
+            for (int n = 0; n < 16; n++) {
+                const uint32_t bk = st->t[b][k][n];
+                row[n] = amx_emu_ftz(row[n] + amx_emu_bf16(ak, 0) * amx_emu_bf16(bk, 0));
+                row[n] = amx_emu_ftz(row[n] + amx_emu_bf16(ak, 1) * amx_emu_bf16(bk, 1));
+            }
+        }
+        memcpy(st->t[c][m], row, sizeof(row));
+    }
+}
+
+#endif /* SDPA_AMX_COMMON */
+
+#if AMX_EMULATE
+#define T_STATE amx_tiles tiles_ = {.palette = 0}
+#define T_CONFIG(cfg) amx_emu_config(&tiles_, (cfg))
+#define T_LOAD(t, src, stride) amx_emu_load(&tiles_, t, (src), (stride))
+#define T_STORE(t, dst, stride) amx_emu_store(&tiles_, t, (dst), (stride))
+#define T_ZERO(t) amx_emu_zero(&tiles_, t)
+#define T_DP(c, a, b) amx_emu_dpbf16ps(&tiles_, c, a, b)
+#define T_RELEASE() (tiles_.palette = 0)
+#else
+/* GCC's tile load and configuration intrinsics are asm statements that do not
+ * tell the compiler they read memory (12.2's ldtilecfg names 8 of the 64
+ * bytes), so stores to a buffer they read could be dropped or moved after
+ * them: a compiler barrier before each, with the buffer's address escaping. */
+#define AMX_BARRIER(ptr) __asm__ volatile("" : : "r"(ptr) : "memory")
+#define T_STATE (void)0
+#define T_CONFIG(cfg)               \
+    do {                            \
+        AMX_BARRIER(cfg);           \
+        _tile_loadconfig(cfg);      \
+    } while (0)
+#define T_LOAD(t, src, stride)             \
+    do {                                   \
+        AMX_BARRIER(src);                  \
+        _tile_loadd(t, (src), (stride));   \
+    } while (0)
+#define T_STORE(t, dst, stride) _tile_stored(t, (dst), (stride))
+#define T_ZERO(t) _tile_zero(t)
+#define T_DP(c, a, b) _tile_dpbf16ps(c, a, b)
+#define T_RELEASE() _tile_release()
+#endif
+
+/* C tile t (row block i, half j): from c in place, or its rows copied in */
+#define AMX_LOAD_C(t, i, j, rows)                                                          \
+    do {                                                                                   \
+        int64_t s_;                                                                        \
+        const void *p_ = amx_rows_src(c + (r0 + 16 * (i)) * ldc + 16 * (j), ldc, rows, 16, \
+                                      (uint32_t *)cbuf, &s_);                              \
+        T_LOAD(t, p_, s_);                                                                 \
+    } while (0)
+
+/* C tile t to c, in place when whole, else through cbuf */
+#define AMX_STORE_C(t, i, j, rows)                                                      \
+    do {                                                                                \
+        float *d_ = c + (r0 + 16 * (i)) * ldc + 16 * (j);                               \
+        if ((rows) == 16) {                                                             \
+            T_STORE(t, d_, ldc * 4);                                                    \
+        } else {                                                                        \
+            T_STORE(t, cbuf, 64);                                                       \
+            for (int r_ = 0; r_ < (rows); r_++) memcpy(d_ + r_ * ldc, cbuf + r_ * 16, 64); \
+        }                                                                               \
+    } while (0)
+
+static void AMX_FN(gemm_bf16)(int m, int64_t kpairs, const uint32_t *a, int64_t a_rs, int64_t a_ks,
+                              const uint32_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate) {
+    if (m <= 0) return;
+    T_STATE;
+    _Alignas(64) amx_config cfg;
+    _Alignas(64) uint32_t abuf[2][16 * 16];
+    _Alignas(64) uint32_t bbuf[2][16 * 16];
+    _Alignas(64) float cbuf[16 * 16];
+    amx_config_init(&cfg);
+    T_CONFIG(&cfg);
+    for (int r0 = 0; r0 < m; r0 += 32) {
+        const int rows0 = m - r0 < 16 ? m - r0 : 16;
+        const int rows1 = m - r0 - 16 <= 0 ? 0 : (m - r0 - 16 < 16 ? m - r0 - 16 : 16);
+        if (accumulate) {
+            AMX_LOAD_C(0, 0, 0, rows0);
+            AMX_LOAD_C(1, 0, 1, rows0);
+            if (rows1) {
+                AMX_LOAD_C(2, 1, 0, rows1);
+                AMX_LOAD_C(3, 1, 1, rows1);
+            }
+        } else {
+            T_ZERO(0);
+            T_ZERO(1);
+            if (rows1) {
+                T_ZERO(2);
+                T_ZERO(3);
+            }
+        }
+        for (int64_t p0 = 0; p0 < kpairs; p0 += 16) {
+            const int kp = (int)(kpairs - p0 < 16 ? kpairs - p0 : 16);
+            int64_t s;
+            const void *src = amx_rows_src(b + p0 * ldb, ldb, kp, 16, bbuf[0], &s);
+            T_LOAD(6, src, s);
+            src = amx_rows_src(b + p0 * ldb + 16, ldb, kp, 16, bbuf[1], &s);
+            T_LOAD(7, src, s);
+            src = amx_a_src(a + r0 * a_rs + p0 * a_ks, a_rs, a_ks, rows0, kp, abuf[0], &s);
+            T_LOAD(4, src, s);
+            T_DP(0, 4, 6);
+            T_DP(1, 4, 7);
+            if (rows1) {
+                src = amx_a_src(a + (r0 + 16) * a_rs + p0 * a_ks, a_rs, a_ks, rows1, kp, abuf[1], &s);
+                T_LOAD(5, src, s);
+                T_DP(2, 5, 6);
+                T_DP(3, 5, 7);
+            }
+        }
+        AMX_STORE_C(0, 0, 0, rows0);
+        AMX_STORE_C(1, 0, 1, rows0);
+        if (rows1) {
+            AMX_STORE_C(2, 1, 0, rows1);
+            AMX_STORE_C(3, 1, 1, rows1);
+        }
+    }
+    T_RELEASE();
+}
+
+#undef AMX_LOAD_C
+#undef AMX_STORE_C
+#undef T_STATE
+#undef T_CONFIG
+#undef T_LOAD
+#undef T_STORE
+#undef T_ZERO
+#undef T_DP
+#undef T_RELEASE
+#undef AMX_BARRIER
+#undef AMX_FN
