@@ -168,6 +168,34 @@ def test_float64_and_impl_subset():
         bench.run_suite([TINY], threads=[1], impls=["nope"], **FAST)
 
 
+def test_sdpa_on_a_forced_kernel_set_beside_its_own_choice(tmp_path, capsys):
+    """sdpa@SET: sdpa with one kernel set forced for its calls, in the same run as
+    sdpa on the CPU's choice; a set the CPU cannot run is reported absent; the set
+    in use is restored after each call."""
+    from sdpa import _core
+
+    before = _core.isa()
+    unrunnable = [f"sdpa@{s}" for s in _core.ISAS if not _core.isa_supported(s)]
+    impls = ["sdpa", "sdpa@scalar"] + unrunnable
+    rows = bench.run_suite([TINY], threads=[1], impls=impls, **FAST)
+    r = rows[0]["impls"]
+    assert r["sdpa@scalar"]["status"] == "ok" and r["sdpa@scalar"]["gflops"] > 0
+    assert "scalar forced" in r["sdpa@scalar"]["kernel_how"]
+    assert r["sdpa@scalar"]["agreement"]["agrees"]
+    assert rows[0]["sdpa_over"]["sdpa@scalar"] > 0
+    for impl in unrunnable:
+        assert r[impl]["status"] == "absent" and "cannot run" in r[impl]["reason"]
+    assert _core.isa() == before
+    header = bench.format_table(rows).splitlines()[0].split()
+    assert header.index("sdpa@scalar") == header.index("sdpa") + 2  # right after sdpa's column
+    with pytest.raises(ValueError, match="sdpa@SET"):
+        bench.run_suite([TINY], threads=[1], impls=["sdpa@sse9"], **FAST)
+    assert bench.main(CLI_FAST + ["--impls", "sdpa,sdpa@sse9"]) == 2
+    assert "sdpa@SET" in capsys.readouterr().err
+    assert bench.main(CLI_FAST + ["--impls", "sdpa,sdpa@scalar"]) == 0
+    assert "sdpa@scalar GFLOP/s" in capsys.readouterr().out
+
+
 def test_progress_bar_redraws_one_line():
     out = io.StringIO()
     p = bench.Progress(2, stream=out)

@@ -16,7 +16,14 @@ from .errors import ERROR_ROWS
 from .generate import measure_generate
 from .latency import LATENCY_THREADS, iter_latency
 from .machine import machine_info, measure_references, package_version, reference_steps
-from .peers import AGREEMENT_TOLERANCE, IMPLEMENTATIONS, KERNELS, LATENCY_IMPLEMENTATIONS, NUMPY_MAX_SCORE_BYTES
+from .peers import (
+    AGREEMENT_TOLERANCE,
+    IMPLEMENTATIONS,
+    KERNELS,
+    LATENCY_IMPLEMENTATIONS,
+    NUMPY_MAX_SCORE_BYTES,
+    is_implementation,
+)
 from .plot import plot_results
 from .report import (
     cache_notes,
@@ -112,7 +119,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--impls",
         help=f"implementations to run (default: {','.join(IMPLEMENTATIONS)}, those not installed "
-        f"reported absent; with --latency: {','.join(LATENCY_IMPLEMENTATIONS)})",
+        f"reported absent; with --latency: {','.join(LATENCY_IMPLEMENTATIONS)}); sdpa@SET runs sdpa "
+        "with the kernel set SET forced, beside sdpa on this CPU's own choice (e.g. "
+        "--impls sdpa,sdpa@avx512_bf16,torch on an AMX CPU)",
     )
     p.add_argument(
         "--dtype",
@@ -201,9 +210,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             shapes = list(CACHE_SHAPES if cache_mode else LATENCY_SHAPES if args.latency else SHAPES)
         impls = [i.strip() for i in (args.impls or ",".join(known)).split(",") if i.strip()]
-        bad = [i for i in impls if i not in known]
+        bad = [i for i in impls if not (i in known or (not args.latency and is_implementation(i)))]
         if bad or not impls:
-            raise ValueError(f"--impls: choose from {', '.join(known)}")
+            sets_hint = "" if args.latency else ", or sdpa@SET for a kernel set SET"
+            raise ValueError(f"--impls: choose from {', '.join(known)}{sets_hint}")
         if args.repeat < 1 or args.min_time < 0:
             raise ValueError("--repeat must be >= 1 and --min-time >= 0")
         if args.latency and args.plot:

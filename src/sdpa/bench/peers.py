@@ -15,11 +15,11 @@ import importlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import scaled_dot_product_attention as _sdpa
+from .. import _core, scaled_dot_product_attention as _sdpa
 from ..reference import causal_mask
 from .onnxgraph import (
     INPUT_NAMES,
@@ -62,6 +62,34 @@ __all__ = [
 #: (``ort``) and its ``com.microsoft`` ``MultiHeadAttention`` contrib operator
 #: (``ort-mha``), and OpenVINO's ``ScaledDotProductAttention`` (``openvino``).
 IMPLEMENTATIONS = ("sdpa", "numpy", "torch", "ort", "ort-mha", "openvino")
+
+#: ``sdpa@SET`` (for example ``sdpa@avx512_bf16``) runs sdpa with the kernel set SET
+#: forced for its calls, beside ``sdpa`` on the set chosen for this CPU: two kernel
+#: sets of one machine compared in one run.
+KERNEL_SET_PREFIX = "sdpa@"
+
+
+def kernel_set_of(impl: str) -> Optional[str]:
+    """The kernel set ``impl`` forces (``sdpa@SET``), or None."""
+    return impl[len(KERNEL_SET_PREFIX):] if impl.startswith(KERNEL_SET_PREFIX) else None
+
+
+def is_implementation(impl: str) -> bool:
+    """Whether the suite knows ``impl``: one of :data:`IMPLEMENTATIONS`, or ``sdpa@SET``
+    for a kernel set SET of this build (whether the CPU runs it or not)."""
+    return impl in IMPLEMENTATIONS or kernel_set_of(impl) in _core.ISAS
+
+
+def ordered(impls: Iterable[str]) -> List[str]:
+    """``impls`` in report order: :data:`IMPLEMENTATIONS`' order, ``sdpa@SET`` after ``sdpa``."""
+    def key(impl: str) -> Tuple[int, int]:
+        if impl in IMPLEMENTATIONS:
+            return (IMPLEMENTATIONS.index(impl), 0)
+        isa = kernel_set_of(impl)
+        return (0, 1 + (_core.ISAS.index(isa) if isa in _core.ISAS else len(_core.ISAS)))
+
+    return sorted(set(impls), key=key)
+
 
 #: The peers the suite runs in float32 only (q, k and v all float32).
 FLOAT32_PEERS = ("ort", "ort-mha", "openvino")
@@ -220,6 +248,9 @@ def _load_openvino() -> Any:
 
 def absent_reason(impl: str) -> Optional[str]:
     """Why ``impl`` cannot run here (its package is not installed or cannot be imported), or None."""
+    isa = kernel_set_of(impl)
+    if isa is not None and not _core.isa_supported(isa):
+        return f"this CPU (or build) cannot run the {isa} kernel set"
     if impl == "torch" and _load_torch() is None:
         return _torch_error
     if impl in ("ort", "ort-mha") and _load_onnxruntime() is None:
@@ -349,6 +380,20 @@ def prepare(
             return _sdpa(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, num_threads=threads)
 
         return Prepared(run_sdpa, _same, KERNELS["sdpa"], _static("sdpa"))
+
+    isa = kernel_set_of(impl)
+    if isa is not None:
+        gqa, causal = shape.gqa, shape.causal
+
+        def run_sdpa_on_set() -> Any:
+            before = _core.isa()
+            _core.set_isa(isa)
+            try:
+                return _sdpa(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, num_threads=threads)
+            finally:
+                _core.set_isa(before)
+
+        return Prepared(run_sdpa_on_set, _same, KERNELS["sdpa"], _static("sdpa") + f", kernel set {isa} forced")
 
     if impl == "numpy":
 

@@ -6,7 +6,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from .. import __version__ as _sdpa_version
 from .machine import lookup
-from .peers import IMPLEMENTATIONS
+from .peers import ordered
 
 __all__ = ["plot_results"]
 
@@ -45,7 +45,7 @@ def plot_results(
         return r["gflops"] if r and r["status"] == "ok" else None
 
     # the implementations measured somewhere (NumPy is skipped in 16 bits)
-    impls = [i for i in IMPLEMENTATIONS if any(gflops(r, i) is not None for r in rows)]
+    impls = [i for i in ordered({i for r in rows for i in r["impls"]}) if any(gflops(r, i) is not None for r in rows)]
 
     fig, (ax_len, ax_thr) = plt.subplots(1, 2, figsize=(13, 5.2))
 
@@ -57,7 +57,7 @@ def plot_results(
                 [p[0] for p in pts],
                 [p[1] for p in pts],
                 linestyle="none",
-                marker=markers[impl],
+                marker=markers.get(impl, "x"),
                 markersize=7,
                 alpha=0.8,
                 label=impl,
@@ -98,8 +98,8 @@ def plot_results(
                     [p[0] for p in pts],
                     [p[1] for p in pts],
                     color=color,
-                    linestyle=styles[impl],
-                    marker=markers[impl],
+                    linestyle=styles.get(impl, "-"),
+                    marker=markers.get(impl, "x"),
                     markersize=4,
                 )
     ref_pts = [(e["threads"], e["gflops"]) for e in gemm_entries if e["threads"] is not None]
@@ -107,7 +107,7 @@ def plot_results(
         ax_thr.plot([p[0] for p in ref_pts], [p[1] for p in ref_pts], color="0.4", linewidth=2, alpha=0.6)
     handles = [Line2D([], [], color=colors[i % len(colors)], label=n) for i, n in enumerate(names)]
     handles += [
-        Line2D([], [], color="k", linestyle=styles[i], marker=markers[i], markersize=4, label=i)
+        Line2D([], [], color="k", linestyle=styles.get(i, "-"), marker=markers.get(i, "x"), markersize=4, label=i)
         for i in impls
     ]
     if ref_pts:

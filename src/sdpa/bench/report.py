@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-from .peers import AGREEMENT_TOLERANCE, IMPLEMENTATIONS, check_dtype
+from .peers import AGREEMENT_TOLERANCE, check_dtype, ordered
 from .shapes import MiB
 
 __all__ = [
@@ -94,7 +94,7 @@ def format_table(rows: Sequence[Dict[str, Any]], dtype: str = "float32") -> str:
     errors = any(row.get("error_rows") for row in rows)
     masks = any(row.get("mask") for row in rows)
     present = {impl for row in rows for impl in row["impls"]}
-    impls = [impl for impl in IMPLEMENTATIONS if impl in present] or ["sdpa", "numpy", "torch"]
+    impls = ordered(present) or ["sdpa", "numpy", "torch"]
     header = ["shape", "threads"] + [f"{impl} GFLOP/s" for impl in impls]
     header += ["sdpa/torch", f"% {gemm_label(dtype)}", "sdpa GB/s", "% bw"]
     if masks:
@@ -194,7 +194,7 @@ def describe_kernels(rows: Sequence[Dict[str, Any]]) -> str:
             if r.get("kernel"):
                 kernels.setdefault(impl, {}).setdefault(r["kernel"], {})[row["shape"]] = None
     parts = []
-    for impl in sorted(kernels, key=lambda i: IMPLEMENTATIONS.index(i) if i in IMPLEMENTATIONS else 99):
+    for impl in ordered(kernels):
         by_kernel = kernels[impl]
         if len(by_kernel) == 1:
             parts.append(f"{impl} {next(iter(by_kernel))}")

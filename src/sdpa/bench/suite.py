@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 
 import numpy as np
 
+from .. import _core
 from . import peers
 from .errors import ERROR_ROWS, ReferenceSample, max_abs_error, reference_sample
 from .machine import lookup
@@ -93,8 +94,11 @@ def iter_suite(
     thread_list = list(threads) if threads is not None else default_threads()
     impl_list = list(impls)
     for impl in impl_list:
-        if impl not in IMPLEMENTATIONS:
-            raise ValueError(f"unknown implementation {impl!r}; choose from {', '.join(IMPLEMENTATIONS)}")
+        if not peers.is_implementation(impl):
+            raise ValueError(
+                f"unknown implementation {impl!r}; choose from {', '.join(IMPLEMENTATIONS)}, or sdpa@SET for a "
+                f"kernel set SET ({', '.join(_core.ISAS)})"
+            )
     dt, kv_dt = suite_dtypes(dtype, kv_dtype)
     if error_rows < 0:
         raise ValueError(f"error_rows must be >= 0, got {error_rows}")
