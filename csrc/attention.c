@@ -614,6 +614,13 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
     }
     plan pl;
     make_plan(&q, batch_count, kt, &pl);
+    if (pl.bf16) {  /* the OS must allow AMX tiles before their first use: asked here */
+        kt = sdpa_kernel_table_for_tiles(kt);
+        if (!kt) {
+            free(limits);
+            return SDPA_ERR_BAD_ISA;
+        }
+    }
     st = q.dtype == SDPA_FLOAT64 ? attention_f64(&q, &pl, &kt->f64) : attention_f32(&q, &pl, &kt->f32);
     free(limits);
     return st;

@@ -6,10 +6,11 @@
  * AMX: besides the CPU (cpuid) and the OS's XSAVE support (XCR0), Linux makes
  * a process ask for the tile data state before its first tile instruction
  * (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).  That request is made
- * once per process, and only when the amx set is about to be used or asked
- * about by name (a call, sdpa_isa, sdpa_isa_supported, sdpa_set_isa), never
- * at load.  When the OS refuses it (an old kernel, a seccomp filter), the
- * default choice falls back to avx512_bf16; a forced "amx" is an error. */
+ * once per process, by the first call that would run a tile instruction (a
+ * bfloat16 problem on the tiled path, sdpa_kernel_table_for_tiles): never at
+ * load, nor for calls of other dtypes, nor when the set is only asked about.
+ * When the OS refuses it (an old kernel, a seccomp filter), the default choice
+ * falls back to avx512_bf16; a forced "amx" makes those calls an error. */
 #if defined(__linux__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* syscall(), which -std=c11 hides */
 #endif
@@ -102,11 +103,13 @@ static SDPA_ATOMIC(int) amx_permission = 0;
 
 static int ask_for_tiles(void) {
     unsigned long bits = 0;
-    if (syscall(SYS_arch_prctl, SDPA_ARCH_GET_XCOMP_PERM, &bits) == 0 && (bits >> SDPA_XFEATURE_XTILEDATA) & 1)
+    const unsigned long get = SDPA_ARCH_GET_XCOMP_PERM, req = SDPA_ARCH_REQ_XCOMP_PERM;
+    const unsigned long xtiledata = SDPA_XFEATURE_XTILEDATA;
+    if (syscall(SYS_arch_prctl, get, &bits) == 0 && (bits >> xtiledata) & 1)
         return 1;  /* granted before, by this library or another */
-    if (syscall(SYS_arch_prctl, SDPA_ARCH_REQ_XCOMP_PERM, SDPA_XFEATURE_XTILEDATA) != 0) return 0;
+    if (syscall(SYS_arch_prctl, req, xtiledata) != 0) return 0;
     bits = 0;
-    return syscall(SYS_arch_prctl, SDPA_ARCH_GET_XCOMP_PERM, &bits) == 0 && (bits >> SDPA_XFEATURE_XTILEDATA) & 1;
+    return syscall(SYS_arch_prctl, get, &bits) == 0 && (bits >> xtiledata) & 1;
 }
 #else
 static int ask_for_tiles(void) { return 0; }
@@ -136,8 +139,11 @@ static int index_of_name(const char *name) {
     return -1;
 }
 
-/* Level 4 (amx) is usable once the OS grants the tile state. */
-static int usable(int i) { return i >= 0 && i < NUM_ISAS && i <= cpu_level() && (i < 4 || tiles_permitted()); }
+/* Level 4 (amx) is usable unless the OS refused the tile state (asked only
+ * when a call first needs tiles: sdpa_kernel_table_for_tiles). */
+static int usable(int i) {
+    return i >= 0 && i < NUM_ISAS && i <= cpu_level() && (i < 4 || sdpa_atomic_load(&amx_permission) >= 0);
+}
 
 const kernel_table *sdpa_kernel_table_named(const char *name) {
     int i = index_of_name(name);
@@ -164,7 +170,7 @@ static void choose(void) {
         int i = index_of_name(forced);
         if (i < 0)
             error = "SDPA_ISA names no kernel set (the sets are scalar, avx2, avx512, avx512_bf16 and amx)";
-        else if (i >= NUM_ISAS || i > cpu_level())
+        else if (!usable(i))
             error = "SDPA_ISA names a kernel set this CPU or build cannot run";
         else
             kt = isa_tables[i];
@@ -178,24 +184,42 @@ static void choose(void) {
 
 const kernel_table *sdpa_kernel_table(void) {
     if (sdpa_atomic_load(&choice_state) == CHOICE_UNDECIDED) choose();
-    const kernel_table *kt = sdpa_atomic_load(&chosen);
+    return sdpa_atomic_load(&chosen);
+}
+
+/* tests: the emulated set stands in for amx towards the OS's answer */
+static SDPA_ATOMIC(int) emulated_needs_tiles = 0;
+
+static int needs_tiles(const kernel_table *kt) {
 #if SDPA_HAVE_AMX_KERNELS
-    if (kt == &sdpa_kernels_amx && !tiles_permitted()) {
-        if (sdpa_atomic_load(&chosen_by_name)) {
-            sdpa_atomic_store(&env_error, "the OS refused this process the AMX tile state (arch_prctl)");
-            sdpa_atomic_store(&chosen, (const kernel_table *)NULL);
-            sdpa_atomic_store(&choice_state, CHOICE_ENV_ERROR);
-            return NULL;
-        }
-        kt = &sdpa_kernels_avx512_bf16;
-        sdpa_atomic_store(&chosen, kt);
-    }
+    if (kt == &sdpa_kernels_amx) return 1;
 #endif
-    return kt;
+#if SDPA_HAVE_X86_KERNELS
+    if (kt == &sdpa_kernels_amx_emulated && sdpa_atomic_load(&emulated_needs_tiles)) return 1;
+#endif
+    (void)kt;
+    return 0;
+}
+
+/* The set's tile state refused by the OS, and the set not named: the default
+ * choice then runs as avx512_bf16. */
+static int fell_back(const kernel_table *kt) {
+    return needs_tiles(kt) && sdpa_atomic_load(&amx_permission) < 0 && !sdpa_atomic_load(&chosen_by_name);
+}
+
+const kernel_table *sdpa_kernel_table_for_tiles(const kernel_table *kt) {
+    if (!needs_tiles(kt) || tiles_permitted()) return kt;
+#if SDPA_HAVE_X86_KERNELS
+    if (!sdpa_atomic_load(&chosen_by_name)) return &sdpa_kernels_avx512_bf16;
+#endif
+    return NULL;  /* named (SDPA_ISA=amx, sdpa_set_isa): an error, never a silent fallback */
 }
 
 const char *sdpa_isa_env_error(void) {
     if (sdpa_atomic_load(&choice_state) == CHOICE_UNDECIDED) choose();
+    const kernel_table *kt = sdpa_atomic_load(&chosen);
+    if (needs_tiles(kt) && sdpa_atomic_load(&amx_permission) < 0 && sdpa_atomic_load(&chosen_by_name))
+        return "the amx kernel set was named, and the OS refused this process the AMX tile state (arch_prctl)";
     return sdpa_atomic_load(&env_error);
 }
 
@@ -214,6 +238,9 @@ sdpa_status sdpa_set_isa(const char *name) {
 
 const char *sdpa_isa(void) {
     const kernel_table *kt = sdpa_kernel_table();
+#if SDPA_HAVE_X86_KERNELS
+    if (kt && fell_back(kt)) return sdpa_kernels_avx512_bf16.name;
+#endif
     return kt ? kt->name : "none";
 }
 
@@ -236,4 +263,10 @@ sdpa_status sdpa_testing_use_kernels(const char *name) {
     }
 #endif
     return sdpa_set_isa(name);
+}
+
+void sdpa_testing_pretend_refused(int refused, int as_default) {
+    sdpa_atomic_store(&amx_permission, refused ? -1 : 0);  /* 0: asked again when next needed */
+    sdpa_atomic_store(&emulated_needs_tiles, refused != 0);
+    sdpa_atomic_store(&chosen_by_name, !as_default);
 }

@@ -24,6 +24,12 @@ void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk);
  * before; 1 when this process may use tiles.  0 off Linux x86 builds. */
 int sdpa_testing_ask_for_tiles(void);
 
+/* Makes the OS's answer on the tile state "refused" (the emulated set then
+ * stands in for amx towards it: its bfloat16 calls fall back to avx512_bf16,
+ * or fail when the set was named), with the set in use taken as the default
+ * choice (as_default) or as named; refused 0 undoes it. */
+void sdpa_testing_pretend_refused(int refused, int as_default);
+
 /* Like sdpa_set_isa, and also takes "amx_emulated": the amx set's kernel over
  * a software model of the tiles, on any CPU that runs avx512_bf16. */
 sdpa_status sdpa_testing_use_kernels(const char *name);

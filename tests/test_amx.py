@@ -109,16 +109,17 @@ def test_gemm_bf16_contract(tiles, m, kpairs, a_layout, accumulate):
     A = rng.integers(-8, 9, size=(m, kpairs, 2)).astype(np.float32)   # row r, pair p, half
     B = rng.integers(-8, 9, size=(kpairs, 32, 2)).astype(np.float32)  # pair p, column x, half
     a_pairs = pairs(A[..., 0], A[..., 1])
+    # padding: NaN pairs, which would turn any result they reached into NaN
     if a_layout == "rows":  # a[r * a_rs + p], rows padded
         a_rs, a_ks = kpairs + 3, 1
-        a = np.zeros(max(m * a_rs, 1), np.uint32)
+        a = np.full(max(m * a_rs, 1), 0xFFFFFFFF, np.uint32)
         a.reshape(-1)[: m * a_rs].reshape(m, a_rs)[:, :kpairs] = a_pairs
     else:  # a[p * a_ks + r]: the pairs of a row are strided
         a_rs, a_ks = 1, m + 5
-        a = np.zeros(max(kpairs * a_ks, 1), np.uint32)
+        a = np.full(max(kpairs * a_ks, 1), 0xFFFFFFFF, np.uint32)
         a[: kpairs * a_ks].reshape(kpairs, a_ks)[:, :m] = a_pairs.T
     ldb, ldc = 48, 64
-    b = aligned(max(kpairs * ldb, 32), np.uint32, 0xFFFFFFFF)  # padding: NaN pairs, never read
+    b = aligned(max(kpairs * ldb, 32), np.uint32, 0xFFFFFFFF)
     b[: kpairs * ldb].reshape(kpairs, ldb)[:, :32] = pairs(B[..., 0], B[..., 1])
     c = aligned((m + 2) * ldc, np.float32, 7.0)
     c0 = rng.integers(-50, 51, size=(m, 32)).astype(np.float32)
@@ -262,31 +263,36 @@ def tiles_granted():
     return bool(bits.value >> 18 & 1)
 before = tiles_granted()
 import sdpa
+sdpa.config()
 after_import = tiles_granted()
 import numpy as np, ml_dtypes
-q = np.ones((1, 1, 64, 64), ml_dtypes.bfloat16)
+q = np.ones((1, 1, 64, 64), np.float32)
 sdpa.scaled_dot_product_attention(q, q, q)
-after_call = tiles_granted()
-print(before, after_import, after_call, sdpa.config()["isa"])
+after_f32 = tiles_granted()
+q = q.astype(ml_dtypes.bfloat16)
+sdpa.scaled_dot_product_attention(q, q, q)
+after_bf16 = tiles_granted()
+print(before, after_import, after_f32, after_bf16, sdpa.config()["isa"])
 """
 
 
 @needs_bf16
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
                     reason="arch_prctl is x86-64 Linux")
-def test_import_does_not_ask_for_tiles():
+def test_only_a_call_that_needs_tiles_asks_for_them():
     env = {k: v for k, v in os.environ.items() if k != "SDPA_ISA"}
     out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
-    before, after_import, after_call, isa = out.stdout.split()
-    assert after_import == before  # the import asked nothing of the OS
+    before, after_import, after_f32, after_bf16, isa = out.stdout.split()
+    # neither the import, nor config(), nor a float32 call asked anything of the OS
+    assert after_import == after_f32 == before
     if isa == "amx":
-        assert after_call == "True"
+        assert after_bf16 == "True"
 
 
 def test_forcing_amx_where_it_cannot_run_is_an_error():
-    if _core.isa_supported("amx"):
-        pytest.skip("this CPU runs amx")
+    if {"amx_tile", "amx_bf16"} <= cpu_flags():
+        pytest.skip("this CPU has AMX")
     env = dict(os.environ, SDPA_ISA="amx")
     code = ("import warnings, numpy as np\n"
             "with warnings.catch_warnings(record=True) as w:\n"
@@ -301,3 +307,64 @@ def test_forcing_amx_where_it_cannot_run_is_an_error():
     assert out.returncode == 0, out.stderr
     assert "cannot run" in out.stdout and "ValueError" in out.stdout
 
+
+
+@pytest.fixture
+def refused_tiles():
+    """The OS's answer on the tile state pretended "refused", with amx_emulated
+    standing in for amx; undone after."""
+    if not _core.isa_supported("avx512_bf16"):
+        pytest.skip("amx_emulated needs AVX512-BF16")
+    before = _core.isa()
+    _core.use_kernels("amx_emulated")
+    try:
+        yield
+    finally:
+        _core.pretend_tiles_refused(False)
+        _core.set_isa(before)
+
+
+@needs_bf16
+def test_refused_tiles_fall_back_to_avx512_bf16_by_default(refused_tiles, rng):
+    q, k, v = half_qkv(rng, batch=(1,), hq=2, L=40, S=60, E=64)
+    _core.pretend_tiles_refused(True, as_default=True)
+    assert _core.isa() == "avx512_bf16" and sdpa.config()["isa"] == "avx512_bf16"
+    ours = attention(q, k, v, is_causal=True)
+    _core.pretend_tiles_refused(False)
+    _core.set_isa("avx512_bf16")
+    theirs = attention(q, k, v, is_causal=True)
+    np.testing.assert_array_equal(ours.view(np.uint16), theirs.view(np.uint16))
+
+
+@needs_bf16
+def test_refused_tiles_are_an_error_when_the_set_was_named(refused_tiles, rng):
+    q, k, v = half_qkv(rng, batch=(1,), hq=2, L=40, S=60, E=64)
+    _core.pretend_tiles_refused(True, as_default=False)
+    assert _core.isa() == "amx_emulated"
+    with pytest.raises(ValueError, match="refused"):
+        attention(q, k, v)
+    # calls that need no tiles still run: float32, and bfloat16 in row mode
+    q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
+    np.testing.assert_allclose(attention(q32, k32, v32), reference(q32, k32, v32), rtol=1e-5, atol=1e-5)
+    out = attention(q[:, :, :1], k, v)
+    np.testing.assert_allclose(out.astype(np.float64), reference(q[:, :, :1], k, v), rtol=tolerance(BF16),
+                               atol=tolerance(BF16))
+
+
+def test_the_real_kernel_encodes_the_tiles_as_the_emulated_one_uses_them():
+    """The tile numbers and operand order of the real kernel, read back from the
+    built module (the instructions cannot run here, but they can be read):
+    C tiles 0-3 += A tiles 4-5 times B tiles 6-7, configured, then released."""
+    import shutil
+
+    if not (sys.platform.startswith("linux") and os.uname().machine == "x86_64"):
+        pytest.skip("the amx set is built on x86-64 Linux only")
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump is not installed")
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", _core.__file__], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    products = {" ".join(line.split()[1:]) for line in out.stdout.splitlines() if "tdpbf16ps" in line}
+    assert products == {"tdpbf16ps %tmm6,%tmm4,%tmm0", "tdpbf16ps %tmm7,%tmm4,%tmm1",
+                        "tdpbf16ps %tmm6,%tmm5,%tmm2", "tdpbf16ps %tmm7,%tmm5,%tmm3"}
+    assert "ldtilecfg" in out.stdout and "tilerelease" in out.stdout

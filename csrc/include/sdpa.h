@@ -210,8 +210,9 @@ SDPA_API const char *sdpa_status_message(sdpa_status status);
 /* Kernel sets ("isa"): "scalar" (portable C), "avx2" (AVX2 + FMA + F16C),
  * "avx512" (AVX-512 F/BW/DQ/VL), "avx512_bf16" (that and AVX512_BF16) and "amx" (that and AMX-TILE + AMX-BF16,
  * Linux only).  The best one this CPU supports is chosen at first use, unless the environment variable SDPA_ISA
- * names another.  "amx" is asked of the OS (arch_prctl) once, when first used or named here; if refused, the default
- * becomes "avx512_bf16" and a forced "amx" is SDPA_ERR_BAD_ISA.
+ * names another.  "amx" is asked of the OS (arch_prctl) once, by the first call that would run a tile instruction (a
+ * bfloat16 problem on the tiled path); if refused, the default runs as "avx512_bf16" and, with "amx" named, such
+ * calls return SDPA_ERR_BAD_ISA.
  * sdpa_isa_supported: 1 if this build and CPU can run the named set.
  * sdpa_set_isa: switch to it for later calls (SDPA_ERR_BAD_ISA if not supported).
  * sdpa_isa: the name of the set in use. */

@@ -18,9 +18,12 @@
  * contiguous (a_ks != 1), is copied into a zero-padded buffer first, so that a
  * tile never reads past the caller's rows and padding multiplies zero by zero.
  *
- * The instruction: C[m][n] += A[m][2k] B[k][2n] + A[m][2k+1] B[k][2n+1] for
- * k < 16, in order, in float (each bfloat16 product is exact in float), with
- * subnormal inputs and results flushed to zero whatever MXCSR says.
+ * The instruction, as the SDM describes it: for each C[m][n], two float sums
+ * from zero, of A[m][2k] B[k][2n] and of A[m][2k+1] B[k][2n+1] over k < 16 in
+ * order (each bfloat16 product is exact in float), then C[m][n] += their sum;
+ * every addition rounds to nearest even, subnormal inputs and results are
+ * flushed to zero, and MXCSR is not consulted.  The emulator does the same in
+ * C (under the caller's rounding mode, which sdpa leaves at nearest).
  */
 
 #if AMX_EMULATE
@@ -130,16 +133,18 @@ static void amx_emu_dpbf16ps(amx_tiles *st, int c, int a, int b) {
     amx_emu_check(st, a);
     amx_emu_check(st, b);
     for (int m = 0; m < 16; m++) {
-        float row[16];
-        memcpy(row, st->t[c][m], sizeof(row));
+        float even[16] = {0}, odd[16] = {0};
         for (int k = 0; k < 16; k++) {
             const uint32_t ak = st->t[a][m][k];
             for (int n = 0; n < 16; n++) {
                 const uint32_t bk = st->t[b][k][n];
-                row[n] = amx_emu_ftz(row[n] + amx_emu_bf16(ak, 0) * amx_emu_bf16(bk, 0));
-                row[n] = amx_emu_ftz(row[n] + amx_emu_bf16(ak, 1) * amx_emu_bf16(bk, 1));
+                even[n] = amx_emu_ftz(even[n] + amx_emu_bf16(ak, 0) * amx_emu_bf16(bk, 0));
+                odd[n] = amx_emu_ftz(odd[n] + amx_emu_bf16(ak, 1) * amx_emu_bf16(bk, 1));
             }
         }
+        float row[16];
+        memcpy(row, st->t[c][m], sizeof(row));
+        for (int n = 0; n < 16; n++) row[n] = amx_emu_ftz(amx_emu_ftz(row[n]) + amx_emu_ftz(even[n] + odd[n]));
         memcpy(st->t[c][m], row, sizeof(row));
     }
 }
@@ -158,18 +163,21 @@ static void amx_emu_dpbf16ps(amx_tiles *st, int c, int a, int b) {
 /* GCC's tile load and configuration intrinsics are asm statements that do not
  * tell the compiler they read memory (12.2's ldtilecfg names 8 of the 64
  * bytes), so stores to a buffer they read could be dropped or moved after
- * them: a compiler barrier before each, with the buffer's address escaping. */
+ * them, and later stores to it moved before them: a compiler barrier on each
+ * side, with the buffer's address escaping. */
 #define AMX_BARRIER(ptr) __asm__ volatile("" : : "r"(ptr) : "memory")
 #define T_STATE (void)0
 #define T_CONFIG(cfg)               \
     do {                            \
         AMX_BARRIER(cfg);           \
         _tile_loadconfig(cfg);      \
+        AMX_BARRIER(cfg);           \
     } while (0)
 #define T_LOAD(t, src, stride)             \
     do {                                   \
         AMX_BARRIER(src);                  \
         _tile_loadd(t, (src), (stride));   \
+        AMX_BARRIER(src);                  \
     } while (0)
 #define T_STORE(t, dst, stride) _tile_stored(t, (dst), (stride))
 #define T_ZERO(t) _tile_zero(t)

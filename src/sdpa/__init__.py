@@ -66,7 +66,7 @@ def config() -> Dict[str, Any]:
     (``default_num_threads``), the most threads a call uses (``max_threads``: 4
     per CPU, at least 8), the count a call uses now (``num_threads``, see
     :func:`get_num_threads`), the kernel set in use (``isa``; set
-    ``SDPA_ISA=scalar|avx2|avx512|avx512_bf16|amx`` to force a lower one), the kernel
+    ``SDPA_ISA=scalar|avx2|avx512|avx512_bf16|amx`` to force one), the kernel
     sets this CPU supports, and the L1 data and L2 cache sizes in bytes that the
     tiles are chosen from (``l1d_cache``, ``l2_cache``; docs/blocking.md)."""
     isas: List[str] = [name for name in _core.ISAS if _core.isa_supported(name)]

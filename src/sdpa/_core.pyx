@@ -117,6 +117,7 @@ cdef extern from "testing.h" nogil:
     const char *sdpa_isa_env_error()
     void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk)
     int sdpa_testing_ask_for_tiles()
+    void sdpa_testing_pretend_refused(int refused, int as_default)
     sdpa_status sdpa_testing_use_kernels(const char *name)
     sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
                                        int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
@@ -252,6 +253,13 @@ def ask_for_tiles():
     """Asks the OS for the AMX tile state now (for tests): True when this
     process may run tile instructions; False off Linux x86 and where refused."""
     return bool(sdpa_testing_ask_for_tiles())
+
+
+def pretend_tiles_refused(bint refused, bint as_default=True):
+    """Makes the OS's answer on the AMX tile state "refused" (for tests): the
+    amx_emulated set then stands in for amx, its bfloat16 tiled calls falling
+    back to avx512_bf16 (as_default) or failing (as if named). False undoes it."""
+    sdpa_testing_pretend_refused(refused, as_default)
 
 
 def use_kernels(name):
