@@ -51,16 +51,20 @@ static void bf16_pack_value_pairs(uint32_t *dst, const uint16_t *base, const sdp
     }
 }
 
-/* The same pairs feature by feature: dst[c * ld + p], ld >= ceil(n/2). */
+/* The same pairs feature by feature: dst[c * ld + p], ld >= ceil(n/2).  V is
+ * read along its rows; the writes of one pair of rows fall in Ev lines that
+ * the next pairs fill further. */
 static void bf16_pack_value_pairs_by_feature(uint32_t *dst, int64_t ld, const uint16_t *base, const sdpa_view *view,
                                              int64_t s0, int n, int64_t Ev) {
     const int64_t rs = view->row_stride, cs = view->col_stride;
-    for (int64_t c = 0; c < Ev; c++) {
-        const uint16_t *col = base + s0 * rs + c * cs;
-        uint32_t *d = dst + c * ld;
-        int p = 0;
-        for (; 2 * p + 1 < n; p++) d[p] = bf16_pair(col[2 * p * rs], col[(2 * p + 1) * rs]);
-        if (2 * p < n) d[p] = bf16_pair(col[2 * p * rs], 0);
+    for (int p = 0; 2 * p < n; p++) {
+        const uint16_t *r0 = base + (s0 + 2 * p) * rs;
+        if (2 * p + 1 < n) {
+            const uint16_t *r1 = r0 + rs;
+            for (int64_t c = 0; c < Ev; c++) dst[c * ld + p] = bf16_pair(r0[c * cs], r1[c * cs]);
+        } else {
+            for (int64_t c = 0; c < Ev; c++) dst[c * ld + p] = bf16_pair(r0[c * cs], 0);
+        }
     }
 }
 
