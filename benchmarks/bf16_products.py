@@ -107,6 +107,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
     sets = [s for s in ("avx512_bf16", "amx") if _core.isa_supported(s)]
+    if "amx" in sets and not _core.ask_for_tiles():
+        print("amx: the OS refuses this process the AMX tile state; left out")
+        sets.remove("amx")
     if args.emulated and _core.isa_supported("avx512_bf16"):
         sets.append("amx_emulated")
     if not sets:

@@ -591,7 +591,8 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
     if (st != SDPA_OK) return st;
     if (batch_count * p->num_heads * p->len_q == 0) return SDPA_OK;  /* empty output */
 
-    const kernel_table *kt = sdpa_kernel_table();
+    int by_name = 0;
+    const kernel_table *kt = sdpa_kernel_choice(&by_name);
     if (!kt) return SDPA_ERR_BAD_ISA;  /* SDPA_ISA names a set that cannot be used */
     /* Row l sees keys s <= l + causal_offset: an offset >= S shows every key,
      * one <= -L none.  Clamped to [-L, S], the driver's sums cannot overflow. */
@@ -615,7 +616,7 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
     plan pl;
     make_plan(&q, batch_count, kt, &pl);
     if (pl.bf16) {  /* the OS must allow AMX tiles before their first use: asked here */
-        kt = sdpa_kernel_table_for_tiles(kt);
+        kt = sdpa_kernel_table_for_tiles(kt, by_name);
         if (!kt) {
             free(limits);
             return SDPA_ERR_BAD_ISA;

@@ -117,16 +117,17 @@ static int ask_for_tiles(void) { return 0; }
 
 /* Whether this process may run tile instructions, asked of the OS once (two
  * threads racing here both ask; the answer is the same). */
+static SDPA_ATOMIC(int) tile_requests;
+
 static int tiles_permitted(void) {
     int state = sdpa_atomic_load(&amx_permission);
     if (state == 0) {
+        sdpa_atomic_store(&tile_requests, sdpa_atomic_load(&tile_requests) + 1);  /* a count for the tests */
         state = ask_for_tiles() ? 1 : -1;
         sdpa_atomic_store(&amx_permission, state);
     }
     return state > 0;
 }
-
-int sdpa_testing_ask_for_tiles(void) { return ask_for_tiles(); }
 
 static int index_of_name(const char *name) {
     if (!name) return -1;
@@ -150,14 +151,39 @@ const kernel_table *sdpa_kernel_table_named(const char *name) {
     return usable(i) ? isa_tables[i] : NULL;
 }
 
-/* The choice: the table in use, or, once SDPA_ISA was found unusable, NULL
- * with env_error set.  Both are decided on the first call that needs them. */
+/* The choice: a table and whether it was named (SDPA_ISA, sdpa_set_isa), in one
+ * pointer so that a call reads both at once; NULL once SDPA_ISA was found
+ * unusable, with env_error set.  Decided on the first call that needs it. */
+typedef struct choice {
+    const kernel_table *kt;
+    int by_name;
+} choice;
+
+#define SDPA_BOTH(t) {{&t, 0}, {&t, 1}}
+static const choice choices[][2] = {
+    SDPA_BOTH(sdpa_kernels_scalar),
+#if SDPA_HAVE_X86_KERNELS
+    SDPA_BOTH(sdpa_kernels_avx2),
+    SDPA_BOTH(sdpa_kernels_avx512),
+    SDPA_BOTH(sdpa_kernels_avx512_bf16),
+    SDPA_BOTH(sdpa_kernels_amx_emulated),
+#endif
+#if SDPA_HAVE_AMX_KERNELS
+    SDPA_BOTH(sdpa_kernels_amx),
+#endif
+};
+#undef SDPA_BOTH
+
+static const choice *choice_of(const kernel_table *kt, int by_name) {
+    for (size_t i = 0; i < sizeof(choices) / sizeof(choices[0]); i++)
+        if (choices[i][0].kt == kt) return &choices[i][by_name ? 1 : 0];
+    return NULL;
+}
+
 enum { CHOICE_UNDECIDED, CHOICE_MADE, CHOICE_ENV_ERROR };
 static SDPA_ATOMIC(int) choice_state = CHOICE_UNDECIDED;
-static SDPA_ATOMIC(const kernel_table *) chosen = NULL;
+static SDPA_ATOMIC(const choice *) chosen = NULL;
 static SDPA_ATOMIC(const char *) env_error = NULL;
-/* whether the table in use was named (SDPA_ISA, sdpa_set_isa): not replaced then */
-static SDPA_ATOMIC(int) chosen_by_name = 0;
 
 /* Decides from the CPU and SDPA_ISA alone: no request to the OS here, since
  * this runs when the module loads (sdpa_isa_env_error). */
@@ -177,15 +203,22 @@ static void choose(void) {
         by_name = 1;
     }
     sdpa_atomic_store(&env_error, error);
-    sdpa_atomic_store(&chosen, error ? NULL : kt);
-    sdpa_atomic_store(&chosen_by_name, by_name);
+    sdpa_atomic_store(&chosen, error ? (const choice *)NULL : choice_of(kt, by_name));
     sdpa_atomic_store(&choice_state, error ? CHOICE_ENV_ERROR : CHOICE_MADE);
 }
 
-const kernel_table *sdpa_kernel_table(void) {
+static const choice *current(void) {
     if (sdpa_atomic_load(&choice_state) == CHOICE_UNDECIDED) choose();
     return sdpa_atomic_load(&chosen);
 }
+
+const kernel_table *sdpa_kernel_choice(int *by_name) {
+    const choice *c = current();
+    if (by_name) *by_name = c ? c->by_name : 0;
+    return c ? c->kt : NULL;
+}
+
+const kernel_table *sdpa_kernel_table(void) { return sdpa_kernel_choice(NULL); }
 
 /* tests: the emulated set stands in for amx towards the OS's answer */
 static SDPA_ATOMIC(int) emulated_needs_tiles = 0;
@@ -201,24 +234,19 @@ static int needs_tiles(const kernel_table *kt) {
     return 0;
 }
 
-/* The set's tile state refused by the OS, and the set not named: the default
- * choice then runs as avx512_bf16. */
-static int fell_back(const kernel_table *kt) {
-    return needs_tiles(kt) && sdpa_atomic_load(&amx_permission) < 0 && !sdpa_atomic_load(&chosen_by_name);
-}
+static int refused(void) { return sdpa_atomic_load(&amx_permission) < 0; }
 
-const kernel_table *sdpa_kernel_table_for_tiles(const kernel_table *kt) {
+const kernel_table *sdpa_kernel_table_for_tiles(const kernel_table *kt, int by_name) {
     if (!needs_tiles(kt) || tiles_permitted()) return kt;
 #if SDPA_HAVE_X86_KERNELS
-    if (!sdpa_atomic_load(&chosen_by_name)) return &sdpa_kernels_avx512_bf16;
+    if (!by_name) return &sdpa_kernels_avx512_bf16;
 #endif
     return NULL;  /* named (SDPA_ISA=amx, sdpa_set_isa): an error, never a silent fallback */
 }
 
 const char *sdpa_isa_env_error(void) {
-    if (sdpa_atomic_load(&choice_state) == CHOICE_UNDECIDED) choose();
-    const kernel_table *kt = sdpa_atomic_load(&chosen);
-    if (needs_tiles(kt) && sdpa_atomic_load(&amx_permission) < 0 && sdpa_atomic_load(&chosen_by_name))
+    const choice *c = current();
+    if (c && c->by_name && needs_tiles(c->kt) && refused())
         return "the amx kernel set was named, and the OS refused this process the AMX tile state (arch_prctl)";
     return sdpa_atomic_load(&env_error);
 }
@@ -229,35 +257,49 @@ sdpa_status sdpa_set_isa(const char *name) {
     const kernel_table *kt = sdpa_kernel_table_named(name);
     if (!kt) return SDPA_ERR_BAD_ISA;
     /* an explicit choice replaces whatever SDPA_ISA said */
-    sdpa_atomic_store(&chosen, kt);
-    sdpa_atomic_store(&chosen_by_name, 1);
-    sdpa_atomic_store(&env_error, NULL);
+    sdpa_atomic_store(&chosen, choice_of(kt, 1));
+    sdpa_atomic_store(&env_error, (const char *)NULL);
     sdpa_atomic_store(&choice_state, CHOICE_MADE);
     return SDPA_OK;
 }
 
-const char *sdpa_isa(void) {
-    const kernel_table *kt = sdpa_kernel_table();
-#if SDPA_HAVE_X86_KERNELS
-    if (kt && fell_back(kt)) return sdpa_kernels_avx512_bf16.name;
-#endif
-    return kt ? kt->name : "none";
+void sdpa_reset_isa(void) { choose(); }
+
+const char *sdpa_isa_named(void) {
+    const choice *c = current();
+    return c && c->by_name ? c->kt->name : NULL;
 }
+
+const char *sdpa_isa(void) {
+    const choice *c = current();
+    if (!c) return "none";
+#if SDPA_HAVE_X86_KERNELS
+    /* the default choice whose tiles the OS refused runs as avx512_bf16 */
+    if (!c->by_name && needs_tiles(c->kt) && refused()) return sdpa_kernels_avx512_bf16.name;
+#endif
+    return c->kt->name;
+}
+
+/* ---- test hooks (testing.h) ---- */
+
+int sdpa_testing_tile_requests(void) { return sdpa_atomic_load(&tile_requests); }
+
+int sdpa_testing_ask_for_tiles(void) { return ask_for_tiles(); }
 
 const kernel_table *sdpa_testing_table(const char *name) {
 #if SDPA_HAVE_X86_KERNELS
     if (name && strcmp(name, "amx_emulated") == 0) return cpu_level() >= 3 ? &sdpa_kernels_amx_emulated : NULL;
 #endif
-    return sdpa_kernel_table_named(name);
+    const kernel_table *kt = sdpa_kernel_table_named(name);
+    return kt && needs_tiles(kt) && !tiles_permitted() ? NULL : kt;  /* tiles only once granted */
 }
 
 sdpa_status sdpa_testing_use_kernels(const char *name) {
 #if SDPA_HAVE_X86_KERNELS
     if (name && strcmp(name, "amx_emulated") == 0) {
         if (cpu_level() < 3) return SDPA_ERR_BAD_ISA;  /* its other kernels are avx512_bf16's */
-        sdpa_atomic_store(&chosen, &sdpa_kernels_amx_emulated);
-        sdpa_atomic_store(&env_error, NULL);
-        sdpa_atomic_store(&chosen_by_name, 1);
+        sdpa_atomic_store(&chosen, choice_of(&sdpa_kernels_amx_emulated, 1));
+        sdpa_atomic_store(&env_error, (const char *)NULL);
         sdpa_atomic_store(&choice_state, CHOICE_MADE);
         return SDPA_OK;
     }
@@ -265,8 +307,22 @@ sdpa_status sdpa_testing_use_kernels(const char *name) {
     return sdpa_set_isa(name);
 }
 
-void sdpa_testing_pretend_refused(int refused, int as_default) {
-    sdpa_atomic_store(&amx_permission, refused ? -1 : 0);  /* 0: asked again when next needed */
-    sdpa_atomic_store(&emulated_needs_tiles, refused != 0);
-    sdpa_atomic_store(&chosen_by_name, !as_default);
+sdpa_status sdpa_testing_stand_in(int mode, int as_default) {
+#if SDPA_HAVE_X86_KERNELS
+    if (mode == 0) {
+        sdpa_atomic_store(&emulated_needs_tiles, 0);
+        sdpa_atomic_store(&amx_permission, 0);  /* asked again when next needed */
+        return SDPA_OK;
+    }
+    if (cpu_level() < 3) return SDPA_ERR_BAD_ISA;
+    sdpa_atomic_store(&amx_permission, mode < 0 ? -1 : 0);
+    sdpa_atomic_store(&emulated_needs_tiles, 1);
+    sdpa_atomic_store(&chosen, choice_of(&sdpa_kernels_amx_emulated, !as_default));
+    sdpa_atomic_store(&env_error, (const char *)NULL);
+    sdpa_atomic_store(&choice_state, CHOICE_MADE);
+    return SDPA_OK;
+#else
+    (void)as_default;
+    return mode == 0 ? SDPA_OK : SDPA_ERR_BAD_ISA;
+#endif
 }

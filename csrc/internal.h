@@ -156,11 +156,20 @@ void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t
  * SDPA_ISA names a set that is unknown or that this CPU cannot run. */
 const kernel_table *sdpa_kernel_table(void);
 
+/* The same, and whether that set was named (SDPA_ISA, sdpa_set_isa) rather than
+ * chosen by default, read together. */
+const kernel_table *sdpa_kernel_choice(int *by_name);
+
 /* The table a call whose plan multiplies bfloat16 pairs (plan.bf16) runs with:
  * kt itself, unless kt needs AMX tiles and the OS, asked now if not yet,
  * refuses them: then avx512_bf16's table when kt was the default choice, NULL
- * when it was named (SDPA_ISA, sdpa_set_isa). */
-const kernel_table *sdpa_kernel_table_for_tiles(const kernel_table *kt);
+ * when it was named. */
+const kernel_table *sdpa_kernel_table_for_tiles(const kernel_table *kt, int by_name);
+
+/* The named set in use (SDPA_ISA, sdpa_set_isa), or NULL when it is the
+ * default choice; and a return to the choice made at first use. */
+const char *sdpa_isa_named(void);
+void sdpa_reset_isa(void);
 
 /* The table of the named set, or NULL when it is unknown or not supported here. */
 const kernel_table *sdpa_kernel_table_named(const char *name);

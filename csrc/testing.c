@@ -18,6 +18,12 @@ sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t
     return SDPA_OK;
 }
 
+int sdpa_testing_have_amx_kernels(void) { return SDPA_HAVE_AMX_KERNELS; }
+
+#if !SDPA_HAVE_X86_KERNELS
+long sdpa_testing_amx_emulated_calls(void) { return 0; }
+#endif
+
 sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
                                    int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
                                    int accumulate) {

@@ -24,11 +24,22 @@ void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk);
  * before; 1 when this process may use tiles.  0 off Linux x86 builds. */
 int sdpa_testing_ask_for_tiles(void);
 
-/* Makes the OS's answer on the tile state "refused" (the emulated set then
- * stands in for amx towards it: its bfloat16 calls fall back to avx512_bf16,
- * or fail when the set was named), with the set in use taken as the default
- * choice (as_default) or as named; refused 0 undoes it. */
-void sdpa_testing_pretend_refused(int refused, int as_default);
+/* The emulated set stands in for amx towards the OS (mode != 0): it becomes
+ * the set in use, as the default choice (as_default) or as named, and its
+ * bfloat16 tiled calls need the tile state, which is asked of the OS at the
+ * first such call (mode 1) or taken as refused (mode -1): they then fall back
+ * to avx512_bf16, or fail when the set was named.  Mode 0 ends it (the set in
+ * use is the caller's to restore). */
+sdpa_status sdpa_testing_stand_in(int mode, int as_default);
+
+/* How many times the OS has been asked for the tile state (by calls). */
+int sdpa_testing_tile_requests(void);
+
+/* How many times the emulated set's product kernel has run. */
+long sdpa_testing_amx_emulated_calls(void);
+
+/* Whether this build has the amx set's kernel (x86-64 Linux, GCC 11 / clang 12). */
+int sdpa_testing_have_amx_kernels(void);
 
 /* Like sdpa_set_isa, and also takes "amx_emulated": the amx set's kernel over
  * a software model of the tiles, on any CPU that runs avx512_bf16. */

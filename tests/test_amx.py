@@ -55,13 +55,15 @@ def tile_sets():
 
 @pytest.fixture(params=tile_sets())
 def tiles(request):
-    before = _core.isa()
+    if request.param == "amx" and not _core.ask_for_tiles():
+        pytest.skip("the OS refuses this process the AMX tile state")
+    named = _core.isa_named()
     _core.use_kernels(request.param)
     try:
         assert _core.isa() == request.param
         yield request.param
     finally:
-        _core.set_isa(before)
+        _core.set_isa(named)
 
 
 def reference(q, k, v, *args, **kwargs):
@@ -163,9 +165,11 @@ def test_gemm_bf16_rounding_and_special_values(tiles):
 def test_masks_and_causality(tiles, rng, mask_kind, causal):
     q, k, v = half_qkv(rng, batch=(2,), hq=4, hkv=2, L=37, S=45, E=64)
     mask = None if mask_kind == "none" else random_mask(rng, (4, 37, 45), mask_kind, np.float32)
+    calls = _core.amx_emulated_calls()
     out, lse = attention(q, k, v, mask, causal, enable_gqa=True, return_lse=True)
     exp = reference(q, k, v, mask, causal, enable_gqa=True)
     assert out.dtype == BF16
+    assert (_core.amx_emulated_calls() > calls) == (tiles == "amx_emulated")  # the kernel under test ran
     np.testing.assert_allclose(out.astype(np.float64), exp, rtol=tolerance(BF16), atol=tolerance(BF16))
 
 
@@ -242,14 +246,16 @@ def test_amx_is_offered_only_where_the_cpu_has_it():
 
 
 def test_asking_for_tiles_answers_like_the_cpu():
-    """The arch_prctl request runs (here: granted only with AMX, refused
-    cleanly without it) and agrees with what the set selection reports."""
+    """The arch_prctl request runs: refused cleanly without AMX; with it, granted
+    unless the OS says no (then the set must not be offered once a call asked)."""
     granted = _core.ask_for_tiles()
-    flags = cpu_flags()
-    if sys.platform.startswith("linux") and os.uname().machine == "x86_64" and {"amx_tile", "amx_bf16"} <= flags:
-        assert granted == _core.isa_supported("amx")
-    else:
+    on_linux_x86 = sys.platform.startswith("linux") and os.uname().machine == "x86_64"
+    if not (on_linux_x86 and _core.HAVE_AMX_KERNELS and {"amx_tile", "amx_bf16"} <= cpu_flags()):
         assert not granted and not _core.isa_supported("amx")
+    elif granted:
+        assert _core.isa_supported("amx")
+    else:
+        pytest.skip("this CPU has AMX, and the OS refuses this process the tile state")
 
 
 CHILD = r"""
@@ -275,19 +281,53 @@ after_bf16 = tiles_granted()
 print(before, after_import, after_f32, after_bf16, sdpa.config()["isa"])
 """
 
+STAND_IN = r"""
+import numpy as np, ml_dtypes, sdpa
+from sdpa import _core
+_core.stand_in(1, as_default=True)  # amx_emulated asks the OS as amx would
+counts = []
+sdpa.config()
+counts.append(_core.tile_requests())
+q = np.ones((1, 2, 64, 64), np.float32)
+sdpa.scaled_dot_product_attention(q, q, q)
+counts.append(_core.tile_requests())
+q = q.astype(ml_dtypes.bfloat16)
+sdpa.scaled_dot_product_attention(q[:, :, :1], q, q)  # row mode: no tiles
+counts.append(_core.tile_requests())
+sdpa.scaled_dot_product_attention(q, q, q)  # tiled: asks
+counts.append(_core.tile_requests())
+sdpa.scaled_dot_product_attention(q, q, q)  # asked once
+counts.append(_core.tile_requests())
+print(*counts)
+"""
+
+
+def _child(code):
+    env = {k: v for k, v in os.environ.items() if k != "SDPA_ISA"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
 
 @needs_bf16
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
                     reason="arch_prctl is x86-64 Linux")
 def test_only_a_call_that_needs_tiles_asks_for_them():
-    env = {k: v for k, v in os.environ.items() if k != "SDPA_ISA"}
-    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    before, after_import, after_f32, after_bf16, isa = out.stdout.split()
+    before, after_import, after_f32, after_bf16, isa = _child(CHILD)
     # neither the import, nor config(), nor a float32 call asked anything of the OS
     assert after_import == after_f32 == before
     if isa == "amx":
         assert after_bf16 == "True"
+
+
+@needs_bf16
+def test_the_tile_state_is_asked_for_once_by_the_first_call_that_needs_it():
+    """With amx_emulated standing in for amx (any AVX512-BF16 CPU): nothing is
+    asked by config(), a float32 call or a row-mode bfloat16 call; the first
+    tiled bfloat16 call asks; the answer is kept."""
+    if not _core.isa_supported("avx512_bf16"):
+        pytest.skip("amx_emulated needs AVX512-BF16")
+    assert _child(STAND_IN) == ["0", "0", "0", "1", "1"]
 
 
 def test_forcing_amx_where_it_cannot_run_is_an_error():
@@ -310,45 +350,62 @@ def test_forcing_amx_where_it_cannot_run_is_an_error():
 
 
 @pytest.fixture
-def refused_tiles():
-    """The OS's answer on the tile state pretended "refused", with amx_emulated
-    standing in for amx; undone after."""
+def stand_in():
+    """amx_emulated standing in for amx towards the OS; ended, and the choice
+    before restored, after."""
     if not _core.isa_supported("avx512_bf16"):
         pytest.skip("amx_emulated needs AVX512-BF16")
-    before = _core.isa()
-    _core.use_kernels("amx_emulated")
+    named = _core.isa_named()
     try:
         yield
     finally:
-        _core.pretend_tiles_refused(False)
-        _core.set_isa(before)
+        _core.stand_in(0)
+        _core.set_isa(named)
 
 
 @needs_bf16
-def test_refused_tiles_fall_back_to_avx512_bf16_by_default(refused_tiles, rng):
+def test_refused_tiles_fall_back_to_avx512_bf16_by_default(stand_in, rng):
     q, k, v = half_qkv(rng, batch=(1,), hq=2, L=40, S=60, E=64)
-    _core.pretend_tiles_refused(True, as_default=True)
+    _core.stand_in(-1, as_default=True)
     assert _core.isa() == "avx512_bf16" and sdpa.config()["isa"] == "avx512_bf16"
+    calls = _core.amx_emulated_calls()
     ours = attention(q, k, v, is_causal=True)
-    _core.pretend_tiles_refused(False)
+    assert _core.amx_emulated_calls() == calls  # the tile kernel did not run
+    _core.stand_in(0)
     _core.set_isa("avx512_bf16")
     theirs = attention(q, k, v, is_causal=True)
     np.testing.assert_array_equal(ours.view(np.uint16), theirs.view(np.uint16))
 
 
 @needs_bf16
-def test_refused_tiles_are_an_error_when_the_set_was_named(refused_tiles, rng):
+def test_refused_tiles_are_an_error_when_the_set_was_named(stand_in, rng):
     q, k, v = half_qkv(rng, batch=(1,), hq=2, L=40, S=60, E=64)
-    _core.pretend_tiles_refused(True, as_default=False)
+    _core.stand_in(-1, as_default=False)
     assert _core.isa() == "amx_emulated"
-    with pytest.raises(ValueError, match="refused"):
+    calls = _core.amx_emulated_calls()
+    with pytest.raises(ValueError, match="refused") as err:
         attention(q, k, v)
+    assert "SDPA_ISA" not in str(err.value) or os.environ.get("SDPA_ISA")
     # calls that need no tiles still run: float32, and bfloat16 in row mode
     q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
     np.testing.assert_allclose(attention(q32, k32, v32), reference(q32, k32, v32), rtol=1e-5, atol=1e-5)
     out = attention(q[:, :, :1], k, v)
     np.testing.assert_allclose(out.astype(np.float64), reference(q[:, :, :1], k, v), rtol=tolerance(BF16),
                                atol=tolerance(BF16))
+    assert _core.amx_emulated_calls() == calls
+
+
+def test_set_isa_none_returns_to_the_default_choice():
+    named = _core.isa_named()
+    try:
+        _core.set_isa("scalar")
+        assert _core.isa_named() == "scalar" and _core.isa() == "scalar"
+        _core.set_isa(None)
+        forced = os.environ.get("SDPA_ISA") or None
+        assert _core.isa_named() == forced
+        assert _core.isa() == (forced or sdpa.config()["isas_supported"][-1])
+    finally:
+        _core.set_isa(named)
 
 
 def test_the_real_kernel_encodes_the_tiles_as_the_emulated_one_uses_them():
@@ -359,8 +416,14 @@ def test_the_real_kernel_encodes_the_tiles_as_the_emulated_one_uses_them():
 
     if not (sys.platform.startswith("linux") and os.uname().machine == "x86_64"):
         pytest.skip("the amx set is built on x86-64 Linux only")
+    if not _core.HAVE_AMX_KERNELS:
+        pytest.skip("this build has no amx kernel (GCC 11 or clang 12 needed)")
     if shutil.which("objdump") is None:
         pytest.skip("objdump is not installed")
+    version = subprocess.run(["objdump", "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    numbers = [int(x) for x in version.split()[-1].split(".")[:2] if x.isdigit()]
+    if numbers < [2, 36]:
+        pytest.skip(f"{version}: binutils before 2.36 cannot decode AMX instructions")
     out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", _core.__file__], capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -168,16 +168,26 @@ def test_float64_and_impl_subset():
         bench.run_suite([TINY], threads=[1], impls=["nope"], **FAST)
 
 
-def test_sdpa_on_a_forced_kernel_set_beside_its_own_choice(tmp_path, capsys):
+def test_sdpa_on_a_forced_kernel_set_beside_its_own_choice(tmp_path, capsys, monkeypatch):
     """sdpa@SET: sdpa with one kernel set forced for its calls, in the same run as
-    sdpa on the CPU's choice; a set the CPU cannot run is reported absent; the set
-    in use is restored after each call."""
+    sdpa on the CPU's choice; a set the CPU cannot run is reported absent; the
+    choice before (named or default) is restored after."""
     from sdpa import _core
 
-    before = _core.isa()
+    before, named = _core.isa(), _core.isa_named()
+    sets_seen = []
+    real = peers._sdpa
+
+    def recording(*args, **kwargs):
+        sets_seen.append(_core.isa())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(peers, "_sdpa", recording)
     unrunnable = [f"sdpa@{s}" for s in _core.ISAS if not _core.isa_supported(s)]
     impls = ["sdpa", "sdpa@scalar"] + unrunnable
     rows = bench.run_suite([TINY], threads=[1], impls=impls, **FAST)
+    assert "scalar" in sets_seen and before in sets_seen
+    assert _core.isa() == before and _core.isa_named() == named
     r = rows[0]["impls"]
     assert r["sdpa@scalar"]["status"] == "ok" and r["sdpa@scalar"]["gflops"] > 0
     assert "scalar forced" in r["sdpa@scalar"]["kernel_how"]
@@ -185,7 +195,6 @@ def test_sdpa_on_a_forced_kernel_set_beside_its_own_choice(tmp_path, capsys):
     assert rows[0]["sdpa_over"]["sdpa@scalar"] > 0
     for impl in unrunnable:
         assert r[impl]["status"] == "absent" and "cannot run" in r[impl]["reason"]
-    assert _core.isa() == before
     header = bench.format_table(rows).splitlines()[0].split()
     assert header.index("sdpa@scalar") == header.index("sdpa") + 2  # right after sdpa's column
     with pytest.raises(ValueError, match="sdpa@SET"):

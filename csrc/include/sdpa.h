@@ -213,7 +213,8 @@ SDPA_API const char *sdpa_status_message(sdpa_status status);
  * names another.  "amx" is asked of the OS (arch_prctl) once, by the first call that would run a tile instruction (a
  * bfloat16 problem on the tiled path); if refused, the default runs as "avx512_bf16" and, with "amx" named, such
  * calls return SDPA_ERR_BAD_ISA.
- * sdpa_isa_supported: 1 if this build and CPU can run the named set.
+ * sdpa_isa_supported: 1 if this build and CPU can run the named set ("amx": and the OS has not refused the tile state,
+ * which it is only asked for by that first call).
  * sdpa_set_isa: switch to it for later calls (SDPA_ERR_BAD_ISA if not supported).
  * sdpa_isa: the name of the set in use. */
 SDPA_API int sdpa_isa_supported(const char *name);

@@ -23,7 +23,9 @@
  * order (each bfloat16 product is exact in float), then C[m][n] += their sum;
  * every addition rounds to nearest even, subnormal inputs and results are
  * flushed to zero, and MXCSR is not consulted.  The emulator does the same in
- * C (under the caller's rounding mode, which sdpa leaves at nearest).
+ * C with fused multiply-adds (under the caller's rounding mode, which sdpa
+ * leaves at nearest; its flush modes change nothing here, every input and
+ * result being flushed explicitly).
  */
 
 #if AMX_EMULATE
@@ -138,8 +140,8 @@ static void amx_emu_dpbf16ps(amx_tiles *st, int c, int a, int b) {
             const uint32_t ak = st->t[a][m][k];
             for (int n = 0; n < 16; n++) {
                 const uint32_t bk = st->t[b][k][n];
-                even[n] = amx_emu_ftz(even[n] + amx_emu_bf16(ak, 0) * amx_emu_bf16(bk, 0));
-                odd[n] = amx_emu_ftz(odd[n] + amx_emu_bf16(ak, 1) * amx_emu_bf16(bk, 1));
+                even[n] = amx_emu_ftz(fmaf(amx_emu_bf16(ak, 0), amx_emu_bf16(bk, 0), even[n]));
+                odd[n] = amx_emu_ftz(fmaf(amx_emu_bf16(ak, 1), amx_emu_bf16(bk, 1), odd[n]));
             }
         }
         float row[16];
@@ -206,8 +208,16 @@ static void amx_emu_dpbf16ps(amx_tiles *st, int c, int a, int b) {
         }                                                                               \
     } while (0)
 
+#if AMX_EMULATE
+static SDPA_ATOMIC(long) amx_emulated_calls = 0;
+long sdpa_testing_amx_emulated_calls(void) { return sdpa_atomic_load(&amx_emulated_calls); }
+#endif
+
 static void AMX_FN(gemm_bf16)(int m, int64_t kpairs, const uint32_t *a, int64_t a_rs, int64_t a_ks,
                               const uint32_t *b, int64_t ldb, float *c, int64_t ldc, int accumulate) {
+#if AMX_EMULATE
+    atomic_fetch_add(&amx_emulated_calls, 1);
+#endif
     if (m <= 0) return;
     T_STATE;
     _Alignas(64) amx_config cfg;

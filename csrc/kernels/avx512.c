@@ -2,6 +2,7 @@
  * flags; dispatch.c only selects them on a CPU that has it. */
 #include "../convert.h"
 #include "../internal.h"
+#include "../testing.h"
 
 #if SDPA_HAVE_X86_KERNELS
 
@@ -264,9 +265,22 @@ enum { bf16_panel_rows = BF16_NV * 16 };
 
 /* ---- bfloat16 products on AMX tiles: the "amx" set, and its emulation ---- */
 
+/* the emulation runs where avx512_bf16 does: FMA for its fused sums */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")
+#endif
 #define AMX_EMULATE 1
 #include "amx_impl.h"
 #undef AMX_EMULATE
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
 
 #if SDPA_HAVE_AMX_KERNELS
 #if defined(__clang__)

@@ -108,6 +108,8 @@ cdef extern from "sdpa.h" nogil:
 
 cdef extern from "internal.h" nogil:
     double SDPA_MIN_FLOPS_PER_THREAD
+    const char *sdpa_isa_named()
+    void sdpa_reset_isa()
 
 
 cdef extern from "testing.h" nogil:
@@ -117,7 +119,10 @@ cdef extern from "testing.h" nogil:
     const char *sdpa_isa_env_error()
     void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk)
     int sdpa_testing_ask_for_tiles()
-    void sdpa_testing_pretend_refused(int refused, int as_default)
+    sdpa_status sdpa_testing_stand_in(int mode, int as_default)
+    int sdpa_testing_tile_requests()
+    long sdpa_testing_amx_emulated_calls()
+    int sdpa_testing_have_amx_kernels()
     sdpa_status sdpa_testing_use_kernels(const char *name)
     sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
                                        int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
@@ -154,8 +159,19 @@ def isa_supported(name):
     return bool(sdpa_isa_supported(name.encode()))
 
 
+def isa_named():
+    """The kernel set in use when it was named (SDPA_ISA, :func:`set_isa`), or
+    None when it is the default choice."""
+    cdef const char *name = sdpa_isa_named()
+    return None if name == NULL else name.decode()
+
+
 def set_isa(name):
-    """Switches the kernel set for later calls; ValueError if this CPU lacks it."""
+    """Switches the kernel set for later calls; ValueError if this CPU lacks it.
+    None returns to the choice made at first use (SDPA_ISA, else the CPU's best)."""
+    if name is None:
+        sdpa_reset_isa()
+        return
     if sdpa_set_isa(name.encode()) != SDPA_OK:
         raise ValueError(f"kernel set {name!r} is unknown or not supported by this CPU; "
                          f"supported: {[n for n in ISAS if isa_supported(n)]}")
@@ -255,11 +271,25 @@ def ask_for_tiles():
     return bool(sdpa_testing_ask_for_tiles())
 
 
-def pretend_tiles_refused(bint refused, bint as_default=True):
-    """Makes the OS's answer on the AMX tile state "refused" (for tests): the
-    amx_emulated set then stands in for amx, its bfloat16 tiled calls falling
-    back to avx512_bf16 (as_default) or failing (as if named). False undoes it."""
-    sdpa_testing_pretend_refused(refused, as_default)
+def stand_in(int mode, bint as_default=True):
+    """For tests: amx_emulated stands in for amx towards the OS (mode 1: the OS
+    is asked at its first bfloat16 tiled call; -1: taken as refused), as the
+    default choice or as named; mode 0 ends it."""
+    if sdpa_testing_stand_in(mode, as_default) != SDPA_OK:
+        raise ValueError("stand_in: amx_emulated needs AVX512-BF16")
+
+
+def tile_requests():
+    """How many times calls have asked the OS for the AMX tile state (for tests)."""
+    return int(sdpa_testing_tile_requests())
+
+
+def amx_emulated_calls():
+    """How many times amx_emulated's product kernel has run (for tests)."""
+    return int(sdpa_testing_amx_emulated_calls())
+
+
+HAVE_AMX_KERNELS = bool(sdpa_testing_have_amx_kernels())
 
 
 def use_kernels(name):
@@ -476,7 +506,8 @@ cdef object _execute(sdpa_problem *p, bint interruptible, dict arrays):
         raise MemoryError("sdpa: " + sdpa_status_message(status).decode())
     if status == SDPA_ERR_BAD_ISA:
         import os
-        raise ValueError(f"sdpa: SDPA_ISA={os.environ.get('SDPA_ISA')!r}: "
+        env = os.environ.get('SDPA_ISA')
+        raise ValueError("sdpa: " + (f"SDPA_ISA={env!r}: " if env else "")
                          + (isa_env_error() or sdpa_status_message(status).decode()))
     raise ValueError("sdpa: " + sdpa_status_message(status).decode())
 

@@ -11,11 +11,12 @@ ran.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -343,13 +344,29 @@ class Prepared:
 
     ``call`` computes the attention once (what is timed); ``output`` turns what it
     returns into sdpa's layout, (B, Hq, L, Ev), an array or a tensor (untimed);
-    ``kernel`` is "fused" or "unfused" and ``kernel_how`` says how that is known.
+    ``kernel`` is "fused" or "unfused" and ``kernel_how`` says how that is known;
+    ``setting`` is what the calls run under, entered once around them (sdpa@SET:
+    its kernel set).
     """
 
     call: Callable[[], Any]
     output: Callable[[Any], Any]
     kernel: str
     kernel_how: str
+    setting: Callable[[], ContextManager[Any]] = contextlib.nullcontext
+
+
+@contextlib.contextmanager
+def kernel_set(name: str) -> Iterator[None]:
+    """sdpa's kernel set forced to ``name`` inside, and the choice before restored
+    after: a named set, or the default one (which a refused AMX tile state can
+    still turn into avx512_bf16)."""
+    named = _core.isa_named()
+    _core.set_isa(name)
+    try:
+        yield
+    finally:
+        _core.set_isa(named)
 
 
 def _same(out: Any) -> Any:
@@ -386,14 +403,10 @@ def prepare(
         gqa, causal = shape.gqa, shape.causal
 
         def run_sdpa_on_set() -> Any:
-            before = _core.isa()
-            _core.set_isa(isa)
-            try:
-                return _sdpa(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, num_threads=threads)
-            finally:
-                _core.set_isa(before)
+            return _sdpa(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa, num_threads=threads)
 
-        return Prepared(run_sdpa_on_set, _same, KERNELS["sdpa"], _static("sdpa") + f", kernel set {isa} forced")
+        return Prepared(run_sdpa_on_set, _same, KERNELS["sdpa"], _static("sdpa") + f", kernel set {isa} forced",
+                        functools.partial(kernel_set, isa))
 
     if impl == "numpy":
 
