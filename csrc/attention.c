@@ -280,6 +280,15 @@ static mask_bool_f32_fn mask_bool_of_f32(const kernels_f32 *kern) { return kern-
 static mask_add_f64_fn mask_add_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 static mask_bool_f64_fn mask_bool_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 
+/* The row-mode copies, or NULL (float64, the scalar set: in the driver). */
+typedef void (*scale_copy_f32_fn)(float *, const float *, int64_t, float);
+typedef void (*scale_copy_d_f32_fn)(float *, const float *, int64_t, double);
+typedef void (*scale_copy_f64_fn)(double *, const double *, int64_t, double);
+static scale_copy_f32_fn scale_copy_of_f32(const kernels_f32 *kern) { return kern->scale_copy; }
+static scale_copy_d_f32_fn scale_copy_d_of_f32(const kernels_f32 *kern) { return kern->scale_copy_d; }
+static scale_copy_f64_fn scale_copy_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+static scale_copy_f64_fn scale_copy_d_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+
 /* The query block and (batch, head) index of a task of the tiled path. */
 static void task_coords(const sdpa_problem *p, const plan *pl, int64_t task, int64_t *qb, int64_t *bh) {
     if (p->causal) {  /* the longest query blocks first, so the triangle balances */

@@ -53,7 +53,10 @@ static inline void FN(store)(void *base, int64_t i, sdpa_dtype dt, T x) {
 
 /* dst[i] = scale * src[i * stride] for i < n, src of dtype dt. */
 static void FN(load_scaled)(T *dst, const void *src, int64_t n, int64_t stride, sdpa_dtype dt, T scale) {
-    if (dt == TDT) {
+    if (dt == TDT && stride == 1) {  /* contiguous: the compiler's vector loop */
+        const T *s = (const T *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = scale * s[i];
+    } else if (dt == TDT) {
         const T *s = (const T *)src;
         for (int64_t i = 0; i < n; i++) dst[i] = scale * s[i * stride];
     } else {
@@ -567,7 +570,10 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     for (int x = 0; x < M; x++) {
         const int64_t h = hkv * group + x / L, l = x % L;
         const char *qr = (const char *)view_at(p, &p->query, b, h, qe) + l * p->query.row_stride * (int64_t)qe;
-        FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
+        if (qdt == TDT && p->query.col_stride == 1 && FN(scale_copy_of)(kern))
+            FN(scale_copy_of)(kern)(qs + (int64_t)x * E, (const T *)qr, E, scale);
+        else
+            FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
     }
 
     for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
@@ -652,8 +658,14 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     }
 }
 
+/* dst[c] = src[c] * inv in double, rounded once, for n contiguous, disjoint
+ * elements (the output never overlaps the scratch). */
+static void FN(scaled_copy)(T *restrict dst, const T *restrict src, int64_t n, double inv) {
+    for (int64_t c = 0; c < n; c++) dst[c] = (T)((double)src[c] * inv);
+}
+
 /* Combines the chunks of group g in chunk order and writes its rows. */
-static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, int64_t g) {
+static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, const KT *kern, T *partial, int64_t g) {
     const int64_t L = p->len_q, Ev = p->head_dim_v, group = p->gqa_group;
     const int M = pl->rows;
     const int64_t Hkv = p->num_heads / group;
@@ -693,7 +705,11 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, T *partial, in
             const double inv = sum == 0 ? 0 : 1 / denom;
             if (pl->num_chunks == 1) {  /* the row's own result: acc / sum (sum >= 1 here) */
                 const T *acc = first + 2 * M + (int64_t)x * Ev;
-                if (odt == TDT)
+                if (odt == TDT && oc == 1 && FN(scale_copy_d_of)(kern))
+                    FN(scale_copy_d_of)(kern)((T *)orow, acc, Ev, inv);
+                else if (odt == TDT && oc == 1)  /* contiguous: the compiler's vector loop, same arithmetic */
+                    FN(scaled_copy)((T *)orow, acc, Ev, inv);
+                else if (odt == TDT)
                     for (int64_t c = 0; c < Ev; c++) ((T *)orow)[c * oc] = (T)((double)acc[c] * inv);
                 else
                     for (int64_t c = 0; c < Ev; c++) FN(store)(orow, c * oc, odt, (T)((double)acc[c] * inv));
@@ -734,7 +750,7 @@ static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T
     if (should_stop(irq, tid)) return;
     if (pl->row_mode) {
         FN(run_row_task)(p, pl, kern, scratch, partial, t, irq, tid);
-        if (pl->num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(p, pl, partial, t);
+        if (pl->num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(p, pl, kern, partial, t);
     } else {
 #if HAS_BF16
         if (pl->bf16) {
@@ -761,7 +777,7 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
             FN(do_task)(p, pl, kern, scratch, partial, t, 0, &irq);
         if (pl->row_mode && pl->num_chunks > 1)
             for (int64_t g = 0; g < pl->num_groups && !sdpa_atomic_load(&irq.stop); g++)
-                FN(merge_rows)(p, pl, partial, g);
+                FN(merge_rows)(p, pl, kern, partial, g);
     } else {
 #ifdef _OPENMP
         note_openmp_used();
@@ -778,7 +794,7 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
             if (pl->row_mode && pl->num_chunks > 1) {  /* after the barrier above: every chunk is done */
 #pragma omp for schedule(static)
                 for (int64_t g = 0; g < pl->num_groups; g++)
-                    if (!sdpa_atomic_load(&irq.stop)) FN(merge_rows)(p, pl, partial, g);
+                    if (!sdpa_atomic_load(&irq.stop)) FN(merge_rows)(p, pl, kern, partial, g);
             }
             fp_mode_restore(own_mode);
         }

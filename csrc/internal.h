@@ -122,6 +122,12 @@ typedef struct kernels_f32 {
      *               x < rows, c < ev */
     void (*pack_q)(float *panel, const float *src, int rows, int64_t rs, int64_t e, float scale);
     void (*store_rows)(float *out, int64_t rs, const float *acc, const float *row_l, int rows, int64_t ev);
+    /* Row-mode copies of contiguous rows (NULL: in the driver), the same
+     * arithmetic as its scalar loops, so the same bits:
+     *   scale_copy:   dst[i] = scale * src[i]                   (a query row, scaled)
+     *   scale_copy_d: dst[i] = (float)((double)src[i] * inv)    (a finished row) */
+    void (*scale_copy)(float *dst, const float *src, int64_t n, float scale);
+    void (*scale_copy_d)(float *dst, const float *src, int64_t n, double inv);
 } kernels_f32;
 
 typedef struct kernels_f64 {

@@ -95,3 +95,17 @@ def test_key_lengths_long_keys(rng, dtype, L, hq, hkv):
     allowed = np.broadcast_to(key_length_mask(kl, S), batch + (hq, L, S))
     allowed = allowed & causal_mask(L, S, bottom_right=True)
     check_against_mask(q, k, v, {"key_lengths": kl, "is_causal": "bottom_right"}, allowed, gqa=hq != hkv)
+
+
+@pytest.mark.parametrize("E", [16, 37, 128])
+def test_contiguous_rows_take_the_same_arithmetic_as_strided_ones(isa, rng, E):
+    """A contiguous query row is scaled, and a finished row divided, by the kernel
+    set's vector copies; strided ones by the driver's loops: the same bits."""
+    q, k, v = make_qkv(rng, batch=(2,), hq=8, hkv=2, L=3, S=40, E=E, dtype=np.float32)
+    for chunks in (False, True):
+        kk, vv = (np.concatenate([a] * 40, axis=-2) if chunks else a for a in (k, v))  # 1600 keys: 2 chunks
+        contiguous = attention(q, kk, vv, is_causal="bottom_right", enable_gqa=True)
+        q_strided = np.asfortranarray(q)  # the same values, column stride != 1
+        out_strided = np.empty(q.shape[:-1] + (2 * E,), np.float32)[..., ::2]
+        strided = attention(q_strided, kk, vv, is_causal="bottom_right", enable_gqa=True, out=out_strided)
+        np.testing.assert_array_equal(contiguous.view(np.uint32), strided.view(np.uint32))

@@ -189,6 +189,23 @@ static inline double hmax_nan_pd(__m256d v) {
 #include "simd_impl.h"
 #include "simd_end.h"
 
+
+/* Row-mode copies (internal.h): one multiply per element, as the driver's loops. */
+static void scale_copy_avx2(float *dst, const float *src, int64_t n, float scale) {
+    const __m256 s = _mm256_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(s, _mm256_loadu_ps(src + i)));
+    for (; i < n; i++) dst[i] = scale * src[i];
+}
+
+static void scale_copy_d_avx2(float *dst, const float *src, int64_t n, double inv) {
+    const __m256d s = _mm256_set1_pd(inv);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(dst + i, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(src + i)), s)));
+    for (; i < n; i++) dst[i] = (float)((double)src[i] * inv);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -204,7 +221,8 @@ const kernel_table sdpa_kernels_avx2 = {
             .dot_i8 = dot_i8_avx2_f32, .pv_rows_i8 = pv_rows_i8_avx2_f32,
             .dot_i8g = dot_i8g_avx2_f32, .pv_rows_i8g = pv_rows_i8g_avx2_f32,
             .mask_add = mask_add_avx2_f32, .mask_bool = mask_bool_avx2_f32,
-            .pack_q = pack_q_avx2_f32, .store_rows = store_rows_avx2_f32},
+            .pack_q = pack_q_avx2_f32, .store_rows = store_rows_avx2_f32,
+            .scale_copy = scale_copy_avx2, .scale_copy_d = scale_copy_d_avx2},
     .f64 = {.nr = panel_rows_avx2_f64,
             .gemm = gemm_avx2_f64, .softmax = softmax_avx2_f64, .exp = exp_avx2_f64, .softcap = softcap_avx2_f64,
             .dot = dot_avx2_f64, .pv_rows = pv_rows_avx2_f64, .row_softmax = row_softmax_avx2_f64},

@@ -177,6 +177,23 @@ static inline double hmax_nan_pd(__m512d v) {
 #include "simd_impl.h"
 #include "simd_end.h"
 
+
+/* Row-mode copies (internal.h): one multiply per element, as the driver's loops. */
+static void scale_copy_avx512(float *dst, const float *src, int64_t n, float scale) {
+    const __m512 s = _mm512_set1_ps(scale);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, _mm512_mul_ps(s, _mm512_loadu_ps(src + i)));
+    for (; i < n; i++) dst[i] = scale * src[i];
+}
+
+static void scale_copy_d_avx512(float *dst, const float *src, int64_t n, double inv) {
+    const __m512d s = _mm512_set1_pd(inv);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(src + i)), s)));
+    for (; i < n; i++) dst[i] = (float)((double)src[i] * inv);
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -307,7 +324,8 @@ enum { bf16_panel_rows = BF16_NV * 16 };
     .row_softmax = row_softmax_avx512_f32, .dot_half = dot_half_avx512_f32,                                    \
     .pv_rows_half = pv_rows_half_avx512_f32, .dot_i8 = dot_i8_avx512_f32, .pv_rows_i8 = pv_rows_i8_avx512_f32,  \
     .dot_i8g = dot_i8g_avx512_f32, .pv_rows_i8g = pv_rows_i8g_avx512_f32, .mask_add = mask_add_avx512_f32,     \
-    .mask_bool = mask_bool_avx512_f32, .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32
+    .mask_bool = mask_bool_avx512_f32, .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32,         \
+    .scale_copy = scale_copy_avx512, .scale_copy_d = scale_copy_d_avx512
 #define AVX512_F64_KERNELS                                                                                     \
     .nr = panel_rows_avx512_f64, .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64, \
     .softcap = softcap_avx512_f64, .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64,                       \
