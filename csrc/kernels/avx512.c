@@ -274,30 +274,20 @@ enum { bf16_panel_rows = BF16_NV * 16 };
 #undef BF16_NV
 #undef BF16_MR
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-
-/* ---- bfloat16 products on AMX tiles: the "amx" set, and its emulation ---- */
-
-/* the emulation runs where avx512_bf16 does: FMA for its fused sums */
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")
-#endif
+/* The amx set's code over emulated tiles (the test-only set amx_emulated): it
+ * runs where avx512_bf16 does, with FMA for its fused sums. */
 #define AMX_EMULATE 1
 #include "amx_impl.h"
 #undef AMX_EMULATE
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
 #pragma GCC pop_options
 #endif
+
+/* ---- bfloat16 products on AMX tiles: the "amx" set (its emulation is above) ---- */
+
 
 #if SDPA_HAVE_AMX_KERNELS
 #if defined(__clang__)
