@@ -333,8 +333,11 @@ def test_sharded_cache_bad_input_changes_nothing(client, rng):
 
 
 def test_sharded_cache_worker_lost_is_an_error():
+    """A call to a killed worker fails once connecting to it times out
+    (distributed.comm.timeouts.connect, 30 s by default; 3 s here)."""
     rng = np.random.default_rng(5)
-    with _cluster() as cluster, distributed.Client(cluster) as c:
+    with dask.config.set({"distributed.comm.timeouts.connect": "3s"}), _cluster() as cluster, \
+            distributed.Client(cluster) as c:
         cache = sd.ShardedKVCache(1, 2, 40, 16, client=c)
         cache.append(*_kv(rng, 30))
         q = rng.standard_normal((1, 2, 1, 16)).astype(np.float32)

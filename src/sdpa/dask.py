@@ -400,7 +400,10 @@ class ShardedKVCache:
     Raises
     ------
     ShardLostError
-        From any call once a shard's worker has died.
+        From any call once a shard's worker has died.  The first call after the
+        death raises it once connecting to that worker has timed out
+        (``distributed.comm.timeouts.connect``, 30 s by default, read when the
+        client is made).
     """
 
     def __init__(
