@@ -280,14 +280,29 @@ static mask_bool_f32_fn mask_bool_of_f32(const kernels_f32 *kern) { return kern-
 static mask_add_f64_fn mask_add_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 static mask_bool_f64_fn mask_bool_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 
-/* The row-mode copies, or NULL (float64, the scalar set: in the driver). */
+/* The row-mode copies of contiguous rows (internal.h): the kernel set's, or
+ * these portable loops with the same arithmetic (float64, the scalar set). */
+static void scale_copy_portable_f32(float *restrict dst, const float *restrict src, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) dst[i] = scale * src[i];
+}
+static void scale_copy_d_portable_f32(float *restrict dst, const float *restrict src, int64_t n, double inv) {
+    for (int64_t i = 0; i < n; i++) dst[i] = (float)((double)src[i] * inv);
+}
+static void scale_copy_portable_f64(double *restrict dst, const double *restrict src, int64_t n, double scale) {
+    for (int64_t i = 0; i < n; i++) dst[i] = scale * src[i];
+}
 typedef void (*scale_copy_f32_fn)(float *, const float *, int64_t, float);
 typedef void (*scale_copy_d_f32_fn)(float *, const float *, int64_t, double);
 typedef void (*scale_copy_f64_fn)(double *, const double *, int64_t, double);
-static scale_copy_f32_fn scale_copy_of_f32(const kernels_f32 *kern) { return kern->scale_copy; }
-static scale_copy_d_f32_fn scale_copy_d_of_f32(const kernels_f32 *kern) { return kern->scale_copy_d; }
-static scale_copy_f64_fn scale_copy_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-static scale_copy_f64_fn scale_copy_d_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+static scale_copy_f32_fn scale_copy_of_f32(const kernels_f32 *kern) {
+    return kern->scale_copy ? kern->scale_copy : scale_copy_portable_f32;
+}
+static scale_copy_d_f32_fn scale_copy_d_of_f32(const kernels_f32 *kern) {
+    return kern->scale_copy_d ? kern->scale_copy_d : scale_copy_d_portable_f32;
+}
+/* float64: the product is in double either way */
+static scale_copy_f64_fn scale_copy_of_f64(const kernels_f64 *kern) { (void)kern; return scale_copy_portable_f64; }
+static scale_copy_f64_fn scale_copy_d_of_f64(const kernels_f64 *kern) { (void)kern; return scale_copy_portable_f64; }
 
 /* The query block and (batch, head) index of a task of the tiled path. */
 static void task_coords(const sdpa_problem *p, const plan *pl, int64_t task, int64_t *qb, int64_t *bh) {

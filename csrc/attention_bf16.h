@@ -99,7 +99,10 @@ static void run_task_bf16(const sdpa_problem *p, const plan *pl, const kernels_f
     float *st = scratch + pl->off_s;                    /* one score tile, keys x nr         */
     float *row_m = scratch + pl->off_m, *row_l = scratch + pl->off_l;
     uint32_t *pp = (uint32_t *)(scratch + pl->off_pp);  /* P^T pairs, [tile_k / 2][nr]       */
-    uint32_t *vp = (uint32_t *)(scratch + pl->off_vp);  /* V pairs, [tile_k / 2][Ev]         */
+    uint32_t *vp = (uint32_t *)(scratch + pl->off_vp);  /* V pairs, [tile_k / 2][Ev] or [Ev][tile_k / 2] */
+    /* feature c's pair p at vp[c * vp_rs + p * vp_ks]: P V's a, in its kernel's layout */
+    const int64_t vp_rs = kern->bf16_values_by_feature ? (tile_k + 1) / 2 : 1;
+    const int64_t vp_ks = kern->bf16_values_by_feature ? 1 : Ev;
     uint32_t *kp = (uint32_t *)(scratch + pl->off_k);   /* K pairs when not in place, [tile_k][E2] */
 
     const int64_t l0 = qb * tile_q;
@@ -149,9 +152,8 @@ static void run_task_bf16(const sdpa_problem *p, const plan *pl, const kernels_f
             kt = kp;
             k_rs = E2;
         }
-        const int64_t vp_ld = (tile_k + 1) / 2;  /* by feature: pairs per feature row */
         if (kern->bf16_values_by_feature)
-            bf16_pack_value_pairs_by_feature(vp, vp_ld, v, &p->value, s0, n, Ev);
+            bf16_pack_value_pairs_by_feature(vp, vp_rs, v, &p->value, s0, n, Ev);
         else
             bf16_pack_value_pairs(vp, v, &p->value, s0, n, Ev);
         for (int pn = 0; pn < panels; pn++) {
@@ -186,10 +188,7 @@ static void run_task_bf16(const sdpa_problem *p, const plan *pl, const kernels_f
 
             kern->softmax(st, np, pmax, psum, pacc, Ev);
             kern->pairs_bf16(st, np, pp);
-            if (kern->bf16_values_by_feature)
-                kern->gemm_bf16((int)Ev, (np + 1) / 2, vp, vp_ld, 1, pp, nr, pacc, nr, 1);
-            else
-                kern->gemm_bf16((int)Ev, (np + 1) / 2, vp, 1, Ev, pp, nr, pacc, nr, 1);
+            kern->gemm_bf16((int)Ev, (np + 1) / 2, vp, vp_rs, vp_ks, pp, nr, pacc, nr, 1);
         }
     }
 

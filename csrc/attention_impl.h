@@ -53,10 +53,7 @@ static inline void FN(store)(void *base, int64_t i, sdpa_dtype dt, T x) {
 
 /* dst[i] = scale * src[i * stride] for i < n, src of dtype dt. */
 static void FN(load_scaled)(T *dst, const void *src, int64_t n, int64_t stride, sdpa_dtype dt, T scale) {
-    if (dt == TDT && stride == 1) {  /* contiguous: the compiler's vector loop */
-        const T *s = (const T *)src;
-        for (int64_t i = 0; i < n; i++) dst[i] = scale * s[i];
-    } else if (dt == TDT) {
+    if (dt == TDT) {
         const T *s = (const T *)src;
         for (int64_t i = 0; i < n; i++) dst[i] = scale * s[i * stride];
     } else {
@@ -570,7 +567,7 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     for (int x = 0; x < M; x++) {
         const int64_t h = hkv * group + x / L, l = x % L;
         const char *qr = (const char *)view_at(p, &p->query, b, h, qe) + l * p->query.row_stride * (int64_t)qe;
-        if (qdt == TDT && p->query.col_stride == 1 && FN(scale_copy_of)(kern))
+        if (qdt == TDT && p->query.col_stride == 1)
             FN(scale_copy_of)(kern)(qs + (int64_t)x * E, (const T *)qr, E, scale);
         else
             FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
@@ -658,12 +655,6 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     }
 }
 
-/* dst[c] = src[c] * inv in double, rounded once, for n contiguous, disjoint
- * elements (the output never overlaps the scratch). */
-static void FN(scaled_copy)(T *restrict dst, const T *restrict src, int64_t n, double inv) {
-    for (int64_t c = 0; c < n; c++) dst[c] = (T)((double)src[c] * inv);
-}
-
 /* Combines the chunks of group g in chunk order and writes its rows. */
 static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, const KT *kern, T *partial, int64_t g) {
     const int64_t L = p->len_q, Ev = p->head_dim_v, group = p->gqa_group;
@@ -705,10 +696,8 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, const KT *kern
             const double inv = sum == 0 ? 0 : 1 / denom;
             if (pl->num_chunks == 1) {  /* the row's own result: acc / sum (sum >= 1 here) */
                 const T *acc = first + 2 * M + (int64_t)x * Ev;
-                if (odt == TDT && oc == 1 && FN(scale_copy_d_of)(kern))
+                if (odt == TDT && oc == 1)  /* the output never overlaps the scratch */
                     FN(scale_copy_d_of)(kern)((T *)orow, acc, Ev, inv);
-                else if (odt == TDT && oc == 1)  /* contiguous: the compiler's vector loop, same arithmetic */
-                    FN(scaled_copy)((T *)orow, acc, Ev, inv);
                 else if (odt == TDT)
                     for (int64_t c = 0; c < Ev; c++) ((T *)orow)[c * oc] = (T)((double)acc[c] * inv);
                 else

@@ -140,10 +140,27 @@ static int index_of_name(const char *name) {
     return -1;
 }
 
-/* Level 4 (amx) is usable unless the OS refused the tile state (asked only
- * when a call first needs tiles: sdpa_kernel_table_for_tiles). */
+/* tests: the emulated set stands in for amx towards the OS's answer */
+static SDPA_ATOMIC(int) emulated_needs_tiles = 0;
+
+static int needs_tiles(const kernel_table *kt) {
+#if SDPA_HAVE_AMX_KERNELS
+    if (kt == &sdpa_kernels_amx) return 1;
+#endif
+#if SDPA_HAVE_X86_KERNELS
+    if (kt == &sdpa_kernels_amx_emulated && sdpa_atomic_load(&emulated_needs_tiles)) return 1;
+#endif
+    (void)kt;
+    return 0;
+}
+
+/* kt needs the tile state, and the OS has refused it */
+static int tiles_refused(const kernel_table *kt) { return needs_tiles(kt) && sdpa_atomic_load(&amx_permission) < 0; }
+
+/* A set this CPU and build run, unless it needs the tile state and the OS
+ * refused it (asked only when a call first needs tiles). */
 static int usable(int i) {
-    return i >= 0 && i < NUM_ISAS && i <= cpu_level() && (i < 4 || sdpa_atomic_load(&amx_permission) >= 0);
+    return i >= 0 && i < NUM_ISAS && i <= cpu_level() && !tiles_refused(isa_tables[i]);
 }
 
 const kernel_table *sdpa_kernel_table_named(const char *name) {
@@ -207,6 +224,13 @@ static void choose(void) {
     sdpa_atomic_store(&choice_state, error ? CHOICE_ENV_ERROR : CHOICE_MADE);
 }
 
+/* An explicit choice (sdpa_set_isa, the test hooks): replaces whatever SDPA_ISA said. */
+static void make_choice(const choice *c) {
+    sdpa_atomic_store(&chosen, c);
+    sdpa_atomic_store(&env_error, (const char *)NULL);
+    sdpa_atomic_store(&choice_state, CHOICE_MADE);
+}
+
 static const choice *current(void) {
     if (sdpa_atomic_load(&choice_state) == CHOICE_UNDECIDED) choose();
     return sdpa_atomic_load(&chosen);
@@ -220,22 +244,6 @@ const kernel_table *sdpa_kernel_choice(int *by_name) {
 
 const kernel_table *sdpa_kernel_table(void) { return sdpa_kernel_choice(NULL); }
 
-/* tests: the emulated set stands in for amx towards the OS's answer */
-static SDPA_ATOMIC(int) emulated_needs_tiles = 0;
-
-static int needs_tiles(const kernel_table *kt) {
-#if SDPA_HAVE_AMX_KERNELS
-    if (kt == &sdpa_kernels_amx) return 1;
-#endif
-#if SDPA_HAVE_X86_KERNELS
-    if (kt == &sdpa_kernels_amx_emulated && sdpa_atomic_load(&emulated_needs_tiles)) return 1;
-#endif
-    (void)kt;
-    return 0;
-}
-
-static int refused(void) { return sdpa_atomic_load(&amx_permission) < 0; }
-
 const kernel_table *sdpa_kernel_table_for_tiles(const kernel_table *kt, int by_name) {
     if (!needs_tiles(kt) || tiles_permitted()) return kt;
 #if SDPA_HAVE_X86_KERNELS
@@ -246,7 +254,7 @@ const kernel_table *sdpa_kernel_table_for_tiles(const kernel_table *kt, int by_n
 
 const char *sdpa_isa_env_error(void) {
     const choice *c = current();
-    if (c && c->by_name && needs_tiles(c->kt) && refused())
+    if (c && c->by_name && tiles_refused(c->kt))
         return "the amx kernel set was named, and the OS refused this process the AMX tile state (arch_prctl)";
     return sdpa_atomic_load(&env_error);
 }
@@ -256,10 +264,7 @@ int sdpa_isa_supported(const char *name) { return sdpa_kernel_table_named(name) 
 sdpa_status sdpa_set_isa(const char *name) {
     const kernel_table *kt = sdpa_kernel_table_named(name);
     if (!kt) return SDPA_ERR_BAD_ISA;
-    /* an explicit choice replaces whatever SDPA_ISA said */
-    sdpa_atomic_store(&chosen, choice_of(kt, 1));
-    sdpa_atomic_store(&env_error, (const char *)NULL);
-    sdpa_atomic_store(&choice_state, CHOICE_MADE);
+    make_choice(choice_of(kt, 1));
     return SDPA_OK;
 }
 
@@ -275,7 +280,7 @@ const char *sdpa_isa(void) {
     if (!c) return "none";
 #if SDPA_HAVE_X86_KERNELS
     /* the default choice whose tiles the OS refused runs as avx512_bf16 */
-    if (!c->by_name && needs_tiles(c->kt) && refused()) return sdpa_kernels_avx512_bf16.name;
+    if (!c->by_name && tiles_refused(c->kt)) return sdpa_kernels_avx512_bf16.name;
 #endif
     return c->kt->name;
 }
@@ -298,9 +303,7 @@ sdpa_status sdpa_testing_use_kernels(const char *name) {
 #if SDPA_HAVE_X86_KERNELS
     if (name && strcmp(name, "amx_emulated") == 0) {
         if (cpu_level() < 3) return SDPA_ERR_BAD_ISA;  /* its other kernels are avx512_bf16's */
-        sdpa_atomic_store(&chosen, choice_of(&sdpa_kernels_amx_emulated, 1));
-        sdpa_atomic_store(&env_error, (const char *)NULL);
-        sdpa_atomic_store(&choice_state, CHOICE_MADE);
+        make_choice(choice_of(&sdpa_kernels_amx_emulated, 1));
         return SDPA_OK;
     }
 #endif
@@ -317,9 +320,7 @@ sdpa_status sdpa_testing_stand_in(int mode, int as_default) {
     if (cpu_level() < 3) return SDPA_ERR_BAD_ISA;
     sdpa_atomic_store(&amx_permission, mode < 0 ? -1 : 0);
     sdpa_atomic_store(&emulated_needs_tiles, 1);
-    sdpa_atomic_store(&chosen, choice_of(&sdpa_kernels_amx_emulated, !as_default));
-    sdpa_atomic_store(&env_error, (const char *)NULL);
-    sdpa_atomic_store(&choice_state, CHOICE_MADE);
+    make_choice(choice_of(&sdpa_kernels_amx_emulated, !as_default));
     return SDPA_OK;
 #else
     (void)as_default;

@@ -47,14 +47,12 @@ typedef struct amx_config {
 } amx_config;
 _Static_assert(sizeof(amx_config) == 64, "the tile configuration is 64 bytes");
 
-static void amx_config_init(amx_config *cfg) {
-    memset(cfg, 0, sizeof(*cfg));
-    cfg->palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg->colsb[t] = 64;
-        cfg->rows[t] = 16;
-    }
-}
+/* palette 1, tiles 0-7 of 16 rows x 64 bytes */
+static _Alignas(64) const amx_config amx_tile_config = {
+    .palette = 1,
+    .colsb = {64, 64, 64, 64, 64, 64, 64, 64},
+    .rows = {16, 16, 16, 16, 16, 16, 16, 16},
+};
 
 /* The block at src (rows x 16 elements of 32 bits, row stride ld elements)
  * where a tile can load it in place; else copied into buf (16 x 16, zero
@@ -220,12 +218,10 @@ static void AMX_FN(gemm_bf16)(int m, int64_t kpairs, const uint32_t *a, int64_t 
 #endif
     if (m <= 0) return;
     T_STATE;
-    _Alignas(64) amx_config cfg;
     _Alignas(64) uint32_t abuf[2][16 * 16];
     _Alignas(64) uint32_t bbuf[2][16 * 16];
     _Alignas(64) float cbuf[16 * 16];
-    amx_config_init(&cfg);
-    T_CONFIG(&cfg);
+    T_CONFIG(&amx_tile_config);
     for (int r0 = 0; r0 < m; r0 += 32) {
         const int rows0 = m - r0 < 16 ? m - r0 : 16;
         const int rows1 = m - r0 - 16 <= 0 ? 0 : (m - r0 - 16 < 16 ? m - r0 - 16 : 16);
