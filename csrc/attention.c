@@ -335,7 +335,7 @@ enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
 #define TDT SDPA_FLOAT32
 #define SUF f32
 #define KT kernels_f32
-#define EXP expf
+#define EXP sdpa_exp_cut_f32
 #define HAS_BF16 1
 #include "attention_impl.h"
 #undef HAS_BF16
@@ -349,7 +349,7 @@ enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
 #define TDT SDPA_FLOAT64
 #define SUF f64
 #define KT kernels_f64
-#define EXP exp
+#define EXP sdpa_exp_cut_f64
 #define HAS_BF16 0
 #include "attention_impl.h"
 #undef HAS_BF16

@@ -2,6 +2,8 @@
 #ifndef SDPA_INTERNAL_H
 #define SDPA_INTERNAL_H
 
+#include <float.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,6 +23,38 @@
 #else
 #define SDPA_HAVE_AMX_KERNELS 0
 #endif
+
+/*
+ * The exponential of every kernel is exactly 0 below these cuts, never a
+ * subnormal number: e^x is normal (at least FLT_MIN / DBL_MIN) from the cut
+ * up.  Intel cores take a microcode assist (about 100 cycles) for each
+ * subnormal result or operand unless the caller set flush-to-zero, and the
+ * exponential of a masked score, or one far below its row's max, would be one.
+ * What is cut weighs less than 2^-125 (2^-1021) of the row's own largest term,
+ * 1: far below float32's resolution.  ln FLT_MIN = -87.3365, ln DBL_MIN =
+ * -708.3964.
+ */
+#define SDPA_EXP_CUT_F32 (-87.33f)
+#define SDPA_EXP_CUT_F64 (-708.39)
+
+/* libm's exp with the same cut: the scalar kernels' and the SIMD sets' tails. */
+static inline float sdpa_exp_cut_f32(float x) { return x < SDPA_EXP_CUT_F32 ? 0.0f : expf(x); }
+static inline double sdpa_exp_cut_f64(double x) { return x < SDPA_EXP_CUT_F64 ? 0.0 : exp(x); }
+
+/* The accumulator's rescale by a factor alpha below SDPA_RESCALE_SMALL (the
+ * row's max grew by more than about 41 at once): a normal accumulator times
+ * alpha could be subnormal, so each product is formed 2^64 higher and kept only
+ * where it is normal once brought back, 0 elsewhere: the same bits as
+ * acc * alpha wherever that is normal, and no subnormal is computed. */
+#define SDPA_RESCALE_SMALL 0x1p-60
+static inline float sdpa_rescale_small_f32(float acc, float alpha) {
+    const float y = acc * (alpha * 0x1p64f), lim = FLT_MIN * 0x1p64f;
+    return y < lim && y > -lim ? 0.0f : y * 0x1p-64f;
+}
+static inline double sdpa_rescale_small_f64(double acc, double alpha) {
+    const double y = acc * (alpha * 0x1p64), lim = DBL_MIN * 0x1p64;
+    return y < lim && y > -lim ? 0.0 : y * 0x1p-64;
+}
 
 /* Every scratch buffer and packed panel is aligned to this many bytes. */
 #define SDPA_ALIGN 64
@@ -49,7 +83,9 @@
  *       exp(old max - new max).  A NaN score makes its row NaN; a row whose
  *       scores are all -inf contributes nothing.
  *   exp(x, n)
- *       x[i] = e^x[i] in place; -inf gives 0, NaN gives NaN.
+ *       x[i] = e^x[i] in place; 0 below SDPA_EXP_CUT_F32 / _F64 (-inf included,
+ *       never a subnormal), NaN gives NaN.  softmax and row_softmax use the same
+ *       exp: every p they write, every rescale factor, is 0 or normal.
  *
  * Row kernels, for a few query rows against many keys (decoding); rows of q, k,
  * v, p and acc are contiguous, with any alignment:

@@ -6,6 +6,8 @@
 #endif
 
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "testing.h"
 
@@ -16,6 +18,45 @@ sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t
     else if (dtype == SDPA_FLOAT64) kt->f64.exp((double *)x, n);
     else return SDPA_ERR_BAD_DTYPE;
     return SDPA_OK;
+}
+
+int sdpa_testing_panel_rows(const char *name, sdpa_dtype dtype) {
+    const kernel_table *kt = sdpa_testing_table(name);
+    if (!kt) return 0;
+    return dtype == SDPA_FLOAT64 ? kt->f64.nr : kt->f32.nr;
+}
+
+/* n elements of size elem into 64-byte aligned memory (NULL: out of memory) */
+static void *aligned_copy(const void *src, size_t n, size_t elem) {
+    size_t bytes = (n * elem + 63) / 64 * 64;
+    void *d = aligned_alloc(64, bytes ? bytes : 64);
+    if (d && n) memcpy(d, src, n * elem);
+    return d;
+}
+
+sdpa_status sdpa_testing_softmax(const char *name, sdpa_dtype dtype, int row, void *s, int n, void *row_max,
+                                 void *row_sum, void *acc, int64_t ev) {
+    const kernel_table *kt = sdpa_testing_table(name);
+    if (!kt) return SDPA_ERR_BAD_ISA;
+    if (dtype != SDPA_FLOAT32 && dtype != SDPA_FLOAT64) return SDPA_ERR_BAD_DTYPE;
+    const size_t elem = dtype == SDPA_FLOAT32 ? 4 : 8;
+    const size_t nr = row ? 1 : (size_t)(dtype == SDPA_FLOAT64 ? kt->f64.nr : kt->f32.nr);
+    void *bs = aligned_copy(s, (size_t)n * nr, elem), *bm = aligned_copy(row_max, nr, elem);
+    void *bl = aligned_copy(row_sum, nr, elem), *ba = aligned_copy(acc, (size_t)ev * nr, elem);
+    sdpa_status st = SDPA_ERR_NO_MEMORY;
+    if (bs && bm && bl && ba) {
+        if (dtype == SDPA_FLOAT32 && row) kt->f32.row_softmax(bs, n, bm, bl, ba, ev);
+        else if (dtype == SDPA_FLOAT32) kt->f32.softmax(bs, n, bm, bl, ba, ev);
+        else if (row) kt->f64.row_softmax(bs, n, bm, bl, ba, ev);
+        else kt->f64.softmax(bs, n, bm, bl, ba, ev);
+        memcpy(s, bs, (size_t)n * nr * elem);
+        memcpy(row_max, bm, nr * elem);
+        memcpy(row_sum, bl, nr * elem);
+        memcpy(acc, ba, (size_t)ev * nr * elem);
+        st = SDPA_OK;
+    }
+    free(bs), free(bm), free(bl), free(ba);
+    return st;
 }
 
 int sdpa_testing_have_amx_kernels(void) { return SDPA_HAVE_AMX_KERNELS; }

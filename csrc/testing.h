@@ -7,6 +7,15 @@
 /* The exp kernel of the named set, in place (for the accuracy tests). */
 sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t n);
 
+/* The softmax step of the named set (internal.h's contract) on copies in
+ * aligned memory, written back: row 0: softmax on a panel, s n x nr, row_max
+ * and row_sum nr, acc ev x nr, with nr = sdpa_testing_panel_rows; row 1:
+ * row_softmax on one row, s n, row_max and row_sum 1, acc ev. */
+sdpa_status sdpa_testing_softmax(const char *name, sdpa_dtype dtype, int row, void *s, int n, void *row_max,
+                                 void *row_sum, void *acc, int64_t ev);
+/* The panel width of the named set for dtype (0 if unknown). */
+int sdpa_testing_panel_rows(const char *name, sdpa_dtype dtype);
+
 /* flags[i] = the FTZ/DAZ bits of MXCSR in OpenMP thread i (0 off x86; -1 for a
  * thread the runtime did not start). */
 void sdpa_fp_flags_in_threads(int num_threads, int *flags);

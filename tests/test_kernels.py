@@ -45,23 +45,67 @@ def test_environment_forces_a_lower_level(name):
 # --- exp: the polynomial against libm ----------------------------------------
 
 EXP_RANGES = {np.float32: (-103.9, 88.72), np.float64: (-745.0, 709.78)}
+# below these every kernel's exp is exactly 0 (internal.h: SDPA_EXP_CUT_F32/F64)
+EXP_CUT = {np.float32: np.float32(-87.33), np.float64: np.float64(-708.39)}
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_exp_accuracy(isa, dtype):
-    """Relative error at most 1 eps where e^x is a normal number; at most one
-    smallest subnormal where it is subnormal (measured: 0.65 eps, 0.84)."""
+    """Relative error at most 1 eps from the cut up, where e^x is normal
+    (measured: 0.65 eps); exactly 0 below the cut, never a subnormal number."""
     lo, hi = EXP_RANGES[dtype]
-    x = np.concatenate([np.linspace(lo, hi, 400_001), np.linspace(-1, 0, 100_001)]).astype(dtype)
+    x = np.concatenate([np.linspace(lo, hi, 400_001), np.linspace(-1, 0, 100_001),
+                        EXP_CUT[dtype] + np.arange(-3, 4) * np.spacing(EXP_CUT[dtype])]).astype(dtype)
     y = x.copy()
     _core.kernel_exp(isa, y)
     exact = np.exp(x.astype(np.longdouble))
     fi = np.finfo(dtype)
-    normal = exact >= fi.tiny
-    rel = np.abs((y.astype(np.longdouble) - exact) / exact)[normal]
+    kept = x >= EXP_CUT[dtype]
+    assert (exact[kept] >= fi.tiny).all()
+    rel = np.abs((y.astype(np.longdouble) - exact) / exact)[kept]
     assert rel.max() <= fi.eps, f"max relative error {float(rel.max()):.3g} > eps {fi.eps:.3g}"
-    sub = np.abs(y.astype(np.longdouble) - exact)[~normal]
-    assert sub.max() <= fi.smallest_subnormal
+    assert (y[kept] >= fi.tiny).all(), "a subnormal result from the cut up"
+    assert (y[~kept] == 0).all(), "not exactly 0 below the cut"
+
+
+def _is_subnormal(a):
+    a = np.abs(a)
+    return (a > 0) & (a < np.finfo(a.dtype).tiny)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("row", [False, True], ids=["panel", "row"])
+def test_softmax_writes_no_subnormal(isa, dtype, row):
+    """The online softmax step of every set, fed scores at -inf and at 1000,
+    100, 88, 87.3, 87 below the row's max (and 740, 709 for float64), on a
+    fresh row and on one whose max grows by as much (the rescale of the sum
+    and the accumulator): P, the row sums and the accumulators hold no
+    subnormal value, and the terms past the cut are exactly 0."""
+    nr = 1 if row else _core.panel_rows(isa, "float64" if dtype == np.float64 else "float32")
+    gaps = [np.inf, 1000, 100, 88, 87.34, 87.3, 87, 0.5, 0]
+    if dtype == np.float64:
+        gaps += [740, 709, 708.3]
+    cut = -float(EXP_CUT[dtype])
+    n, ev = 2 * len(gaps) + 3, 19
+    for fresh in (True, False):
+        for shift in gaps[1:]:
+            s = np.empty((n, nr), dtype)
+            for x in range(nr):  # each row its own rotation of the gaps
+                g = np.roll(np.array(gaps + gaps + [0, 0, 0], dtype), x)
+                s[:, x] = 3.0 - g
+            old_max = np.full(nr, -np.inf if fresh else 3.0 - shift, dtype)
+            row_sum = np.full(nr, 0 if fresh else 1.5, dtype)
+            acc = np.full((ev, nr), 0 if fresh else 0.75, dtype)
+            s0 = s.copy()
+            shape = (lambda a: a.reshape(-1)) if row else (lambda a: a)
+            m, l, a = old_max.copy(), row_sum.copy(), shape(acc)
+            p = s.reshape(-1) if row else s
+            _core.kernel_softmax(isa, row, p, m, l, a)
+            for name, arr in (("p", p), ("row_max", m), ("row_sum", l), ("acc", a)):
+                assert not _is_subnormal(arr).any(), f"subnormal in {name}, shift {shift}, fresh {fresh}"
+            assert (p.reshape(n, nr)[(s0 - 3.0) < -cut] == 0).all()
+            assert np.allclose(l, np.exp((s0 - 3.0).astype(np.longdouble)).sum(0)
+                               + (0 if fresh else 1.5 * np.exp(-np.longdouble(shift)) * (shift < cut)), rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -19,12 +19,14 @@
  * exp: x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2 (ln2 split in two
  * parts so that r is exact to a few ulp), e^r by its Taylor polynomial (degree
  * 7 for float, 13 for double), then times 2^n, built in the exponent field as
- * 2^(n/2) 2^(n - n/2) so that results near overflow and subnormal results are
- * right too.  Below -103.98 (float) / -745.14 (double) the result is 0, above
- * the largest finite result it is +inf, and NaN stays NaN.
+ * 2^(n/2) 2^(n - n/2) so that results near overflow are right too.  Below the
+ * cut (SDPA_EXP_CUT_F32/F64, internal.h) the result is exactly 0 and no
+ * subnormal is computed on the way (the input is clamped to the cut, the lane
+ * zeroed after): see avx512.c.  Above the largest finite result it is +inf,
+ * and NaN stays NaN.
  */
 static inline __m256 exp_avx2_ps(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-103.98f), hi = _mm256_set1_ps(88.72284f);
+    const __m256 lo = _mm256_set1_ps(SDPA_EXP_CUT_F32), hi = _mm256_set1_ps(88.72284f);
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
     __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x));
@@ -52,7 +54,7 @@ static inline __m256 exp_avx2_ps(__m256 x) {
 }
 
 static inline __m256d exp_avx2_pd(__m256d x) {
-    const __m256d lo = _mm256_set1_pd(-745.14), hi = _mm256_set1_pd(709.782712893384);
+    const __m256d lo = _mm256_set1_pd(SDPA_EXP_CUT_F64), hi = _mm256_set1_pd(709.782712893384);
     __m256d under = _mm256_cmp_pd(x, lo, _CMP_LT_OQ);
     __m256d over = _mm256_cmp_pd(x, hi, _CMP_GT_OQ);
     __m256d xc = _mm256_min_pd(hi, _mm256_max_pd(lo, x));

@@ -24,13 +24,18 @@
  * exp: x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2 (ln2 split in two
  * parts so that r is exact to a few ulp), e^r by its Taylor polynomial
  * (degree 7 for float, 13 for double: truncation error below 1e-8 and 1e-17
- * relative), then scalef(p, n) = p 2^n, which over- and underflows correctly
- * (subnormal results included).  Inputs are clamped to +-200 (float) or
- * +-1500 (double), beyond which e^x is 0 or inf anyway; the clamps keep NaN.
+ * relative), then scalef(p, n) = p 2^n.  Below the cut (SDPA_EXP_CUT_F32/F64,
+ * internal.h) the result is exactly 0, and nothing below the smallest normal
+ * number is ever computed: the input is clamped to the cut first and the
+ * lanes below it are zeroed by the scalef's mask, because an underflowing
+ * result costs Intel cores a microcode assist per lane (with the caller's
+ * default flags), and a masked key or one far below the row's max is such a
+ * lane.  Above +200 (float) or +1500 (double) e^x is inf anyway; NaN stays.
  * Measured against libm: see tests/test_kernels.py.
  */
 static inline __m512 exp_avx512_ps(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);  /* NaN stays (second operand) */
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SDPA_EXP_CUT_F32), _CMP_NLT_UQ);  /* NaN kept */
+    x = _mm512_max_ps(_mm512_set1_ps(SDPA_EXP_CUT_F32), x);  /* NaN stays (second operand) */
     x = _mm512_min_ps(_mm512_set1_ps(200.0f), x);
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -44,11 +49,12 @@ static inline __m512 exp_avx512_ps(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
 static inline __m512d exp_avx512_pd(__m512d x) {
-    x = _mm512_max_pd(_mm512_set1_pd(-1500.0), x);
+    const __mmask8 keep = _mm512_cmp_pd_mask(x, _mm512_set1_pd(SDPA_EXP_CUT_F64), _CMP_NLT_UQ);
+    x = _mm512_max_pd(_mm512_set1_pd(SDPA_EXP_CUT_F64), x);
     x = _mm512_min_pd(_mm512_set1_pd(1500.0), x);
     __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(x, _mm512_set1_pd(1.4426950408889634074)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -61,7 +67,7 @@ static inline __m512d exp_avx512_pd(__m512d x) {
         1.0,                1.0};
     __m512d p = _mm512_set1_pd(inv_fact[0]);
     for (int i = 1; i < 14; i++) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(inv_fact[i]));
-    return _mm512_scalef_pd(p, n);
+    return _mm512_maskz_scalef_pd(keep, p, n);
 }
 
 static inline __m512 max_nan_ps(__m512 acc, __m512 x) {

@@ -24,7 +24,8 @@
 #define V_HSUM _mm512_reduce_add_ps
 #define V_HSUM_LANES hsum_lanes_ps
 #define V_HMAX_NAN hmax_nan_ps
-#define S_EXP expf
+#define S_EXP sdpa_exp_cut_f32
+#define RESCALE_SMALL sdpa_rescale_small_f32
 #define V_TRANSPOSE transpose16_ps
 #define V_BOOL_TO_NEGINF bool_to_neginf_ps
 #define V_NEGINF_WHERE neginf_where_ps

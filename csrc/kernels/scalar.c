@@ -16,19 +16,23 @@ void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t
 
 #define T float
 #define SUF f32
-#define EXP expf
+#define EXP sdpa_exp_cut_f32
+#define RESCALE_SMALL sdpa_rescale_small_f32
 #include "scalar_impl.h"
 #undef T
 #undef SUF
 #undef EXP
+#undef RESCALE_SMALL
 
 #define T double
 #define SUF f64
-#define EXP exp
+#define EXP sdpa_exp_cut_f64
+#define RESCALE_SMALL sdpa_rescale_small_f64
 #include "scalar_impl.h"
 #undef T
 #undef SUF
 #undef EXP
+#undef RESCALE_SMALL
 
 const kernel_table sdpa_kernels_scalar = {
     .name = "scalar",

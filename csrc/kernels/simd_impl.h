@@ -12,7 +12,8 @@
  *   V_ADD V_SUB V_MUL V_DIV V_FMA(a, b, c) = a*b + c
  *   V_MAX_NAN(acc, x)      max that keeps a NaN of either argument
  *   V_NEGINF_TO_ZERO(x)    lanes equal to -inf become 0
- *   V_EXP(x)               e^x (see the exp notes in the including file)
+ *   V_EXP(x)               e^x, exactly 0 below the cut of internal.h, never
+ *                          subnormal (see the exp notes in the including file)
  *   V_LOADU(p) V_STOREU(p, v)                     (any alignment)
  *   V_HSUM(v)              the sum of the lanes
  *   V_HSUM_LANES(a)        a vector whose lane i is V_HSUM(a[i]), a[0..LANES)
@@ -25,7 +26,8 @@
  *   V_BOOL_TO_NEGINF(p)    LANES bool bytes: 0 where nonzero, -inf where zero
  *   V_NEGINF_WHERE(t, s)   s, with -inf in the lanes where t is -inf
  *   V_HMAX_NAN(v)          the largest lane, NaN if a lane is NaN
- *   S_EXP(x)               libm's exp for T
+ *   S_EXP(x)               libm's exp for T with the kernels' cut (internal.h)
+ *   RESCALE_SMALL(a, f)    a * f without a subnormal product (internal.h)
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -114,6 +116,13 @@ static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev)
     int changed = 0;
     for (int x = 0; x < NR; x++) changed |= alphas[x] != 1;
     if (!changed) return;
+    int small = 0;  /* a max that grew by more than about 41 (internal.h) */
+    for (int x = 0; x < NR; x++) small |= alphas[x] > 0 && alphas[x] < (T)SDPA_RESCALE_SMALL;
+    if (small) {
+        for (int64_t c = 0; c < ev; c++)
+            for (int x = 0; x < NR; x++) acc[c * NR + x] = RESCALE_SMALL(acc[c * NR + x], alphas[x]);
+        return;
+    }
     for (int64_t c = 0; c < ev; c++)
         for (int v = 0; v < NV; v++) {
             T *ac = acc + c * NR + v * LANES;
@@ -558,6 +567,10 @@ static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t
     *row_sum = *row_sum * alpha + V_HSUM(vsum);
     *row_max = mx;
     if (alpha == 1) return;  /* the max did not grow */
+    if (alpha > 0 && alpha < (T)SDPA_RESCALE_SMALL) {
+        for (int64_t c = 0; c < ev; c++) acc[c] = RESCALE_SMALL(acc[c], alpha);
+        return;
+    }
     const int64_t evv = ev / LANES * LANES;
     const V va = V_SET1(alpha);
     for (int64_t c = 0; c < evv; c += LANES) V_STOREU(acc + c, V_MUL(V_LOADU(acc + c), va));

@@ -122,6 +122,9 @@ cdef extern from "testing.h" nogil:
     sdpa_status sdpa_testing_stand_in(int mode, int as_default)
     int sdpa_testing_tile_requests()
     long sdpa_testing_amx_emulated_calls()
+    sdpa_status sdpa_testing_softmax(const char *name, sdpa_dtype dtype, int row, void *s, int n, void *row_max,
+                                     void *row_sum, void *acc, int64_t ev)
+    int sdpa_testing_panel_rows(const char *name, sdpa_dtype dtype)
     int sdpa_testing_have_amx_kernels()
     sdpa_status sdpa_testing_use_kernels(const char *name)
     sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
@@ -242,6 +245,39 @@ def kernel_exp(name, cnp.ndarray x):
         raise TypeError("kernel_exp: a contiguous, writable float32/float64 array")
     cdef sdpa_status st = sdpa_kernel_exp(name.encode(), SDPA_FLOAT32 if t == cnp.NPY_FLOAT32 else SDPA_FLOAT64,
                                           cnp.PyArray_DATA(x), cnp.PyArray_SIZE(x))
+    if st != SDPA_OK:
+        raise ValueError(sdpa_status_message(st).decode())
+
+
+def panel_rows(name, dtype):
+    """The panel width (query rows per score tile) of kernel set `name` for
+    float32 or float64 (for tests); 0 for an unknown set."""
+    return int(sdpa_testing_panel_rows(name.encode(), SDPA_FLOAT64 if dtype == "float64" else SDPA_FLOAT32))
+
+
+def kernel_softmax(name, bint row, cnp.ndarray s, cnp.ndarray row_max, cnp.ndarray row_sum, cnp.ndarray acc):
+    """One online softmax step of kernel set `name`, in place (for tests):
+    row False: its panel softmax, s (n, nr), row_max and row_sum (nr,), acc
+    (ev, nr) with nr = panel_rows(name, dtype); row True: its row_softmax, s
+    (n,), row_max and row_sum (1,), acc (ev,).  All contiguous, writable, of
+    one dtype, float32 or float64."""
+    cdef int t = cnp.PyArray_TYPE(s)
+    arrays = (s, row_max, row_sum, acc)
+    if (t != cnp.NPY_FLOAT32 and t != cnp.NPY_FLOAT64) or any(
+            cnp.PyArray_TYPE(x) != t or not cnp.PyArray_IS_C_CONTIGUOUS(x) or not cnp.PyArray_ISWRITEABLE(x)
+            or not cnp.PyArray_ISNOTSWAPPED(x) for x in arrays):
+        raise TypeError("kernel_softmax: contiguous, writable float32/float64 arrays of one dtype")
+    nr = 1 if row else panel_rows(name, "float64" if t == cnp.NPY_FLOAT64 else "float32")
+    if nr == 0:
+        raise ValueError(f"kernel_softmax: unknown kernel set {name!r}")
+    n = s.shape[0]
+    ev = acc.shape[0]
+    if (s.size != n * nr or row_max.size != nr or row_sum.size != nr or acc.size != ev * nr
+            or (not row and (s.ndim != 2 or acc.ndim != 2))):
+        raise ValueError(f"kernel_softmax: shapes (n, {nr}), ({nr},), ({nr},), (ev, {nr}) expected")
+    cdef sdpa_status st = sdpa_testing_softmax(
+        name.encode(), SDPA_FLOAT32 if t == cnp.NPY_FLOAT32 else SDPA_FLOAT64, row, cnp.PyArray_DATA(s), n,
+        cnp.PyArray_DATA(row_max), cnp.PyArray_DATA(row_sum), cnp.PyArray_DATA(acc), ev)
     if st != SDPA_OK:
         raise ValueError(sdpa_status_message(st).decode())
 
