@@ -13,6 +13,7 @@
 
 #include "convert.h"
 #include "internal.h"
+#include "testing.h"
 
 /* Row mode serves problems with at most SDPA_ROW_MODE_MAX_ROWS query rows per
  * key/value head (gqa_group x L), and those with a short query (L at most
@@ -34,12 +35,22 @@
 /* Work division and scratch layout of one call (offsets in elements). */
 typedef struct plan {
     sdpa_dtype kv_dtype;  /* of key and value, resolved                 */
-    int bf16;             /* tiled with bfloat16 products (run_task_bf16) */
+    int bf16;             /* tiled with bfloat16 pairs and products (gemm_bf16) */
     int64_t num_bh;       /* batch count x heads                 */
     int64_t num_qblocks;  /* ceil(L / tile_q)                    */
     int64_t num_tasks;    /* num_bh x num_qblocks                */
     int tile_q, tile_k, nr;  /* tile_q is a multiple of nr        */
-    size_t off_q, off_acc, off_s, off_m, off_l, off_k, off_v, off_pp, off_vp;
+    size_t off_q, off_acc, off_s, off_m, off_l, off_k, off_v, off_pp, off_vp, off_prof;
+    /* K and V packed once per call (tiled path): the float K and V of a 16-bit or
+     * int8 cache widened, or bfloat16 V as pairs, per key/value slice, into a
+     * call buffer that every query block and every query head of a slice's GQA
+     * group reads; packed by pack_units units of pack_chunk keys before the tasks */
+    int kv_packed;
+    int64_t pack_chunk, pack_units;
+    size_t slice_k, slice_elems;  /* K part, whole slice (elements of the compute type) */
+    size_t callbuf_elems;
+    int64_t vp_ld;                /* bfloat16 V pairs by feature: pairs per feature row */
+    int profile;                  /* phase timers on (sdpa_profile_start)            */
     /* row mode (few query rows per key/value head; see attention_impl.h) */
     int row_mode;
     int rows;               /* query rows per group: gqa_group x L  */
@@ -304,15 +315,16 @@ static scale_copy_d_f32_fn scale_copy_d_of_f32(const kernels_f32 *kern) {
 static scale_copy_f64_fn scale_copy_of_f64(const kernels_f64 *kern) { (void)kern; return scale_copy_portable_f64; }
 static scale_copy_f64_fn scale_copy_d_of_f64(const kernels_f64 *kern) { (void)kern; return scale_copy_portable_f64; }
 
-/* The query block and (batch, head) index of a task of the tiled path. */
+/* The query block and (batch, head) index of a task of the tiled path.  The
+ * tasks of one key/value slice are consecutive, so that its K and V stay in
+ * cache from one task to the next: per slice, the query blocks from the last
+ * (with causality the longest: the tail of the loop is then the short ones)
+ * and, per query block, the query heads of the slice's GQA group. */
 static void task_coords(const sdpa_problem *p, const plan *pl, int64_t task, int64_t *qb, int64_t *bh) {
-    if (p->causal) {  /* the longest query blocks first, so the triangle balances */
-        *qb = pl->num_qblocks - 1 - task / pl->num_bh;
-        *bh = task % pl->num_bh;
-    } else {
-        *qb = task % pl->num_qblocks;
-        *bh = task / pl->num_qblocks;
-    }
+    const int64_t G = p->gqa_group, per_slice = pl->num_qblocks * G;
+    const int64_t slice = task / per_slice, rem = task % per_slice;
+    *qb = pl->num_qblocks - 1 - rem / G;
+    *bh = slice * G + rem % G;  /* (b, hkv) -> b * H + hkv * G + member */
 }
 
 /* The panel packing and row storing kernels, or NULL (float64, and sets without
@@ -325,6 +337,67 @@ static pack_q_f32_fn pack_q_of_f32(const kernels_f32 *kern) { return kern->pack_
 static store_rows_f32_fn store_rows_of_f32(const kernels_f32 *kern) { return kern->store_rows; }
 static pack_q_f64_fn pack_q_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 static store_rows_f64_fn store_rows_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+
+/* The 16-bit panel and row kernels, or NULL (float64: its problems are float64 only). */
+typedef void (*pack_q_half_f32_fn)(sdpa_dtype, float *, const uint16_t *, int, int64_t, int64_t, float);
+typedef void (*store_rows_half_f32_fn)(sdpa_dtype, uint16_t *, int64_t, const float *, const float *, int, int64_t);
+typedef void (*pack_q_half_f64_fn)(sdpa_dtype, double *, const uint16_t *, int, int64_t, int64_t, double);
+typedef void (*store_rows_half_f64_fn)(sdpa_dtype, uint16_t *, int64_t, const double *, const double *, int, int64_t);
+static pack_q_half_f32_fn pack_q_half_of_f32(const kernels_f32 *kern) { return kern->pack_q_half; }
+static store_rows_half_f32_fn store_rows_half_of_f32(const kernels_f32 *kern) { return kern->store_rows_half; }
+static pack_q_half_f64_fn pack_q_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+static store_rows_half_f64_fn store_rows_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
+
+/*
+ * Phase profile of the tiled path (sdpa_profile_start / _read in testing.h):
+ * when on, each task reads a tick counter at the end of each phase of a tile and
+ * adds the ticks to its thread's counters, summed into these totals at the end
+ * of the call; when off, a call pays one untaken branch per phase and tile.
+ * Ticks are the TSC on x86-64 (converted with the nanoseconds that passed
+ * between start and read), nanoseconds of the monotonic clock elsewhere.
+ */
+enum { PH_PACK, PH_QK, PH_MASK, PH_SOFTMAX, PH_PV, PH_EPILOGUE, PH_SCORES, PH_COUNT };
+static SDPA_ATOMIC(int) profile_on = 0;
+static SDPA_ATOMIC(uint64_t) profile_total[PH_COUNT];
+static double profile_t0_ns;
+static uint64_t profile_t0_ticks;
+
+static double now_ns(void) {
+    struct timespec ts;
+#if defined(CLOCK_MONOTONIC)
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#else
+    timespec_get(&ts, TIME_UTC);
+#endif
+    return 1e9 * (double)ts.tv_sec + (double)ts.tv_nsec;
+}
+
+#if SDPA_HAVE_X86_KERNELS
+static inline uint64_t prof_ticks(void) { return __rdtsc(); }
+#else
+static inline uint64_t prof_ticks(void) { return (uint64_t)now_ns(); }
+#endif
+
+static void profile_add(const uint64_t *counts) {
+    for (int i = 0; i < PH_COUNT; i++) sdpa_atomic_add(&profile_total[i], counts[i]);
+}
+
+void sdpa_profile_start(void) {
+    for (int i = 0; i < PH_COUNT; i++) sdpa_atomic_store(&profile_total[i], 0);
+    profile_t0_ns = now_ns();
+    profile_t0_ticks = prof_ticks();
+    sdpa_atomic_store(&profile_on, 1);
+}
+
+int sdpa_profile_read(double *ns, int n, double *scores) {
+    const double dn = now_ns() - profile_t0_ns, dt = (double)(prof_ticks() - profile_t0_ticks);
+    const double per_tick = dt > 0 ? dn / dt : 1;
+    for (int i = 0; i < n && i < PH_SCORES; i++) ns[i] = (double)sdpa_atomic_load(&profile_total[i]) * per_tick;
+    *scores = (double)sdpa_atomic_load(&profile_total[PH_SCORES]);
+    return PH_SCORES;
+}
+
+void sdpa_profile_stop(void) { sdpa_atomic_store(&profile_on, 0); }
 
 /* What a mask does to a tile (see mask_tile_class in attention_impl.h). */
 enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
@@ -434,6 +507,12 @@ static size_t round_elems(size_t n, size_t elem) {
 /* Blocking forced by the test suite (sdpa_testing_set_blocking); 0: the rule. */
 static SDPA_ATOMIC(int) forced_tile_q = 0, forced_tile_k = 0, forced_chunk = 0;
 
+/* Packing of K/V once per call forced by the test suite: 0 the rule, 1 never,
+ * 2 whenever the call could (sdpa_testing_set_packing). */
+static SDPA_ATOMIC(int) forced_packing = 0;
+
+void sdpa_testing_set_packing(int mode) { sdpa_atomic_store(&forced_packing, mode == 1 || mode == 2 ? mode : 0); }
+
 void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk) {
     sdpa_atomic_store(&forced_tile_q, tile_q > 0 ? tile_q : 0);
     sdpa_atomic_store(&forced_tile_k, tile_k > 0 ? tile_k : 0);
@@ -443,6 +522,10 @@ void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk) {
 static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
 #define SDPA_ROW_MODE_CHUNK 1024
+/* K and V packed once per call (make_plan) in at most this many bytes, by units
+ * of this many keys (even: whole pairs) */
+#define SDPA_PACK_BUDGET (512.0 * 1024 * 1024)
+#define SDPA_PACK_CHUNK 512
 
 /*
  * The blocking, from the cache sizes and the shape (docs/blocking.md):
@@ -513,7 +596,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
     const int64_t rows = p->gqa_group * p->len_q;
     /* bfloat16 pairs on the tiled path (AVX512-BF16) are ahead from L = 16 */
     const int bf16_pairs = p->dtype == SDPA_BFLOAT16 && pl->kv_dtype == SDPA_BFLOAT16 &&
-                           kt->f32.gemm_bf16 != NULL && !has_variants(p);
+                           kt->f32.gemm_bf16 != NULL && kt->f32.softmax_pairs != NULL;
     const int64_t max_l = bf16_pairs ? SDPA_ROW_MODE_MAX_L_BF16 : SDPA_ROW_MODE_MAX_L;
     pl->row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS || (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS);
     /* int8 tiles are dequantized into float scratch: blocked as float */
@@ -542,17 +625,47 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
         pl->off_s = off;   off += round_elems(tk * nr, elem);
         pl->off_m = off;   off += round_elems(tq, elem);
         pl->off_l = off;   off += round_elems(tq, elem);
-        /* the model variants run in the float32 kernels (bfloat16 widened) */
         pl->bf16 = bf16_pairs;
+        const int convert = !pl->bf16 && pl->kv_dtype != (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32);
         if (pl->bf16) {  /* pairs of bfloat16, 32 bits each: the size of a float */
             const size_t E2 = (E + 1) / 2, pairs = (tk + 1) / 2;
             pl->off_pp = off; off += round_elems(pairs * nr, elem);
-            pl->off_vp = off; off += round_elems(pairs * Ev, elem);
+            pl->off_vp = off; off += round_elems(pairs * Ev, elem);  /* V pairs of a tile, when not packed */
             pl->off_k = off;  off += round_elems(tk * E2, elem);  /* K pairs, when not in place */
             /* the query panels hold E2 pairs, not E floats: within off_q's room */
-        } else if (pl->kv_dtype != (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32)) {
+        } else if (convert) {
             pl->off_k = off; off += round_elems(tk * E, elem);  /* K and V tiles converted */
             pl->off_v = off; off += round_elems(tk * Ev, elem);
+        }
+        pl->profile = sdpa_atomic_load(&profile_on);
+        pl->off_prof = off; off += round_elems(PH_COUNT * 8 / elem, elem);
+        /* K/V packed once per call where a slice is read by two or more tasks
+         * (query blocks, query heads of a GQA group) and the buffer stays within
+         * SDPA_PACK_BUDGET bytes; else a tile at a time in each task */
+        const int64_t reuse = pl->num_qblocks * p->gqa_group;
+        const int packing = sdpa_atomic_load(&forced_packing);
+        if ((pl->bf16 || convert) && (reuse >= 2 || packing == 2) && packing != 1 && p->len_kv > 0) {
+            const int64_t S = p->len_kv, slices = batch_count * (p->num_heads / p->gqa_group);
+            size_t per;
+            if (pl->bf16) {
+                /* whole tiles of 16 pairs, and an odd number of 64-byte lines a
+                 * feature row: a tile's 16 rows at a stride of a multiple of 4 KiB
+                 * would fall in one set of L1 */
+                pl->vp_ld = ((S + 1) / 2 + 15) / 16 * 16;
+                if (pl->vp_ld / 16 % 2 == 0) pl->vp_ld += 16;
+                per = kt->f32.bf16_values_by_feature ? (size_t)pl->vp_ld * Ev : (size_t)((S + 1) / 2) * Ev;
+                pl->slice_k = 0;
+            } else {
+                pl->slice_k = (size_t)S * E;
+                per = pl->slice_k + (size_t)S * Ev;
+            }
+            pl->slice_elems = round_elems(per, elem);
+            if ((double)pl->slice_elems * (double)slices * (double)elem <= SDPA_PACK_BUDGET || packing == 2) {
+                pl->kv_packed = 1;
+                pl->callbuf_elems = pl->slice_elems * (size_t)slices;
+                pl->pack_chunk = SDPA_PACK_CHUNK;
+                pl->pack_units = slices * ((S + pl->pack_chunk - 1) / pl->pack_chunk);
+            }
         }
     }
     pl->scratch_elems = off;

@@ -300,6 +300,10 @@ static void FN(pack_panel)(const sdpa_problem *p, const KT *kern, T *panel, cons
         FN(pack_q_of)(kern)(panel, (const T *)q0, prows, p->query.row_stride, E, scale);
         return;
     }
+    if (qdt != TDT && p->query.col_stride == 1 && FN(pack_q_half_of)(kern)) {  /* 16-bit, widened */
+        FN(pack_q_half_of)(kern)(qdt, panel, (const uint16_t *)q0, prows, p->query.row_stride, E, scale);
+        return;
+    }
     for (int64_t c = 0; c < E; c++) {  /* contiguous stores, strided loads */
         T *pc = panel + c * nr;
         FN(load_scaled)(pc, q0 + c * p->query.col_stride * (int64_t)qe, prows, p->query.row_stride, qdt, scale);
@@ -347,11 +351,136 @@ static void FN(prefetch_task)(const sdpa_problem *p, const plan *pl, int64_t tas
                       p->head_dim_v, 0);
 }
 
-static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
+#if HAS_BF16
+/* (lo, hi) in one 32-bit pair, lo in the low half */
+static inline uint32_t bf16_pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
+
+/* Rows [s0, s0 + n) of a bfloat16 key view as pairs along E: dst[j][p] for
+ * p < ceil(E/2), an odd E padded with zero (K not readable in place). */
+static void bf16_pack_rows(uint32_t *dst, const uint16_t *base, const sdpa_view *view, int64_t s0, int n, int64_t E) {
+    const int64_t E2 = (E + 1) / 2;
+    for (int j = 0; j < n; j++) {
+        const uint16_t *row = base + (s0 + j) * view->row_stride;
+        uint32_t *d = dst + (int64_t)j * E2;
+        for (int64_t p = 0; p < E2; p++) {
+            const uint16_t lo = row[2 * p * view->col_stride];
+            const uint16_t hi = 2 * p + 1 < E ? row[(2 * p + 1) * view->col_stride] : 0;
+            d[p] = bf16_pair(lo, hi);
+        }
+    }
+}
+
+/* Rows [s0, s0 + n) of a bfloat16 value view (s0 even) as pairs along the
+ * keys in the layout of the kernel set, pair p of feature c at
+ * dst[c * ld + p] (by feature) or dst[p * ld + c]: with the set's kernel for
+ * contiguous rows, else element by element. */
+static void bf16_pack_values(const kernels_f32 *kern, uint32_t *dst, int64_t ld, const uint16_t *base,
+                             const sdpa_view *view, int64_t s0, int n, int64_t Ev) {
+    const int64_t rs = view->row_stride, cs = view->col_stride;
+    const int byf = kern->bf16_values_by_feature;
+    if (cs == 1 && kern->pack_v_pairs) {
+        kern->pack_v_pairs(byf, dst, ld, base + s0 * rs, rs, n, Ev);
+        return;
+    }
+    for (int p = 0; 2 * p < n; p++) {
+        const uint16_t *r0 = base + (s0 + 2 * p) * rs;
+        const int two = 2 * p + 1 < n;
+        for (int64_t c = 0; c < Ev; c++) {
+            const uint32_t w = bf16_pair(r0[c * cs], two ? r0[rs + c * cs] : 0);
+            if (byf) dst[c * ld + p] = w;
+            else dst[(int64_t)p * ld + c] = w;
+        }
+    }
+}
+
+/* Panel pn of a task's query rows from l0 on as bfloat16 pairs, [E2][nr],
+ * unscaled (the scale is applied to the float scores: rounding a scaled query
+ * to bfloat16 would add error). */
+static void bf16_pack_panel(const sdpa_problem *p, const kernels_f32 *kern, uint32_t *panel, const uint16_t *q,
+                            int64_t l0, int pn) {
+    const int64_t L = p->len_q, E = p->head_dim, E2 = (E + 1) / 2;
+    const int nr = kern->nr;
+    const int64_t r0 = l0 + (int64_t)pn * nr;
+    const int prows = (int)(L - r0 < nr ? L - r0 : nr);
+    const int64_t rs = p->query.row_stride, cs = p->query.col_stride;
+    if (E % 2 == 0 && cs == 1 && kern->pack_q_pairs) {
+        kern->pack_q_pairs(panel, q + r0 * rs, prows, rs, E2);
+        return;
+    }
+    for (int64_t pr = 0; pr < E2; pr++) {
+        uint32_t *pc = panel + pr * nr;
+        for (int x = 0; x < prows; x++) {
+            const uint16_t *qr = q + (r0 + x) * rs;
+            pc[x] = bf16_pair(qr[2 * pr * cs], 2 * pr + 1 < E ? qr[(2 * pr + 1) * cs] : 0);
+        }
+        for (int x = prows; x < nr; x++) pc[x] = 0;
+    }
+}
+#endif
+
+/* The key/value slice (batch index, key/value head) of packing unit u, and the
+ * keys [s0, s0 + n) it packs; 0 when there are none. */
+static int FN(pack_unit)(const sdpa_problem *p, const plan *pl, int64_t u, int64_t *b, int64_t *hkv, int64_t *s0,
+                         int *n) {
+    const int64_t per = (p->len_kv + pl->pack_chunk - 1) / pl->pack_chunk;
+    const int64_t slice = u / per, Hkv = p->num_heads / p->gqa_group;
+    *b = slice / Hkv;
+    *hkv = slice % Hkv;
+    *s0 = (u % per) * pl->pack_chunk;
+    const int64_t S_b = key_limit(p, *b);
+    if (*s0 >= S_b) return 0;
+    *n = (int)(S_b - *s0 < pl->pack_chunk ? S_b - *s0 : pl->pack_chunk);
+    return 1;
+}
+
+/* Packing unit u of the call buffer (pl->kv_packed): the keys of one chunk of
+ * one key/value slice into the layout the products read, once per call for
+ * every query block and every query head of the GQA group. */
+static void FN(pack_kv_unit)(const sdpa_problem *p, const plan *pl, const KT *kern, T *callbuf, int64_t u) {
+    int64_t b, hkv, s0;
+    int n;
+    if (!FN(pack_unit)(p, pl, u, &b, &hkv, &s0, &n)) return;
+    const int64_t E = p->head_dim, Ev = p->head_dim_v;
+    T *slice = callbuf + (b * (p->num_heads / p->gqa_group) + hkv) * (int64_t)pl->slice_elems;
+    const sdpa_dtype kvdt = pl->kv_dtype;
+    const size_t kve = sdpa_dtype_size(kvdt);
+#if HAS_BF16
+    if (pl->bf16) {  /* V pairs; K is read in place */
+        const uint16_t *v = (const uint16_t *)view_at(p, &p->value, b, hkv, 2);
+        uint32_t *vp = (uint32_t *)slice;
+        if (kern->bf16_values_by_feature)
+            bf16_pack_values(kern, vp + s0 / 2, pl->vp_ld, v, &p->value, s0, n, Ev);
+        else
+            bf16_pack_values(kern, vp + s0 / 2 * Ev, Ev, v, &p->value, s0, n, Ev);
+        return;
+    }
+#endif
+    const char *k = (const char *)view_at(p, &p->key, b, hkv, kve);
+    const char *v = (const char *)view_at(p, &p->value, b, hkv, kve);
+    const FN(kv_scales) kscl = FN(kv_scales_at)(p, &p->key_scale, b, hkv, E);
+    const FN(kv_scales) vscl = FN(kv_scales_at)(p, &p->value_scale, b, hkv, Ev);
+    FN(convert_rows)(kern, slice + s0 * E, k, &p->key, kvdt, s0, n, E, &kscl);
+    FN(convert_rows)(kern, slice + pl->slice_k + s0 * Ev, v, &p->value, kvdt, s0, n, Ev, &vscl);
+}
+
+/* Phase timers of the tiled path (sdpa_profile_*): a task adds the time since
+ * its last mark to a phase, when the call is profiled. */
+#define PROF_MARK(ph)                                  \
+    do {                                               \
+        if (prof) {                                    \
+            const uint64_t t_ = prof_ticks();          \
+            prof[ph] += t_ - prof_t;                   \
+            prof_t = t_;                               \
+        }                                              \
+    } while (0)
+
+static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch, const T *callbuf,
                          int64_t task, interrupt_state *irq, int tid) {
     const int64_t H = p->num_heads, L = p->len_q;
     const int64_t E = p->head_dim, Ev = p->head_dim_v;
     const int tile_q = pl->tile_q, tile_k = pl->tile_k, nr = pl->nr;
+    uint64_t *prof = pl->profile ? (uint64_t *)(scratch + pl->off_prof) : NULL;
+    uint64_t prof_t = prof ? prof_ticks() : 0;
 
     int64_t qb, bh;
     task_coords(p, pl, task, &qb, &bh);
@@ -364,20 +493,44 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     char *out = (char *)view_at(p, &p->out, b, h, sdpa_dtype_size(qdt));
     const void *mask = FN(mask_at)(p, b, h);
     T *weights = p->weights.data ? AT(weights, b, h) : NULL;
-    /* K and V in place (T elements), or converted a tile at a time */
-    const int convert_kv = kvdt != TDT;
+    /* this task's key/value slice in the call buffer, when packed once */
+    const T *slice = pl->kv_packed ? callbuf + (b * (H / p->gqa_group) + hkv) * (int64_t)pl->slice_elems : NULL;
+    const int bf16 = pl->bf16;  /* bfloat16 pairs and gemm_bf16 (float instance only) */
+    /* float K and V: in place (T elements), from the call buffer, or converted a tile at a time */
+    const int convert_kv = !bf16 && kvdt != TDT;
     const int64_t ksr = convert_kv ? E : p->key.row_stride, ksc = convert_kv ? 1 : p->key.col_stride;
     const int64_t vsr = convert_kv ? Ev : p->value.row_stride, vsc = convert_kv ? 1 : p->value.col_stride;
     const FN(kv_scales) kscl = FN(kv_scales_at)(p, &p->key_scale, b, hkv, E);
     const FN(kv_scales) vscl = FN(kv_scales_at)(p, &p->value_scale, b, hkv, Ev);
-    T *kbuf = scratch + pl->off_k;   /* a K tile as T, tile_k x E (convert_kv) */
-    T *vbuf = scratch + pl->off_v;   /* a V tile as T, tile_k x Ev            */
+    T *kbuf = scratch + pl->off_k;   /* a K tile as T, tile_k x E (convert_kv, not packed) */
+    T *vbuf = scratch + pl->off_v;   /* a V tile as T, tile_k x Ev                          */
 
-    T *qt = scratch + pl->off_q;     /* panels of Q^T, each E x nr, scaled   */
+    T *qt = scratch + pl->off_q;     /* panels of Q^T, each E x nr, scaled (bf16: E2 x nr pairs) */
     T *acc = scratch + pl->off_acc;  /* panels of (P V)^T, each Ev x nr      */
     T *st = scratch + pl->off_s;     /* one score tile, keys x nr            */
     T *row_m = scratch + pl->off_m;
     T *row_l = scratch + pl->off_l;
+#if HAS_BF16
+    const T scale = (T)p->scale;
+    const int64_t E2 = (E + 1) / 2;
+    const int64_t qpanel = bf16 ? E2 : E;  /* elements of a panel column block */
+    uint32_t *pp = (uint32_t *)(scratch + pl->off_pp);  /* P^T pairs, [tile_k / 2][nr] */
+    uint32_t *vp = (uint32_t *)(scratch + pl->off_vp);  /* V pairs of a tile, when not packed */
+    uint32_t *kp = (uint32_t *)(scratch + pl->off_k);   /* K pairs when not in place, [tile_k][E2] */
+    /* K read in place when its rows are whole pairs, 32-bit aligned */
+    const int k_in_place = E % 2 == 0 && p->key.col_stride == 1 && p->key.row_stride % 2 == 0 && ((uintptr_t)k & 3) == 0;
+    /* feature c's pair p at vbase[c * vp_rs + p * vp_ks]: P V's a, in its kernel's layout */
+    const int byf = bf16 && kern->bf16_values_by_feature;
+    const int64_t vp_ld = slice ? (byf ? pl->vp_ld : Ev) : (byf ? (tile_k + 1) / 2 : Ev);
+    const int64_t vp_rs = byf ? vp_ld : 1, vp_ks = byf ? 1 : Ev;
+    /* the scale folded into the softmax: it must come before a softcap, ALiBi, an
+     * additive mask or raw weights, and a bool mask, causality and windows put
+     * -inf, which any scale > 0 keeps */
+    const int fold = bf16 && scale > 0 && scale < (T)INFINITY && p->softcap == 0 && !p->alibi.data &&
+                     p->mask_kind != SDPA_MASK_ADDITIVE && !weights;
+#else
+    const int64_t qpanel = E;
+#endif
 
     const int64_t l0 = qb * tile_q;
     const int rows = (int)(L - l0 < tile_q ? L - l0 : tile_q);
@@ -408,18 +561,43 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     const T slope = p->alibi.data ? FN(head_value)(p, &p->alibi, b, h) : 0;
     const T cap = FN(softcap_value)(p);
     T *lse = p->lse.data ? AT(lse, b, h) : NULL;
-    const int rows_vec = qdt == TDT && p->out.col_stride == 1 && FN(store_rows_of)(kern) != NULL;
+    const int rows_vec = p->out.col_stride == 1 &&
+                         (qdt == TDT ? FN(store_rows_of)(kern) != NULL : FN(store_rows_half_of)(kern) != NULL);
     int packed = 0;  /* panels of Q packed so far */
+    int64_t scores = 0;  /* computed, for the profile */
 
     for (int64_t s0 = kv_begin; s0 < kv_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;  /* the output is unspecified then */
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
         const T *kt = (const T *)k + s0 * ksr, *vt = (const T *)v + s0 * vsr;
-        if (convert_kv) {  /* once per tile, for every panel */
+#if HAS_BF16
+        const uint32_t *kpt = NULL, *vpt = NULL;
+        int64_t k_rs = E2;
+        if (bf16) {
+            if (k_in_place) {
+                kpt = (const uint32_t *)((const uint16_t *)k + s0 * p->key.row_stride);
+                k_rs = p->key.row_stride / 2;
+            } else {
+                bf16_pack_rows(kp, (const uint16_t *)k, &p->key, s0, n, E);
+                kpt = kp;
+            }
+            if (slice) {
+                vpt = (const uint32_t *)slice + (byf ? s0 / 2 : s0 / 2 * Ev);
+            } else {
+                bf16_pack_values(kern, vp, vp_ld, (const uint16_t *)v, &p->value, s0, n, Ev);
+                vpt = vp;
+            }
+        } else
+#endif
+        if (slice) {  /* converted once for the call */
+            kt = slice + s0 * E;
+            vt = slice + pl->slice_k + s0 * Ev;
+        } else if (convert_kv) {  /* once per tile, for every panel */
             FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E, &kscl);
             FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev, &vscl);
             kt = kbuf, vt = vbuf;
         }
+        PROF_MARK(PH_PACK);
         for (int pn = 0; pn < panels; pn++) {
             const int64_t r0 = l0 + (int64_t)pn * nr;
             const int prows = (int)(L - r0 < nr ? L - r0 : nr);
@@ -449,17 +627,40 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             }
 
             if (pn >= packed) {  /* Q is packed a panel at a time, the next one on its way */
-                for (; packed <= pn; packed++) FN(pack_panel)(p, kern, qt + (int64_t)packed * E * nr, q, l0, packed);
+                for (; packed <= pn; packed++) {
+                    T *panel = qt + (int64_t)packed * qpanel * nr;
+#if HAS_BF16
+                    if (bf16) {
+                        bf16_pack_panel(p, kern, (uint32_t *)panel, (const uint16_t *)q, l0, packed);
+                        continue;
+                    }
+#endif
+                    FN(pack_panel)(p, kern, panel, q, l0, packed);
+                }
                 if (packed < panels) {
                     const int64_t rn = l0 + (int64_t)packed * nr;
                     FN(prefetch_rows)(q, &p->query, sdpa_dtype_size(qdt), rn, (int)(L - rn < nr ? L - rn : nr), E, 0);
                 }
+                PROF_MARK(PH_PACK);
             }
             if (s0 + tile_k >= kv_end) {  /* the last tile: this panel's output rows and the next task */
-                if (rows_vec) FN(prefetch_rows)(out, &p->out, sizeof(T), r0, prows, Ev, 1);
+                if (rows_vec) FN(prefetch_rows)(out, &p->out, sdpa_dtype_size(qdt), r0, prows, Ev, 1);
                 FN(prefetch_task)(p, pl, task + pl->num_threads, pn, panels);
             }
-            kern->gemm(np, E, kt, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
+#if HAS_BF16
+            if (bf16) {
+                kern->gemm_bf16(np, E2, kpt, k_rs, 1, (const uint32_t *)qt + (int64_t)pn * E2 * nr, nr, st, nr, 0);
+                PROF_MARK(PH_QK);
+                if (!fold) {  /* the scaled scores, for what comes next */
+                    if (kern->scale_copy) kern->scale_copy(st, st, (int64_t)np * nr, scale);
+                    else for (int64_t i = 0; i < (int64_t)np * nr; i++) st[i] *= scale;
+                }
+            } else
+#endif
+            {
+                kern->gemm(np, E, kt, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
+                PROF_MARK(PH_QK);
+            }
             if (p->softcap > 0) kern->softcap(st, (int64_t)np * nr, cap);
             if (p->alibi.data) FN(add_alibi_tile)(p, st, nr, r0, prows, s0, np, slope);
 
@@ -469,9 +670,22 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             if (weights)
                 for (int x = 0; x < prows; x++)
                     FN(store_raw_scores)(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, s0, np);
+            PROF_MARK(PH_MASK);
+            scores += (int64_t)np * prows;
 
+#if HAS_BF16
+            if (bf16) {
+                kern->softmax_pairs(st, np, fold ? scale : 1, pmax, psum, pacc, Ev, pp);
+                PROF_MARK(PH_SOFTMAX);
+                kern->gemm_bf16((int)Ev, (np + 1) / 2, vpt, vp_rs, vp_ks, pp, nr, pacc, nr, 1);
+                PROF_MARK(PH_PV);
+                continue;
+            }
+#endif
             kern->softmax(st, np, pmax, psum, pacc, Ev);
+            PROF_MARK(PH_SOFTMAX);
             kern->gemm((int)Ev, np, vt, vsc, vsr, st, nr, pacc, nr, 1);
+            PROF_MARK(PH_PV);
         }
     }
 
@@ -486,8 +700,13 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     if (rows_vec)  /* the same values as the loop below, a panel at a time */
         for (int pn = 0; pn < panels; pn++) {
             const int x0 = pn * nr, prows = rows - x0 < nr ? rows - x0 : nr;
-            FN(store_rows_of)(kern)((T *)out + (l0 + x0) * p->out.row_stride, p->out.row_stride,
-                                    acc + (int64_t)pn * Ev * nr, row_l + x0, prows, Ev);
+            const int64_t off = (l0 + x0) * p->out.row_stride;
+            if (qdt == TDT)
+                FN(store_rows_of)(kern)((T *)out + off, p->out.row_stride, acc + (int64_t)pn * Ev * nr, row_l + x0,
+                                        prows, Ev);
+            else
+                FN(store_rows_half_of)(kern)(qdt, (uint16_t *)out + off, p->out.row_stride,
+                                             acc + (int64_t)pn * Ev * nr, row_l + x0, prows, Ev);
         }
     for (int x = 0; x < rows; x++) {
         const int64_t row = l0 + x;
@@ -505,7 +724,10 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         }
         if (weights) FN(normalize_weights)(p, weights + row * p->weights.row_stride, row, S_b, m, l);
     }
+    PROF_MARK(PH_EPILOGUE);
+    if (prof) prof[PH_SCORES] += (uint64_t)scores;
 }
+#undef PROF_MARK
 
 /*
  * Row mode, for few query rows per key/value head (decoding): one task is
@@ -728,13 +950,9 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, const KT *kern
     }
 }
 
-#if HAS_BF16
-#include "attention_bf16.h"
-#endif
-
 /* One task, unless the call was interrupted.  A row-mode group of one chunk
  * is merged by the task that computed it (no second pass over the groups). */
-static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
+static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch, const T *callbuf,
                         T *partial, int64_t t, int tid, interrupt_state *irq) {
     if (should_stop(irq, tid)) return;
     if (pl->row_mode) {
@@ -742,28 +960,50 @@ static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T
         if (pl->num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(p, pl, kern, partial, t);
     } else {
 #if HAS_BF16
-        if (pl->bf16) {
-            run_task_bf16(p, pl, kern, scratch, t, irq, tid);
-            return;
-        }
+        const int tiles = pl->bf16 && kern->tiles_begin;
+        if (tiles) kern->tiles_begin();
+        FN(run_task)(p, pl, kern, scratch, callbuf, t, irq, tid);
+        if (tiles) kern->tiles_end();
+#else
+        FN(run_task)(p, pl, kern, scratch, callbuf, t, irq, tid);
 #endif
-        FN(run_task)(p, pl, kern, scratch, t, irq, tid);
     }
 }
 
-static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT *kern) {
+/* Packing unit u of the call buffer, timed as packing when profiled. */
+static void FN(do_pack)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch, T *callbuf, int64_t u,
+                        int tid, interrupt_state *irq) {
+    if (should_stop(irq, tid)) return;
+    const uint64_t t0 = pl->profile ? prof_ticks() : 0;
+    FN(pack_kv_unit)(p, pl, kern, callbuf, u);
+    if (pl->profile) ((uint64_t *)(scratch + pl->off_prof))[PH_PACK] += prof_ticks() - t0;
+}
+
+static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl_in, const KT *kern) {
+    plan pl_own = *pl_in;
+    const plan *pl = &pl_own;
     const size_t per_thread = pl->scratch_elems;
     const int nthreads = pl->num_threads;
     const size_t partial_total = pl->row_mode ? (size_t)pl->num_tasks * pl->partial_elems : 0;
-    T *scratch = (T *)aligned_block((per_thread * (size_t)nthreads + partial_total) * sizeof(T));
+    const size_t base = per_thread * (size_t)nthreads + partial_total;
+    T *scratch = NULL;
+    if (pl->kv_packed) {  /* without room for the packed K/V, tile by tile as before */
+        scratch = (T *)aligned_block((base + pl->callbuf_elems) * sizeof(T));
+        if (!scratch) pl_own.kv_packed = 0;
+    }
+    if (!scratch) scratch = (T *)aligned_block(base * sizeof(T));
     if (!scratch) return SDPA_ERR_NO_MEMORY;
     T *partial = scratch + per_thread * (size_t)nthreads;
+    T *callbuf = pl->kv_packed ? scratch + base : NULL;
+    if (pl->profile)
+        for (int t = 0; t < nthreads; t++) memset(scratch + (size_t)t * per_thread + pl->off_prof, 0, PH_COUNT * 8);
 
     interrupt_state irq;
     interrupt_start(&irq, p);
     if (nthreads == 1) {  /* no OpenMP region at all (also what a forked child needs) */
+        for (int64_t u = 0; callbuf && u < pl->pack_units; u++) FN(do_pack)(p, pl, kern, scratch, callbuf, u, 0, &irq);
         for (int64_t t = 0; t < pl->num_tasks; t++)
-            FN(do_task)(p, pl, kern, scratch, partial, t, 0, &irq);
+            FN(do_task)(p, pl, kern, scratch, callbuf, partial, t, 0, &irq);
         if (pl->row_mode && pl->num_chunks > 1)
             for (int64_t g = 0; g < pl->num_groups && !sdpa_atomic_load(&irq.stop); g++)
                 FN(merge_rows)(p, pl, kern, partial, g);
@@ -777,9 +1017,13 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
             const fp_mode own_mode = fp_mode_get();
             fp_mode_adopt(caller_mode);
             T *mine = scratch + (size_t)tid * per_thread;
+            if (callbuf) {  /* every slice packed before any task reads it (the barrier of the loop) */
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t u = 0; u < pl->pack_units; u++) FN(do_pack)(p, pl, kern, mine, callbuf, u, tid, &irq);
+            }
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < pl->num_tasks; t++)
-                FN(do_task)(p, pl, kern, mine, partial, t, tid, &irq);
+                FN(do_task)(p, pl, kern, mine, callbuf, partial, t, tid, &irq);
             if (pl->row_mode && pl->num_chunks > 1) {  /* after the barrier above: every chunk is done */
 #pragma omp for schedule(static)
                 for (int64_t g = 0; g < pl->num_groups; g++)
@@ -789,6 +1033,8 @@ static sdpa_status FN(attention)(const sdpa_problem *p, const plan *pl, const KT
         }
 #endif
     }
+    if (pl->profile)
+        for (int t = 0; t < nthreads; t++) profile_add((const uint64_t *)(scratch + (size_t)t * per_thread + pl->off_prof));
     aligned_free(scratch);
     return sdpa_atomic_load(&irq.stop) ? SDPA_ERR_INTERRUPTED : SDPA_OK;
 }

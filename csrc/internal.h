@@ -125,6 +125,27 @@ typedef struct kernels_f32 {
      * place); 0: pair by pair, [pairs][Ev] (a broadcast reads one pair at a
      * time).  gemm_bf16 is correct with either; this is its fast layout. */
     int bf16_values_by_feature;
+    /* The bfloat16 tiled path around gemm_bf16 (NULL in sets without it; the
+     * panel is nr = 32 rows):
+     *   pack_q_pairs:  panel[p*nr + x] = the 32-bit word p of row x, i.e. the pair
+     *                  (src[x*rs + 2p], src[x*rs + 2p + 1]), x < rows, p < e2; 0 for
+     *                  the rows in [rows, nr).  Rows of 2*e2 contiguous values.
+     *   pack_v_pairs:  n rows of V (row stride rs, ev contiguous values each) as
+     *                  pairs along the keys, the row past an odd n zero: by_feature
+     *                  1: dst[c*ld + p], 0: dst[p*ld + c]; p < ceil(n/2), c < ev
+     *   softmax_pairs: softmax on s * scale (scale > 0, s not written), then P as
+     *                  pairs_bf16 writes them into pp: the same values as scaling s,
+     *                  softmax and pairs_bf16 in turn */
+    void (*pack_q_pairs)(uint32_t *panel, const uint16_t *src, int rows, int64_t rs, int64_t e2);
+    void (*pack_v_pairs)(int by_feature, uint32_t *dst, int64_t ld, const uint16_t *src, int64_t rs, int n,
+                         int64_t ev);
+    void (*softmax_pairs)(const float *s, int n, float scale, float *row_max, float *row_sum, float *acc, int64_t ev,
+                          uint32_t *pp);
+    /* Around the products of one task (NULL: nothing to do): gemm_bf16 then
+     * runs with the state tiles_begin set up (AMX: the tile configuration,
+     * loaded once instead of per product) until tiles_end. */
+    void (*tiles_begin)(void);
+    void (*tiles_end)(void);
     /* dot and pv_rows with keys / values of a 16-bit dt (NULL: convert first) */
     void (*dot_half)(sdpa_dtype dt, int m, int n, int64_t e, const float *q, int64_t ldq, const uint16_t *k,
                      int64_t ldk, float *s, int64_t lds);
@@ -158,6 +179,12 @@ typedef struct kernels_f32 {
      *               x < rows, c < ev */
     void (*pack_q)(float *panel, const float *src, int rows, int64_t rs, int64_t e, float scale);
     void (*store_rows)(float *out, int64_t rs, const float *acc, const float *row_l, int rows, int64_t ev);
+    /* the same over rows of a 16-bit dt (bfloat16 or float16): the query widened
+     * exactly, the output rounded once as convert.h rounds (NULL: in the driver) */
+    void (*pack_q_half)(sdpa_dtype dt, float *panel, const uint16_t *src, int rows, int64_t rs, int64_t e,
+                        float scale);
+    void (*store_rows_half)(sdpa_dtype dt, uint16_t *out, int64_t rs, const float *acc, const float *row_l, int rows,
+                            int64_t ev);
     /* Row-mode copies of contiguous rows (NULL: in the driver), the same
      * arithmetic as its scalar loops, so the same bits:
      *   scale_copy:   dst[i] = scale * src[i]                   (a query row, scaled)
@@ -239,11 +266,13 @@ extern const kernel_table sdpa_kernels_amx;
 #define SDPA_ATOMIC(type) volatile type
 #define sdpa_atomic_load(p) (*(p))
 #define sdpa_atomic_store(p, v) (*(p) = (v))
+#define sdpa_atomic_add(p, v) (*(p) += (v)) /* counters of the profile only */
 #else
 #include <stdatomic.h>
 #define SDPA_ATOMIC(type) _Atomic(type)
 #define sdpa_atomic_load(p) atomic_load(p)
 #define sdpa_atomic_store(p, v) atomic_store(p, v)
+#define sdpa_atomic_add(p, v) atomic_fetch_add(p, v)
 #endif
 
 #endif

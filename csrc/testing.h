@@ -29,6 +29,12 @@ int sdpa_set_flush_to_zero(int on);
  * restores the rule for that one. */
 void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk);
 
+/* Forces whether later tiled calls pack K and V once per call (attention.c):
+ * 1 never (a tile at a time in each task), 2 whenever their format is packed
+ * (16-bit or int8 K/V, bfloat16 V pairs), whatever the reuse and the budget;
+ * 0 restores the rule. */
+void sdpa_testing_set_packing(int mode);
+
 /* Asks the OS for the AMX tile state now (arch_prctl), whatever was asked
  * before; 1 when this process may use tiles.  0 off Linux x86 builds. */
 int sdpa_testing_ask_for_tiles(void);
@@ -62,5 +68,14 @@ const kernel_table *sdpa_testing_table(const char *name);
 sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
                                    int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
                                    int accumulate);
+
+/* The phase profile of the tiled path (attention.c): start zeroes the totals
+ * and turns the timers on for the calls planned from then on; read fills ns[i]
+ * (i < n) with the nanoseconds summed over threads in phase i (pack, Q K^T,
+ * scale and masks, softmax with P's pairing, P V, epilogue) and *scores with
+ * the scores computed, and returns the number of phases; stop turns them off. */
+void sdpa_profile_start(void);
+int sdpa_profile_read(double *ns, int n, double *scores);
+void sdpa_profile_stop(void);
 
 #endif

@@ -867,3 +867,33 @@ def test_cli_cache_dtypes_rejects(capsys):
     for extra in (["--latency"], ["--impls", "sdpa"], ["--dtype", "float16"], ["--kv-dtype", "float16"]):
         assert bench.main(base + ["int8"] + extra) == 2, extra
         assert "--cache-dtypes" in capsys.readouterr().err
+
+
+def test_cli_profile_reports_the_phases(tmp_path, capsys):
+    """--profile: ns per score per core of each phase of the tiled path, per
+    shape and kernel set; a decoding shape says it ran the row path."""
+    path = tmp_path / "profile.json"
+    args = ["--profile", "--shapes", "tiny:1,4,2,40,72,16,causal," + TINY_DECODE, "--threads", "1,2",
+            "--impls", "sdpa,sdpa@scalar", "--repeat", "2", "--no-progress", "--json", str(path)]
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    for column in ("pack", "qk", "mask", "softmax", "pv", "epilogue", "around", "wall"):
+        assert column in out
+    assert "row path" in out
+    rows = json.loads(path.read_text())["results"]
+    assert [(r["shape"], r["threads"], r["impl"]) for r in rows] == [
+        (s, n, i) for s in ("tiny", "tiny-decode") for n in (1, 2) for i in ("sdpa", "sdpa@scalar")]
+    for r in rows[:4]:
+        assert r["status"] == "ok"
+        assert r["scores_per_call"] > 0 and r["wall"] > 0
+        assert r["total"] == pytest.approx(sum(r["phases"].values()))
+        assert r["around"] == pytest.approx(r["total"] - r["phases"]["qk"] - r["phases"]["pv"])
+    assert rows[1]["isa"] == "scalar"
+    assert all(r["status"].startswith("row path") for r in rows[4:])
+
+
+def test_cli_profile_rejects_peers_and_other_modes(capsys):
+    assert bench.main(["--profile", "--impls", "sdpa,torch", "--no-progress"]) == 2
+    assert "sdpa@SET" in capsys.readouterr().err
+    assert bench.main(["--profile", "--latency", "--no-progress"]) == 2
+    assert "mode of its own" in capsys.readouterr().err

@@ -141,6 +141,18 @@ static inline __m256d hsum_lanes_pd(const __m256d *a) {
 }
 
 /* r[i] (row i of an 8 x 8 block) becomes column i */
+/* 8 floats rounded to bfloat16 as sdpa_f32_to_bf16 does (see avx512.c) */
+static inline __m128i f32_to_bf16_avx2(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r),
+                                             _mm256_castsi256_ps(_mm256_or_si256(u, _mm256_set1_epi32(0x400000))), nan));
+    r = _mm256_srli_epi32(r, 16);  /* 8 values of 16 bits in 32-bit lanes: pack them */
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
 static inline void transpose8_ps(__m256 *r) {
     __m256 t[8], u[8];
     for (int i = 0; i < 4; i++) {
@@ -224,6 +236,7 @@ const kernel_table sdpa_kernels_avx2 = {
             .dot_i8g = dot_i8g_avx2_f32, .pv_rows_i8g = pv_rows_i8g_avx2_f32,
             .mask_add = mask_add_avx2_f32, .mask_bool = mask_bool_avx2_f32,
             .pack_q = pack_q_avx2_f32, .store_rows = store_rows_avx2_f32,
+            .pack_q_half = pack_q_half_avx2_f32, .store_rows_half = store_rows_half_avx2_f32,
             .scale_copy = scale_copy_avx2, .scale_copy_d = scale_copy_d_avx2},
     .f64 = {.nr = panel_rows_avx2_f64,
             .gemm = gemm_avx2_f64, .softmax = softmax_avx2_f64, .exp = exp_avx2_f64, .softcap = softcap_avx2_f64,

@@ -32,3 +32,5 @@
 #define V_LOADU_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define V_LOADU_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define V_LOADU_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define V_STOREU_BF16(p, v) _mm_storeu_si128((__m128i *)(p), f32_to_bf16_avx2(v))
+#define V_STOREU_F16(p, v) _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))

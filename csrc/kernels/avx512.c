@@ -166,6 +166,17 @@ static inline __m512 neginf_where_ps(__m512 t, __m512 s) {
     return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(t, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), t);
 }
 
+/* 16 floats rounded to bfloat16 as sdpa_f32_to_bf16 does (to nearest even, a
+ * NaN made quiet), with integer operations: VCVTNEPS2BF16 would flush
+ * subnormal results. */
+static inline __m256i f32_to_bf16_avx512(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
 static inline float hmax_nan_ps(__m512 v) {
     if (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q)) return NAN;
     return _mm512_reduce_max_ps(v);
@@ -276,6 +287,165 @@ static void pairs_bf16_avx512(const float *s, int n, uint32_t *dst) {
     }
 }
 
+/* The query panel as pairs (internal.h's pack_q_pairs): word p of row x of
+ * src, rows of e2 32-bit pairs read unaligned, 16 x 16 blocks transposed in
+ * registers (the permutes move bits, never arithmetic on them). */
+static void pack_q_pairs_avx512(uint32_t *panel, const uint16_t *src, int rows, int64_t rs, int64_t e2) {
+    for (int64_t p0 = 0; p0 < e2; p0 += 16) {
+        const int w = e2 - p0 < 16 ? (int)(e2 - p0) : 16;
+        const __mmask16 m = (__mmask16)((1u << w) - 1);
+        for (int rb = 0; rb < BF16_NV; rb++) {
+            __m512 t[16];
+            for (int i = 0; i < 16; i++) {
+                const int x = rb * 16 + i;
+                t[i] = x < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(m, src + x * rs + 2 * p0))
+                                : _mm512_setzero_ps();
+            }
+            transpose16_ps(t);
+            for (int i = 0; i < w; i++) _mm512_store_ps((float *)(panel + (p0 + i) * 32 + rb * 16), t[i]);
+        }
+    }
+}
+
+/* Pair i of 16 from rows r0 and r1 (r1 NULL: zeros), features c0.. under m */
+static inline __m512i value_pair_avx512(const uint16_t *r0, const uint16_t *r1, __mmask16 m) {
+    const __m512i lo = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r0));
+    const __m512i hi = r1 ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, r1)) : _mm512_setzero_si512();
+    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+/* V pairs pair by pair (internal.h's pack_v_pairs, layout 0): dst[p*ld + c] */
+static void pack_v_pairs_avx512(uint32_t *dst, int64_t ld, const uint16_t *src, int64_t rs, int n, int64_t ev) {
+    for (int p = 0; 2 * p < n; p++) {
+        const uint16_t *r0 = src + (int64_t)(2 * p) * rs, *r1 = 2 * p + 1 < n ? r0 + rs : NULL;
+        for (int64_t c0 = 0; c0 < ev; c0 += 16) {
+            const int w = ev - c0 < 16 ? (int)(ev - c0) : 16;
+            const __mmask16 m = (__mmask16)((1u << w) - 1);
+            _mm512_mask_storeu_epi32(dst + (int64_t)p * ld + c0, m, value_pair_avx512(r0 + c0, r1 ? r1 + c0 : NULL, m));
+        }
+    }
+}
+
+/* V pairs feature by feature (layout 1): dst[c*ld + p]; blocks of 16 pairs x
+ * 16 features built along the rows of V and transposed in registers. */
+static void pack_v_pairs_by_feature_avx512(uint32_t *dst, int64_t ld, const uint16_t *src, int64_t rs, int n,
+                                           int64_t ev) {
+    const int np = (n + 1) / 2;
+    for (int p0 = 0; p0 < np; p0 += 16) {
+        const int h = np - p0 < 16 ? np - p0 : 16;
+        for (int64_t c0 = 0; c0 < ev; c0 += 16) {
+            const int w = ev - c0 < 16 ? (int)(ev - c0) : 16;
+            const __mmask16 m = (__mmask16)((1u << w) - 1);
+            __m512 t[16];
+            for (int i = 0; i < 16; i++) {
+                const int p = p0 + i;
+                if (i >= h) {
+                    t[i] = _mm512_setzero_ps();
+                    continue;
+                }
+                const uint16_t *r0 = src + (int64_t)(2 * p) * rs + c0;
+                t[i] = _mm512_castsi512_ps(value_pair_avx512(r0, 2 * p + 1 < n ? r0 + rs : NULL, m));
+            }
+            transpose16_ps(t);
+            const __mmask16 hm = (__mmask16)((1u << h) - 1);
+            for (int i = 0; i < w; i++) _mm512_mask_storeu_ps((float *)(dst + (c0 + i) * ld + p0), hm, t[i]);
+        }
+    }
+}
+
+static void pack_v_pairs_set_avx512(int by_feature, uint32_t *dst, int64_t ld, const uint16_t *src, int64_t rs,
+                                    int n, int64_t ev) {
+    if (by_feature) pack_v_pairs_by_feature_avx512(dst, ld, src, rs, n, ev);
+    else pack_v_pairs_avx512(dst, ld, src, rs, n, ev);
+}
+
+/* 2^t for t <= 0 or NaN (the softmax's exponents, in base 2): t = n + f with
+ * n = round(t), |f| <= 1/2, 2^f by its Taylor polynomial in f ln 2 to degree 6
+ * (truncation below 1.3e-7 relative), then scalef.  Exactly 0 below -125.9 (e^x
+ * below SDPA_EXP_CUT_F32: 2^-125.9 is normal, and no subnormal is computed:
+ * those lanes are the scalef's masked ones); NaN stays NaN. */
+static inline __m512 exp2_nonpos_avx512(__m512 t) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.9f), _CMP_NLT_UQ);
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.5403530393381609e-4f);                 /* ln2^6 / 720 */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));  /* ln2^5 / 120 */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));  /* ln2^4 / 24  */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));  /* ln2^3 / 6   */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022650695910071f));    /* ln2^2 / 2   */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69314718055994531f));    /* ln2         */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+/* The online softmax step of a 32-row panel with the scores' scale folded in
+ * and P written as bfloat16 pairs (internal.h's softmax_pairs).  Its
+ * exponentials are taken in base 2 from one fused multiply-add per score,
+ * (s * scale - m) log2 e = s (scale log2 e) - m log2 e, within a few parts in
+ * 10^7 of softmax_avx512_f32's (P is then rounded to bfloat16 anyway, 4e-3);
+ * the row's max, its rescale and the sum are as there.  scale > 0: the largest
+ * scaled score is the scaled largest score (rounding is monotonic). */
+static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_max, float *row_sum, float *acc,
+                                 int64_t ev, uint32_t *pp) {
+    const __m512 vs = _mm512_set1_ps(scale);
+    /* word x of a pair row: bfloat16 x of the first row, then x of the second */
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                                6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512 m_new[BF16_NV], m_sub[BF16_NV], alpha[BF16_NV], sum[BF16_NV];
+    for (int v = 0; v < BF16_NV; v++) {
+        /* VMAXPS drops a NaN score here (it returns its second operand): the
+         * NaN still reaches its row through its exponential below */
+        __m512 raw = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < n; j++) raw = _mm512_max_ps(_mm512_load_ps(s + j * 32 + v * 16), raw);
+        const __m512 old = _mm512_load_ps(row_max + v * 16);
+        m_new[v] = max_nan_ps(old, _mm512_mul_ps(raw, vs));
+        m_sub[v] = neginf_to_zero_ps(m_new[v]);
+        alpha[v] = exp_avx512_ps(_mm512_sub_ps(old, m_sub[v]));
+        sum[v] = _mm512_setzero_ps();
+    }
+    const float log2e = 1.44269504088896341f;
+    const __m512 c = _mm512_set1_ps(scale * log2e);
+    __m512 nm[BF16_NV];  /* -m log2 e */
+    for (int v = 0; v < BF16_NV; v++) nm[v] = _mm512_mul_ps(m_sub[v], _mm512_set1_ps(-log2e));
+    for (int p = 0; 2 * p < n; p++) {
+        const float *r0 = s + (int64_t)(2 * p) * 32;
+        const int two = 2 * p + 1 < n;
+        for (int v = 0; v < BF16_NV; v++) {
+            const __m512 x0 = exp2_nonpos_avx512(_mm512_fmadd_ps(_mm512_load_ps(r0 + v * 16), c, nm[v]));
+            sum[v] = _mm512_add_ps(sum[v], x0);
+            __m512 x1 = _mm512_setzero_ps();
+            if (two) {
+                x1 = exp2_nonpos_avx512(_mm512_fmadd_ps(_mm512_load_ps(r0 + 32 + v * 16), c, nm[v]));
+                sum[v] = _mm512_add_ps(sum[v], x1);
+            }
+            const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);  /* x0's in the low half */
+            _mm512_store_si512((void *)(pp + (int64_t)p * 32 + v * 16), _mm512_permutexvar_epi16(interleave, both));
+        }
+    }
+    float alphas[32] __attribute__((aligned(64)));
+    for (int v = 0; v < BF16_NV; v++) {
+        _mm512_store_ps(row_sum + v * 16, _mm512_fmadd_ps(_mm512_load_ps(row_sum + v * 16), alpha[v], sum[v]));
+        _mm512_store_ps(row_max + v * 16, m_new[v]);
+        _mm512_store_ps(alphas + v * 16, alpha[v]);
+    }
+    int changed = 0, small = 0;
+    for (int x = 0; x < 32; x++) {
+        changed |= alphas[x] != 1;
+        small |= alphas[x] > 0 && alphas[x] < (float)SDPA_RESCALE_SMALL;
+    }
+    if (!changed) return;
+    if (small) {  /* internal.h: no subnormal product */
+        for (int64_t c = 0; c < ev; c++)
+            for (int x = 0; x < 32; x++) acc[c * 32 + x] = sdpa_rescale_small_f32(acc[c * 32 + x], alphas[x]);
+        return;
+    }
+    for (int64_t c = 0; c < ev; c++)
+        for (int v = 0; v < BF16_NV; v++) {
+            float *ac = acc + c * 32 + v * 16;
+            _mm512_store_ps(ac, _mm512_mul_ps(_mm512_load_ps(ac), alpha[v]));
+        }
+}
+
 enum { bf16_panel_rows = BF16_NV * 16 };
 #undef BF16_NV
 #undef BF16_MR
@@ -321,7 +491,12 @@ enum { bf16_panel_rows = BF16_NV * 16 };
     .pv_rows_half = pv_rows_half_avx512_f32, .dot_i8 = dot_i8_avx512_f32, .pv_rows_i8 = pv_rows_i8_avx512_f32,  \
     .dot_i8g = dot_i8g_avx512_f32, .pv_rows_i8g = pv_rows_i8g_avx512_f32, .mask_add = mask_add_avx512_f32,     \
     .mask_bool = mask_bool_avx512_f32, .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32,         \
+    .pack_q_half = pack_q_half_avx512_f32, .store_rows_half = store_rows_half_avx512_f32,                      \
     .scale_copy = scale_copy_avx512, .scale_copy_d = scale_copy_d_avx512
+/* The bfloat16 pair kernels of the avx512_bf16 and amx sets. */
+#define BF16_PAIR_KERNELS                                                                                     \
+    .pack_q_pairs = pack_q_pairs_avx512, .pack_v_pairs = pack_v_pairs_set_avx512,                            \
+    .softmax_pairs = softmax_pairs_avx512
 #define AVX512_F64_KERNELS                                                                                     \
     .nr = panel_rows_avx512_f64, .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64, \
     .softcap = softcap_avx512_f64, .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64,                       \
@@ -336,7 +511,7 @@ const kernel_table sdpa_kernels_avx512 = {
 /* The avx512 set plus bfloat16 dot products for bfloat16 problems. */
 const kernel_table sdpa_kernels_avx512_bf16 = {
     .name = "avx512_bf16",
-    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_avx512, .pairs_bf16 = pairs_bf16_avx512},
+    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_avx512, .pairs_bf16 = pairs_bf16_avx512, BF16_PAIR_KERNELS},
     .f64 = {AVX512_F64_KERNELS},
 };
 
@@ -344,8 +519,8 @@ const kernel_table sdpa_kernels_avx512_bf16 = {
 /* The avx512_bf16 set with its bfloat16 products on AMX tiles. */
 const kernel_table sdpa_kernels_amx = {
     .name = "amx",
-    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx, .pairs_bf16 = pairs_bf16_avx512,
-            .bf16_values_by_feature = 1},
+    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx, .pairs_bf16 = pairs_bf16_avx512, BF16_PAIR_KERNELS,
+            .bf16_values_by_feature = 1, .tiles_begin = tiles_begin_amx, .tiles_end = tiles_end_amx},
     .f64 = {AVX512_F64_KERNELS},
 };
 #endif
@@ -355,12 +530,14 @@ const kernel_table sdpa_kernels_amx = {
 const kernel_table sdpa_kernels_amx_emulated = {
     .name = "amx_emulated",
     .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx_emulated, .pairs_bf16 = pairs_bf16_avx512,
-            .bf16_values_by_feature = 1},
+            BF16_PAIR_KERNELS, .bf16_values_by_feature = 1, .tiles_begin = tiles_begin_amx_emulated,
+            .tiles_end = tiles_end_amx_emulated},
     .f64 = {AVX512_F64_KERNELS},
 };
 
 #undef AVX512_F32_KERNELS
 #undef AVX512_F64_KERNELS
+#undef BF16_PAIR_KERNELS
 
 _Static_assert((int)bf16_panel_rows == (int)panel_rows_avx512_f32, "the bfloat16 panel is the float32 one");
 _Static_assert((int)panel_rows_avx512_f32 == 32, "the AMX kernel's C and B tiles cover a panel of 32 rows");

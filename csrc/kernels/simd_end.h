@@ -26,6 +26,8 @@
 #undef RESCALE_SMALL
 #undef V_LOADU_BF16
 #undef V_LOADU_F16
+#undef V_STOREU_BF16
+#undef V_STOREU_F16
 #undef V_LOADU_I8
 #undef V_TRANSPOSE
 #undef V_BOOL_TO_NEGINF

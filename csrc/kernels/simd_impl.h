@@ -19,6 +19,8 @@
  *   V_HSUM_LANES(a)        a vector whose lane i is V_HSUM(a[i]), a[0..LANES)
  *   V_LOADU_BF16(p) V_LOADU_F16(p)   (float only, optional) LANES 16-bit values
  *                          widened to T: the row kernels over a 16-bit cache
+ *   V_STOREU_BF16(p, v) V_STOREU_F16(p, v)  (float only, optional) LANES values
+ *                          rounded to 16 bits as convert.h does: the 16-bit epilogue
  *   V_LOADU_I8(p)          (float only, optional) LANES int8 values widened to
  *                          T: the row kernels over an int8 cache
  *   V_TRANSPOSE(r)         (float only, optional) r[0..LANES) as rows of a square
@@ -260,6 +262,64 @@ static void FN(store_rows)(T *out, int64_t rs, const T *acc, const T *row_l, int
     for (; c < ev; c++)
         for (int x = 0; x < rows; x++) out[x * rs + c] = row_l[x] == 0 ? 0 : acc[c * NR + x] * inv[x];
 }
+
+#if defined(V_LOADU_BF16) && defined(V_STOREU_BF16)
+/* pack_q over 16-bit rows (dt bfloat16 or float16), widened exactly: the same
+ * values as pack_q over the rows converted to T first. */
+static void FN(pack_q_half)(sdpa_dtype dt, T *panel, const uint16_t *src, int rows, int64_t rs, int64_t e, T scale) {
+    const V vs = V_SET1(scale);
+    const int bf = dt == SDPA_BFLOAT16;
+    int64_t c = 0;
+    for (; c + LANES <= e; c += LANES)
+        for (int rb = 0; rb < NV; rb++) {
+            V t[LANES];
+            for (int i = 0; i < LANES; i++) {
+                const int x = rb * LANES + i;
+                if (x >= rows) {
+                    t[i] = V_ZERO();
+                    continue;
+                }
+                const uint16_t *r = src + x * rs + c;
+                __builtin_prefetch(r + 64);
+                t[i] = bf ? V_LOADU_BF16(r) : V_LOADU_F16(r);
+            }
+            V_TRANSPOSE(t);
+            for (int i = 0; i < LANES; i++) V_STORE(panel + (c + i) * NR + rb * LANES, V_MUL(vs, t[i]));
+        }
+    for (; c < e; c++)
+        for (int x = 0; x < NR; x++) {
+            const uint16_t h = x < rows ? src[x * rs + c] : 0;
+            panel[c * NR + x] = x < rows ? scale * (T)(bf ? sdpa_bf16_to_f32(h) : sdpa_f16_to_f32(h)) : 0;
+        }
+}
+
+/* store_rows into 16-bit rows: each value rounded once to dt (to nearest
+ * even, NaN kept), the bits of convert.h's scalar conversions. */
+static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *out, int64_t rs, const T *acc, const T *row_l, int rows,
+                                int64_t ev) {
+    T inv[NR];
+    for (int x = 0; x < rows; x++) inv[x] = row_l[x] == 0 ? 0 : 1 / row_l[x];
+    const int bf = dt == SDPA_BFLOAT16;
+    int64_t c = 0;
+    for (; c + LANES <= ev; c += LANES)
+        for (int rb = 0; rb * LANES < rows; rb++) {
+            V t[LANES];
+            for (int i = 0; i < LANES; i++) t[i] = V_LOAD(acc + (c + i) * NR + rb * LANES);
+            V_TRANSPOSE(t);
+            for (int i = 0; i < LANES && rb * LANES + i < rows; i++) {
+                const int x = rb * LANES + i;
+                const V y = row_l[x] == 0 ? V_ZERO() : V_MUL(t[i], V_SET1(inv[x]));
+                if (bf) V_STOREU_BF16(out + x * rs + c, y);
+                else V_STOREU_F16(out + x * rs + c, y);
+            }
+        }
+    for (; c < ev; c++)
+        for (int x = 0; x < rows; x++) {
+            const float y = (float)(row_l[x] == 0 ? 0 : acc[c * NR + x] * inv[x]);
+            out[x * rs + c] = bf ? sdpa_f32_to_bf16(y) : sdpa_f32_to_f16(y);
+        }
+}
+#endif
 #endif
 
 /* ---- row kernels ---- */

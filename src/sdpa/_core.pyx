@@ -118,6 +118,7 @@ cdef extern from "testing.h" nogil:
     int sdpa_set_flush_to_zero(int on)
     const char *sdpa_isa_env_error()
     void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk)
+    void sdpa_testing_set_packing(int mode)
     int sdpa_testing_ask_for_tiles()
     sdpa_status sdpa_testing_stand_in(int mode, int as_default)
     int sdpa_testing_tile_requests()
@@ -125,6 +126,9 @@ cdef extern from "testing.h" nogil:
     sdpa_status sdpa_testing_softmax(const char *name, sdpa_dtype dtype, int row, void *s, int n, void *row_max,
                                      void *row_sum, void *acc, int64_t ev)
     int sdpa_testing_panel_rows(const char *name, sdpa_dtype dtype)
+    void sdpa_profile_start()
+    int sdpa_profile_read(double *ns, int n, double *scores)
+    void sdpa_profile_stop()
     int sdpa_testing_have_amx_kernels()
     sdpa_status sdpa_testing_use_kernels(const char *name)
     sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
@@ -249,6 +253,31 @@ def kernel_exp(name, cnp.ndarray x):
         raise ValueError(sdpa_status_message(st).decode())
 
 
+PROFILE_PHASES = ("pack", "qk", "mask", "softmax", "pv", "epilogue")
+
+
+def profile_start():
+    """Zeroes the phase profile of the tiled path and turns its timers on for
+    the calls that follow (process-wide)."""
+    sdpa_profile_start()
+
+
+def profile_read():
+    """The phase profile since :func:`profile_start`: nanoseconds summed over
+    threads per phase (``PROFILE_PHASES``) and ``"scores"``, the scores computed."""
+    cdef double ns[8]
+    cdef double scores = 0
+    cdef int n = sdpa_profile_read(ns, 8, &scores)
+    out = {PROFILE_PHASES[i]: ns[i] for i in range(min(n, len(PROFILE_PHASES)))}
+    out["scores"] = scores
+    return out
+
+
+def profile_stop():
+    """Turns the phase timers off."""
+    sdpa_profile_stop()
+
+
 def panel_rows(name, dtype):
     """The panel width (query rows per score tile) of kernel set `name` for
     float32 or float64 (for tests); 0 for an unknown set."""
@@ -299,6 +328,16 @@ def set_blocking(int tile_q=0, int tile_k=0, int chunk=0):
     if tile_q < 0 or tile_k < 0 or chunk < 0 or tile_q > 4096 or tile_k > 4096 or chunk > 65536:
         raise ValueError("set_blocking: tile_q and tile_k in 0..4096, chunk in 0..65536")
     sdpa_testing_set_blocking(tile_q, tile_k, chunk)
+
+
+def set_packing(mode):
+    """Forces whether later tiled calls pack K and V once per call, process-wide
+    (for tests): "never" (a tile at a time in each task), "always" (whenever the
+    format packs: 16-bit or int8 K/V, bfloat16 V pairs), or "rule"."""
+    modes = {"rule": 0, "never": 1, "always": 2}
+    if mode not in modes:
+        raise ValueError(f"set_packing: one of {', '.join(modes)}")
+    sdpa_testing_set_packing(modes[mode])
 
 
 def ask_for_tiles():

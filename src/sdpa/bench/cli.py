@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .. import _core
 from .cache import CACHE_DTYPES, iter_cache, parse_cache_dtypes
 from .errors import ERROR_ROWS
 from .generate import measure_generate
@@ -23,8 +24,10 @@ from .peers import (
     LATENCY_IMPLEMENTATIONS,
     NUMPY_MAX_SCORE_BYTES,
     is_implementation,
+    kernel_set_of,
 )
 from .plot import plot_results
+from .profile import format_profile_table, iter_profile, profile_notes
 from .report import (
     cache_notes,
     describe_latency_skips,
@@ -95,6 +98,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "time, GB/s of the bytes read (int8 scales included) and speed against the first; on "
         + " and ".join(s.name for s in CACHE_SHAPES)
         + " unless --shapes (--quick: the second)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the suite, sdpa's tiled path phase by phase: ns per score per core of "
+        "packing, Q K^T, masks, softmax, P V and the epilogue, per shape (--impls: sdpa and sdpa@SET)",
     )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
@@ -192,6 +201,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.min_time = min_time if args.min_time is None else args.min_time
     args.repeat = repeat if args.repeat is None else args.repeat
     try:
+        if args.profile and (args.latency or cache_mode or args.plot):
+            raise ValueError("--profile is a mode of its own: no --latency, --cache-dtypes or --plot")
+        asked = [i.strip() for i in (args.impls or "").split(",") if i.strip()]
+        if args.profile and any(not (i == "sdpa" or kernel_set_of(i) in _core.ISAS) for i in asked):
+            raise ValueError("--profile times sdpa: --impls takes sdpa and sdpa@SET only")
         if cache_mode:
             if args.latency:
                 raise ValueError("--cache-dtypes and --latency are separate modes: choose one")
@@ -209,7 +223,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             shapes = [parse_shape(s) for s in split_shapes(args.shapes)]
         else:
             shapes = list(CACHE_SHAPES if cache_mode else LATENCY_SHAPES if args.latency else SHAPES)
-        impls = [i.strip() for i in (args.impls or ",".join(known)).split(",") if i.strip()]
+        default_impls = "sdpa" if args.profile else ",".join(known)
+        impls = [i.strip() for i in (args.impls or default_impls).split(",") if i.strip()]
         bad = [i for i in impls if not (i in known or (not args.latency and is_implementation(i)))]
         if bad or not impls:
             sets_hint = "" if args.latency else ", or sdpa@SET for a kernel set SET"
@@ -230,6 +245,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if args.latency:
         return _run_latency(args, shapes, impls)
+    if args.profile:
+        return _run_profile(args, shapes, impls)
     if cache_mode:
         return _run_cache(args, shapes, cache_specs)
 
@@ -331,6 +348,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.plot:
         plot_results(rows, args.plot, references)
         print(f"wrote {args.plot}", file=sys.stderr)
+    return 130 if interrupted else 0
+
+
+def _run_profile(args: argparse.Namespace, shapes: List[Shape], impls: List[str]) -> int:
+    """``--profile``: the phase table, and JSON with --json."""
+    threads = args.threads or default_threads()
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    progress = Progress(len(shapes) * len(threads) * len(impls), enabled=show)
+    rows: List[Dict[str, Any]] = []
+    interrupted = False
+    try:
+        for row in iter_profile(shapes, threads, impls, args.dtype, kv_dtype=args.kv_dtype,
+                                repeat=args.repeat, seed=args.seed, progress=progress):
+            rows.append(row)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+    info = machine_info()
+    _print_header(info, _dtype_text(args.dtype, args.kv_dtype))
+    print()
+    print(format_profile_table(rows))
+    for note in profile_notes():
+        print(f"  {note}")
+    if interrupted:
+        print("(interrupted: partial results)")
+    if args.json:
+        write_json(args.json, {
+            "machine": info,
+            "settings": {"mode": "profile", "shapes": [asdict(s) for s in shapes], "threads": threads,
+                         "impls": impls, "dtype": args.dtype, "kv_dtype": args.kv_dtype,
+                         "repeat": args.repeat, "seed": args.seed, "complete": not interrupted},
+            "results": rows,
+        })
     return 130 if interrupted else 0
 
 
