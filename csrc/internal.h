@@ -134,8 +134,11 @@ typedef struct kernels_f32 {
      *                  pairs along the keys, the row past an odd n zero: by_feature
      *                  1: dst[c*ld + p], 0: dst[p*ld + c]; p < ceil(n/2), c < ev
      *   softmax_pairs: softmax on s * scale (scale > 0, s not written), then P as
-     *                  pairs_bf16 writes them into pp: the same values as scaling s,
-     *                  softmax and pairs_bf16 in turn */
+     *                  pairs_bf16 writes them into pp: the values of scaling s,
+     *                  softmax and pairs_bf16 in turn, to float's rounding, except
+     *                  that row_max may stay below the rows' max by a set
+     *                  headroom (the terms and the sum are then taken against it:
+     *                  m + log(sum), e^(s - m) / sum are the same) */
     void (*pack_q_pairs)(uint32_t *panel, const uint16_t *src, int rows, int64_t rs, int64_t e2);
     void (*pack_v_pairs)(int by_feature, uint32_t *dst, int64_t ld, const uint16_t *src, int64_t rs, int n,
                          int64_t ev);

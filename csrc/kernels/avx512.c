@@ -360,68 +360,108 @@ static void pack_v_pairs_set_avx512(int by_feature, uint32_t *dst, int64_t ld, c
 }
 
 /* 2^t for t <= 0 or NaN (the softmax's exponents, in base 2): t = n + f with
- * n = round(t), |f| <= 1/2, 2^f by its Taylor polynomial in f ln 2 to degree 6
- * (truncation below 1.3e-7 relative), then scalef.  Exactly 0 below -125.9 (e^x
- * below SDPA_EXP_CUT_F32: 2^-125.9 is normal, and no subnormal is computed:
- * those lanes are the scalef's masked ones); NaN stays NaN. */
+ * n = round(t), |f| <= 1/2, 2^f by a degree-5 polynomial fitted for the least
+ * largest relative error on [-1/2, 1/2] (2.3e-7 evaluated in float), then
+ * scalef.  Exactly 0 below -125.9 (e^x below SDPA_EXP_CUT_F32: 2^-125.9 is
+ * normal, and no subnormal is computed: those lanes are the scalef's masked
+ * ones); NaN stays NaN. */
 static inline __m512 exp2_nonpos_avx512(__m512 t) {
     const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.9f), _CMP_NLT_UQ);
     const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.5403530393381609e-4f);                 /* ln2^6 / 720 */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));  /* ln2^5 / 120 */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));  /* ln2^4 / 24  */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));  /* ln2^3 / 6   */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022650695910071f));    /* ln2^2 / 2   */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69314718055994531f));    /* ln2         */
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    __m512 p = _mm512_set1_ps(1.3276484096422791e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675541892647743e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550713092088699e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022120237350464f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931469440460205f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
-/* The online softmax step of a 32-row panel with the scores' scale folded in
- * and P written as bfloat16 pairs (internal.h's softmax_pairs).  Its
- * exponentials are taken in base 2 from one fused multiply-add per score,
- * (s * scale - m) log2 e = s (scale log2 e) - m log2 e, within a few parts in
- * 10^7 of softmax_avx512_f32's (P is then rounded to bfloat16 anyway, 4e-3);
- * the row's max, its rescale and the sum are as there.  scale > 0: the largest
- * scaled score is the scaled largest score (rounding is monotonic). */
-static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_max, float *row_sum, float *acc,
-                                 int64_t ev, uint32_t *pp) {
-    const __m512 vs = _mm512_set1_ps(scale);
+/* The exponentials of a panel's scores against the maxima whose -m log2 e is
+ * nm, summed into sum and written to pp as bfloat16 pairs. */
+static inline __attribute__((always_inline)) void exp_pairs_avx512(const float *s, int n, __m512 c, const __m512 *nm,
+                                                                   __m512 *sum, uint32_t *pp) {
     /* word x of a pair row: bfloat16 x of the first row, then x of the second */
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                                 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    __m512 m_new[BF16_NV], m_sub[BF16_NV], alpha[BF16_NV], sum[BF16_NV];
-    for (int v = 0; v < BF16_NV; v++) {
-        /* VMAXPS drops a NaN score here (it returns its second operand): the
-         * NaN still reaches its row through its exponential below */
-        __m512 raw = _mm512_set1_ps(-INFINITY);
-        for (int j = 0; j < n; j++) raw = _mm512_max_ps(_mm512_load_ps(s + j * 32 + v * 16), raw);
-        const __m512 old = _mm512_load_ps(row_max + v * 16);
-        m_new[v] = max_nan_ps(old, _mm512_mul_ps(raw, vs));
-        m_sub[v] = neginf_to_zero_ps(m_new[v]);
-        alpha[v] = exp_avx512_ps(_mm512_sub_ps(old, m_sub[v]));
-        sum[v] = _mm512_setzero_ps();
-    }
-    const float log2e = 1.44269504088896341f;
-    const __m512 c = _mm512_set1_ps(scale * log2e);
-    __m512 nm[BF16_NV];  /* -m log2 e */
-    for (int v = 0; v < BF16_NV; v++) nm[v] = _mm512_mul_ps(m_sub[v], _mm512_set1_ps(-log2e));
     for (int p = 0; 2 * p < n; p++) {
         const float *r0 = s + (int64_t)(2 * p) * 32;
         const int two = 2 * p + 1 < n;
         for (int v = 0; v < BF16_NV; v++) {
-            const __m512 x0 = exp2_nonpos_avx512(_mm512_fmadd_ps(_mm512_load_ps(r0 + v * 16), c, nm[v]));
+            const __m512 s0 = _mm512_load_ps(r0 + v * 16);
+            const __m512 x0 = exp2_nonpos_avx512(_mm512_fmadd_ps(s0, c, nm[v]));
             sum[v] = _mm512_add_ps(sum[v], x0);
             __m512 x1 = _mm512_setzero_ps();
             if (two) {
-                x1 = exp2_nonpos_avx512(_mm512_fmadd_ps(_mm512_load_ps(r0 + 32 + v * 16), c, nm[v]));
+                const __m512 s1 = _mm512_load_ps(r0 + 32 + v * 16);
+                x1 = exp2_nonpos_avx512(_mm512_fmadd_ps(s1, c, nm[v]));
                 sum[v] = _mm512_add_ps(sum[v], x1);
             }
             const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);  /* x0's in the low half */
             _mm512_store_si512((void *)(pp + (int64_t)p * 32 + v * 16), _mm512_permutexvar_epi16(interleave, both));
         }
     }
+}
+
+/* How large a tile's sum of terms (so each term) may grow against a panel's
+ * running max before the max is moved: 2^16, far from float's range (a term
+ * e^(s - m) reaches it only where s is at least ln(2^16 / 512) = 4.9 above m),
+ * and most tiles need neither a pass for their max nor a rescale of the
+ * accumulators. */
+#define LAZY_MAX_HEADROOM 65536.0f
+
+/* The online softmax step of a 32-row panel with the scores' scale folded in
+ * and P written as bfloat16 pairs (internal.h's softmax_pairs).  Its
+ * exponentials are taken in base 2 from one fused multiply-add per score,
+ * (s * scale - m) log2 e = s (scale log2 e) - m log2 e, within a few parts in
+ * 10^7 of softmax_avx512_f32's (P is then rounded to bfloat16 anyway, 4e-3).
+ * row_max is the max the terms are taken against: the rows' running max, or
+ * less by at most ln 2^16 (the lse, m + log l, and the weights,
+ * e^(s - m) / l, are the same either way).  scale > 0: the largest scaled
+ * score is the scaled largest score (rounding is monotonic). */
+static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_max, float *row_sum, float *acc,
+                                 int64_t ev, uint32_t *pp) {
+    const float log2e = 1.44269504088896341f;
+    const __m512 vs = _mm512_set1_ps(scale), c = _mm512_set1_ps(scale * log2e);
+    __m512 m_new[BF16_NV], m_sub[BF16_NV], alpha[BF16_NV], sum[BF16_NV], nm[BF16_NV];
+    /* Every row of the panel has a finite running max: one pass, against it,
+     * kept unless a row's terms grew past the headroom (then the pass is done
+     * again against the tile's max, below). */
+    __mmask16 finite = 0xFFFF;
+    for (int v = 0; v < BF16_NV; v++) {
+        const __m512 old = _mm512_load_ps(row_max + v * 16);
+        finite &= _mm512_cmp_ps_mask(_mm512_abs_ps(old), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+    }
+    if (finite == 0xFFFF) {
+        for (int v = 0; v < BF16_NV; v++) {
+            nm[v] = _mm512_mul_ps(_mm512_load_ps(row_max + v * 16), _mm512_set1_ps(-log2e));
+            sum[v] = _mm512_setzero_ps();
+        }
+        exp_pairs_avx512(s, n, c, nm, sum, pp);
+        /* kept when every row's sum of terms stays below the headroom (so does
+         * each term; NaN or inf is not kept) */
+        __mmask16 ok = 0xFFFF;
+        for (int v = 0; v < BF16_NV; v++) ok &= _mm512_cmp_ps_mask(sum[v], _mm512_set1_ps(LAZY_MAX_HEADROOM), _CMP_LT_OQ);
+        if (ok == 0xFFFF) {
+            for (int v = 0; v < BF16_NV; v++)
+                _mm512_store_ps(row_sum + v * 16, _mm512_add_ps(_mm512_load_ps(row_sum + v * 16), sum[v]));
+            return;
+        }
+    }
+    for (int v = 0; v < BF16_NV; v++) {
+        /* VMAXPS drops a NaN score here (it returns its second operand): the
+         * NaN still reaches its row through its exponential below */
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < n; j++) mx = _mm512_max_ps(_mm512_load_ps(s + j * 32 + v * 16), mx);
+        const __m512 old = _mm512_load_ps(row_max + v * 16);
+        m_new[v] = max_nan_ps(old, _mm512_mul_ps(mx, vs));
+        m_sub[v] = neginf_to_zero_ps(m_new[v]);
+        alpha[v] = exp_avx512_ps(_mm512_sub_ps(old, m_sub[v]));
+        sum[v] = _mm512_setzero_ps();
+        nm[v] = _mm512_mul_ps(m_sub[v], _mm512_set1_ps(-log2e));
+    }
+    exp_pairs_avx512(s, n, c, nm, sum, pp);
     float alphas[32] __attribute__((aligned(64)));
     for (int v = 0; v < BF16_NV; v++) {
         _mm512_store_ps(row_sum + v * 16, _mm512_fmadd_ps(_mm512_load_ps(row_sum + v * 16), alpha[v], sum[v]));
@@ -445,6 +485,7 @@ static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_
             _mm512_store_ps(ac, _mm512_mul_ps(_mm512_load_ps(ac), alpha[v]));
         }
 }
+#undef LAZY_MAX_HEADROOM
 
 enum { bf16_panel_rows = BF16_NV * 16 };
 #undef BF16_NV
