@@ -206,6 +206,19 @@ static const void *FN(mask_row_of)(const sdpa_problem *p, const void *mask, int6
     return (const char *)mask + row * p->mask.row_stride * elem;
 }
 
+/* Asks for the mask of rows [r0, r0 + rows) and keys [s0, s0 + n), when its
+ * keys are contiguous: issued a panel ahead, so that a dense mask streams in
+ * while the products of the panel before run. */
+static void FN(prefetch_mask)(const sdpa_problem *p, const void *mask, int64_t r0, int64_t rows, int64_t s0, int64_t n) {
+    if (p->mask.col_stride != 1 || n <= 0) return;
+    const int64_t elem = p->mask_kind == SDPA_MASK_BOOL ? 1 : (int64_t)sizeof(T);
+    if (p->mask.row_stride == 0) rows = rows > 0 ? 1 : 0;  /* one row for all */
+    for (int64_t x = 0; x < rows; x++) {
+        const char *m = (const char *)FN(mask_row_of)(p, mask, r0 + x) + s0 * elem;
+        for (int64_t o = 0; o < n * elem; o += 64) __builtin_prefetch(m + o, 0, 1);
+    }
+}
+
 /* What a bool mask does to the tile of rows r0..r0+prows and keys s0..s0+n: 1
  * when it changes nothing (every element True), 2 when it hides everything, 0
  * otherwise (and for masks whose keys are not contiguous).  Additive masks are
@@ -254,17 +267,23 @@ static void FN(mask_tile)(const sdpa_problem *p, const KT *kern, const void *mas
         }
     }
     if (has_window(p)) {  /* key s is seen by the rows l in [s - o - right, s - o + left] */
-        for (int j = 0; j < n; j++) {
-            const int64_t s = s0 + j;
-            T *sj = st + (int64_t)j * nr;
-            if (p->window_right >= 0) {
-                int64_t below = s - p->align_offset - p->window_right - r0;  /* rows x < below */
+        const int64_t o = p->align_offset;
+        if (p->window_right >= 0) {  /* rows x < s - o - right - r0 are hidden: keys past r0 + o + right */
+            int64_t j = r0 + o + p->window_right + 1 - s0;
+            for (j = j < 0 ? 0 : j; j < n; j++) {
+                int64_t below = s0 + j - o - p->window_right - r0;
                 if (below > prows) below = prows;
+                T *sj = st + j * nr;
                 for (int64_t x = 0; x < below; x++) sj[x] = -(T)INFINITY;
             }
-            if (p->window_left >= 0) {
-                int64_t above = s - p->align_offset + p->window_left - r0 + 1;  /* rows x >= above */
+        }
+        if (p->window_left >= 0) {  /* rows x >= s - o + left - r0 + 1 are hidden: keys before r0 + prows - 1 + o - left */
+            int64_t end = r0 + prows - 1 + o - p->window_left - s0;
+            if (end > n) end = n;
+            for (int64_t j = 0; j < end; j++) {
+                int64_t above = s0 + j - o + p->window_left - r0 + 1;
                 if (above < 0) above = 0;
+                T *sj = st + j * nr;
                 for (int64_t x = above; x < prows; x++) sj[x] = -(T)INFINITY;
             }
         }
@@ -607,20 +626,23 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                 if (lim <= s0) continue;
                 if (lim - s0 < np) np = (int)(lim - s0);
             }
-            int win_edge = 0;
+            int win_edge = 0, j0 = 0;  /* the panel computes keys [s0 + j0, s0 + np) of the tile */
             if (win) {  /* the panel's window: keys [first of its first row, end of its last) */
                 const int64_t pf = window_first(p, r0), pe = window_end(p, r0 + prows - 1);
                 if (s0 >= pe || s0 + np <= pf) continue;
                 if (pe - s0 < np) np = (int)(pe - s0);
-                win_edge = !(s0 >= window_first(p, r0 + prows - 1) && s0 + np <= window_end(p, r0));
+                if (pf > s0) j0 = (int)((pf - s0) / 16 * 16);  /* from the window's start, in steps of 16 keys */
+                win_edge = !(s0 + j0 >= window_first(p, r0 + prows - 1) && s0 + np <= window_end(p, r0));
             }
+            const int64_t sp = s0 + j0;  /* the panel's first key, and its number of keys */
+            const int nk = np - j0;
             T *pmax = row_m + (int64_t)pn * nr, *psum = row_l + (int64_t)pn * nr;
             T *pacc = acc + (int64_t)pn * Ev * nr;
             const void *tile_mask = mask;
             if (mask) {
-                const int cls = FN(mask_tile_class)(p, mask, r0, prows, s0, np);
+                const int cls = FN(mask_tile_class)(p, mask, r0, prows, sp, nk);
                 if (cls == TILE_NONE_VISIBLE) {  /* adds nothing to any row */
-                    if (weights) FN(hide_in_weights)(p, weights, r0, prows, s0, np);
+                    if (weights) FN(hide_in_weights)(p, weights, r0, prows, sp, nk);
                     continue;
                 }
                 if (cls == TILE_ALL_VISIBLE) tile_mask = NULL;
@@ -643,48 +665,53 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                 }
                 PROF_MARK(PH_PACK);
             }
+            if (mask) {  /* the next panel's mask, or the next tile's first */
+                const int64_t rn = pn + 1 < panels ? r0 + nr : l0, sn = pn + 1 < panels ? s0 : s0 + tile_k;
+                const int64_t kn = kv_end - sn < tile_k ? kv_end - sn : tile_k;
+                FN(prefetch_mask)(p, mask, rn, L - rn < nr ? L - rn : nr, sn, kn);
+            }
             if (s0 + tile_k >= kv_end) {  /* the last tile: this panel's output rows and the next task */
                 if (rows_vec) FN(prefetch_rows)(out, &p->out, sdpa_dtype_size(qdt), r0, prows, Ev, 1);
                 FN(prefetch_task)(p, pl, task + pl->num_threads, pn, panels);
             }
 #if HAS_BF16
             if (bf16) {
-                kern->gemm_bf16(np, E2, kpt, k_rs, 1, (const uint32_t *)qt + (int64_t)pn * E2 * nr, nr, st, nr, 0);
+                kern->gemm_bf16(nk, E2, kpt + j0 * k_rs, k_rs, 1, (const uint32_t *)qt + (int64_t)pn * E2 * nr, nr, st, nr, 0);
                 PROF_MARK(PH_QK);
                 if (!fold) {  /* the scaled scores, for what comes next */
-                    if (kern->scale_copy) kern->scale_copy(st, st, (int64_t)np * nr, scale);
-                    else for (int64_t i = 0; i < (int64_t)np * nr; i++) st[i] *= scale;
+                    if (kern->scale_copy) kern->scale_copy(st, st, (int64_t)nk * nr, scale);
+                    else for (int64_t i = 0; i < (int64_t)nk * nr; i++) st[i] *= scale;
                 }
             } else
 #endif
             {
-                kern->gemm(np, E, kt, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
+                kern->gemm(nk, E, kt + j0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
                 PROF_MARK(PH_QK);
             }
-            if (p->softcap > 0) kern->softcap(st, (int64_t)np * nr, cap);
-            if (p->alibi.data) FN(add_alibi_tile)(p, st, nr, r0, prows, s0, np, slope);
+            if (p->softcap > 0) kern->softcap(st, (int64_t)nk * nr, cap);
+            if (p->alibi.data) FN(add_alibi_tile)(p, st, nr, r0, prows, sp, nk, slope);
 
-            const int diagonal = p->causal && s0 + np - 1 > r0 + p->causal_offset;
+            const int diagonal = p->causal && sp + nk - 1 > r0 + p->causal_offset;
             if (tile_mask || diagonal || win_edge)
-                FN(mask_tile)(p, kern, tile_mask, st, nr, r0, prows, s0, np, kv_end);
+                FN(mask_tile)(p, kern, tile_mask, st, nr, r0, prows, sp, nk, kv_end);
             if (weights)
                 for (int x = 0; x < prows; x++)
-                    FN(store_raw_scores)(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, s0, np);
+                    FN(store_raw_scores)(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, sp, nk);
             PROF_MARK(PH_MASK);
-            scores += (int64_t)np * prows;
+            scores += (int64_t)nk * prows;
 
 #if HAS_BF16
             if (bf16) {
-                kern->softmax_pairs(st, np, fold ? scale : 1, pmax, psum, pacc, Ev, pp);
+                kern->softmax_pairs(st, nk, fold ? scale : 1, pmax, psum, pacc, Ev, pp);
                 PROF_MARK(PH_SOFTMAX);
-                kern->gemm_bf16((int)Ev, (np + 1) / 2, vpt, vp_rs, vp_ks, pp, nr, pacc, nr, 1);
+                kern->gemm_bf16((int)Ev, (nk + 1) / 2, vpt + (byf ? j0 / 2 : j0 / 2 * Ev), vp_rs, vp_ks, pp, nr, pacc, nr, 1);
                 PROF_MARK(PH_PV);
                 continue;
             }
 #endif
-            kern->softmax(st, np, pmax, psum, pacc, Ev);
+            kern->softmax(st, nk, pmax, psum, pacc, Ev);
             PROF_MARK(PH_SOFTMAX);
-            kern->gemm((int)Ev, np, vt, vsc, vsr, st, nr, pacc, nr, 1);
+            kern->gemm((int)Ev, nk, vt + j0 * vsr, vsc, vsr, st, nr, pacc, nr, 1);
             PROF_MARK(PH_PV);
         }
     }
