@@ -360,21 +360,24 @@ static void pack_v_pairs_set_avx512(int by_feature, uint32_t *dst, int64_t ld, c
 }
 
 /* 2^t for t <= 0 or NaN (the softmax's exponents, in base 2): t = n + f with
- * n = round(t), |f| <= 1/2, 2^f by a degree-5 polynomial fitted for the least
- * largest relative error on [-1/2, 1/2] (2.3e-7 evaluated in float), then
- * scalef.  Exactly 0 below -125.9 (e^x below SDPA_EXP_CUT_F32: 2^-125.9 is
- * normal, and no subnormal is computed: those lanes are the scalef's masked
- * ones); NaN stays NaN. */
+ * n = round(t) (by adding and taking away 1.5 * 2^23, exact for |t| < 2^22),
+ * |f| <= 1/2, 2^f by a degree-4 polynomial fitted for the least largest
+ * relative error on [-1/2, 1/2] (2.7e-6 evaluated in float: P is rounded to
+ * bfloat16, 3.9e-3, and the sums keep float's), then scalef.  Exactly 0 below
+ * -125.9 (e^x below SDPA_EXP_CUT_F32: 2^-125.9 is normal, and no subnormal is
+ * computed: those lanes are the scalef's masked ones); NaN stays NaN, and so
+ * does what |t| >= 2^22 would garble (t is masked to 0 below the cut, and t
+ * above 0 is at most the headroom's few units). */
 static inline __m512 exp2_nonpos_avx512(__m512 t) {
     const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.9f), _CMP_NLT_UQ);
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    const __m512 n = _mm512_sub_ps(_mm512_add_ps(t, magic), magic);
     const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.3276484096422791e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.675541892647743e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550713092088699e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022120237350464f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931469440460205f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
+    __m512 p = _mm512_set1_ps(0.009570113383233547f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05591786280274391f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240247443318367f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931217908859253f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.9999992847442627f));
     return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
@@ -414,8 +417,8 @@ static inline __attribute__((always_inline)) void exp_pairs_avx512(const float *
 /* The online softmax step of a 32-row panel with the scores' scale folded in
  * and P written as bfloat16 pairs (internal.h's softmax_pairs).  Its
  * exponentials are taken in base 2 from one fused multiply-add per score,
- * (s * scale - m) log2 e = s (scale log2 e) - m log2 e, within a few parts in
- * 10^7 of softmax_avx512_f32's (P is then rounded to bfloat16 anyway, 4e-3).
+ * (s * scale - m) log2 e = s (scale log2 e) - m log2 e, within 3e-6 of
+ * softmax_avx512_f32's (P is then rounded to bfloat16 anyway, 3.9e-3).
  * row_max is the max the terms are taken against: the rows' running max, or
  * less by at most ln 2^16 (the lse, m + log l, and the weights,
  * e^(s - m) / l, are the same either way).  scale > 0: the largest scaled
