@@ -51,19 +51,22 @@ def cases(quick: bool) -> List[Dict[str, Any]]:
     if quick:
         return [dict(name="qk-64x64", m=64, kpairs=32, by_feature=False)]
     out = []
-    for tile_k, E in ((128, 64), (256, 128), (128, 128)):
+    for tile_k, E in ((128, 64), (512, 64), (256, 128), (128, 128)):
         out.append(dict(name=f"qk-{tile_k}x{E}", m=tile_k, kpairs=E // 2, by_feature=False))
         out.append(dict(name=f"pv-{E}x{tile_k}", m=E, kpairs=tile_k // 2, by_feature=True))
     return out
 
 
-def product(name: str, case: Dict[str, Any], a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
-    """One call of the set's kernel on the case, its a laid out as the set's driver lays it."""
+def product(name: str, case: Dict[str, Any], a: np.ndarray, b: np.ndarray, c: np.ndarray, repeat: int = 1) -> None:
+    """``repeat`` calls of the set's kernel on the case in a C loop, with the tile
+    state set up once around them as a task does; its a laid out as the set's
+    driver lays it."""
     m, kp = case["m"], case["kpairs"]
+    acc = case["by_feature"]  # P V adds into the accumulators; Q K^T writes fresh scores
     if case["by_feature"] and name == "avx512_bf16":  # V pairs as it packs them: [pairs][Ev]
-        _core.gemm_bf16(name, m, kp, a, 1, m, b, NR, c, NR, True)
+        _core.gemm_bf16(name, m, kp, a, 1, m, b, NR, c, NR, acc, repeat)
     else:  # K rows in place, or V pairs feature by feature (the amx sets): [Ev][pairs]
-        _core.gemm_bf16(name, m, kp, a, kp, 1, b, NR, c, NR, True)
+        _core.gemm_bf16(name, m, kp, a, kp, 1, b, NR, c, NR, acc, repeat)
 
 
 def run(sets: List[str], quick: bool, rounds: int, min_time: float) -> List[Dict[str, Any]]:
@@ -88,8 +91,7 @@ def run(sets: List[str], quick: bool, rounds: int, min_time: float) -> List[Dict
         for r in range(rounds):
             for s in sets if r % 2 == 0 else reversed(sets):
                 t0 = time.perf_counter()
-                for _ in range(inner[s]):
-                    call(s)
+                call(s, repeat=inner[s])
                 times[s].append((time.perf_counter() - t0) / inner[s])
         flops = 4.0 * m * kp * NR  # two products of a pair a column
         for s in sets:

@@ -67,10 +67,14 @@ long sdpa_testing_amx_emulated_calls(void) { return 0; }
 
 sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
                                    int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
-                                   int accumulate) {
+                                   int accumulate, long repeat) {
     const kernel_table *kt = sdpa_testing_table(name);
     if (!kt || !kt->f32.gemm_bf16) return SDPA_ERR_BAD_ISA;
-    kt->f32.gemm_bf16(m, kpairs, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
+    /* as a task of the driver runs it: the set's tile state set up once around its products */
+    if (kt->f32.tiles_begin) kt->f32.tiles_begin();
+    for (long r = 0; r < (repeat > 0 ? repeat : 1); r++)
+        kt->f32.gemm_bf16(m, kpairs, a, a_rs, a_ks, b, ldb, c, ldc, accumulate);
+    if (kt->f32.tiles_end) kt->f32.tiles_end();
     return SDPA_OK;
 }
 

@@ -64,10 +64,12 @@ sdpa_status sdpa_testing_use_kernels(const char *name);
 const kernel_table *sdpa_testing_table(const char *name);
 
 /* The named set's gemm_bf16 on its own (internal.h's contract; b and c rows
- * 64-byte aligned); SDPA_ERR_BAD_ISA when the set has none or cannot run. */
+ * 64-byte aligned), `repeat` times between the set's tiles_begin and
+ * tiles_end, as a task runs it; SDPA_ERR_BAD_ISA when the set has none or
+ * cannot run. */
 sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
                                    int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
-                                   int accumulate);
+                                   int accumulate, long repeat);
 
 /* The phase profile of the tiled path (attention.c): start zeroes the totals
  * and turns the timers on for the calls planned from then on; read fills ns[i]

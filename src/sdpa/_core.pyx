@@ -133,7 +133,7 @@ cdef extern from "testing.h" nogil:
     sdpa_status sdpa_testing_use_kernels(const char *name)
     sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
                                        int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
-                                       int accumulate)
+                                       int accumulate, long repeat)
 
 MAX_BATCH_DIMS = SDPA_MAX_BATCH_DIMS
 ISAS = ("scalar", "avx2", "avx512", "avx512_bf16", "amx")
@@ -376,16 +376,20 @@ def use_kernels(name):
 
 
 def gemm_bf16(name, int m, int64_t kpairs, cnp.ndarray a, int64_t a_rs, int64_t a_ks, cnp.ndarray b,
-              int64_t ldb, cnp.ndarray c, int64_t ldc, bint accumulate):
+              int64_t ldb, cnp.ndarray c, int64_t ldc, bint accumulate, long repeat=1):
     """The named kernel set's bfloat16 product on its own (for tests):
     ``c[r*ldc + x] (=, or += when accumulate) sum_p dot2(a[r*a_rs + p*a_ks],
     b[p*ldb + x])`` for r < m, x < 32, on flat uint32 pair arrays a and b and a
-    float32 array c; b and c 64-byte aligned, ldb and ldc multiples of 16."""
+    float32 array c; b and c 64-byte aligned, ldb and ldc multiples of 16.  Run
+    ``repeat`` times in a row between the set's tile set-up and release, as a
+    task of a call runs its products (for timing the kernel alone)."""
     if (cnp.PyArray_TYPE(a) != cnp.NPY_UINT32 or cnp.PyArray_TYPE(b) != cnp.NPY_UINT32
             or cnp.PyArray_TYPE(c) != cnp.NPY_FLOAT32 or a.ndim != 1 or b.ndim != 1 or c.ndim != 1
             or not all(cnp.PyArray_IS_C_CONTIGUOUS(x) and cnp.PyArray_ISNOTSWAPPED(x) for x in (a, b, c))
             or not cnp.PyArray_ISWRITEABLE(c)):
         raise TypeError("gemm_bf16: flat contiguous uint32 a and b, a writable float32 c")
+    if repeat < 1:
+        raise ValueError("gemm_bf16: repeat >= 1")
     if m < 0 or kpairs < 0 or a_rs < 0 or a_ks < 0 or ldb < 32 or ldc < 32 or ldb % 16 or ldc % 16:
         raise ValueError("gemm_bf16: m, kpairs and strides >= 0; ldb and ldc multiples of 16, >= 32")
     if ((<uintptr_t>cnp.PyArray_DATA(b)) % 64 or (<uintptr_t>cnp.PyArray_DATA(c)) % 64):
@@ -398,7 +402,7 @@ def gemm_bf16(name, int m, int64_t kpairs, cnp.ndarray a, int64_t a_rs, int64_t 
         raise ValueError("gemm_bf16: c too small")
     if sdpa_testing_gemm_bf16(name.encode(), m, kpairs, <const uint32_t *>cnp.PyArray_DATA(a), a_rs, a_ks,
                               <const uint32_t *>cnp.PyArray_DATA(b), ldb, <float *>cnp.PyArray_DATA(c), ldc,
-                              accumulate) != SDPA_OK:
+                              accumulate, repeat) != SDPA_OK:
         raise ValueError(f"gemm_bf16: {name!r} has no bfloat16 product on this CPU")
 
 

@@ -40,7 +40,7 @@ bar), :mod:`~sdpa.bench.threads` (thread counts and limits),
 float64 reference and the errors), :mod:`~sdpa.bench.onnxgraph` (the ONNX models ONNX
 Runtime runs), :mod:`~sdpa.bench.suite` (the throughput suite),
 :mod:`~sdpa.bench.latency` (the latency mode), :mod:`~sdpa.bench.cache` (the cache
-mode), :mod:`~sdpa.bench.generate` (the
+mode), :mod:`~sdpa.bench.profile` (the phase profile of the tiled path), :mod:`~sdpa.bench.generate` (the
 Llama ``generate()``), :mod:`~sdpa.bench.report` (tables and JSON),
 :mod:`~sdpa.bench.plot` (the figure) and :mod:`~sdpa.bench.cli` (the command line).
 """
@@ -64,6 +64,7 @@ from .peers import (
     numpy_attention,
 )
 from .plot import plot_results
+from .profile import PHASES, format_profile_table, iter_profile
 from .report import (
     cache_notes,
     describe_kernels,
@@ -103,6 +104,9 @@ from .threads import default_threads
 from .timing import Progress, alternating_loop_times, loop_times, median_time, time_call
 
 __all__ = [
+    "PHASES",
+    "format_profile_table",
+    "iter_profile",
     "Shape",
     "SHAPES",
     "QUICK_SHAPES",
