@@ -161,11 +161,6 @@ static inline __m512 bool_to_neginf_ps(const uint8_t *p) {
     return _mm512_maskz_mov_ps((__mmask16)~visible, _mm512_set1_ps(-INFINITY));
 }
 
-/* s where t > -inf, -inf where t is -inf */
-static inline __m512 neginf_where_ps(__m512 t, __m512 s) {
-    return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(t, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), t);
-}
-
 /* 16 floats rounded to bfloat16 as sdpa_f32_to_bf16 does (to nearest even, a
  * NaN made quiet), with integer operations: VCVTNEPS2BF16 would flush
  * subnormal results. */

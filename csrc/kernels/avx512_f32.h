@@ -28,7 +28,8 @@
 #define RESCALE_SMALL sdpa_rescale_small_f32
 #define V_TRANSPOSE transpose16_ps
 #define V_BOOL_TO_NEGINF bool_to_neginf_ps
-#define V_NEGINF_WHERE neginf_where_ps
+#define V_STORE_NEGINF_WHERE(p, t) \
+    _mm512_mask_store_ps(p, _mm512_cmp_ps_mask(t, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), t)
 #define V_LOADU_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define V_LOADU_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define V_LOADU_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))

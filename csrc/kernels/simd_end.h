@@ -31,4 +31,4 @@
 #undef V_LOADU_I8
 #undef V_TRANSPOSE
 #undef V_BOOL_TO_NEGINF
-#undef V_NEGINF_WHERE
+#undef V_STORE_NEGINF_WHERE

@@ -26,7 +26,8 @@
  *   V_TRANSPOSE(r)         (float only, optional) r[0..LANES) as rows of a square
  *                          block become its columns: the vectorised masks
  *   V_BOOL_TO_NEGINF(p)    LANES bool bytes: 0 where nonzero, -inf where zero
- *   V_NEGINF_WHERE(t, s)   s, with -inf in the lanes where t is -inf
+ *   V_STORE_NEGINF_WHERE(p, t)  -inf stored at aligned p in the lanes where t is
+ *                          -inf, the others left as they are
  *   V_HMAX_NAN(v)          the largest lane, NaN if a lane is NaN
  *   S_EXP(x)               libm's exp for T with the kernels' cut (internal.h)
  *   RESCALE_SMALL(a, f)    a * f without a subnormal product (internal.h)
@@ -191,7 +192,8 @@ static inline __attribute__((always_inline)) void FN(mask_tile)(T *s, int n, int
             V_TRANSPOSE(t);
             for (int i = 0; i < LANES; i++) {
                 T *sj = s + (int64_t)(j + i) * NR + rb * LANES;
-                V_STORE(sj, is_bool ? V_NEGINF_WHERE(t[i], V_LOAD(sj)) : V_ADD(V_LOAD(sj), t[i]));
+                if (is_bool) V_STORE_NEGINF_WHERE(sj, t[i]);
+                else V_STORE(sj, V_ADD(V_LOAD(sj), t[i]));
             }
         }
     }
