@@ -40,12 +40,24 @@ sdpa_status sdpa_testing_softmax(const char *name, sdpa_dtype dtype, int row, vo
     if (!kt) return SDPA_ERR_BAD_ISA;
     if (dtype != SDPA_FLOAT32 && dtype != SDPA_FLOAT64) return SDPA_ERR_BAD_DTYPE;
     const size_t elem = dtype == SDPA_FLOAT32 ? 4 : 8;
-    const size_t nr = row ? 1 : (size_t)(dtype == SDPA_FLOAT64 ? kt->f64.nr : kt->f32.nr);
+    const size_t nr = row == 1 ? 1 : (size_t)(dtype == SDPA_FLOAT64 ? kt->f64.nr : kt->f32.nr);
+    if (row == 2 && dtype != SDPA_FLOAT32) return SDPA_ERR_BAD_DTYPE;
     void *bs = aligned_copy(s, (size_t)n * nr, elem), *bm = aligned_copy(row_max, nr, elem);
     void *bl = aligned_copy(row_sum, nr, elem), *ba = aligned_copy(acc, (size_t)ev * nr, elem);
     sdpa_status st = SDPA_ERR_NO_MEMORY;
     if (bs && bm && bl && ba) {
-        if (dtype == SDPA_FLOAT32 && row) kt->f32.row_softmax(bs, n, bm, bl, ba, ev);
+        if (dtype == SDPA_FLOAT32 && row == 2) {  /* softmax_pairs: P as pairs back into s's first rows */
+            if (!kt->f32.softmax_pairs) {
+                st = SDPA_ERR_BAD_ISA;
+                goto done;
+            }
+            uint32_t *pp = (uint32_t *)aligned_copy(bs, (size_t)n * nr, elem);
+            if (!pp) goto done;
+            kt->f32.softmax_pairs(bs, n, 1.0f, bm, bl, ba, ev, pp);
+            memset(bs, 0, (size_t)n * nr * elem);
+            memcpy(bs, pp, (size_t)((n + 1) / 2) * nr * 4);
+            free(pp);
+        } else if (dtype == SDPA_FLOAT32 && row) kt->f32.row_softmax(bs, n, bm, bl, ba, ev);
         else if (dtype == SDPA_FLOAT32) kt->f32.softmax(bs, n, bm, bl, ba, ev);
         else if (row) kt->f64.row_softmax(bs, n, bm, bl, ba, ev);
         else kt->f64.softmax(bs, n, bm, bl, ba, ev);
@@ -55,6 +67,7 @@ sdpa_status sdpa_testing_softmax(const char *name, sdpa_dtype dtype, int row, vo
         memcpy(acc, ba, (size_t)ev * nr * elem);
         st = SDPA_OK;
     }
+done:
     free(bs), free(bm), free(bl), free(ba);
     return st;
 }

@@ -10,7 +10,9 @@ sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t
 /* The softmax step of the named set (internal.h's contract) on copies in
  * aligned memory, written back: row 0: softmax on a panel, s n x nr, row_max
  * and row_sum nr, acc ev x nr, with nr = sdpa_testing_panel_rows; row 1:
- * row_softmax on one row, s n, row_max and row_sum 1, acc ev. */
+ * row_softmax on one row, s n, row_max and row_sum 1, acc ev; row 2 (float32,
+ * sets with bfloat16 products): softmax_pairs on the panel at scale 1, its P
+ * pairs written back over s's first ceil(n/2) rows (the rest zero). */
 sdpa_status sdpa_testing_softmax(const char *name, sdpa_dtype dtype, int row, void *s, int n, void *row_max,
                                  void *row_sum, void *acc, int64_t ev);
 /* The panel width of the named set for dtype (0 if unknown). */

@@ -237,3 +237,46 @@ def test_kernel_set_nan_and_masked_rows(isa, rng, dtype, E, Ev):
     sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask, out=wide[..., :Ev])
     assert np.array_equal(wide[..., :Ev], out, equal_nan=True)
     assert (wide[..., Ev:] == 7.0).all()
+
+
+def _pair_sets():
+    out = []
+    for name in ("avx512_bf16", "amx_emulated"):
+        runs = _core.isa_supported("avx512_bf16")
+        out.append(pytest.param(name, marks=pytest.mark.skipif(not runs, reason="this CPU has no AVX512-BF16")))
+    return out
+
+
+@pytest.mark.parametrize("name", _pair_sets())
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh", "running"])
+def test_softmax_pairs_writes_no_subnormal(name, fresh):
+    """The bfloat16 sets' fused softmax (softmax_pairs), fed the same gaps below
+    the max as above, on a fresh panel and on one with a running max (its
+    single pass against it, and the second pass when the max jumps): its P
+    pairs, row sums and accumulators hold no subnormal, the terms past the cut
+    are exactly 0, and the sums are the exponentials' (to 1e-5)."""
+    nr = _core.panel_rows(name, "float32")
+    gaps = [np.inf, 1000, 100, 88, 87.34, 87.3, 87, 0.5, 0]
+    n, ev = 2 * len(gaps) + 3, 19
+    for shift in [0.0, 3.0, 87.3, 100.0]:
+        s = np.empty((n, nr), np.float32)
+        for x in range(nr):
+            s[:, x] = 3.0 - np.roll(np.array(gaps + gaps + [0, 0, 0], np.float32), x)
+        m = np.full(nr, -np.inf if fresh else 3.0 - shift, np.float32)
+        l = np.full(nr, 0 if fresh else 1.5, np.float32)
+        acc = np.full((ev, nr), 0 if fresh else 0.75, np.float32)
+        s0 = s.copy()
+        _core.kernel_softmax(name, 2, s, m, l, acc)
+        pairs = s.view(np.uint32)[: (n + 1) // 2]
+        lo = (pairs & 0xFFFF).astype(np.uint32) << 16
+        hi = pairs & 0xFFFF0000
+        p = np.empty((2 * pairs.shape[0], nr), np.float32)
+        p[0::2], p[1::2] = lo.view(np.float32), hi.view(np.float32)
+        p = p[:n]
+        for what, arr in (("p", p), ("row_sum", l), ("acc", acc)):
+            assert not _is_subnormal(arr).any(), f"subnormal in {what}, shift {shift}"
+        assert (p[(s0 - m.max(initial=3.0)) < -87.33 - 11.1] == 0).all()
+        # the terms are taken against the returned max: they sum to the row sum
+        new = np.exp((s0.astype(np.float64) - m.astype(np.float64))).sum(0)
+        old = 0 if fresh else 1.5 * np.exp((3.0 - shift) - m.astype(np.float64))
+        np.testing.assert_allclose(l, new + old, rtol=1e-5)

@@ -284,25 +284,29 @@ def panel_rows(name, dtype):
     return int(sdpa_testing_panel_rows(name.encode(), SDPA_FLOAT64 if dtype == "float64" else SDPA_FLOAT32))
 
 
-def kernel_softmax(name, bint row, cnp.ndarray s, cnp.ndarray row_max, cnp.ndarray row_sum, cnp.ndarray acc):
+def kernel_softmax(name, int row, cnp.ndarray s, cnp.ndarray row_max, cnp.ndarray row_sum, cnp.ndarray acc):
     """One online softmax step of kernel set `name`, in place (for tests):
-    row False: its panel softmax, s (n, nr), row_max and row_sum (nr,), acc
-    (ev, nr) with nr = panel_rows(name, dtype); row True: its row_softmax, s
-    (n,), row_max and row_sum (1,), acc (ev,).  All contiguous, writable, of
+    row 0 (False): its panel softmax, s (n, nr), row_max and row_sum (nr,), acc
+    (ev, nr) with nr = panel_rows(name, dtype); row 1 (True): its row_softmax, s
+    (n,), row_max and row_sum (1,), acc (ev,); row 2: its bfloat16 softmax_pairs
+    on the panel (float32, scale 1), P's pairs written back over s's first
+    ceil(n/2) rows as uint32 bits (the rest zero).  All contiguous, writable, of
     one dtype, float32 or float64."""
+    if row not in (0, 1, 2):
+        raise ValueError("kernel_softmax: row is 0 (panel), 1 (row) or 2 (bfloat16 pairs)")
     cdef int t = cnp.PyArray_TYPE(s)
     arrays = (s, row_max, row_sum, acc)
     if (t != cnp.NPY_FLOAT32 and t != cnp.NPY_FLOAT64) or any(
             cnp.PyArray_TYPE(x) != t or not cnp.PyArray_IS_C_CONTIGUOUS(x) or not cnp.PyArray_ISWRITEABLE(x)
             or not cnp.PyArray_ISNOTSWAPPED(x) for x in arrays):
         raise TypeError("kernel_softmax: contiguous, writable float32/float64 arrays of one dtype")
-    nr = 1 if row else panel_rows(name, "float64" if t == cnp.NPY_FLOAT64 else "float32")
+    nr = 1 if row == 1 else panel_rows(name, "float64" if t == cnp.NPY_FLOAT64 else "float32")
     if nr == 0:
         raise ValueError(f"kernel_softmax: unknown kernel set {name!r}")
     n = s.shape[0]
     ev = acc.shape[0]
     if (s.size != n * nr or row_max.size != nr or row_sum.size != nr or acc.size != ev * nr
-            or (not row and (s.ndim != 2 or acc.ndim != 2))):
+            or (row != 1 and (s.ndim != 2 or acc.ndim != 2))):
         raise ValueError(f"kernel_softmax: shapes (n, {nr}), ({nr},), ({nr},), (ev, {nr}) expected")
     cdef sdpa_status st = sdpa_testing_softmax(
         name.encode(), SDPA_FLOAT32 if t == cnp.NPY_FLOAT32 else SDPA_FLOAT64, row, cnp.PyArray_DATA(s), n,
