@@ -89,13 +89,8 @@ static int64_t key_limit(const sdpa_problem *p, int64_t b) {
     return len < 0 ? 0 : (len < p->len_kv ? len : p->len_kv);
 }
 
-/* Whether the window bounds a side; whether any variant (window, softcap,
- * ALiBi, sinks) is on. */
+/* Whether the window bounds a side. */
 static int has_window(const sdpa_problem *p) { return p->window_left >= 0 || p->window_right >= 0; }
-
-static int has_variants(const sdpa_problem *p) {
-    return has_window(p) || p->softcap > 0 || p->alibi.data != NULL || p->sinks.data != NULL;
-}
 
 /* The first key the window lets row l see (0 when unbounded on the left);
  * may be past every key. */
