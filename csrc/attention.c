@@ -50,6 +50,8 @@ typedef struct plan {
     size_t slice_k, slice_elems;  /* K part, whole slice (elements of the compute type) */
     size_t callbuf_elems;
     int64_t vp_ld;                /* bfloat16 V pairs by feature: pairs per feature row */
+    int64_t e2p;                  /* bfloat16: pairs of a K row and of a query panel column block,
+                                   * ceil(E/2) or, K packed, up to whole tiles of the product */
     int profile;                  /* phase timers on (sdpa_profile_start)            */
     /* row mode (few query rows per key/value head; see attention_impl.h) */
     int row_mode;
@@ -622,11 +624,14 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
         pl->off_l = off;   off += round_elems(tq, elem);
         pl->bf16 = bf16_pairs;
         const int convert = !pl->bf16 && pl->kv_dtype != (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32);
+        pl->e2p = (int64_t)(E + 1) / 2;
         if (pl->bf16) {  /* pairs of bfloat16, 32 bits each: the size of a float */
             const size_t E2 = (E + 1) / 2, pairs = (tk + 1) / 2;
             pl->off_pp = off; off += round_elems(pairs * nr, elem);
             pl->off_vp = off; off += round_elems(pairs * Ev, elem);  /* V pairs of a tile, when not packed */
-            pl->off_k = off;  off += round_elems(tk * E2, elem);  /* K pairs, when not in place */
+            /* K pairs of a tile, when neither in place nor packed: E2 a row, or up
+             * to E where the rows are padded to whole blocks (below) */
+            pl->off_k = off;  off += round_elems(tk * (E > E2 ? E : E2), elem);
             /* the query panels hold E2 pairs, not E floats: within off_q's room */
         } else if (convert) {
             pl->off_k = off; off += round_elems(tk * E, elem);  /* K and V tiles converted */
@@ -643,13 +648,20 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
             const int64_t S = p->len_kv, slices = batch_count * (p->num_heads / p->gqa_group);
             size_t per;
             if (pl->bf16) {
-                /* whole tiles of 16 pairs, and an odd number of 64-byte lines a
+                /* K pairs packed too, padded to whole tiles of the product, when
+                 * its rows would end in a part tile (copied through a buffer at
+                 * every product) and the panels have room for the padding */
+                const int64_t blk = kt->f32.bf16_pairs_block > 1 ? kt->f32.bf16_pairs_block : 1;
+                const int64_t e2p = (pl->e2p + blk - 1) / blk * blk;
+                pl->slice_k = e2p != pl->e2p && e2p <= (int64_t)E ? (size_t)(S * e2p) : 0;
+                if (pl->slice_k) pl->e2p = e2p;
+                /* V: whole tiles of 16 pairs, and an odd number of 64-byte lines a
                  * feature row: a tile's 16 rows at a stride of a multiple of 4 KiB
                  * would fall in one set of L1 */
                 pl->vp_ld = ((S + 1) / 2 + 15) / 16 * 16;
                 if (pl->vp_ld / 16 % 2 == 0) pl->vp_ld += 16;
-                per = kt->f32.bf16_values_by_feature ? (size_t)pl->vp_ld * Ev : (size_t)((S + 1) / 2) * Ev;
-                pl->slice_k = 0;
+                per = pl->slice_k +
+                      (kt->f32.bf16_values_by_feature ? (size_t)pl->vp_ld * Ev : (size_t)((S + 1) / 2) * Ev);
             } else {
                 pl->slice_k = (size_t)S * E;
                 per = pl->slice_k + (size_t)S * Ev;

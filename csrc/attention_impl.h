@@ -374,18 +374,25 @@ static void FN(prefetch_task)(const sdpa_problem *p, const plan *pl, int64_t tas
 /* (lo, hi) in one 32-bit pair, lo in the low half */
 static inline uint32_t bf16_pair(uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); }
 
-/* Rows [s0, s0 + n) of a bfloat16 key view as pairs along E: dst[j][p] for
- * p < ceil(E/2), an odd E padded with zero (K not readable in place). */
-static void bf16_pack_rows(uint32_t *dst, const uint16_t *base, const sdpa_view *view, int64_t s0, int n, int64_t E) {
+/* Rows [s0, s0 + n) of a bfloat16 key view as pairs along E: dst[j*ld + p]
+ * for p < ceil(E/2), an odd E padded with zero, and zero pairs up to ld (K not
+ * readable in place, or padded to whole tiles). */
+static void bf16_pack_rows(uint32_t *dst, int64_t ld, const uint16_t *base, const sdpa_view *view, int64_t s0, int n,
+                           int64_t E) {
     const int64_t E2 = (E + 1) / 2;
     for (int j = 0; j < n; j++) {
         const uint16_t *row = base + (s0 + j) * view->row_stride;
-        uint32_t *d = dst + (int64_t)j * E2;
-        for (int64_t p = 0; p < E2; p++) {
-            const uint16_t lo = row[2 * p * view->col_stride];
-            const uint16_t hi = 2 * p + 1 < E ? row[(2 * p + 1) * view->col_stride] : 0;
-            d[p] = bf16_pair(lo, hi);
+        uint32_t *d = dst + (int64_t)j * ld;
+        if (view->col_stride == 1 && E % 2 == 0) {
+            memcpy(d, row, (size_t)E2 * 4);  /* the pairs as they lie */
+        } else {
+            for (int64_t p = 0; p < E2; p++) {
+                const uint16_t lo = row[2 * p * view->col_stride];
+                const uint16_t hi = 2 * p + 1 < E ? row[(2 * p + 1) * view->col_stride] : 0;
+                d[p] = bf16_pair(lo, hi);
+            }
         }
+        for (int64_t p = E2; p < ld; p++) d[p] = 0;
     }
 }
 
@@ -416,12 +423,13 @@ static void bf16_pack_values(const kernels_f32 *kern, uint32_t *dst, int64_t ld,
  * unscaled (the scale is applied to the float scores: rounding a scaled query
  * to bfloat16 would add error). */
 static void bf16_pack_panel(const sdpa_problem *p, const kernels_f32 *kern, uint32_t *panel, const uint16_t *q,
-                            int64_t l0, int pn) {
+                            int64_t l0, int pn, int64_t E2p) {
     const int64_t L = p->len_q, E = p->head_dim, E2 = (E + 1) / 2;
     const int nr = kern->nr;
     const int64_t r0 = l0 + (int64_t)pn * nr;
     const int prows = (int)(L - r0 < nr ? L - r0 : nr);
     const int64_t rs = p->query.row_stride, cs = p->query.col_stride;
+    memset(panel + E2 * nr, 0, (size_t)(E2p - E2) * nr * 4);  /* pairs padded to whole tiles: zeros */
     if (E % 2 == 0 && cs == 1 && kern->pack_q_pairs) {
         kern->pack_q_pairs(panel, q + r0 * rs, prows, rs, E2);
         return;
@@ -464,9 +472,12 @@ static void FN(pack_kv_unit)(const sdpa_problem *p, const plan *pl, const KT *ke
     const sdpa_dtype kvdt = pl->kv_dtype;
     const size_t kve = sdpa_dtype_size(kvdt);
 #if HAS_BF16
-    if (pl->bf16) {  /* V pairs; K is read in place */
+    if (pl->bf16) {  /* V pairs; K read in place, or as pairs padded to whole tiles */
         const uint16_t *v = (const uint16_t *)view_at(p, &p->value, b, hkv, 2);
-        uint32_t *vp = (uint32_t *)slice;
+        uint32_t *vp = (uint32_t *)slice + pl->slice_k;
+        if (pl->slice_k)  /* K pairs padded to whole tiles */
+            bf16_pack_rows((uint32_t *)slice + s0 * pl->e2p, pl->e2p, (const uint16_t *)view_at(p, &p->key, b, hkv, 2),
+                           &p->key, s0, n, E);
         if (kern->bf16_values_by_feature)
             bf16_pack_values(kern, vp + s0 / 2, pl->vp_ld, v, &p->value, s0, n, Ev);
         else
@@ -531,13 +542,14 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     T *row_l = scratch + pl->off_l;
 #if HAS_BF16
     const T scale = (T)p->scale;
-    const int64_t E2 = (E + 1) / 2;
+    const int64_t E2 = pl->e2p;  /* pairs of a K row and a panel column block, padded to whole tiles */
     const int64_t qpanel = bf16 ? E2 : E;  /* elements of a panel column block */
     uint32_t *pp = (uint32_t *)(scratch + pl->off_pp);  /* P^T pairs, [tile_k / 2][nr] */
     uint32_t *vp = (uint32_t *)(scratch + pl->off_vp);  /* V pairs of a tile, when not packed */
-    uint32_t *kp = (uint32_t *)(scratch + pl->off_k);   /* K pairs when not in place, [tile_k][E2] */
+    uint32_t *kp = (uint32_t *)(scratch + pl->off_k);   /* K pairs of a tile when not in place, [tile_k][E2] */
     /* K read in place when its rows are whole pairs, 32-bit aligned */
-    const int k_in_place = E % 2 == 0 && p->key.col_stride == 1 && p->key.row_stride % 2 == 0 && ((uintptr_t)k & 3) == 0;
+    const int k_in_place = E % 2 == 0 && 2 * E2 == E && p->key.col_stride == 1 && p->key.row_stride % 2 == 0 &&
+                           ((uintptr_t)k & 3) == 0;
     /* feature c's pair p at vbase[c * vp_rs + p * vp_ks]: P V's a, in its kernel's layout */
     const int byf = bf16 && kern->bf16_values_by_feature;
     const int64_t vp_ld = slice ? (byf ? pl->vp_ld : Ev) : (byf ? (tile_k + 1) / 2 : Ev);
@@ -593,15 +605,17 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         const uint32_t *kpt = NULL, *vpt = NULL;
         int64_t k_rs = E2;
         if (bf16) {
-            if (k_in_place) {
+            if (slice && pl->slice_k) {  /* packed for the call */
+                kpt = (const uint32_t *)slice + s0 * E2;
+            } else if (k_in_place) {
                 kpt = (const uint32_t *)((const uint16_t *)k + s0 * p->key.row_stride);
                 k_rs = p->key.row_stride / 2;
             } else {
-                bf16_pack_rows(kp, (const uint16_t *)k, &p->key, s0, n, E);
+                bf16_pack_rows(kp, E2, (const uint16_t *)k, &p->key, s0, n, E);
                 kpt = kp;
             }
             if (slice) {
-                vpt = (const uint32_t *)slice + (byf ? s0 / 2 : s0 / 2 * Ev);
+                vpt = (const uint32_t *)slice + pl->slice_k + (byf ? s0 / 2 : s0 / 2 * Ev);
             } else {
                 bf16_pack_values(kern, vp, vp_ld, (const uint16_t *)v, &p->value, s0, n, Ev);
                 vpt = vp;
@@ -653,7 +667,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                     T *panel = qt + (int64_t)packed * qpanel * nr;
 #if HAS_BF16
                     if (bf16) {
-                        bf16_pack_panel(p, kern, (uint32_t *)panel, (const uint16_t *)q, l0, packed);
+                        bf16_pack_panel(p, kern, (uint32_t *)panel, (const uint16_t *)q, l0, packed, E2);
                         continue;
                     }
 #endif

@@ -125,6 +125,11 @@ typedef struct kernels_f32 {
      * place); 0: pair by pair, [pairs][Ev] (a broadcast reads one pair at a
      * time).  gemm_bf16 is correct with either; this is its fast layout. */
     int bf16_values_by_feature;
+    /* gemm_bf16 reads its a and b in blocks of this many pairs (AMX: 16, a tile
+     * row), and a part block goes through a copy: K rows and query panels are
+     * then padded with zero pairs to whole blocks where K is packed (0 or 1:
+     * any count is as fast) */
+    int bf16_pairs_block;
     /* The bfloat16 tiled path around gemm_bf16 (NULL in sets without it; the
      * panel is nr = 32 rows):
      *   pack_q_pairs:  panel[p*nr + x] = the 32-bit word p of row x, i.e. the pair

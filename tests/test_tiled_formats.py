@@ -214,3 +214,23 @@ def test_profile_does_not_count_the_row_path(profiled, rng):
     _core.profile_start()
     attention(q, k, v)
     assert _core.profile_read()["scores"] == 0
+
+
+@needs_bf16
+@pytest.mark.parametrize("E", [80, 34, 17, 8])
+def test_key_pairs_padded_to_whole_tiles(pairs_set, rng, packing, E):
+    """Where a key row ends in part of a tile (E/2 not a multiple of 16), the
+    amx sets pack K once with zero pairs up to whole tiles (and the query panels
+    alike): the same bits as K read a tile at a time, and the reference's values."""
+    q, k, v = bf16_qkv(rng, batch=(1,), hq=4, hkv=2, L=100, S=150, E=E, Ev=24)
+    _core.set_blocking(32, 0, 0)
+    try:
+        packing("never")
+        tiles = attention(q, k, v, is_causal=True, enable_gqa=True)
+        packing("always")
+        once = attention(q, k, v, is_causal=True, enable_gqa=True)
+    finally:
+        _core.set_blocking(0, 0, 0)
+    np.testing.assert_array_equal(once.view(np.uint16), tiles.view(np.uint16))
+    want = ref(*as64(q, k, v), is_causal=True, enable_gqa=True)
+    np.testing.assert_allclose(once.astype(np.float64), want, rtol=tolerance(BF16), atol=tolerance(BF16))

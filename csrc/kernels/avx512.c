@@ -559,7 +559,8 @@ const kernel_table sdpa_kernels_avx512_bf16 = {
 const kernel_table sdpa_kernels_amx = {
     .name = "amx",
     .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx, .pairs_bf16 = pairs_bf16_avx512, BF16_PAIR_KERNELS,
-            .bf16_values_by_feature = 1, .tiles_begin = tiles_begin_amx, .tiles_end = tiles_end_amx},
+            .bf16_values_by_feature = 1, .bf16_pairs_block = 16, .tiles_begin = tiles_begin_amx,
+            .tiles_end = tiles_end_amx},
     .f64 = {AVX512_F64_KERNELS},
 };
 #endif
@@ -569,7 +570,8 @@ const kernel_table sdpa_kernels_amx = {
 const kernel_table sdpa_kernels_amx_emulated = {
     .name = "amx_emulated",
     .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx_emulated, .pairs_bf16 = pairs_bf16_avx512,
-            BF16_PAIR_KERNELS, .bf16_values_by_feature = 1, .tiles_begin = tiles_begin_amx_emulated,
+            BF16_PAIR_KERNELS, .bf16_values_by_feature = 1, .bf16_pairs_block = 16,
+            .tiles_begin = tiles_begin_amx_emulated,
             .tiles_end = tiles_end_amx_emulated},
     .f64 = {AVX512_F64_KERNELS},
 };
