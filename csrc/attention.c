@@ -40,7 +40,7 @@ typedef struct plan {
     int64_t num_qblocks;  /* ceil(L / tile_q)                    */
     int64_t num_tasks;    /* num_bh x num_qblocks                */
     int tile_q, tile_k, nr;  /* tile_q is a multiple of nr        */
-    size_t off_q, off_acc, off_s, off_m, off_l, off_k, off_v, off_pp, off_vp, off_prof;
+    size_t off_q, off_acc, off_s, off_m, off_l, off_k, off_v, off_pp, off_vp, off_vt, off_prof;
     /* K and V packed once per call (tiled path): the float K and V of a 16-bit or
      * int8 cache widened, or bfloat16 V as pairs, per key/value slice, into a
      * call buffer that every query block and every query head of a slice's GQA
@@ -137,6 +137,7 @@ typedef struct interrupt_state {
     SDPA_ATOMIC(int) stop;  /* shared by the threads of the call */
     double next;            /* thread 0 only */
     unsigned polls;         /* thread 0 only */
+    unsigned callbacks;     /* thread 0 only: times the callback ran */
 } interrupt_state;
 
 static double monotonic_seconds(void) {
@@ -154,6 +155,7 @@ static void interrupt_start(interrupt_state *st, const sdpa_problem *p) {
     sdpa_atomic_store(&st->stop, 0);
     st->next = p->interrupt ? monotonic_seconds() + 0.02 : 0;
     st->polls = 0;
+    st->callbacks = 0;
 }
 
 /* Whether the call is to stop now; thread tid 0 polls the callback. */
@@ -163,6 +165,7 @@ static int should_stop(interrupt_state *st, int tid) {
     double now = monotonic_seconds();
     if (now < st->next) return 0;
     st->next = now + 0.02;
+    st->callbacks++;
     if (!st->p->interrupt(st->p->interrupt_data)) return 0;
     sdpa_atomic_store(&st->stop, 1);
     return 1;
@@ -599,6 +602,8 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
     /* int8 tiles are dequantized into float scratch: blocked as float */
     choose_blocking(p, batch_count, nthreads, elem,
                     pl->kv_dtype == SDPA_INT8 ? sizeof(float) : sdpa_dtype_size(pl->kv_dtype), pl);
+    /* bfloat16 pairs: key tiles of whole pairs (a blocking forced by the tests may be odd) */
+    if (bf16_pairs && !pl->row_mode && pl->tile_k % 2) pl->tile_k++;
     size_t off = 0;
     if (pl->row_mode) {
         const size_t tk = (size_t)pl->tile_k, M = (size_t)rows;
@@ -629,6 +634,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
             const size_t E2 = (E + 1) / 2, pairs = (tk + 1) / 2;
             pl->off_pp = off; off += round_elems(pairs * nr, elem);
             pl->off_vp = off; off += round_elems(pairs * Ev, elem);  /* V pairs of a tile, when not packed */
+            pl->off_vt = off; off += round_elems(16 * Ev, elem);     /* the last pairs of an odd key count */
             /* K pairs of a tile, when neither in place nor packed: E2 a row, or up
              * to E where the rows are padded to whole blocks (below) */
             pl->off_k = off;  off += round_elems(tk * (E > E2 ? E : E2), elem);
@@ -646,15 +652,15 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
         const int packing = sdpa_atomic_load(&forced_packing);
         if ((pl->bf16 || convert) && (reuse >= 2 || packing == 2) && packing != 1 && p->len_kv > 0) {
             const int64_t S = p->len_kv, slices = batch_count * (p->num_heads / p->gqa_group);
+            int64_t e2p = pl->e2p;
             size_t per;
             if (pl->bf16) {
                 /* K pairs packed too, padded to whole tiles of the product, when
                  * its rows would end in a part tile (copied through a buffer at
                  * every product) and the panels have room for the padding */
                 const int64_t blk = kt->f32.bf16_pairs_block > 1 ? kt->f32.bf16_pairs_block : 1;
-                const int64_t e2p = (pl->e2p + blk - 1) / blk * blk;
+                e2p = (pl->e2p + blk - 1) / blk * blk;
                 pl->slice_k = e2p != pl->e2p && e2p <= (int64_t)E ? (size_t)(S * e2p) : 0;
-                if (pl->slice_k) pl->e2p = e2p;
                 /* V: whole tiles of 16 pairs, and an odd number of 64-byte lines a
                  * feature row: a tile's 16 rows at a stride of a multiple of 4 KiB
                  * would fall in one set of L1 */
@@ -667,8 +673,11 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
                 per = pl->slice_k + (size_t)S * Ev;
             }
             pl->slice_elems = round_elems(per, elem);
+            if (!((double)pl->slice_elems * (double)slices * (double)elem <= SDPA_PACK_BUDGET || packing == 2))
+                pl->slice_k = 0;  /* not packed: K in place or a tile at a time */
             if ((double)pl->slice_elems * (double)slices * (double)elem <= SDPA_PACK_BUDGET || packing == 2) {
                 pl->kv_packed = 1;
+                if (pl->slice_k) pl->e2p = e2p;  /* K packed padded to whole blocks */
                 pl->callbuf_elems = pl->slice_elems * (size_t)slices;
                 pl->pack_chunk = SDPA_PACK_CHUNK;
                 pl->pack_units = slices * ((S + pl->pack_chunk - 1) / pl->pack_chunk);

@@ -445,6 +445,31 @@ static void bf16_pack_panel(const sdpa_problem *p, const kernels_f32 *kern, uint
 }
 #endif
 
+#if HAS_BF16
+/* acc (P V)^T += the products of the nk keys' P pairs (pp) and V pairs (a at
+ * v_rs, v_ks).  With an odd nk the last pair's second key is one the panel
+ * does not see (past its causal limit, its window or the keys): its P is 0,
+ * but its V may be inf or NaN, and 0 x NaN is NaN.  So the pairs from the last
+ * whole block of 16 on go through a copy (vtail, [Ev][16]) whose last pair's
+ * second value is 0; the products are summed in the same order as in one call. */
+static void FN(pv_pairs)(const kernels_f32 *kern, int Ev, int nk, const uint32_t *v, int64_t v_rs, int64_t v_ks,
+                         const uint32_t *pp, int nr, float *acc, uint32_t *vtail) {
+    const int64_t kp = (nk + 1) / 2;
+    if (nk % 2 == 0) {
+        kern->gemm_bf16(Ev, kp, v, v_rs, v_ks, pp, nr, acc, nr, 1);
+        return;
+    }
+    const int64_t head = (kp - 1) / 16 * 16, rest = kp - head;
+    if (head) kern->gemm_bf16(Ev, head, v, v_rs, v_ks, pp, nr, acc, nr, 1);
+    for (int c = 0; c < Ev; c++)
+        for (int64_t q = 0; q < rest; q++) {
+            const uint32_t w = v[c * v_rs + (head + q) * v_ks];
+            vtail[c * 16 + q] = q == rest - 1 ? (w & 0xFFFFu) : w;
+        }
+    kern->gemm_bf16(Ev, rest, vtail, 16, 1, pp + head * nr, nr, acc, nr, 1);
+}
+#endif
+
 /* The key/value slice (batch index, key/value head) of packing unit u, and the
  * keys [s0, s0 + n) it packs; 0 when there are none. */
 static int FN(pack_unit)(const sdpa_problem *p, const plan *pl, int64_t u, int64_t *b, int64_t *hkv, int64_t *s0,
@@ -547,6 +572,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     uint32_t *pp = (uint32_t *)(scratch + pl->off_pp);  /* P^T pairs, [tile_k / 2][nr] */
     uint32_t *vp = (uint32_t *)(scratch + pl->off_vp);  /* V pairs of a tile, when not packed */
     uint32_t *kp = (uint32_t *)(scratch + pl->off_k);   /* K pairs of a tile when not in place, [tile_k][E2] */
+    uint32_t *vtail = (uint32_t *)(scratch + pl->off_vt);  /* the last V pairs of an odd key count, [Ev][16] */
     /* K read in place when its rows are whole pairs, 32-bit aligned */
     const int k_in_place = E % 2 == 0 && 2 * E2 == E && p->key.col_stride == 1 && p->key.row_stride % 2 == 0 &&
                            ((uintptr_t)k & 3) == 0;
@@ -597,8 +623,18 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     int packed = 0;  /* panels of Q packed so far */
     int64_t scores = 0;  /* computed, for the profile */
 
+#if HAS_BF16
+    unsigned callbacks = tid == 0 ? irq->callbacks : 0;
+#endif
     for (int64_t s0 = kv_begin; s0 < kv_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;  /* the output is unspecified then */
+#if HAS_BF16
+        if (bf16 && tid == 0 && irq->callbacks != callbacks && kern->tiles_begin) {
+            /* the interrupt callback ran (Python code: it may have used the tiles) */
+            callbacks = irq->callbacks;
+            kern->tiles_begin();
+        }
+#endif
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
         const T *kt = (const T *)k + s0 * ksr, *vt = (const T *)v + s0 * vsr;
 #if HAS_BF16
@@ -718,7 +754,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             if (bf16) {
                 kern->softmax_pairs(st, nk, fold ? scale : 1, pmax, psum, pacc, Ev, pp);
                 PROF_MARK(PH_SOFTMAX);
-                kern->gemm_bf16((int)Ev, (nk + 1) / 2, vpt + (byf ? j0 / 2 : j0 / 2 * Ev), vp_rs, vp_ks, pp, nr, pacc, nr, 1);
+                FN(pv_pairs)(kern, (int)Ev, nk, vpt + (byf ? j0 / 2 : j0 / 2 * Ev), vp_rs, vp_ks, pp, nr, pacc, vtail);
                 PROF_MARK(PH_PV);
                 continue;
             }

@@ -234,3 +234,70 @@ def test_key_pairs_padded_to_whole_tiles(pairs_set, rng, packing, E):
     np.testing.assert_array_equal(once.view(np.uint16), tiles.view(np.uint16))
     want = ref(*as64(q, k, v), is_causal=True, enable_gqa=True)
     np.testing.assert_allclose(once.astype(np.float64), want, rtol=tolerance(BF16), atol=tolerance(BF16))
+
+
+# ---- regressions ----
+
+def test_a_tiny_rescale_in_one_row_leaves_the_others_finite(isa):
+    """One row's max jumps by 50 (its accumulator rescaled by e^-50 < 2^-60, the
+    careful product), while the other rows of the panel keep large accumulators
+    (V = 1e20): theirs are rescaled as usual, not through the careful product,
+    which would overflow them."""
+    L, S, E = 32, 64, 16
+    q = np.zeros((1, L, E), np.float32)
+    q[0, 0, 0] = 1.0
+    k = np.zeros((1, S, E), np.float32)
+    k[0, 32:, 0] = 50.0 * 4  # the scale is 1/4
+    v = np.full((1, S, E), 1e20, np.float32)
+    _core.set_blocking(0, 32, 0)
+    try:
+        out = attention(q, k, v)
+    finally:
+        _core.set_blocking(0, 0, 0)
+    np.testing.assert_allclose(out, 1e20, rtol=1e-5)
+
+
+@needs_bf16
+@pytest.mark.parametrize("mode", ["never", "always"])
+def test_an_odd_key_count_does_not_read_the_next_value(pairs_set, rng, packing, mode):
+    """With an odd number of visible keys, the last pair's second key is one no
+    row sees; its V (here NaN, as in a cache's unwritten slots) must not reach
+    the output through 0 x NaN."""
+    q, k, v = bf16_qkv(rng, batch=(1,), hq=2, hkv=1, L=31, S=64, E=32)
+    v[..., 31:, :] = np.nan
+    k[..., 31:, :] = np.nan
+    packing(mode)
+    out = attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert np.isfinite(out.astype(np.float32)).all()
+    want = ref(*as64(q[..., :31, :], k[..., :31, :], v[..., :31, :]), is_causal=True, enable_gqa=True)
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=tolerance(BF16), atol=tolerance(BF16))
+
+
+@needs_bf16
+@pytest.mark.parametrize("tile_k", [7, 33])
+def test_an_odd_forced_key_tile_keeps_whole_pairs(pairs_set, rng, packing, tile_k):
+    q, k, v = bf16_qkv(rng, batch=(1,), hq=2, hkv=1, L=64, S=100, E=32)
+    _core.set_blocking(32, tile_k, 0)
+    try:
+        packing("never")
+        tiles = attention(q, k, v, enable_gqa=True)
+        packing("always")
+        once = attention(q, k, v, enable_gqa=True)
+    finally:
+        _core.set_blocking(0, 0, 0)
+    np.testing.assert_array_equal(once.view(np.uint16), tiles.view(np.uint16))
+    want = ref(*as64(q, k, v), enable_gqa=True)
+    np.testing.assert_allclose(once.astype(np.float64), want, rtol=tolerance(BF16), atol=tolerance(BF16))
+
+
+@needs_bf16
+def test_huge_scores_with_bfloat16_products(pairs_set):
+    """Scaled scores near float32's largest (1e38 and more): the base-2 exponent
+    s (scale log2 e) - m log2 e would overflow; the softmax still picks the
+    largest, as the float path does."""
+    q = np.array([[[1.0]], [[1.0]]], np.float32).astype(BF16)  # (2, 1, 1)
+    k = np.array([[[3e38], [1e38], [2e38]]] * 2, np.float32).astype(BF16)
+    v = np.array([[[1.0], [2.0], [3.0]]] * 2, np.float32).astype(BF16)
+    q = np.repeat(q, 40, axis=1)  # 40 query rows: the tiled path
+    out = attention(q, k, v, scale=1.0).astype(np.float32)
+    np.testing.assert_array_equal(out, 1.0)

@@ -377,9 +377,14 @@ static inline __m512 exp2_nonpos_avx512(__m512 t) {
 }
 
 /* The exponentials of a panel's scores against the maxima whose -m log2 e is
- * nm, summed into sum and written to pp as bfloat16 pairs. */
+ * nm, summed into sum and written to pp as bfloat16 pairs.  `huge`: scores,
+ * maxima or a scale beyond 1e38, where s (scale log2 e) or m log2 e would
+ * overflow: the exponent is taken as (s * scale - m) log2 e, as the float
+ * softmax takes it. */
+#define EXPONENT_HUGE(x, v) _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps((x), vs), m[v]), _mm512_set1_ps(1.44269504088896341f))
 static inline __attribute__((always_inline)) void exp_pairs_avx512(const float *s, int n, __m512 c, const __m512 *nm,
-                                                                   __m512 *sum, uint32_t *pp) {
+                                                                   __m512 *sum, uint32_t *pp, const int huge,
+                                                                   __m512 vs, const __m512 *m) {
     /* word x of a pair row: bfloat16 x of the first row, then x of the second */
     const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                                 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -388,12 +393,12 @@ static inline __attribute__((always_inline)) void exp_pairs_avx512(const float *
         const int two = 2 * p + 1 < n;
         for (int v = 0; v < BF16_NV; v++) {
             const __m512 s0 = _mm512_load_ps(r0 + v * 16);
-            const __m512 x0 = exp2_nonpos_avx512(_mm512_fmadd_ps(s0, c, nm[v]));
+            const __m512 x0 = exp2_nonpos_avx512(huge ? EXPONENT_HUGE(s0, v) : _mm512_fmadd_ps(s0, c, nm[v]));
             sum[v] = _mm512_add_ps(sum[v], x0);
             __m512 x1 = _mm512_setzero_ps();
             if (two) {
                 const __m512 s1 = _mm512_load_ps(r0 + 32 + v * 16);
-                x1 = exp2_nonpos_avx512(_mm512_fmadd_ps(s1, c, nm[v]));
+                x1 = exp2_nonpos_avx512(huge ? EXPONENT_HUGE(s1, v) : _mm512_fmadd_ps(s1, c, nm[v]));
                 sum[v] = _mm512_add_ps(sum[v], x1);
             }
             const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);  /* x0's in the low half */
@@ -431,12 +436,16 @@ static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_
         const __m512 old = _mm512_load_ps(row_max + v * 16);
         finite &= _mm512_cmp_ps_mask(_mm512_abs_ps(old), _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
     }
-    if (finite == 0xFFFF) {
+    const int huge_scale = !(scale < 1e38f);
+    __mmask16 huge = 0;
+    for (int v = 0; v < BF16_NV; v++)
+        huge |= _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_load_ps(row_max + v * 16)), _mm512_set1_ps(1e38f), _CMP_NLT_UQ);
+    if (finite == 0xFFFF && !huge && !huge_scale) {
         for (int v = 0; v < BF16_NV; v++) {
             nm[v] = _mm512_mul_ps(_mm512_load_ps(row_max + v * 16), _mm512_set1_ps(-log2e));
             sum[v] = _mm512_setzero_ps();
         }
-        exp_pairs_avx512(s, n, c, nm, sum, pp);
+        exp_pairs_avx512(s, n, c, nm, sum, pp, 0, vs, nm);
         /* kept when every row's sum of terms stays below the headroom (so does
          * each term; NaN or inf is not kept) */
         __mmask16 ok = 0xFFFF;
@@ -459,7 +468,13 @@ static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_
         sum[v] = _mm512_setzero_ps();
         nm[v] = _mm512_mul_ps(m_sub[v], _mm512_set1_ps(-log2e));
     }
-    exp_pairs_avx512(s, n, c, nm, sum, pp);
+    __mmask16 huge_m = 0;
+    for (int v = 0; v < BF16_NV; v++)
+        huge_m |= _mm512_cmp_ps_mask(_mm512_abs_ps(m_sub[v]), _mm512_set1_ps(1e38f), _CMP_NLT_UQ);
+    if (huge_m || huge_scale)
+        exp_pairs_avx512(s, n, c, nm, sum, pp, 1, vs, m_sub);
+    else
+        exp_pairs_avx512(s, n, c, nm, sum, pp, 0, vs, m_sub);
     float alphas[32] __attribute__((aligned(64)));
     for (int v = 0; v < BF16_NV; v++) {
         _mm512_store_ps(row_sum + v * 16, _mm512_fmadd_ps(_mm512_load_ps(row_sum + v * 16), alpha[v], sum[v]));
@@ -472,9 +487,13 @@ static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_
         small |= alphas[x] > 0 && alphas[x] < (float)SDPA_RESCALE_SMALL;
     }
     if (!changed) return;
-    if (small) {  /* internal.h: no subnormal product */
+    if (small) {  /* internal.h: no subnormal product; the small factors' rows apart */
         for (int64_t c = 0; c < ev; c++)
-            for (int x = 0; x < 32; x++) acc[c * 32 + x] = sdpa_rescale_small_f32(acc[c * 32 + x], alphas[x]);
+            for (int x = 0; x < 32; x++) {
+                const float a = alphas[x];
+                acc[c * 32 + x] = a > 0 && a < (float)SDPA_RESCALE_SMALL ? sdpa_rescale_small_f32(acc[c * 32 + x], a)
+                                                                         : acc[c * 32 + x] * a;
+            }
         return;
     }
     for (int64_t c = 0; c < ev; c++)
@@ -484,6 +503,7 @@ static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_
         }
 }
 #undef LAZY_MAX_HEADROOM
+#undef EXPONENT_HUGE
 
 enum { bf16_panel_rows = BF16_NV * 16 };
 #undef BF16_NV

@@ -121,9 +121,13 @@ static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev)
     if (!changed) return;
     int small = 0;  /* a max that grew by more than about 41 (internal.h) */
     for (int x = 0; x < NR; x++) small |= alphas[x] > 0 && alphas[x] < (T)SDPA_RESCALE_SMALL;
-    if (small) {
+    if (small) {  /* the small factors' rows apart, the others as below, lane by lane */
         for (int64_t c = 0; c < ev; c++)
-            for (int x = 0; x < NR; x++) acc[c * NR + x] = RESCALE_SMALL(acc[c * NR + x], alphas[x]);
+            for (int x = 0; x < NR; x++) {
+                const T a = alphas[x];
+                acc[c * NR + x] = a > 0 && a < (T)SDPA_RESCALE_SMALL ? RESCALE_SMALL(acc[c * NR + x], a)
+                                                                     : acc[c * NR + x] * a;
+            }
         return;
     }
     for (int64_t c = 0; c < ev; c++)
