@@ -56,6 +56,16 @@ static inline double sdpa_rescale_small_f64(double acc, double alpha) {
     return y < lim && y > -lim ? 0.0 : y * 0x1p-64;
 }
 
+/* acc * alpha, the careful product where alpha is below SDPA_RESCALE_SMALL: a
+ * row's rescale in the kernels' rare path (some row of the panel has a small
+ * factor), lane by lane */
+static inline float sdpa_rescale_f32(float acc, float alpha) {
+    return alpha > 0 && alpha < (float)SDPA_RESCALE_SMALL ? sdpa_rescale_small_f32(acc, alpha) : acc * alpha;
+}
+static inline double sdpa_rescale_f64(double acc, double alpha) {
+    return alpha > 0 && alpha < SDPA_RESCALE_SMALL ? sdpa_rescale_small_f64(acc, alpha) : acc * alpha;
+}
+
 /* Every scratch buffer and packed panel is aligned to this many bytes. */
 #define SDPA_ALIGN 64
 
@@ -114,12 +124,9 @@ typedef struct kernels_f32 {
     /* bfloat16 products, NULL in sets without them.  a and b hold pairs of
      * bfloat16 in 32 bits (the first in the low half), c is float:
      *   gemm_bf16: c[r*ldc + x] (=, or += when accumulate)
-     *              sum_{p < kpairs} dot2(a[r*a_rs + p*a_ks], b[p*ldb + x])   r < m, x < nr
-     *   pairs_bf16: dst[p*nr + x] = (s[2p*nr + x], s[(2p+1)*nr + x]) rounded to
-     *              bfloat16, p < ceil(n/2); the row past an odd n is zero. */
+     *              sum_{p < kpairs} dot2(a[r*a_rs + p*a_ks], b[p*ldb + x])   r < m, x < nr */
     void (*gemm_bf16)(int m, int64_t kpairs, const uint32_t *a, int64_t a_rs, int64_t a_ks, const uint32_t *b,
                       int64_t ldb, float *c, int64_t ldc, int accumulate);
-    void (*pairs_bf16)(const float *s, int n, uint32_t *dst);
     /* 1: the bfloat16 tiled path packs V pairs feature by feature, [Ev][pairs],
      * so that P V's a is contiguous along the pairs (AMX tiles load it in
      * place); 0: pair by pair, [pairs][Ev] (a broadcast reads one pair at a
@@ -139,8 +146,9 @@ typedef struct kernels_f32 {
      *                  pairs along the keys, the row past an odd n zero: by_feature
      *                  1: dst[c*ld + p], 0: dst[p*ld + c]; p < ceil(n/2), c < ev
      *   softmax_pairs: softmax on s * scale (scale > 0, s not written), then P as
-     *                  pairs_bf16 writes them into pp: the values of scaling s,
-     *                  softmax and pairs_bf16 in turn, to float's rounding, except
+     *                  pairs, pp[p*nr + x] = (p of key 2p, of key 2p + 1) rounded to
+     *                  bfloat16 (the pair past an odd n zero): the values of scaling
+     *                  s, softmax and rounding P in turn, to float's rounding, except
      *                  that row_max may stay below the rows' max by a set
      *                  headroom (the terms and the sum are then taken against it:
      *                  m + log(sum), e^(s - m) / sum are the same) */

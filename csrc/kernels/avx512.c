@@ -266,22 +266,6 @@ static void gemm_bf16_avx512(int m, int64_t kpairs, const uint32_t *a, int64_t a
     }
 }
 
-/* Rows 2p and 2p + 1 of s (n x 32 floats) rounded to bfloat16 (to nearest
- * even, NaN kept) and interleaved: dst[p][x] = (s[2p][x], s[2p+1][x]); a
- * missing last row counts as zeros. */
-static void pairs_bf16_avx512(const float *s, int n, uint32_t *dst) {
-    for (int p = 0; 2 * p < n; p++) {
-        const float *r0 = s + (int64_t)(2 * p) * 32, *r1 = r0 + 32;
-        for (int v = 0; v < BF16_NV; v++) {
-            __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(r0 + v * 16)));
-            __m512i hi = 2 * p + 1 < n
-                             ? _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(r1 + v * 16)))
-                             : _mm512_setzero_si512();
-            _mm512_store_si512((void *)(dst + (int64_t)p * 32 + v * 16), _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
-        }
-    }
-}
-
 /* The query panel as pairs (internal.h's pack_q_pairs): word p of row x of
  * src, rows of e2 32-bit pairs read unaligned, 16 x 16 blocks transposed in
  * registers (the permutes move bits, never arithmetic on them). */
@@ -489,11 +473,7 @@ static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_
     if (!changed) return;
     if (small) {  /* internal.h: no subnormal product; the small factors' rows apart */
         for (int64_t c = 0; c < ev; c++)
-            for (int x = 0; x < 32; x++) {
-                const float a = alphas[x];
-                acc[c * 32 + x] = a > 0 && a < (float)SDPA_RESCALE_SMALL ? sdpa_rescale_small_f32(acc[c * 32 + x], a)
-                                                                         : acc[c * 32 + x] * a;
-            }
+            for (int x = 0; x < 32; x++) acc[c * 32 + x] = sdpa_rescale_f32(acc[c * 32 + x], alphas[x]);
         return;
     }
     for (int64_t c = 0; c < ev; c++)
@@ -570,7 +550,7 @@ const kernel_table sdpa_kernels_avx512 = {
 /* The avx512 set plus bfloat16 dot products for bfloat16 problems. */
 const kernel_table sdpa_kernels_avx512_bf16 = {
     .name = "avx512_bf16",
-    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_avx512, .pairs_bf16 = pairs_bf16_avx512, BF16_PAIR_KERNELS},
+    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_avx512, BF16_PAIR_KERNELS},
     .f64 = {AVX512_F64_KERNELS},
 };
 
@@ -578,7 +558,7 @@ const kernel_table sdpa_kernels_avx512_bf16 = {
 /* The avx512_bf16 set with its bfloat16 products on AMX tiles. */
 const kernel_table sdpa_kernels_amx = {
     .name = "amx",
-    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx, .pairs_bf16 = pairs_bf16_avx512, BF16_PAIR_KERNELS,
+    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx, BF16_PAIR_KERNELS,
             .bf16_values_by_feature = 1, .bf16_pairs_block = 16, .tiles_begin = tiles_begin_amx,
             .tiles_end = tiles_end_amx},
     .f64 = {AVX512_F64_KERNELS},
@@ -589,7 +569,7 @@ const kernel_table sdpa_kernels_amx = {
  * avx512_bf16 does. */
 const kernel_table sdpa_kernels_amx_emulated = {
     .name = "amx_emulated",
-    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx_emulated, .pairs_bf16 = pairs_bf16_avx512,
+    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx_emulated,
             BF16_PAIR_KERNELS, .bf16_values_by_feature = 1, .bf16_pairs_block = 16,
             .tiles_begin = tiles_begin_amx_emulated,
             .tiles_end = tiles_end_amx_emulated},

@@ -25,7 +25,7 @@
 #define V_HSUM_LANES hsum_lanes_ps
 #define V_HMAX_NAN hmax_nan_ps
 #define S_EXP sdpa_exp_cut_f32
-#define RESCALE_SMALL sdpa_rescale_small_f32
+#define RESCALE sdpa_rescale_f32
 #define V_TRANSPOSE transpose16_ps
 #define V_BOOL_TO_NEGINF bool_to_neginf_ps
 #define V_STORE_NEGINF_WHERE(p, t) \

@@ -25,4 +25,4 @@
 #define V_HSUM_LANES hsum_lanes_pd
 #define V_HMAX_NAN hmax_nan_pd
 #define S_EXP sdpa_exp_cut_f64
-#define RESCALE_SMALL sdpa_rescale_small_f64
+#define RESCALE sdpa_rescale_f64

@@ -17,22 +17,22 @@ void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t
 #define T float
 #define SUF f32
 #define EXP sdpa_exp_cut_f32
-#define RESCALE_SMALL sdpa_rescale_small_f32
+#define RESCALE sdpa_rescale_f32
 #include "scalar_impl.h"
 #undef T
 #undef SUF
 #undef EXP
-#undef RESCALE_SMALL
+#undef RESCALE
 
 #define T double
 #define SUF f64
 #define EXP sdpa_exp_cut_f64
-#define RESCALE_SMALL sdpa_rescale_small_f64
+#define RESCALE sdpa_rescale_f64
 #include "scalar_impl.h"
 #undef T
 #undef SUF
 #undef EXP
-#undef RESCALE_SMALL
+#undef RESCALE
 
 const kernel_table sdpa_kernels_scalar = {
     .name = "scalar",

@@ -49,13 +49,9 @@ static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev)
     int changed = 0;  /* rescale only when some row's max grew */
     for (int x = 0; x < SCALAR_NR; x++) changed |= alpha[x] != 1;
     if (!changed) return;
-    for (int x = 0; x < SCALAR_NR; x++) {
-        if (alpha[x] == 1) continue;
-        if (alpha[x] > 0 && alpha[x] < (T)SDPA_RESCALE_SMALL)  /* internal.h: no subnormal product */
-            for (int64_t c = 0; c < ev; c++) acc[c * SCALAR_NR + x] = RESCALE_SMALL(acc[c * SCALAR_NR + x], alpha[x]);
-        else
-            for (int64_t c = 0; c < ev; c++) acc[c * SCALAR_NR + x] *= alpha[x];
-    }
+    for (int x = 0; x < SCALAR_NR; x++)  /* internal.h: no subnormal product */
+        if (alpha[x] != 1)
+            for (int64_t c = 0; c < ev; c++) acc[c * SCALAR_NR + x] = RESCALE(acc[c * SCALAR_NR + x], alpha[x]);
 }
 
 /* x[i] = cap * tanh(x[i] / cap), as 1 - 2 / (e^(2y) + 1) (see simd_impl.h). */
@@ -106,10 +102,7 @@ static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t
     *row_sum = *row_sum * alpha + sum;
     *row_max = mx;
     if (alpha == 1) return;  /* the max did not grow */
-    if (alpha > 0 && alpha < (T)SDPA_RESCALE_SMALL)
-        for (int64_t c = 0; c < ev; c++) acc[c] = RESCALE_SMALL(acc[c], alpha);
-    else
-        for (int64_t c = 0; c < ev; c++) acc[c] *= alpha;
+    for (int64_t c = 0; c < ev; c++) acc[c] = RESCALE(acc[c], alpha);
 }
 
 #undef FN

@@ -23,7 +23,7 @@
 #undef V_HSUM_LANES
 #undef V_HMAX_NAN
 #undef S_EXP
-#undef RESCALE_SMALL
+#undef RESCALE
 #undef V_LOADU_BF16
 #undef V_LOADU_F16
 #undef V_STOREU_BF16

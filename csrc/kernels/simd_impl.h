@@ -30,7 +30,7 @@
  *                          -inf, the others left as they are
  *   V_HMAX_NAN(v)          the largest lane, NaN if a lane is NaN
  *   S_EXP(x)               libm's exp for T with the kernels' cut (internal.h)
- *   RESCALE_SMALL(a, f)    a * f without a subnormal product (internal.h)
+ *   RESCALE(a, f)          a * f, without a subnormal product for a tiny f (internal.h)
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -121,13 +121,9 @@ static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev)
     if (!changed) return;
     int small = 0;  /* a max that grew by more than about 41 (internal.h) */
     for (int x = 0; x < NR; x++) small |= alphas[x] > 0 && alphas[x] < (T)SDPA_RESCALE_SMALL;
-    if (small) {  /* the small factors' rows apart, the others as below, lane by lane */
+    if (small) {  /* lane by lane: the small factors' rows careful, the others as below */
         for (int64_t c = 0; c < ev; c++)
-            for (int x = 0; x < NR; x++) {
-                const T a = alphas[x];
-                acc[c * NR + x] = a > 0 && a < (T)SDPA_RESCALE_SMALL ? RESCALE_SMALL(acc[c * NR + x], a)
-                                                                     : acc[c * NR + x] * a;
-            }
+            for (int x = 0; x < NR; x++) acc[c * NR + x] = RESCALE(acc[c * NR + x], alphas[x]);
         return;
     }
     for (int64_t c = 0; c < ev; c++)
@@ -219,12 +215,61 @@ static void FN(mask_bool)(T *s, int n, int rows, const uint8_t *m, int64_t m_rs)
 }
 
 /*
+ * Query panels and finished rows of 16-bit data share the code of T's: the
+ * kind of a row's elements is T (0), bfloat16 (1) or float16 (2, float sets
+ * with V_LOADU_BF16 and V_STOREU_BF16 only), widened exactly as it is loaded
+ * and rounded once (as convert.h rounds) as it is stored.
+ */
+#if defined(V_LOADU_BF16) && defined(V_STOREU_BF16)
+#define ROWS_HALF 1
+#else
+#define ROWS_HALF 0
+#endif
+#define ROW_ES(kind) ((kind) ? (int64_t)2 : (int64_t)sizeof(T))
+
+static inline __attribute__((always_inline)) V FN(row_load)(const char *row, int64_t c, const int kind) {
+#if ROWS_HALF
+    if (kind == 1) return V_LOADU_BF16((const uint16_t *)row + c);
+    if (kind == 2) return V_LOADU_F16((const uint16_t *)row + c);
+#endif
+    return V_LOADU((const T *)row + c);
+}
+
+static inline __attribute__((always_inline)) T FN(row_get)(const char *row, int64_t c, const int kind) {
+    if (kind == 1) return (T)sdpa_bf16_to_f32(((const uint16_t *)row)[c]);
+    if (kind == 2) return (T)sdpa_f16_to_f32(((const uint16_t *)row)[c]);
+    return ((const T *)row)[c];
+}
+
+static inline __attribute__((always_inline)) void FN(row_store)(char *row, int64_t c, V y, const int kind) {
+#if ROWS_HALF
+    if (kind == 1) {
+        V_STOREU_BF16((uint16_t *)row + c, y);
+        return;
+    }
+    if (kind == 2) {
+        V_STOREU_F16((uint16_t *)row + c, y);
+        return;
+    }
+#endif
+    V_STOREU((T *)row + c, y);
+}
+
+static inline __attribute__((always_inline)) void FN(row_put)(char *row, int64_t c, T y, const int kind) {
+    if (kind == 1) ((uint16_t *)row)[c] = sdpa_f32_to_bf16((float)y);
+    else if (kind == 2) ((uint16_t *)row)[c] = sdpa_f32_to_f16((float)y);
+    else ((T *)row)[c] = y;
+}
+
+/*
  * A query panel: panel[c*NR + x] = scale * src[x*rs + c] for x < rows, c < e,
  * and 0 for the rows x in [rows, NR).  Blocks of LANES rows x LANES columns are
  * loaded along the rows, as they lie in memory, and transposed in registers.
  */
-static void FN(pack_q)(T *panel, const T *src, int rows, int64_t rs, int64_t e, T scale) {
+static inline __attribute__((always_inline)) void FN(pack_q_kind)(const int kind, T *panel, const char *src, int rows,
+                                                               int64_t rs, int64_t e, T scale) {
     const V vs = V_SET1(scale);
+    const int64_t es = ROW_ES(kind);
     int64_t c = 0;
     for (; c + LANES <= e; c += LANES)
         for (int rb = 0; rb < NV; rb++) {
@@ -235,14 +280,19 @@ static void FN(pack_q)(T *panel, const T *src, int rows, int64_t rs, int64_t e, 
                     t[i] = V_ZERO();
                     continue;
                 }
-                __builtin_prefetch(src + x * rs + c + 64 / sizeof(T) * 2);
-                t[i] = V_LOADU(src + x * rs + c);
+                const char *row = src + x * rs * es;
+                __builtin_prefetch(row + c * es + 128);
+                t[i] = FN(row_load)(row, c, kind);
             }
             V_TRANSPOSE(t);
             for (int i = 0; i < LANES; i++) V_STORE(panel + (c + i) * NR + rb * LANES, V_MUL(vs, t[i]));
         }
     for (; c < e; c++)  /* the last columns, one at a time */
-        for (int x = 0; x < NR; x++) panel[c * NR + x] = x < rows ? scale * src[x * rs + c] : 0;
+        for (int x = 0; x < NR; x++) panel[c * NR + x] = x < rows ? scale * FN(row_get)(src + x * rs * es, c, kind) : 0;
+}
+
+static void FN(pack_q)(T *panel, const T *src, int rows, int64_t rs, int64_t e, T scale) {
+    FN(pack_q_kind)(0, panel, (const char *)src, rows, rs, e, scale);
 }
 
 /*
@@ -251,7 +301,9 @@ static void FN(pack_q)(T *panel, const T *src, int rows, int64_t rs, int64_t e, 
  * (no visible key) is zeros.  LANES x LANES blocks are transposed in registers
  * and stored along the rows.
  */
-static void FN(store_rows)(T *out, int64_t rs, const T *acc, const T *row_l, int rows, int64_t ev) {
+static inline __attribute__((always_inline)) void FN(store_rows_kind)(const int kind, char *out, int64_t rs,
+                                                                   const T *acc, const T *row_l, int rows, int64_t ev) {
+    const int64_t es = ROW_ES(kind);
     T inv[NR];
     for (int x = 0; x < rows; x++) inv[x] = row_l[x] == 0 ? 0 : 1 / row_l[x];
     int64_t c = 0;
@@ -262,70 +314,33 @@ static void FN(store_rows)(T *out, int64_t rs, const T *acc, const T *row_l, int
             V_TRANSPOSE(t);
             for (int i = 0; i < LANES && rb * LANES + i < rows; i++) {
                 const int x = rb * LANES + i;
-                V_STOREU(out + x * rs + c, row_l[x] == 0 ? V_ZERO() : V_MUL(t[i], V_SET1(inv[x])));
+                FN(row_store)(out + x * rs * es, c, row_l[x] == 0 ? V_ZERO() : V_MUL(t[i], V_SET1(inv[x])), kind);
             }
         }
     for (; c < ev; c++)
-        for (int x = 0; x < rows; x++) out[x * rs + c] = row_l[x] == 0 ? 0 : acc[c * NR + x] * inv[x];
+        for (int x = 0; x < rows; x++)
+            FN(row_put)(out + x * rs * es, c, row_l[x] == 0 ? 0 : acc[c * NR + x] * inv[x], kind);
 }
 
-#if defined(V_LOADU_BF16) && defined(V_STOREU_BF16)
-/* pack_q over 16-bit rows (dt bfloat16 or float16), widened exactly: the same
- * values as pack_q over the rows converted to T first. */
+static void FN(store_rows)(T *out, int64_t rs, const T *acc, const T *row_l, int rows, int64_t ev) {
+    FN(store_rows_kind)(0, (char *)out, rs, acc, row_l, rows, ev);
+}
+
+#if ROWS_HALF
+/* pack_q and store_rows over 16-bit rows (dt bfloat16 or float16) */
 static void FN(pack_q_half)(sdpa_dtype dt, T *panel, const uint16_t *src, int rows, int64_t rs, int64_t e, T scale) {
-    const V vs = V_SET1(scale);
-    const int bf = dt == SDPA_BFLOAT16;
-    int64_t c = 0;
-    for (; c + LANES <= e; c += LANES)
-        for (int rb = 0; rb < NV; rb++) {
-            V t[LANES];
-            for (int i = 0; i < LANES; i++) {
-                const int x = rb * LANES + i;
-                if (x >= rows) {
-                    t[i] = V_ZERO();
-                    continue;
-                }
-                const uint16_t *r = src + x * rs + c;
-                __builtin_prefetch(r + 64);
-                t[i] = bf ? V_LOADU_BF16(r) : V_LOADU_F16(r);
-            }
-            V_TRANSPOSE(t);
-            for (int i = 0; i < LANES; i++) V_STORE(panel + (c + i) * NR + rb * LANES, V_MUL(vs, t[i]));
-        }
-    for (; c < e; c++)
-        for (int x = 0; x < NR; x++) {
-            const uint16_t h = x < rows ? src[x * rs + c] : 0;
-            panel[c * NR + x] = x < rows ? scale * (T)(bf ? sdpa_bf16_to_f32(h) : sdpa_f16_to_f32(h)) : 0;
-        }
+    if (dt == SDPA_BFLOAT16) FN(pack_q_kind)(1, panel, (const char *)src, rows, rs, e, scale);
+    else FN(pack_q_kind)(2, panel, (const char *)src, rows, rs, e, scale);
 }
 
-/* store_rows into 16-bit rows: each value rounded once to dt (to nearest
- * even, NaN kept), the bits of convert.h's scalar conversions. */
 static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *out, int64_t rs, const T *acc, const T *row_l, int rows,
                                 int64_t ev) {
-    T inv[NR];
-    for (int x = 0; x < rows; x++) inv[x] = row_l[x] == 0 ? 0 : 1 / row_l[x];
-    const int bf = dt == SDPA_BFLOAT16;
-    int64_t c = 0;
-    for (; c + LANES <= ev; c += LANES)
-        for (int rb = 0; rb * LANES < rows; rb++) {
-            V t[LANES];
-            for (int i = 0; i < LANES; i++) t[i] = V_LOAD(acc + (c + i) * NR + rb * LANES);
-            V_TRANSPOSE(t);
-            for (int i = 0; i < LANES && rb * LANES + i < rows; i++) {
-                const int x = rb * LANES + i;
-                const V y = row_l[x] == 0 ? V_ZERO() : V_MUL(t[i], V_SET1(inv[x]));
-                if (bf) V_STOREU_BF16(out + x * rs + c, y);
-                else V_STOREU_F16(out + x * rs + c, y);
-            }
-        }
-    for (; c < ev; c++)
-        for (int x = 0; x < rows; x++) {
-            const float y = (float)(row_l[x] == 0 ? 0 : acc[c * NR + x] * inv[x]);
-            out[x * rs + c] = bf ? sdpa_f32_to_bf16(y) : sdpa_f32_to_f16(y);
-        }
+    if (dt == SDPA_BFLOAT16) FN(store_rows_kind)(1, (char *)out, rs, acc, row_l, rows, ev);
+    else FN(store_rows_kind)(2, (char *)out, rs, acc, row_l, rows, ev);
 }
 #endif
+#undef ROWS_HALF
+#undef ROW_ES
 #endif
 
 /* ---- row kernels ---- */
@@ -634,7 +649,7 @@ static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t
     *row_max = mx;
     if (alpha == 1) return;  /* the max did not grow */
     if (alpha > 0 && alpha < (T)SDPA_RESCALE_SMALL) {
-        for (int64_t c = 0; c < ev; c++) acc[c] = RESCALE_SMALL(acc[c], alpha);
+        for (int64_t c = 0; c < ev; c++) acc[c] = RESCALE(acc[c], alpha);
         return;
     }
     const int64_t evv = ev / LANES * LANES;
