@@ -114,6 +114,25 @@ def test_16bit_is_float32_arithmetic_rounded_once(isa, rng, half, L):
 
 
 @pytest.mark.parametrize("half", HALF)
+def test_16bit_row_mode_with_several_rows_per_kv_head_is_float32_rounded_once(isa, half):
+    """GQA decoding (and small L): a key/value head serves 2-24 query rows.  The
+    16-bit keys' several-rows dot kernel must sum each score as the float32 one
+    does; it used to differ for the keys past the last whole vector of keys and
+    when E is not a whole number of vectors."""
+    dt = HALF[half]
+    bad = []
+    for g, L, S, E in itertools.product([2, 4, 8], [1, 3], [17, 300], [20, 64, 72]):
+        rng = np.random.default_rng(1000 * g + 100 * L + S + E)
+        q = rng.standard_normal((1, 2 * g, L, E)).astype(dt)
+        k, v = (rng.standard_normal((1, 2, S, E)).astype(dt) for _ in range(2))
+        out = attention(q, k, v, enable_gqa=True, is_causal="bottom_right")
+        out32 = attention(*(a.astype(np.float32) for a in (q, k, v)), enable_gqa=True, is_causal="bottom_right")
+        if not np.array_equal(out.view(np.uint16), out32.astype(dt).view(np.uint16)):
+            bad.append((g, L, S, E))
+    assert not bad, f"differ from float32 rounded once: (group, L, S, E) = {bad}"
+
+
+@pytest.mark.parametrize("half", HALF)
 def test_bitwise_identical_across_thread_counts(rng, half):
     dt = HALF[half]
     q, k, v = (a.astype(dt) for a in make_qkv(rng, batch=(2,), hq=4, L=70, S=300, E=64, dtype=np.float32))

@@ -398,6 +398,10 @@ static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *p, cons
  * score of row x and key t.  Returns the number of keys done (a multiple of 4).
  * For 16-bit keys only: there the widening, not the loads, is the cost (with
  * float keys it measured 4-10% slower than LANES keys per row).
+ * Each score is summed exactly as dot_kind's LANES-keys loop sums it (the same
+ * lanes, the same reduction tree, the feature tail added last), and only the
+ * keys that loop would take, so a 16-bit problem's scores are bit for bit those
+ * of the float32 problem on the same values, whatever the number of rows.
  */
 #define DOT_RB (LANES / 4)
 static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, const FN(gscale) *gs, int m, int n,
@@ -406,8 +410,9 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, c
                                                             int64_t lds) {
     const int64_t es = KV_SIZE(kind);
     const int64_t ev = e / LANES * LANES;
+    const int nl = n / LANES * LANES; /* the keys dot_kind takes LANES at a time */
     int j = 0;
-    for (; j + 4 <= n; j += 4) {
+    for (; j + 4 <= nl; j += 4) {
         const char *kj = k + (int64_t)j * ldk * es;
         for (int x0 = 0; x0 < m; x0 += DOT_RB) {
             const T *qx[DOT_RB];
@@ -427,9 +432,9 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, c
             V_STORE(r, V_HSUM_LANES(acc));
             for (int x = 0; x < DOT_RB && x0 + x < m; x++)
                 for (int t = 0; t < 4; t++) {
-                    T sum = r[x * 4 + t];
-                    for (int64_t c = ev; c < e; c++) sum += qx[x][c] * FN(scalar_kv)(kj + (t * ldk + c) * es, kind);
-                    s[(x0 + x) * lds + j + t] = sum;
+                    T tail = 0;
+                    for (int64_t c = ev; c < e; c++) tail += qx[x][c] * FN(scalar_kv)(kj + (t * ldk + c) * es, kind);
+                    s[(x0 + x) * lds + j + t] = ev < e ? r[x * 4 + t] + tail : r[x * 4 + t];
                 }
         }
     }
