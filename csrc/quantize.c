@@ -2,6 +2,7 @@
  * one float32 scale per group of columns.  The loops are written for the
  * compiler's vectorizer (no calls, no branches in the inner loops). */
 #include <float.h>
+#include <math.h>
 #include <string.h>
 
 #include "internal.h"
@@ -65,7 +66,10 @@ sdpa_status sdpa_quantize_int8(const float *src, int64_t src_row_stride, int64_t
             const float m = abs_max(x + k * g, g);
             /* a group of zeros, or of values so small that their scale would be
              * subnormal, is stored as zeros with a scale of 0 */
-            const float scale = m / 127.0f >= FLT_MIN ? m / 127.0f : 0.0f;
+            float scale = m / 127.0f >= FLT_MIN ? m / 127.0f : 0.0f;
+            /* m / 127 may round up so far that 127 * scale overflows (m near
+             * FLT_MAX): take the float below, so every stored value is finite */
+            if (scale * 127.0f > FLT_MAX) scale = nextafterf(scale, 0.0f);
             const float inv = scale > 0 ? 1.0f / scale : 0.0f;
             sc[k] = scale;
             round_to_int8(x + k * g, g, inv, q + k * g);

@@ -131,6 +131,20 @@ def test_int8_zeros_and_tiny_values_quantize_to_zero():
     assert not cache.key_scales.any()
 
 
+@pytest.mark.parametrize("group", [None, 4])
+def test_int8_float32_maximum_stays_finite(isa, group):
+    """max|x| / 127 rounds up at the float32 maximum; 127 x that scale was inf."""
+    big = np.finfo(np.float32).max
+    cache = sdpa.KVCache(1, 1, 1, 8, dtype="int8", group_size=group)
+    x = np.zeros((1, 1, 1, 8), np.float32)
+    x[..., 0], x[..., 5] = big, -big
+    cache.append(x, x)
+    keys = cache.keys
+    assert np.isfinite(keys).all() and keys[0, 0, 0, 0] >= big * (1 - 1e-6) and keys[0, 0, 0, 5] == -keys[0, 0, 0, 0]
+    out = cache.attend(np.ones((1, 1, 1, 8), np.float32))
+    np.testing.assert_array_equal(out, keys)  # one key: the output is its value
+
+
 def test_int8_append_takes_misaligned_and_swapped_input(rng):
     """A misaligned buffer (as unpickled from a network message) and a
     byte-swapped one quantize like a plain float32 array."""

@@ -17,6 +17,7 @@
  * Prints one line per check and ends with "N passed, M failed"; the exit
  * status is nonzero when a check failed.
  */
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -1421,6 +1422,14 @@ static void test_int8(void) {
     check(sdpa_quantize_int8(bad, 4, 1, 4, 0, untouched, 4, &bad_scale, 1) == SDPA_ERR_NOT_FINITE &&
               untouched[0] == 7 && bad_scale == 9, "int8: a NaN is refused, nothing written");
     check(sdpa_quantize_int8(kf, E, 1, E, 5, kq, E, ks, 1) == SDPA_ERR_BAD_SHAPE, "int8: a group not dividing E");
+    {  /* the float32 maximum: FLT_MAX / 127 rounds up, and 127 times that scale overflowed */
+        const float big[4] = {FLT_MAX, -FLT_MAX, 1, 0};
+        int8_t bq[4];
+        float bs = 0;
+        check(sdpa_quantize_int8(big, 4, 1, 4, 0, bq, 4, &bs, 1) == SDPA_OK && bq[0] == 127 && bq[1] == -127 &&
+                  isfinite(127.0f * bs) && isfinite(-127.0f * bs) && 127.0f * bs >= FLT_MAX * (1 - 1e-6f),
+              "int8: FLT_MAX quantizes to a finite value");
+    }
     const int groups[2] = {0, 8};
     const int lens[2] = {1, 20};
     for (int gi = 0; gi < 2; gi++) {
