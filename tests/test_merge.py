@@ -167,3 +167,42 @@ def test_merge_rejects_bad_shapes(outputs, lses, match):
 def test_merge_rejects_complex():
     with pytest.raises(TypeError, match="outputs"):
         sdpa.merge_attention([np.zeros((2, 3), complex)], [np.zeros(2)])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_merge_an_infinite_sink_as_one_call_does(rng, dtype):
+    """A sink of +inf given to one chunk: that chunk's lse is +inf, and the merge
+    must give the single call's zeros and +inf lse, not NaN, without warnings."""
+    q, k, v = make_qkv(rng, batch=(1,), hq=2, L=3, S=7, E=8, dtype=dtype)
+    sinks = np.array([np.inf, 0.5], dtype)
+    f = sdpa.scaled_dot_product_attention
+    whole, whole_lse = f(q, k, v, sinks=sinks, return_lse=True)
+    o1, l1 = f(q, k[..., :2, :], v[..., :2, :], sinks=sinks, return_lse=True)
+    o2, l2 = f(q, k[..., 2:, :], v[..., 2:, :], return_lse=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, lse = sdpa.merge_attention([o1, o2], [l1, l2])
+    assert np.isposinf(whole_lse[:, 0]).all() and np.isposinf(lse[:, 0]).all()
+    np.testing.assert_array_equal(out[:, 0], whole[:, 0])  # zeros
+    assert_close(out[:, 1], whole[:, 1], dtype)
+    assert_close(lse[:, 1], whole_lse[:, 1], dtype)
+
+
+def test_merge_infinite_lses_share_the_weight():
+    outs = [np.full((1, 2), 2.0), np.full((1, 2), 4.0), np.full((1, 2), 100.0)]
+    out, lse = sdpa.merge_attention(outs, [np.array([np.inf]), np.array([np.inf]), np.array([3.0])])
+    np.testing.assert_array_equal(out, 3.0)
+    assert np.isposinf(lse).all()
+
+
+def test_merge_takes_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    outs = [np.full((2, 3), 1.0, bf16), np.full((2, 3), 3.0, bf16)]
+    out, lse = sdpa.merge_attention(outs, [np.zeros(2, np.float32)] * 2)
+    assert out.dtype == lse.dtype == np.float32  # NumPy's promotion of bfloat16 and float32
+    np.testing.assert_allclose(out, 2.0)
+    out, lse = sdpa.merge_attention(outs, [np.zeros(2, bf16)] * 2)
+    assert out.dtype == lse.dtype == bf16
+    np.testing.assert_allclose(out.astype(np.float32), 2.0)
+    np.testing.assert_allclose(lse.astype(np.float32), np.log(2.0), rtol=1e-2)

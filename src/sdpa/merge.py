@@ -19,6 +19,8 @@ from typing import Any, List, Sequence, Tuple, Union
 
 import numpy as np
 
+from ._api import _is_bfloat16
+
 __all__ = ["merge_attention"]
 
 ArrayOrSequence = Union[np.ndarray, Sequence[Any]]
@@ -47,8 +49,11 @@ def _split(arg: Any, name: str) -> List[np.ndarray]:
     if not parts:
         raise ValueError(f"{name}: needs at least one chunk, got none")
     for i, a in enumerate(parts):
-        if a.dtype.kind not in "biuf":
-            raise TypeError(f"{name}[{i}]: expected real numbers, got dtype {a.dtype}")
+        if a.dtype.kind not in "biuf" and not _is_bfloat16(a.dtype):
+            raise TypeError(
+                f"{name}[{i}]: expected real numbers (bool, integers, float16, bfloat16, "
+                f"float32 or float64), got dtype {a.dtype}"
+            )
     return parts
 
 
@@ -75,7 +80,11 @@ def merge_attention(
         The log-sum-exp over all the chunks' keys (``-inf`` for such rows).
 
     Both are of the result dtype of the inputs (NumPy's promotion; float64 when
-    every input is an integer or bool array).  float16 is computed in float32.
+    every input is an integer or bool array).  float16 and bfloat16 (ml_dtypes)
+    are computed in float32.  A row whose largest lse is ``+inf`` (a sink of
+    ``+inf`` given to one chunk) gets the mean of the outputs of its chunks at
+    ``+inf`` (zeros, for a sink's chunk) and an lse of ``+inf``, as one call over
+    all the keys gives.
 
     Raises
     ------
@@ -127,9 +136,12 @@ def merge_attention(
             )
 
     dtype = np.result_type(*outs, *ls)
-    if dtype.kind != "f":
-        dtype = np.dtype(np.float64)
-    compute = np.promote_types(dtype, np.float32)
+    if _is_bfloat16(dtype):
+        compute = np.dtype(np.float32)
+    else:
+        if dtype.kind != "f":
+            dtype = np.dtype(np.float64)
+        compute = np.promote_types(dtype, np.float32)
 
     lse_all = np.stack([s.astype(compute, copy=False) for s in ls])
     m = np.max(lse_all, axis=0)
@@ -137,7 +149,14 @@ def merge_attention(
     # exp(-inf - 0) = 0 rather than exp(-inf + inf) = nan
     seen = ~np.isneginf(m)
     shift = np.where(seen, m, 0)
-    weights = np.exp(lse_all - shift)
+    with np.errstate(invalid="ignore"):
+        weights = np.exp(lse_all - shift)
+    # rows whose largest lse is +inf (a sink of +inf): the chunks at +inf weigh
+    # 1 each, the others 0, and the merged lse is +inf, as one call over all the
+    # keys gives
+    top = np.isposinf(m)
+    if top.any():
+        weights = np.where(top, np.isposinf(lse_all).astype(compute), weights)
     denom = np.sum(weights, axis=0)
 
     acc = np.zeros(out_shape, dtype=compute)
@@ -147,7 +166,7 @@ def merge_attention(
     out = np.divide(acc, denom[..., None], out=np.zeros_like(acc), where=has_mass[..., None])
     lse = np.full(lse_shape, -np.inf, dtype=compute)
     np.log(denom, out=lse, where=has_mass)
-    lse += shift
+    lse += shift  # +inf rows: log(count) + inf = +inf
     # nan anywhere in a row's lses stays nan in that row's results
     nan_rows = np.isnan(m)
     if nan_rows.any():
