@@ -873,6 +873,28 @@ def test_layer_from_module_matches_torch(rng, batch_first, bias, dtype, convert)
 
 
 @pytest.mark.parametrize("convert", list(CONVERTERS))
+@pytest.mark.parametrize("tdtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_layer_from_a_16bit_module(rng, tdtype, convert):
+    """A 16-bit module's weights are read as they are (bfloat16 as ml_dtypes'
+    bfloat16: Tensor.numpy() refuses bfloat16), and the layer keeps the dtype."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    torch.manual_seed(3)
+    module = torch.nn.MultiheadAttention(32, 4, batch_first=True).to(tdtype).eval()
+    layer = CONVERTERS[convert](module)
+    want = np.dtype(ml_dtypes.bfloat16) if tdtype == torch.bfloat16 else np.dtype(np.float16)
+    assert layer.dtype == want and layer.w_q.dtype == want and layer.b_o.dtype == want
+    w = module.in_proj_weight.detach().float().numpy()
+    np.testing.assert_array_equal(layer.w_k.astype(np.float32), w[32:64].T)
+    np.testing.assert_array_equal(layer.b_o.astype(np.float32), module.out_proj.bias.detach().float().numpy())
+    x = randn(rng, (2, 5, 32), np.float32)
+    with torch.no_grad():
+        expected = module(*(torch.from_numpy(x).to(tdtype),) * 3, need_weights=False)[0].float().numpy()
+    got = layer(x.astype(want), causal=False).astype(np.float32)
+    tol = 0.05 if tdtype == torch.bfloat16 else 0.01
+    assert np.abs(got - expected).max() < tol * max(1.0, np.abs(expected).max())
+
+
+@pytest.mark.parametrize("convert", list(CONVERTERS))
 def test_layer_from_module_rejects_unsupported_modules(convert):
     nn = torch.nn
     with pytest.raises(ValueError, match="add_bias_kv"):

@@ -474,8 +474,11 @@ def layer_from_module(module: Any, dtype: Any = None) -> MultiHeadAttention:
     ``module.eval()``).  ``dtype`` defaults to that of the module's weights.
     """
 
+    def weight(t: Tensor) -> np.ndarray:
+        return np.asarray(_as_numpy(t.detach().cpu()))  # bfloat16 as ml_dtypes' bfloat16
+
     def to_numpy(t: Optional[Tensor]) -> Optional[np.ndarray]:
-        return None if t is None else t.detach().cpu().numpy()
+        return None if t is None else weight(t)
 
     embed_dim = int(module.embed_dim)
     kdim, vdim = int(module.kdim), int(module.vdim)
@@ -489,9 +492,6 @@ def layer_from_module(module: Any, dtype: Any = None) -> MultiHeadAttention:
     if getattr(module, "add_zero_attn", False):
         raise ValueError("from_torch: modules with add_zero_attn=True are not supported")
 
-    def weight(t: Tensor) -> np.ndarray:
-        return t.detach().cpu().numpy()
-
     if getattr(module, "in_proj_weight", None) is not None:
         w = weight(module.in_proj_weight)  # (3 E, E), torch's (out, in)
         wq, wk, wv = w[:embed_dim], w[embed_dim : 2 * embed_dim], w[2 * embed_dim :]
@@ -504,7 +504,7 @@ def layer_from_module(module: Any, dtype: Any = None) -> MultiHeadAttention:
     wo = weight(module.out_proj.weight)
     bo = to_numpy(module.out_proj.bias)
     if dtype is None:
-        dtype = wq.dtype if wq.dtype.kind == "f" else np.float32
+        dtype = wq.dtype if wq.dtype.kind == "f" or _api._is_bfloat16(wq.dtype) else np.float32
     return MultiHeadAttention.from_weights(
         wq.T, wk.T, wv.T, wo.T, bq, bk, bv, bo,
         num_heads=int(module.num_heads), dtype=dtype,
