@@ -332,6 +332,32 @@ def test_sharded_cache_bad_input_changes_nothing(client, rng):
         np.testing.assert_array_equal(cache.keys, before)
 
 
+@pytest.mark.parametrize("capacity, error, match", [
+    (-1, ValueError, "capacity: must be >= 0, got -1"),
+    (-3, ValueError, "capacity: must be >= 0, got -3"),
+    (2.5, TypeError, "capacity: expected an int, got float"),
+    ("10", TypeError, "capacity: expected an int, got str"),
+    (True, TypeError, "capacity: expected an int, got bool"),
+])
+def test_sharded_cache_checks_capacity_on_the_client(capacity, error, match):
+    """KVCache's errors, raised here before any shard is made: the client given
+    is a stand-in that fails if it is used at all."""
+    with pytest.raises(error, match=match):
+        sd.ShardedKVCache(1, 2, capacity, 16, client=object())
+    with pytest.raises(error, match=match):
+        sdpa.KVCache(1, 2, capacity, 16)
+
+
+@pytest.mark.parametrize("workers, error, match", [
+    ("tcp://127.0.0.1:1", TypeError, "workers: expected a sequence"),
+    ([1, 2], TypeError, "workers: expected worker addresses"),
+    ([], ValueError, "workers: expected at least one"),
+])
+def test_sharded_cache_checks_workers_on_the_client(workers, error, match):
+    with pytest.raises(error, match=match):
+        sd.ShardedKVCache(1, 2, 8, 16, client=object(), workers=workers)
+
+
 def test_sharded_cache_worker_lost_is_an_error():
     """A call to a killed worker fails once connecting to it times out
     (distributed.comm.timeouts.connect, 30 s by default; 3 s here)."""

@@ -29,6 +29,7 @@ import math
 import operator
 import threading
 import time
+from collections import abc
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -46,6 +47,7 @@ from ._api import (
     _causal_offset,
     _is_bfloat16,
     compute_dtype,
+    count,
     operand_dtypes,
     plan_shapes,
     scale_of,
@@ -421,15 +423,23 @@ class ShardedKVCache:
     ) -> None:
         from distributed import get_client
 
-        # checks every argument the shards will be built with, here, at no cost
+        # checks every argument the shards will be built with, here, at no cost,
+        # with KVCache's own errors (the capacity included, before it is split)
         self._spec = KVCache(batch, num_kv_heads, 0, head_dim, head_dim_v, dtype=dtype, group_size=group_size)
+        self._capacity = count(capacity, "capacity", 0)
+        if workers is not None:
+            if isinstance(workers, (str, bytes)) or not isinstance(workers, abc.Sequence):
+                raise TypeError(f"workers: expected a sequence of worker addresses, got {type(workers).__name__}")
+            if not all(isinstance(w, str) for w in workers):
+                raise TypeError("workers: expected worker addresses (str)")
+            if not workers:
+                raise ValueError("workers: expected at least one worker address, got none")
         self._client = client if client is not None else get_client()
         if workers is None:
             workers = sorted(self._client.scheduler_info(n_workers=-1)["workers"])
         self._workers = [str(w) for w in workers]
         if not self._workers:
             raise ValueError("workers: the cluster has no workers")
-        self._capacity = int(capacity)
         per_shard = -(-self._capacity // len(self._workers))
         self._shard_capacity = per_shard
         s = self._spec
