@@ -118,6 +118,22 @@ def test_a_name_transformers_or_another_library_uses_is_refused(name, monkeypatc
         st.register("someone_else")
 
 
+def test_a_mask_function_another_library_registered_is_left_alone(name, monkeypatch):
+    """Only AttentionInterface was checked: register() replaced another
+    library's AttentionMaskInterface entry of the same name."""
+    from transformers import AttentionInterface
+
+    def their_mask(*args, **kwargs):
+        return None
+
+    masks = masking_utils.AttentionMaskInterface._global_mapping
+    monkeypatch.setitem(masks, "other_lib", their_mask)
+    with pytest.raises(ValueError, match="already names another attention mask function"):
+        st.register("other_lib")
+    assert masks["other_lib"] is their_mask
+    assert "other_lib" not in AttentionInterface._global_mapping  # neither registry written
+
+
 def test_imports_have_no_side_effects():
     code = (
         "import sys, sdpa\n"

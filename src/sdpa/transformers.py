@@ -114,9 +114,16 @@ def register(name: str = DEFAULT_NAME) -> str:
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError as exc:
         raise ImportError(f"sdpa.transformers.register needs transformers (pip install transformers): {exc}") from exc
+    # both registries are checked before either is written
     taken = AttentionInterface._global_mapping.get(name)
     if taken is not None and taken is not attention_forward:
         raise ValueError(f"name: {name!r} already names another attention implementation in transformers")
+    taken_mask = AttentionMaskInterface._global_mapping.get(name)
+    if taken_mask is not None and taken_mask is not sdpa_mask:
+        raise ValueError(
+            f"name: {name!r} already names another attention mask function in transformers "
+            f"(AttentionMaskInterface)"
+        )
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name
