@@ -225,8 +225,10 @@ def float_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
     try:
         dt: np.dtype[Any] = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"{name}: expected a floating point dtype, got {dtype!r}") from None
-    if not (dt.kind == "f" and dt.itemsize <= 8) and not _is_bfloat16(dt):
+        raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {dtype!r}") from None
+    # kind "f" also holds ml_dtypes' 8-bit floats (float8_e5m2, ...), which
+    # nothing in sdpa computes or stores
+    if not (dt.kind == "f" and dt.itemsize in (2, 4, 8)) and not _is_bfloat16(dt):
         raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {dt}")
     return dt.newbyteorder("=")
 

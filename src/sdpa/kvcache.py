@@ -60,6 +60,8 @@ class KVCache:
         (batch, head, position), or per group of ``group_size`` features.  It
         takes about a quarter of the float32 memory and reading time; the
         kernels dequantize as they read.  Appended values must be finite.
+        Any other dtype (8-bit floats such as ``ml_dtypes.float8_e5m2``, 4-bit
+        integers) is refused with a TypeError listing these.
     group_size : int, optional
         int8 only: features per scale, a divisor of ``head_dim`` and
         ``head_dim_v``; by default one scale covers a whole key (or value) row.
@@ -120,8 +122,8 @@ class KVCache:
         capacity = count(capacity, "capacity", 0)
         self._e = count(head_dim, "head_dim", 1)
         self._ev = self._e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
-        self._int8 = _is_int8(dtype)
-        self._dtype = np.dtype(np.int8) if self._int8 else float_dtype(dtype)
+        self._dtype = cache_dtype(dtype)
+        self._int8 = self._dtype == np.int8
         self._group = 0  # int8: features per scale, 0 for whole rows
         if group_size is not None:
             if not self._int8:
@@ -512,11 +514,32 @@ class KVCache:
         )
 
 
-def _is_int8(dtype: Any) -> bool:
-    """Whether ``dtype`` asks for an int8 (quantized) cache."""
-    if isinstance(dtype, str):
-        return dtype == "int8"
+CACHE_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8")
+
+
+def cache_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
+    """The storage dtype of a :class:`KVCache`: int8 (quantized), or float16,
+    bfloat16, float32 or float64.  TypeError naming ``name`` and listing those
+    otherwise (float8 and 4-bit types included: no cache stores them yet)."""
+    is_int8 = dtype == "int8" if isinstance(dtype, str) else None
+    if is_int8 is None:
+        try:
+            is_int8 = bool(np.dtype(dtype) == np.int8)
+        except TypeError:
+            is_int8 = False
+    if is_int8:
+        return np.dtype(np.int8)
     try:
-        return bool(np.dtype(dtype) == np.int8)
+        return float_dtype(dtype, name)
     except TypeError:
-        return False
+        shown = repr(dtype) if isinstance(dtype, str) else _dtype_name(dtype)
+        raise TypeError(
+            f"{name}: a KV cache stores {', '.join(CACHE_DTYPES[:-1])} or \"int8\" (quantized), got {shown}"
+        ) from None
+
+
+def _dtype_name(dtype: Any) -> str:
+    try:
+        return str(np.dtype(dtype))
+    except TypeError:
+        return repr(dtype)

@@ -7,7 +7,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from ._api import compute_dtype, count, float_dtype, result_dtype, scaled_dot_product_attention
-from .kvcache import KVCache
+from .kvcache import KVCache, cache_dtype
 
 __all__ = ["MultiHeadAttention"]
 
@@ -106,7 +106,7 @@ class MultiHeadAttention:
     ) -> None:
         self._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype, window, sinks)
         if kv_cache_dtype is not None:  # checked now, not at the first new_cache
-            KVCache(1, 1, 0, 1, dtype=kv_cache_dtype)
+            cache_dtype(kv_cache_dtype, "kv_cache_dtype")
         self.kv_cache_dtype: Any = kv_cache_dtype
         if not isinstance(rng, np.random.Generator):
             rng = np.random.default_rng(0 if rng is None else rng)
