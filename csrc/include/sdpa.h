@@ -190,7 +190,8 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_problem *p);
 /* Quantizes `rows` rows of `cols` floats (src, rows src_row_stride apart) to
  * int8, symmetric, round to nearest (ties to even): each group of group_size
  * consecutive columns (0: the whole row) gets the scale max|x| / 127 (0 for a
- * group of zeros), scales[r * scale_row_stride + g], and the values
+ * group of zeros; one float lower where 127 * scale would overflow, so that
+ * finite values dequantize to finite ones), scales[r * scale_row_stride + g], and the values
  * dst[r * dst_row_stride + c] = round(x / scale), in [-127, 127].  group_size
  * must divide cols (else SDPA_ERR_BAD_SHAPE).  A NaN or infinite value gives
  * SDPA_ERR_NOT_FINITE and writes nothing.  Thread safe; no allocation. */
