@@ -301,3 +301,26 @@ def test_huge_scores_with_bfloat16_products(pairs_set):
     q = np.repeat(q, 40, axis=1)  # 40 query rows: the tiled path
     out = attention(q, k, v, scale=1.0).astype(np.float32)
     np.testing.assert_array_equal(out, 1.0)
+
+
+@needs_bf16
+@pytest.mark.parametrize("shift", [-2.0**21, 2.0**21, -3000.0])
+def test_large_scores_keep_their_weights_with_bfloat16_products(pairs_set, rng, shift):
+    """Scores around +-2^21 whose differences are small integers (exact in
+    float32): the softmax is that of the differences.  The one-FMA base-2
+    exponent, s log2 e - m log2 e, erred by 0.1 there (weights 8% off, a lone
+    key's weight 1.06); large maxima take (s - m) log2 e, as the float path."""
+    L, S = 40, 7  # 40 rows: the tiled path
+    q = np.ones((2, L, 1), np.float32).astype(BF16)
+    k = rng.integers(0, 4, (2, S, 1)).astype(np.float32).astype(BF16)
+    v = rng.standard_normal((2, S, 3)).astype(np.float32).astype(BF16)
+    mask = np.full((L, S), shift, np.float32)
+    mask[np.arange(L) % 5 == 0, 1:] = -np.inf  # rows that see one key: weight exactly 1, output exactly v
+    want_out, want_w = attention(q, k, v, attn_mask=np.where(np.isinf(mask), mask, 0), scale=1.0,
+                                 return_weights=True)
+    out, w = attention(q, k, v, attn_mask=mask, scale=1.0, return_weights=True)
+    assert (w <= 1 + 1e-5).all()
+    np.testing.assert_allclose(w, want_w, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(out.astype(np.float32), want_out.astype(np.float32), rtol=2**-7, atol=1e-6)
+    lone = np.arange(L) % 5 == 0
+    np.testing.assert_array_equal(out[:, lone].astype(np.float32), np.broadcast_to(v[:, :1], (2, lone.sum(), 3)))

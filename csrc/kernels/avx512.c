@@ -361,10 +361,14 @@ static inline __m512 exp2_nonpos_avx512(__m512 t) {
 }
 
 /* The exponentials of a panel's scores against the maxima whose -m log2 e is
- * nm, summed into sum and written to pp as bfloat16 pairs.  `huge`: scores,
- * maxima or a scale beyond 1e38, where s (scale log2 e) or m log2 e would
- * overflow: the exponent is taken as (s * scale - m) log2 e, as the float
- * softmax takes it. */
+ * nm, summed into sum and written to pp as bfloat16 pairs.  `huge`: maxima of
+ * PAIRS_FMA_MAX_M or more in magnitude, or a scale beyond 1e38: the exponent
+ * is taken as (s * scale - m) log2 e, as the float softmax takes it (s - m
+ * exact near the max), rather than from one FMA, s (scale log2 e) - m log2 e,
+ * whose two rounded products err by about |m| 2^-24 in the exponent: 0.11 at
+ * |m| = 2e6, so a weight off by 8% and a weight above 1 (beyond 1e38 they
+ * overflow). */
+#define PAIRS_FMA_MAX_M 1024.0f
 #define EXPONENT_HUGE(x, v) _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps((x), vs), m[v]), _mm512_set1_ps(1.44269504088896341f))
 static inline __attribute__((always_inline)) void exp_pairs_avx512(const float *s, int n, __m512 c, const __m512 *nm,
                                                                    __m512 *sum, uint32_t *pp, const int huge,
@@ -423,7 +427,8 @@ static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_
     const int huge_scale = !(scale < 1e38f);
     __mmask16 huge = 0;
     for (int v = 0; v < BF16_NV; v++)
-        huge |= _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_load_ps(row_max + v * 16)), _mm512_set1_ps(1e38f), _CMP_NLT_UQ);
+        huge |= _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_load_ps(row_max + v * 16)), _mm512_set1_ps(PAIRS_FMA_MAX_M),
+                                   _CMP_NLT_UQ);
     if (finite == 0xFFFF && !huge && !huge_scale) {
         for (int v = 0; v < BF16_NV; v++) {
             nm[v] = _mm512_mul_ps(_mm512_load_ps(row_max + v * 16), _mm512_set1_ps(-log2e));
@@ -454,7 +459,7 @@ static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_
     }
     __mmask16 huge_m = 0;
     for (int v = 0; v < BF16_NV; v++)
-        huge_m |= _mm512_cmp_ps_mask(_mm512_abs_ps(m_sub[v]), _mm512_set1_ps(1e38f), _CMP_NLT_UQ);
+        huge_m |= _mm512_cmp_ps_mask(_mm512_abs_ps(m_sub[v]), _mm512_set1_ps(PAIRS_FMA_MAX_M), _CMP_NLT_UQ);
     if (huge_m || huge_scale)
         exp_pairs_avx512(s, n, c, nm, sum, pp, 1, vs, m_sub);
     else
@@ -484,6 +489,7 @@ static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_
 }
 #undef LAZY_MAX_HEADROOM
 #undef EXPONENT_HUGE
+#undef PAIRS_FMA_MAX_M
 
 enum { bf16_panel_rows = BF16_NV * 16 };
 #undef BF16_NV
