@@ -115,7 +115,11 @@ static T FN(log_sum_exp)(T m, T l) {
     return m + (T)log((double)l);
 }
 
-/* Weights of one row from its raw scores: exp(s - m) / l where visible, 0 elsewhere. */
+/* Weights of one row from its raw scores: exp(s - m) / l where visible, 0
+ * elsewhere; a weight below T's smallest normal number (a term near the
+ * exponential's cut over l > 1) is 0, as the exponential keeps none, and one
+ * above 1 (the bfloat16 products' sum l may trail its largest term by the
+ * polynomial's 3e-6) is 1. */
 static void FN(normalize_weights)(const sdpa_problem *p, T *wr, int64_t row, int64_t S_b, T m, T l) {
     const int64_t S = p->len_kv, ws = p->weights.col_stride;
     int64_t row_begin = 0, row_end = S_b;
@@ -130,7 +134,12 @@ static void FN(normalize_weights)(const sdpa_problem *p, T *wr, int64_t row, int
         if (row_begin > row_end) row_begin = row_end;
     }
     for (int64_t j = 0; j < row_begin; j++) wr[j * ws] = 0;
-    for (int64_t j = row_begin; j < row_end; j++) wr[j * ws] = l == 0 ? 0 : EXP(wr[j * ws] - m) / l;
+    const T tiny = TDT == SDPA_FLOAT64 ? (T)DBL_MIN : (T)FLT_MIN;
+    for (int64_t j = row_begin; j < row_end; j++) {
+        T w = l == 0 ? 0 : EXP(wr[j * ws] - m) / l;
+        w = w < tiny ? 0 : w;  /* NaN passes */
+        wr[j * ws] = w > 1 ? 1 : w;
+    }
     for (int64_t j = row_end; j < S; j++) wr[j * ws] = 0;
 }
 

@@ -16,6 +16,12 @@ from conftest import check_against_reference, supported_isas
 from sdpa import _core
 from sdpa.testing import make_qkv
 
+try:
+    import ml_dtypes
+except ImportError:
+    ml_dtypes = None
+attention = sdpa.scaled_dot_product_attention
+
 SUPPORTED = supported_isas()
 
 
@@ -106,6 +112,30 @@ def test_softmax_writes_no_subnormal(isa, dtype, row):
             assert (p.reshape(n, nr)[(s0 - 3.0) < -cut] == 0).all()
             assert np.allclose(l, np.exp((s0 - 3.0).astype(np.longdouble)).sum(0)
                                + (0 if fresh else 1.5 * np.exp(-np.longdouble(shift)) * (shift < cut)), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("L", [1, 40], ids=["row", "tiled"])
+def test_weights_are_never_subnormal_nor_above_one(isa, dtype, L):
+    """return_weights: e^(s - m) / l with a term just above the exponential's
+    cut and l = 4 was a subnormal weight; it is 0 now, and a lone key's weight
+    is exactly 1 (on the bfloat16 products' path too)."""
+    cut = float(EXP_CUT[dtype])
+    near = cut + (0.1 if dtype == np.float32 else 0.5)  # e^near is normal, e^near / 4 is not
+    # E = 1, q = 1, scale 1: the scores are the keys
+    k = np.array([0.0, 0.0, 0.0, 0.0, near, near - 0.05, -3.0])[None, :, None].astype(dtype)
+    q = np.ones((1, L, 1), dtype)
+    v = np.arange(7, dtype=dtype)[None, :, None]
+    for qkv in ((q, k, v), (q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))):
+        _, w = attention(*qkv, scale=1.0, return_weights=True)
+        assert not _is_subnormal(w).any()
+        assert (w[..., 4:6] == 0).all() and (w[..., :4] > 0.24).all()
+    if ml_dtypes is not None and dtype == np.float32:
+        bf = np.dtype(ml_dtypes.bfloat16)
+        lone = np.zeros((L, 7), bool)
+        lone[:, 2] = True  # one visible key: weight 1, not 1 + the polynomial's error
+        _, w = attention(q.astype(bf), k.astype(bf), v.astype(bf), attn_mask=lone, scale=1.0, return_weights=True)
+        assert (w[..., 2] == 1).all() and (w <= 1).all()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
