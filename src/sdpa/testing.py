@@ -67,6 +67,8 @@ __all__ = [
     "qkv_problems",
     "attention_calls",
     "describe_call",
+    "cache_calls",
+    "varlen_calls",
 ]
 
 T = TypeVar("T")
@@ -409,7 +411,9 @@ def assert_matches_reference(
       that overflows in the reference, a ``scale * q`` that underflows to 0
       while the key holds an inf (``0 * inf`` is NaN where the reference has
       ``tiny * inf``), or V values so large that the unnormalised sum over the
-      keys overflows.  Everything else is checked.
+      keys overflows, or a V value the row sees beyond the range of a 16-bit
+      output (the average then rounds to inf correctly).  Everything else is
+      checked.
     * A NaN (or +inf) score makes the whole row NaN, and so does a NaN sink in a
       row that sees a key; an ALiBi slope of +-inf or NaN gives NaN or infinite
       scores, with the same consequences as in the reference.
@@ -433,9 +437,11 @@ def assert_matches_reference(
       by rounding; the only fair requirement left is the one every softmax
       average meets: each output lies within the range of the V values of the
       keys the row sees (and 0, with a sink: a key whose value is zero).
-    * Weights may come out 0 where the reference's are below the smallest
-      normal number of the compute dtype: sdpa's exponential is exactly 0 more
-      than 87.33 (708.39 in float64) below the row's max, never subnormal
+    * Weights may come out 0 where the reference's are below ``e^-87.33``
+      (``e^-708.39`` in float64), just above the smallest normal number of the
+      compute dtype, times the scores' error factor: sdpa's exponential is
+      exactly 0 more than 87.33 (708.39) below the row's max, never subnormal,
+      and a weight below the smallest normal number is 0
       (``docs/guarantees.md``); and with a sink far above every score of the
       row (by more than ``log(max)``, 88 in float32), the denominator
       overflows there.
@@ -589,7 +595,10 @@ def _check_rows(
     cap = variants.softcap
     N, H, L, E = q.shape
     S, Ev = k.shape[-2], v.shape[-1]
-    tol = dict(eps=eps, big=float(fi.max), sub=float(fi.smallest_subnormal), tiny=float(fi.tiny), S=S, E=E,
+    # the largest weight the exponential's cut (docs/guarantees.md) may leave 0:
+    # e^cut, a little above the smallest normal number
+    cut = float(np.exp(-87.33 if cd == np.float32 else -708.39))
+    tol = dict(eps=eps, big=float(fi.max), sub=float(fi.smallest_subnormal), tiny=cut, S=S, E=E,
                out_eps=out_eps, out_sub=out_sub, p_eps=p_eps)
     out = got.astype(np.float64).reshape((N, H, L, Ev))
     w = None if weights is None else np.asarray(weights, dtype=np.float64).reshape((N, H, L, S))
@@ -644,6 +653,7 @@ def _check_rows(
     d = pre + eps * (2 * mask_bound + 2 * sink_abs[:, :, None])
 
     # rows the result dtype cannot be compared on (see the docstring)
+    out_max = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}.get(got.dtype.name, np.inf)
     vabs = np.where(np.isfinite(v), np.abs(v), 0.0)
     vmax_row = np.max(np.where(visible, vabs.max(axis=-1, initial=0)[:, :, None, :], 0.0), axis=-1, initial=0)
     skip = (
@@ -652,6 +662,8 @@ def _check_rows(
         | (np.max(np.where(visible, bound + mabs, 0.0), axis=-1, initial=0) > tol["big"] / 16)
         | (np.max(np.where(visible, unscaled, 0.0), axis=-1, initial=0) > 1e300)
         | ((end - first)[:, None, :] * vmax_row > tol["big"] / 16)
+        # a V value beyond a 16-bit output's range: the average may round to inf there
+        | (vmax_row > out_max)
     )
 
     window = variants.window
@@ -757,7 +769,7 @@ def _check_clean(
     if w is not None:
         bad = none & (w != 0).any(axis=-1)
         assert not bad.any(), first_bad(bad, "weights of a row that sees no key")
-        wtol = (np.expm1(2 * d)[..., None] + rounding) * exp_w + 8 * sub + tiny  # the exponential's cut
+        wtol = (np.expm1(2 * d)[..., None] + rounding) * exp_w + 8 * sub + tiny * np.exp(2 * d)[..., None]
         bad = rows & (visible & (np.abs(w - exp_w) > wtol)).any(axis=-1)
         assert not bad.any(), first_bad(bad, "weights off")
         bad = rows & (~visible & (w != 0)).any(axis=-1)
@@ -855,7 +867,7 @@ def _check_row(
             f"expected {exp_out}\ngot      {got}"
         )
         if got_w is not None:
-            wtol = (np.expm1(2 * d) + rounding) * exp_w[first:end] + 8 * sub + tiny  # the exponential's cut
+            wtol = (np.expm1(2 * d) + rounding) * exp_w[first:end] + 8 * sub + tiny * np.exp(2 * d)  # the cut
             werr = np.abs(got_w[first:end] - exp_w[first:end])
             assert (werr <= wtol).all(), f"{where}: weights off by {werr.max()}"
             assert (got_w[:first] == 0).all() and (got_w[end:] == 0).all(), (
@@ -1204,3 +1216,121 @@ def describe_call(p: Dict[str, Any]) -> str:
         else:
             parts.append(f"{key}={x!r}")
     return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- caches and packed sequences
+
+
+def _draw_cache_call(draw: Callable[..., Any], specials: bool) -> Dict[str, Any]:
+    from hypothesis import strategies as st
+
+    from .kvcache import KVCache
+
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    choices = _Drawn(draw)
+    storage = draw(st.sampled_from(["int8", "int8", "float16", "float32"] + (["bfloat16"] if _ml_dtypes else [])))
+    E = draw(st.sampled_from([1, 3, 8, 16, 20, 32, 64, 72, 128]))
+    Ev = draw(st.sampled_from([E, E, 8, 24, 64]))
+    group_size = None
+    if storage == "int8" and draw(st.booleans()):
+        common = math.gcd(E, Ev)
+        group_size = draw(st.sampled_from([g for g in range(1, common + 1) if common % g == 0]))
+    batch = draw(st.integers(1, 2))
+    hkv = draw(st.integers(1, 3))
+    group = draw(st.sampled_from([1, 1, 2, 4, 8]))
+    # appends: decoding-sized and chunk-sized, long enough for several key tiles
+    appends = draw(st.lists(st.one_of(st.integers(1, 4), st.integers(5, 400)), min_size=1, max_size=4))
+    S = sum(appends)
+    cache = KVCache(batch, hkv, S, E, Ev, dtype=storage, group_size=group_size)
+    for T in appends:
+        k = random_values(rng, (batch, hkv, T, E), np.float32, "k", (), choices=choices)
+        v = random_values(rng, (batch, hkv, T, Ev), np.float32, "v", (), choices=choices)
+        if specials and storage in ("int8", "float32") and draw(st.integers(0, 3)) == 0:
+            # the float32 extremes: the largest finite value, subnormals, signed zeros
+            for x in (k, v):
+                x[tuple(int(rng.integers(0, n)) for n in x.shape)] = draw(
+                    st.sampled_from([np.finfo(np.float32).max, -np.finfo(np.float32).max, 1e-40, -0.0])
+                )
+        cache.append(k, v)
+    L = draw(st.sampled_from([1, 1, 2, 3, 5, 16, 33]))
+    L = min(L, S)
+    qdtype = draw(st.sampled_from(["float32", "float32", "float16", "float64"] + (["bfloat16"] if _ml_dtypes else [])))
+    q = random_values(rng, (batch, hkv * group, L, E), qdtype, "q", (), choices=choices)
+    causal = draw(st.sampled_from(["bottom_right", "bottom_right", False, True]))
+    mask = None
+    if draw(st.integers(0, 3)) == 0:
+        mshape = broadcastable_shape(choices, (batch, hkv * group, L, S), 4)
+        mask = rng.random(mshape) < draw(st.sampled_from([0.5, 0.9]))
+    variants = _draw_variants(draw, rng, choices, (batch, hkv * group), L, S, False)
+    scale = draw(st.sampled_from([None, None, 0.3, -0.5]))
+    return dict(
+        cache=cache, q=q, mask=mask, causal=causal, scale=scale, storage=storage, group_size=group_size,
+        batch=batch, hkv=hkv, hq=hkv * group, L=L, S=S, E=E, Ev=Ev, appends=appends,
+        num_threads=draw(st.sampled_from([None, 1, 2, 3])), **variants,
+    )
+
+
+def cache_calls(specials: bool = True) -> "SearchStrategy[Dict[str, Any]]":
+    """A Hypothesis strategy for :meth:`sdpa.KVCache.attend` calls.
+
+    A cache of a drawn storage dtype (int8, with whole-row or grouped scales,
+    float16, bfloat16 or float32), sizes and head counts, filled by one to four
+    appends of 1-400 positions; then a query of a drawn dtype (float32,
+    float64, float16, bfloat16) with 1-33 rows and 1-8 query heads per
+    key/value head, a causal mode, now and then a bool mask, a scale and the
+    model variants (``window``, ``softcap``, ``alibi_slopes``, ``sinks``).
+    With ``specials``, some appends hold the float32 extremes (the largest
+    finite value, subnormals, -0).
+
+    Each example is a dict: ``cache``, ``q``, ``mask``, ``causal``, ``scale``,
+    ``num_threads``, the variants, and the sizes (``batch``, ``hkv``, ``hq``,
+    ``L``, ``S``, ``E``, ``Ev``, ``appends``, ``storage``, ``group_size``).
+    """
+    from hypothesis import strategies as st
+
+    return st.composite(_draw_cache_call)(specials)
+
+
+def _draw_varlen_call(draw: Callable[..., Any]) -> Dict[str, Any]:
+    from hypothesis import strategies as st
+
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    choices = _Drawn(draw)
+    n = draw(st.integers(1, 4))
+    decode = draw(st.booleans())
+    lq = [draw(st.integers(1, 2) if decode else st.integers(0, 40)) for _ in range(n)]
+    lk = [draw(st.integers(0, 300) if decode else st.integers(0, 70)) for _ in range(n)]
+    hkv = draw(st.integers(1, 3))
+    hq = hkv * draw(st.sampled_from([1, 2, 4]))
+    E = draw(st.integers(1, 40))
+    Ev = draw(st.integers(1, 40))
+    dt = draw(st.sampled_from(FLOAT_DTYPES))
+    q = random_values(rng, (sum(lq), hq, E), dt, "q", (), choices=choices)
+    k = random_values(rng, (sum(lk), hkv, E), dt, "k", (), choices=choices)
+    v = random_values(rng, (sum(lk), hkv, Ev), dt, "v", (), choices=choices)
+    variants = _draw_variants(draw, rng, choices, (n, hq) if draw(st.booleans()) else (hq,), 1, 1, False)
+    return dict(
+        q=q, k=k, v=v, cu_q=np.concatenate([[0], np.cumsum(lq)]).astype(np.int32),
+        cu_k=np.concatenate([[0], np.cumsum(lk)]).astype(np.int64), lq=lq, lk=lk, hq=hq, hkv=hkv, E=E, Ev=Ev,
+        causal=draw(st.sampled_from([False, True, "bottom_right"])),
+        scale=draw(st.sampled_from([None, None, 0.3])), num_threads=draw(st.sampled_from([None, 1, 2, 3])),
+        **variants,
+    )
+
+
+def varlen_calls() -> "SearchStrategy[Dict[str, Any]]":
+    """A Hypothesis strategy for :func:`sdpa.varlen_attention` calls: one to
+    four packed sequences (decoding-sized, 1-2 query rows against up to 300
+    keys, or prefill-sized, empty sequences included), grouped heads, a float
+    dtype (float16 and bfloat16 included), a causal mode, a scale, and the
+    model variants with slopes and sinks per head or per sequence and head.
+
+    Each example is a dict: ``q``, ``k``, ``v`` (packed), ``cu_q``, ``cu_k``,
+    ``lq``, ``lk`` (the lengths), ``causal``, ``scale``, ``num_threads``, the
+    variants, and ``hq``, ``hkv``, ``E``, ``Ev``.
+    """
+    from hypothesis import strategies as st
+
+    return st.composite(_draw_varlen_call)()
