@@ -30,7 +30,7 @@ LIB="$(find "$BUILD" -maxdepth 1 -name 'libsdpa.so*' -type f | head -n 1)"
 if [[ -n "$LIB" ]] && command -v nm >/dev/null; then
     exported="$(nm -D --defined-only "$LIB" | awk '$2 == "T" {print $3}' | sort)"
     declared="$(grep -E '^SDPA_API ' "$ROOT/csrc/include/sdpa.h" |
-        sed -E 's/^SDPA_API [^(]*[ *]([a-z_0-9]+)\(.*/\1/' | sort)"
+        sed -E 's/^SDPA_API [^(]*[ *(]\(?([a-z_0-9]+)\)?\(.*/\1/' | sort)"
     if [[ "$exported" != "$declared" ]]; then
         echo "exported symbols differ from the SDPA_API declarations:"
         diff <(echo "$declared") <(echo "$exported") || true

@@ -703,15 +703,30 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
 
 /* ---- public API ---- */
 
-void sdpa_problem_init(sdpa_problem *p) {
+void sdpa_problem_init_sized(sdpa_problem *p, size_t struct_size) {
     if (!p) return;
+    if (struct_size != sizeof(*p)) {  /* another layout: write nothing past the size field */
+        if (struct_size >= sizeof(p->struct_size)) p->struct_size = struct_size;
+        return;
+    }
     memset(p, 0, sizeof(*p));
+    p->struct_size = sizeof(*p);
     p->dtype = SDPA_FLOAT32;
     p->kv_dtype = SDPA_DTYPE_OF_QUERY;
     p->gqa_group = 1;
     p->scale = 1.0;
     p->mask_kind = SDPA_MASK_NONE;
     p->window_left = p->window_right = -1;
+}
+
+/* The symbol of 0.1's sdpa_problem_init (sdpa.h's sdpa_problem_init is now a
+ * macro): its callers' structs have no size field and may be smaller than
+ * this library's, so only their first 8 bytes (dtype and the next int32 field
+ * there) are zeroed.  Whatever the caller then writes there (a dtype below 5
+ * and a kv_dtype or batch-dim count) never reads as this struct's size, and
+ * sdpa_attention refuses the struct. */
+void(sdpa_problem_init)(sdpa_problem *p) {
+    if (p) memset(p, 0, 8);
 }
 
 /*
@@ -739,6 +754,7 @@ static int padding_limits(const sdpa_problem *p, int64_t batch_count, int64_t *l
 
 sdpa_status sdpa_attention(const sdpa_problem *p) {
     if (!p) return SDPA_ERR_NULL_POINTER;
+    if (p->struct_size != sizeof(*p)) return SDPA_ERR_ABI;  /* before reading anything else */
     int64_t batch_count = 0;
     sdpa_status st = validate(p, &batch_count);
     if (st != SDPA_OK) return st;
@@ -794,6 +810,9 @@ const char *sdpa_status_message(sdpa_status status) {
         case SDPA_ERR_INTERRUPTED: return "interrupted";
         case SDPA_ERR_BAD_ISA: return "unknown kernel set, or not supported by this CPU";
         case SDPA_ERR_NOT_FINITE: return "a value to quantize is NaN or infinite";
+        case SDPA_ERR_ABI:
+            return "the sdpa_problem is not this library's (compiled against another sdpa.h, or not set up by "
+                   "sdpa_problem_init)";
         case SDPA_ERR_BAD_VARIANT:
             return "window sides must be -1 or in [0, 2^61], align_offset and len_q at most 2^61 with a window "
                    "or ALiBi, softcap finite and >= 0";

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define SDPA_VERSION_MAJOR 0
-#define SDPA_VERSION_MINOR 1
+#define SDPA_VERSION_MINOR 2
 #define SDPA_VERSION_PATCH 0
 
 /* Leading batch dimensions, in front of the head dimension. */
@@ -46,7 +46,11 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_ISA = 10,          /* unknown or unsupported kernel set     */
     SDPA_ERR_BAD_VARIANT = 11,      /* window, softcap or alignment offset
                                        out of range                          */
-    SDPA_ERR_NOT_FINITE = 12        /* a value to quantize is NaN or infinite */
+    SDPA_ERR_NOT_FINITE = 12,       /* a value to quantize is NaN or infinite */
+    SDPA_ERR_ABI = 13               /* *p is not this library's sdpa_problem:
+                                       the caller was compiled against another
+                                       sdpa.h (or did not call
+                                       sdpa_problem_init)                    */
 } sdpa_status;
 
 /*
@@ -92,6 +96,9 @@ typedef struct sdpa_view {
 typedef int (*sdpa_interrupt_fn)(void *user_data);
 
 typedef struct sdpa_problem {
+    size_t struct_size;    /* sizeof(sdpa_problem) in the caller's sdpa.h, set
+                              by sdpa_problem_init: sdpa_attention refuses any
+                              other (SDPA_ERR_ABI).  Always the first field. */
     sdpa_dtype dtype;      /* of query and out: SDPA_FLOAT32, _FLOAT64,
                               _BFLOAT16 or _FLOAT16                            */
     sdpa_dtype kv_dtype;   /* of key and value: SDPA_DTYPE_OF_QUERY (the
@@ -177,9 +184,22 @@ typedef struct sdpa_problem {
 
 /* Fills *p with an empty problem: float32, key and value of the query's
  * dtype, no mask, no weights, gqa_group 1, scale 1, num_threads 0, no window
- * (window_left = window_right = -1), no softcap, ALiBi or sinks.  Callers then
- * set sizes, views and dtypes. */
-SDPA_API void sdpa_problem_init(sdpa_problem *p);
+ * (window_left = window_right = -1), no softcap, ALiBi or sinks, and
+ * struct_size.  Callers then set sizes, views and dtypes.
+ *
+ * The ABI rule: sdpa_problem_init(p) is a macro that passes the caller's
+ * sizeof(sdpa_problem) to sdpa_problem_init_sized, which writes the problem
+ * only when that size is this library's (else it writes struct_size alone,
+ * when there is room for it); sdpa_attention refuses a problem whose
+ * struct_size is not this library's with SDPA_ERR_ABI.  Bindings that call the
+ * library by symbol (ctypes, cffi) call sdpa_problem_init_sized with their
+ * struct's size.  The minor version grows whenever the struct changes.  The
+ * symbol sdpa_problem_init is kept for callers compiled against 0.1's header,
+ * which had no struct_size: it cannot know the caller's size, so it writes
+ * nothing, and their sdpa_attention calls get SDPA_ERR_ABI instead of a crash. */
+SDPA_API void sdpa_problem_init_sized(sdpa_problem *p, size_t struct_size);
+SDPA_API void(sdpa_problem_init)(sdpa_problem *p);
+#define sdpa_problem_init(p) sdpa_problem_init_sized((p), sizeof(sdpa_problem))
 
 /* Computes the attention described by *p.  Thread safe; p is not modified.
  * Every thread computes under the caller's floating-point control flags (x86

@@ -1498,6 +1498,53 @@ static void test_int8(void) {
     free(kf), free(vf), free(kq), free(vq), free(ks), free(vs);
 }
 
+/* The ABI guard: a caller compiled against 0.1's header (no struct_size: the
+ * struct starts with dtype and kv_dtype, 8 bytes smaller) calls the symbol
+ * sdpa_problem_init and then sdpa_attention.  Its struct is allocated at its
+ * own size, so that a write or read past it shows under valgrind and ASan:
+ * the call returns SDPA_ERR_ABI, and the struct is left as the caller set it. */
+static void test_abi_guard(void) {
+    typedef struct {
+        sdpa_dtype dtype;
+        sdpa_dtype kv_dtype;
+        int32_t num_batch_dims;
+        int64_t rest[(sizeof(sdpa_problem) - 8 - 16) / 8];
+    } old_problem;
+    check(sizeof(old_problem) + 8 == sizeof(sdpa_problem), "abi: the 0.1 layout is 8 bytes smaller");
+    const int dtypes[] = {SDPA_FLOAT32, SDPA_FLOAT64, SDPA_BFLOAT16, SDPA_FLOAT16};
+    const int kv_dtypes[] = {SDPA_DTYPE_OF_QUERY, SDPA_FLOAT32, SDPA_INT8};
+    for (int d = 0; d < 4; d++)
+        for (int kd = 0; kd < 3; kd++) {
+            old_problem *old = (old_problem *)malloc(sizeof(old_problem));
+            memset(old, 0x5a, sizeof(*old));
+            (sdpa_problem_init)((sdpa_problem *)old);  /* the 0.1 symbol */
+            old->dtype = (sdpa_dtype)dtypes[d];
+            old->kv_dtype = (sdpa_dtype)kv_dtypes[kd];
+            old->num_batch_dims = 0;
+            for (size_t i = 0; i < sizeof(old->rest) / 8; i++) old->rest[i] = 1;
+            const sdpa_status st = sdpa_attention((const sdpa_problem *)old);
+            check(st == SDPA_ERR_ABI && old->dtype == (sdpa_dtype)dtypes[d] && old->rest[0] == 1,
+                  "abi: a 0.1-layout problem is refused with SDPA_ERR_ABI (dtype %d, kv_dtype %d)", dtypes[d],
+                  kv_dtypes[kd]);
+            free(old);
+        }
+    /* a smaller struct given to sdpa_problem_init_sized: only the size is written */
+    unsigned char *small = (unsigned char *)malloc(64);
+    memset(small, 0x5a, 64);
+    sdpa_problem_init_sized((sdpa_problem *)small, 64);
+    size_t written;
+    memcpy(&written, small, sizeof written);
+    check(written == 64 && small[sizeof(size_t)] == 0x5a && small[63] == 0x5a, "abi: a smaller struct keeps its bytes");
+    check(sdpa_attention((const sdpa_problem *)small) == SDPA_ERR_ABI, "abi: and is refused");
+    free(small);
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    check(p.struct_size == sizeof(sdpa_problem), "abi: sdpa_problem_init sets struct_size");
+    p.struct_size = sizeof(sdpa_problem) + 8;
+    check(sdpa_attention(&p) == SDPA_ERR_ABI, "abi: a larger size is refused too");
+    check(strstr(sdpa_status_message(SDPA_ERR_ABI), "sdpa.h") != NULL, "abi: the status message names the header");
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
@@ -1526,6 +1573,7 @@ int main(int argc, char **argv) {
     test_interrupt();
     test_variants();
     test_int8();
+    test_abi_guard();
     sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
         const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
