@@ -204,12 +204,14 @@ def fixture_isas():
 
 @pytest.fixture(params=fixture_isas())
 def isa(request):
-    """Runs the test once per kernel set (:func:`fixture_isas`), restoring the one in use after."""
+    """Runs the test once per kernel set (:func:`fixture_isas`), restoring the
+    choice in use after: the named set, or the default one (``set_isa(None)``),
+    so that a later test sees "default" where it was."""
     from sdpa import _core
 
-    before = _core.isa()
+    named = _core.isa_named()
     _core.set_isa(request.param)
     try:
         yield request.param
     finally:
-        _core.set_isa(before)
+        _core.set_isa(named)

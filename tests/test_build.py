@@ -27,10 +27,18 @@ def test_config_returns_a_fresh_dict():
     assert sdpa.config()["version"] == sdpa.__version__
 
 
-def test_openmp_when_required():
-    # CI sets SDPA_REQUIRE_OPENMP=1 where the build must have OpenMP.
+def test_openmp_and_the_thread_limits_agree():
+    """A build without OpenMP runs one thread; one with it up to max_threads
+    (at least 8).  CI sets SDPA_REQUIRE_OPENMP=1 where the build must have it."""
+    cfg = sdpa.config()
+    assert isinstance(cfg["openmp"], bool)
     if os.environ.get("SDPA_REQUIRE_OPENMP") == "1":
-        assert sdpa.config()["openmp"] is True
+        assert cfg["openmp"] is True
+    if cfg["openmp"]:  # 4 per CPU, at least 8, unless OMP_THREAD_LIMIT says fewer
+        assert cfg["max_threads"] >= (1 if os.environ.get("OMP_THREAD_LIMIT") else 8)
+        assert cfg["default_num_threads"] >= 1
+    else:
+        assert cfg["max_threads"] == 1 and cfg["default_num_threads"] == 1
 
 
 def test_show_config(capsys):
@@ -62,12 +70,16 @@ def test_public_names():
 
 
 def test_more_threads_than_default_work():
-    q = np.ones((2, 4, 8))
+    """More threads than the default: the same bits as one thread, on a
+    problem whose outputs differ from row to row (random values, enough rows
+    and keys for every thread to get work)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 4, 96, 40)) for _ in range(3))
     n = sdpa.config()["default_num_threads"] + 3
-    np.testing.assert_array_equal(
-        sdpa.scaled_dot_product_attention(q, q, q, num_threads=n),
-        sdpa.scaled_dot_product_attention(q, q, q, num_threads=1),
-    )
+    many = sdpa.scaled_dot_product_attention(q, k, v, num_threads=n)
+    one = sdpa.scaled_dot_product_attention(q, k, v, num_threads=1)
+    assert np.unique(one).size > one.size // 2  # no constant output hiding a difference
+    np.testing.assert_array_equal(many, one)
 
 
 def test_kernel_sets_reported():
