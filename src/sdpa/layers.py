@@ -6,7 +6,15 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ._api import compute_dtype, count, float_dtype, result_dtype, scaled_dot_product_attention
+from ._api import (
+    _is_bfloat16,
+    _to_array,
+    compute_dtype,
+    count,
+    float_dtype,
+    result_dtype,
+    scaled_dot_product_attention,
+)
 from .kvcache import KVCache, cache_dtype
 
 __all__ = ["MultiHeadAttention"]
@@ -249,11 +257,54 @@ class MultiHeadAttention:
 
     @classmethod
     def from_torch(cls, module: Any, dtype: Any = None) -> "MultiHeadAttention":
-        """A layer with the weights of a ``torch.nn.MultiheadAttention``: the same
-        as :func:`sdpa.torch.layer_from_module` (which this imports torch for)."""
-        from .torch import layer_from_module
+        """A layer with the weights of a ``torch.nn.MultiheadAttention``
+        (also :func:`sdpa.torch.layer_from_module`).
 
-        return layer_from_module(module, dtype)
+        ``layer(x, causal=False)`` with ``x`` of shape (batch, T, embed_dim) then
+        equals ``module(x, x, x, need_weights=False)[0]`` (for a module with
+        ``batch_first=False``, transpose its (T, batch, embed_dim) input and
+        output).  The module must have ``kdim == vdim == embed_dim`` and neither
+        ``add_bias_kv`` nor ``add_zero_attn``.  Dropout is not applied (as in
+        ``module.eval()``).  ``dtype`` defaults to that of the module's weights
+        (bfloat16 modules give ``ml_dtypes.bfloat16`` layers).  torch is not
+        imported: the weights are read through their ``__array__``."""
+
+        def weight(t: Any) -> np.ndarray:
+            # the tensor's memory, detached and on the CPU; bfloat16 as ml_dtypes' bfloat16
+            return np.asarray(_to_array(t.detach().cpu(), "module"))
+
+        def to_numpy(t: Any) -> Optional[np.ndarray]:
+            return None if t is None else weight(t)
+
+        embed_dim = int(module.embed_dim)
+        kdim, vdim = int(module.kdim), int(module.vdim)
+        if not (kdim == vdim == embed_dim):
+            raise ValueError(
+                f"from_torch: needs kdim == vdim == embed_dim; got embed_dim={embed_dim}, "
+                f"kdim={kdim}, vdim={vdim}"
+            )
+        if getattr(module, "bias_k", None) is not None or getattr(module, "bias_v", None) is not None:
+            raise ValueError("from_torch: modules with add_bias_kv=True are not supported")
+        if getattr(module, "add_zero_attn", False):
+            raise ValueError("from_torch: modules with add_zero_attn=True are not supported")
+
+        if getattr(module, "in_proj_weight", None) is not None:
+            w = weight(module.in_proj_weight)  # (3 E, E), torch's (out, in)
+            wq, wk, wv = w[:embed_dim], w[embed_dim : 2 * embed_dim], w[2 * embed_dim :]
+        else:
+            wq, wk, wv = (weight(getattr(module, f"{n}_proj_weight")) for n in "qkv")
+        b = to_numpy(getattr(module, "in_proj_bias", None))
+        bq, bk, bv = (None, None, None) if b is None else (
+            b[:embed_dim], b[embed_dim : 2 * embed_dim], b[2 * embed_dim :]
+        )
+        wo = weight(module.out_proj.weight)
+        bo = to_numpy(module.out_proj.bias)
+        if dtype is None:
+            dtype = wq.dtype if wq.dtype.kind == "f" or _is_bfloat16(wq.dtype) else np.float32
+        return cls.from_weights(
+            wq.T, wk.T, wv.T, wo.T, bq, bk, bv, bo,
+            num_heads=int(module.num_heads), dtype=dtype,
+        )
 
     # ------------------------------------------------------------------ use
 
