@@ -106,7 +106,7 @@ def test_sdist_contents(sdist, source):
     for name in (
         "csrc/include/sdpa.h", "csrc/kernels/avx512.c", "src/sdpa/_core.pyx", "src/sdpa/_core.pxd",
         "src/sdpa/_core.pyi", "src/sdpa/py.typed", "src/sdpa/torch.py", "src/sdpa/transformers.py",
-        "src/sdpa/dask.py", "src/sdpa/testing/checker.py",
+        "src/sdpa/dask/sharded.py", "src/sdpa/testing/checker.py",
         "README.md", "setup.py", "pyproject.toml",
         "MANIFEST.in", "tests/conftest.py",
     ):
