@@ -151,7 +151,7 @@ def test_run_suite_on_tiny_shapes(refs):
 
 def test_skips_show_as_dashes(monkeypatch):
     monkeypatch.setattr(peers, "_load_torch", lambda: None)
-    monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
+    monkeypatch.setattr(peers.packages, "_torch_error", "torch is not installed")
     rows = bench.run_suite([TINY], threads=[1], impls=["sdpa", "numpy", "torch"], numpy_max_bytes=16, **FAST)
     impls = rows[0]["impls"]
     assert impls["numpy"]["status"] == "skipped" and "score matrix" in impls["numpy"]["reason"]
@@ -294,9 +294,9 @@ def test_onnx_runtime_attention_matches_the_reference(shape):
 
 def test_latency_rows_report_absent_packages(monkeypatch):
     monkeypatch.setattr(peers, "_load_torch", lambda: None)
-    monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
+    monkeypatch.setattr(peers.packages, "_torch_error", "torch is not installed")
     monkeypatch.setattr(peers, "_load_onnxruntime", lambda: None)
-    monkeypatch.setattr(peers, "_ort_error", "onnxruntime is not installed")
+    monkeypatch.setattr(peers.packages, "_ort_error", "onnxruntime is not installed")
     rows = bench.run_latency([TINY_DECODE], threads=[1], min_time=0.0, repeat=1)
     impls = rows[0]["impls"]
     assert impls["sdpa"]["status"] == "ok" and impls["sdpa"]["median_s"] > 0
@@ -515,7 +515,7 @@ def test_cli_float32_query_against_a_16bit_cache(kv_dtype, tmp_path, capsys):
 
 def test_16bit_without_torch(monkeypatch):
     monkeypatch.setattr(peers, "_load_torch", lambda: None)
-    monkeypatch.setattr(peers, "_torch_error", "torch is not installed")
+    monkeypatch.setattr(peers.packages, "_torch_error", "torch is not installed")
     rows = bench.run_suite([TINY], threads=[1], impls=["sdpa", "numpy", "torch"], dtype="float16", **FAST)
     impls = rows[0]["impls"]
     assert impls["sdpa"]["status"] == "ok" and impls["sdpa"]["max_abs_err"] < HALF_ERR["float16"]
@@ -710,9 +710,9 @@ def test_agreement():
 
 def test_absent_peers_are_reported(monkeypatch):
     monkeypatch.setattr(peers, "_load_onnxruntime", lambda: None)
-    monkeypatch.setattr(peers, "_ort_error", "onnxruntime is not installed")
+    monkeypatch.setattr(peers.packages, "_ort_error", "onnxruntime is not installed")
     monkeypatch.setattr(peers, "_load_openvino", lambda: None)
-    monkeypatch.setattr(peers, "_openvino_error", "openvino is not installed")
+    monkeypatch.setattr(peers.packages, "_openvino_error", "openvino is not installed")
     rows = bench.run_suite([TINY], threads=[1], impls=["sdpa", "ort", "ort-mha", "openvino"], **FAST)
     impls = rows[0]["impls"]
     assert impls["ort"] == impls["ort-mha"] == {"status": "absent", "reason": "onnxruntime is not installed"}
