@@ -1,5 +1,6 @@
-"""The public attention call, its input normalisation, and the validators and
-dtype rule the other modules share.
+"""The public attention call and its general path.  The dtype rule lives in
+``_dtypes``, the thread settings in ``_threads``, the argument checks in
+``_checks``; the names other modules take from here are re-exported.
 
 A call first goes to ``sdpa._core.try_attention``, which takes NumPy arrays that
 need no conversion at C speed.  Anything else comes here: array-likes are read
@@ -10,503 +11,61 @@ argument checked with a message naming it, and the prepared arrays handed to
 from __future__ import annotations
 
 import math
-import numbers
-import os
 from typing import (
     Any,
-    Callable,
     Dict,
-    List,
     Literal,
-    NamedTuple,
     Optional,
-    Protocol,
-    Sequence,
     Tuple,
-    Type,
     Union,
     overload,
 )
 
 import numpy as np
-import numpy.typing as npt
 
 from . import _core
-
-MAX_BATCH_DIMS = _core.MAX_BATCH_DIMS
-
-_FLOAT32 = np.dtype(np.float32)
-_FLOAT64 = np.dtype(np.float64)
-
-
-def _is_bfloat16(dt: np.dtype[Any]) -> bool:
-    """ml_dtypes.bfloat16 (of either byte order), without importing ml_dtypes."""
-    return dt.kind == "V" and dt.itemsize == 2 and dt.name == "bfloat16"
-
-
-def _single_or_half(dt: np.dtype[Any]) -> bool:
-    """float32, float16 or bfloat16: the dtypes computed in float32."""
-    return (dt.kind == "f" and dt.itemsize in (2, 4)) or _is_bfloat16(dt)
-
-# numpy.exceptions appeared in NumPy 1.25; older releases have the class at the top level
-_TooHardError: Type[Exception] = getattr(np, "exceptions", np).TooHardError
-# the stubs of some NumPy releases only allow max_work in {0, -1}; any int works
-_shares_memory: Callable[..., bool] = np.shares_memory
-
-
-class SupportsDLPack(Protocol):
-    """An object exporting its memory through the DLPack protocol."""
-
-    def __dlpack__(self) -> Any: ...
-
-
-#: What the array arguments accept: NumPy arrays and anything NumPy can read
-#: (``__array__``, the buffer protocol, nested sequences), or a ``__dlpack__`` producer.
-ArrayInput = Union[npt.ArrayLike, SupportsDLPack]
-Array = npt.NDArray[Any]
-#: The arrays sdpa returns: float32 or float64.
-FloatArray = npt.NDArray[np.floating[Any]]
-#: ``scaled_dot_product_attention``'s result: the output, or a tuple holding the
-#: output and the weights and/or log-sum-exp asked for.
-AttentionResult = Union[FloatArray, Tuple[FloatArray, ...]]
-
-
-def _to_array(x: Any, name: str) -> Array:
-    """Any array-like to an ndarray, without copying where possible.
-
-    NumPy arrays are used as they are; objects with ``__array__`` (CPU torch
-    tensors, pandas and xarray objects, ...) hand over their memory through it;
-    objects with only ``__dlpack__`` are read through DLPack, also in place.
-    """
-    if isinstance(x, np.ndarray):
-        return x
-    if str(getattr(x, "dtype", "")) == "torch.bfloat16" and hasattr(x, "view"):
-        # NumPy has no bfloat16 of its own: the same memory as ml_dtypes' bfloat16
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise TypeError(f"{name}: a bfloat16 tensor needs ml_dtypes (pip install ml_dtypes)") from None
-        import torch
-
-        try:
-            return np.asarray(x.view(torch.int16)).view(ml_dtypes.bfloat16)
-        except Exception as exc:  # noqa: BLE001
-            raise TypeError(f"{name}: cannot read the bfloat16 tensor ({exc})") from None
-    if not hasattr(x, "__array__") and hasattr(x, "__dlpack__"):
-        try:
-            return np.from_dlpack(x)
-        except Exception as exc:  # noqa: BLE001 - report what the producer said
-            raise TypeError(f"{name}: cannot read it through __dlpack__ ({exc})") from None
-    try:
-        return np.asarray(x)
-    except Exception as exc:  # noqa: BLE001
-        raise TypeError(
-            f"{name}: expected an array-like of real numbers, got {type(x).__name__} ({exc})"
-        ) from None
-
-
-def _check_real(a: Array, name: str) -> None:
-    """Reject dtypes that cannot be converted to float32/float64 exactly."""
-    dt = a.dtype
-    if _is_bfloat16(dt):
-        return
-    if dt.kind == "f":
-        if dt.itemsize > 8:
-            raise TypeError(
-                f"{name}: dtype {dt} has more precision than float64; convert it explicitly "
-                "(sdpa computes in float32 or float64)"
-            )
-        return
-    if dt.kind == "b" or (dt.kind in "iu" and dt.itemsize <= 4):
-        return
-    if dt.kind in "iu":  # 64-bit integers are exact in float64 only up to 2**53
-        # checked on the integers themselves: a conversion first would round them
-        if a.size and (int(a.max()) > 2**53 or int(a.min()) < -(2**53)):
-            raise TypeError(
-                f"{name}: integer values beyond 2**53 cannot be represented exactly in float64"
-            )
-        return
-    raise TypeError(
-        f"{name}: dtype {dt} is not supported; sdpa takes real numbers "
-        "(float32, float64, float16 and bfloat16 natively; bool and integers are converted to float64)"
-    )
-
-
-def operand_dtypes(query: Any, key: Any, value: Any) -> Tuple[np.dtype[Any], np.dtype[Any]]:
-    """The dtypes the core reads the query (and writes the output) in, and the
-    key and value in, for operands of these dtypes: the promotion rule.
-
-    When every operand is float32, float16 or bfloat16 (either byte order), the
-    query keeps its dtype, which is the output's, and key and value theirs when
-    they share one (float32 otherwise); the arithmetic is float32.  Anything
-    else (a float64, bool or integer operand) makes everything float64.
-    """
-    q, k, v = (np.dtype(d) for d in (query, key, value))
-    if not all(_single_or_half(d) for d in (q, k, v)):
-        return _FLOAT64, _FLOAT64
-    kv = k.newbyteorder("=") if k.newbyteorder("=") == v.newbyteorder("=") else _FLOAT32
-    return q.newbyteorder("="), kv
-
-
-def result_dtype(*dtypes: Any) -> np.dtype[Any]:
-    """The dtype of the output for a query, key and value of these dtypes (see
-    :func:`operand_dtypes`): the query's, or float64."""
-    return operand_dtypes(*dtypes)[0]
-
-
-def compute_dtype(dtype: Any) -> np.dtype[Any]:
-    """What a problem whose output is ``dtype`` computes in, and returns weights
-    and lse in: float64 for float64, else float32."""
-    return _FLOAT64 if np.dtype(dtype) == _FLOAT64 else _FLOAT32
-
-
-def _as_operand(a: Array, dtype: np.dtype[Any]) -> Array:
-    """Native-endian, aligned array of ``dtype``; copies only when it must."""
-    if a.dtype != dtype:  # also covers non-native byte order
-        a = a.astype(dtype)
-    if not a.flags.aligned or any(s % a.itemsize for s in a.strides):
-        a = np.array(a, dtype=dtype, order="C")
-    return a
-
-
-def _broadcast(shapes: Sequence[Tuple[int, ...]], names: Sequence[str], what: str) -> Tuple[int, ...]:
-    try:
-        return tuple(np.broadcast_shapes(*shapes))
-    except ValueError:
-        seen = ", ".join(f"{n} {tuple(s)}" for n, s in zip(names, shapes))
-        raise ValueError(f"{what} do not broadcast: {seen}") from None
-
-
-def _no_internal_overlap(a: Array) -> bool:
-    dims = sorted((abs(st), n) for n, st in zip(a.shape, a.strides) if n > 1)
-    if a.size == 0:  # no elements, nothing to overlap (NumPy may give them zero strides)
-        return True
-    extent = a.itemsize
-    for st, n in dims:
-        if st < extent:
-            return False
-        extent = st * (n - 1) + extent
-    return True
-
-
-def _overlaps(a: Array, b: Array) -> bool:
-    if not np.may_share_memory(a, b):
-        return False
-    try:
-        return bool(_shares_memory(a, b, max_work=10**6))
-    except _TooHardError:
-        return True
-
-
-def _physical_memory_bytes() -> Optional[int]:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-_MAX_THREADS = 1 << 16
-
-
-def count(value: object, name: str, minimum: int = 0) -> int:
-    """An int (NumPy integers included, bool not) of at least ``minimum``:
-    TypeError / ValueError naming ``name`` otherwise.  The one check of sizes,
-    counts and capacities across sdpa."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def float_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
-    """A storage dtype: float16, bfloat16, float32 or float64 (TypeError naming
-    ``name`` otherwise).  The one check of the dtypes of caches and layers."""
-    try:
-        dt: np.dtype[Any] = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {dtype!r}") from None
-    # kind "f" also holds ml_dtypes' 8-bit floats (float8_e5m2, ...), which
-    # nothing in sdpa computes or stores
-    if not (dt.kind == "f" and dt.itemsize in (2, 4, 8)) and not _is_bfloat16(dt):
-        raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {dt}")
-    return dt.newbyteorder("=")
-
-
-def thread_count(num_threads: object, name: str = "num_threads") -> Optional[int]:
-    """None, or a thread count >= 1 (counts above 65536 are taken as 65536; the
-    core then uses at most ``sdpa.config()["max_threads"]``)."""
-    if num_threads is None:
-        return None
-    if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral):
-        raise TypeError(f"{name}: expected None or an int, got {type(num_threads).__name__}")
-    if num_threads < 1:
-        raise ValueError(f"{name}: must be >= 1 (or None for the default), got {num_threads}")
-    return min(int(num_threads), _MAX_THREADS)
-
-
-def set_num_threads(num_threads: Optional[int]) -> None:
-    """Set the number of threads later calls use when they are not given ``num_threads``.
-
-    ``None`` goes back to the OpenMP default: ``OMP_NUM_THREADS``, or the limit set
-    with ``threadpoolctl.threadpool_limits(n, user_api="openmp")``, else one thread
-    per CPU.  The setting holds for the whole process (every Python thread); an
-    explicit ``num_threads=`` argument still wins over it.  Like the OpenMP default,
-    the set value is a most: a small problem gets fewer threads (at least 4 MFLOP of
-    work each), since waking a thread costs more than it saves there; only
-    ``num_threads=`` is taken as asked.  Results do not depend on the thread count.
-
-    Raises
-    ------
-    TypeError
-        ``num_threads`` is not an int or None.
-    ValueError
-        ``num_threads`` is smaller than 1.
-    """
-    n = thread_count(num_threads)
-    _core.set_threads_setting(0 if n is None else n)
-
-
-def get_num_threads() -> int:
-    """The number of threads a call without ``num_threads=`` uses now.
-
-    The value set with :func:`set_num_threads`, else the OpenMP default of the
-    calling thread (``omp_get_max_threads()``, which follows ``OMP_NUM_THREADS`` and
-    threadpoolctl).  Always 1 when sdpa was built without OpenMP.
-    """
-    if not _core.has_openmp():
-        return 1
-    n = _core.threads_setting() or max(1, int(_core.default_num_threads()))
-    return min(n, _core.max_threads())
-
-
-def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, int]:
-    if isinstance(is_causal, str):
-        if is_causal == "top_left":
-            return True, 0
-        if is_causal == "bottom_right":
-            return True, S - L
-        raise ValueError(
-            f"is_causal: expected a bool, 'top_left' or 'bottom_right', got {is_causal!r}"
-        )
-    if isinstance(is_causal, (bool, np.bool_)):
-        return bool(is_causal), 0
-    raise TypeError(
-        f"is_causal: expected a bool, 'top_left' or 'bottom_right', got {type(is_causal).__name__}"
-    )
-
-
-def scale_of(scale: object, E: int) -> float:
-    """``scale=`` checked: None (``1 / sqrt(E)``) or a real number; NaN and inf
-    are taken (every result is then NaN)."""
-    if scale is None:
-        return 1.0 / math.sqrt(E) if E > 0 else 1.0
-    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
-        try:
-            return float(scale)
-        except OverflowError:
-            raise ValueError(f"scale: {scale!r} is too large for a float64") from None
-    raise TypeError(f"scale: expected None or a real number, got {type(scale).__name__}")
-
-
-def output_array(
-    out: object,
-    shape: Tuple[int, ...],
-    dtype: np.dtype[Any],
-    operands: Sequence[Tuple[Optional[Array], str]],
-    shapes: str,
-) -> Array:
-    """A new output of ``shape`` and ``dtype``, or ``out=`` checked: that shape
-    and dtype, writeable, aligned, no element over another, and no overlap with
-    any of ``operands`` (the caller's arrays and their converted copies)."""
-    if out is None:
-        return np.empty(shape, dtype=dtype)
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
-    if out.shape != shape:
-        raise ValueError(f"out: expected shape {shape}, got {out.shape}; {shapes}")
-    if out.dtype != dtype:
-        raise TypeError(f"out: expected dtype {dtype} (the query's, after promotion), got {out.dtype}")
-    if not out.flags.writeable:
-        raise ValueError("out: the array is read-only")
-    if not out.flags.aligned or any(st % out.itemsize for st in out.strides):
-        raise ValueError("out: the array is not aligned to its element size")
-    if not _no_internal_overlap(out):
-        raise ValueError(f"out: its elements overlap each other (strides {out.strides})")
-    for operand, name in operands:
-        if operand is not None and _overlaps(out, operand):
-            raise ValueError(f"out: overlaps the memory of {name}")
-    return out
-
-
-_WINDOW_MAX = 1 << 61  # the core's bound on a window side; any larger side shows every key
-
-
-def window_sides(window: object) -> Tuple[int, int]:
-    """``window=(left, right)`` checked: ints >= -1 (-1: unbounded), sides past
-    2**61 taken as 2**61 (which already shows every key)."""
-    if not isinstance(window, (tuple, list)) or len(window) != 2:
-        raise TypeError(
-            f"window: expected a pair (left, right) of ints (-1 for an unbounded side), got {window!r}"
-        )
-    sides = []
-    for side, name in zip(window, ("left", "right")):
-        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
-            raise TypeError(f"window: the {name} side must be an int, got {type(side).__name__}")
-        if side < -1:
-            raise ValueError(f"window: the {name} side must be >= 0, or -1 for unbounded, got {side}")
-        sides.append(min(int(side), _WINDOW_MAX))
-    return sides[0], sides[1]
-
-
-def softcap_value(softcap: object) -> float:
-    """``softcap=`` checked: a finite real number > 0."""
-    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
-        raise TypeError(f"softcap: expected None or a real number, got {type(softcap).__name__}")
-    try:
-        c = float(softcap)
-    except OverflowError:
-        raise ValueError(f"softcap: {softcap!r} is too large for a float64") from None
-    if not (math.isfinite(c) and c > 0):
-        raise ValueError(f"softcap: must be finite and > 0, got {softcap!r}")
-    return c
-
-
-def head_values(
-    values: object, name: str, batch_shape: Tuple[int, ...], heads: int, cdtype: np.dtype[Any]
-) -> Array:
-    """ALiBi slopes or sink logits: one real number per query head, (Hq,) or
-    (batch..., Hq) broadcasting, as a native array of the compute type."""
-    a = _to_array(values, name)
-    if a.dtype == np.bool_:
-        raise TypeError(f"{name}: expected real numbers, got dtype bool")
-    _check_real(a, name)
-    target = batch_shape + (heads,)
-    try:
-        ok = np.broadcast_shapes(a.shape, target) == target
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"{name}: shape {a.shape} does not broadcast to (batch..., query heads) {target}; "
-            "give one value per query head, (Hq,) or (batch..., Hq)"
-        )
-    return _as_operand(a, cdtype)
-
-
-def variant_arguments(
-    window: object,
-    softcap: object,
-    alibi_slopes: object,
-    sinks: object,
-    is_causal: Union[bool, str],
-    L: int,
-    S: int,
-    batch_shape: Tuple[int, ...],
-    heads: int,
-    cdtype: np.dtype[Any],
-    given: Optional[List[Tuple[Array, str]]] = None,
-) -> Dict[str, Any]:
-    """The keywords of ``_core.run`` for the model variants, checked; the
-    caller's slope and sink arrays are added to ``given`` (for the overlap
-    check of ``out``)."""
-    kw: Dict[str, Any] = {}
-    if window is not None or alibi_slopes is not None:
-        top_left = is_causal is True or is_causal == "top_left" or (
-            isinstance(is_causal, np.bool_) and bool(is_causal)
-        )
-        kw["align_offset"] = 0 if top_left else S - L
-    if window is not None:
-        kw["window_left"], kw["window_right"] = window_sides(window)
-    if softcap is not None:
-        kw["softcap"] = softcap_value(softcap)
-    for values, name, key in ((alibi_slopes, "alibi_slopes", "alibi"), (sinks, "sinks", "sinks")):
-        if values is not None:
-            original = _to_array(values, name)
-            if given is not None:
-                given.append((original, name))
-            kw[key] = head_values(original, name, batch_shape, heads, cdtype)
-    return kw
-
-
-class ShapePlan(NamedTuple):
-    """The sizes of one call, worked out from the operands' shapes alone."""
-
-    batch_shape: Tuple[int, ...]
-    heads: int  # output heads (0 when a head dim has size 0)
-    group: int  # query heads per key/value head
-    L: int
-    S: int
-    E: int
-    Ev: int
-    out_shape: Tuple[int, ...]
-    weights_shape: Tuple[int, ...]
-
-
-def plan_shapes(
-    query_shape: Sequence[int],
-    key_shape: Sequence[int],
-    value_shape: Sequence[int],
-    enable_gqa: bool = False,
-) -> ShapePlan:
-    """Check that the shapes of query, key and value fit together and return the
-    sizes of the problem, output shape included (ValueError naming them if not)."""
-    qs, ks, vs = (tuple(int(n) for n in s) for s in (query_shape, key_shape, value_shape))
-    for shape, name in ((qs, "query"), (ks, "key"), (vs, "value")):
-        if len(shape) < 2:
-            raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {shape}")
-    L, E = qs[-2:]
-    S, Ek = ks[-2:]
-    Sv, Ev = vs[-2:]
-    shapes = f"query {qs}, key {ks}, value {vs}"
-    if Ek != E:
-        raise ValueError(f"query and key must have the same last dim (E); got {shapes}")
-    if Sv != S:
-        raise ValueError(f"key and value must have the same sequence length (dim -2); got {shapes}")
-
-    # Heads live at dim -3 of inputs with 3+ dims; the dims before are batch dims.
-    has_heads = max(len(qs), len(ks), len(vs)) >= 3
-    hq = qs[-3] if len(qs) >= 3 else 1
-    hk = ks[-3] if len(ks) >= 3 else 1
-    hv = vs[-3] if len(vs) >= 3 else 1
-    if hk != hv and hk != 1 and hv != 1:
-        raise ValueError(f"key and value have different numbers of heads (dim -3); got {shapes}")
-    hkv = max(hk, hv) if min(hk, hv) > 0 else 0
-    if enable_gqa:
-        if hkv == 0 or hq % hkv != 0:
-            raise ValueError(
-                f"enable_gqa=True needs the query heads to be a multiple of the key/value heads "
-                f"(dim -3); got {shapes}"
-            )
-        heads, group = hq, max(hq // max(hkv, 1), 1)
-    else:
-        if hq != hkv and hq != 1 and hkv != 1:
-            raise ValueError(
-                f"query and key/value heads (dim -3) differ: {hq} vs {hkv}; they must match or "
-                f"broadcast, or pass enable_gqa=True for grouped-query attention; got {shapes}"
-            )
-        heads = 0 if 0 in (hq, hkv) else max(hq, hkv)
-        group = 1
-    batch_shape = _broadcast(
-        [s[:-3] for s in (qs, ks, vs)],
-        ("query", "key", "value"),
-        "the batch dims (before dim -3) of query, key and value",
-    )
-    if len(batch_shape) > MAX_BATCH_DIMS:
-        raise ValueError(f"at most {MAX_BATCH_DIMS} batch dims are supported; got {shapes}")
-
-    head_dims = (heads,) if has_heads else ()
-    return ShapePlan(
-        batch_shape=batch_shape,
-        heads=heads,
-        group=group,
-        L=L,
-        S=S,
-        E=E,
-        Ev=Ev,
-        out_shape=batch_shape + head_dims + (L, Ev),
-        weights_shape=batch_shape + head_dims + (L, S),
-    )
+from ._checks import (
+    _WINDOW_MAX as _WINDOW_MAX,
+    MAX_BATCH_DIMS as MAX_BATCH_DIMS,
+    ShapePlan as ShapePlan,
+    _broadcast as _broadcast,
+    _causal_offset as _causal_offset,
+    _no_internal_overlap as _no_internal_overlap,
+    _overlaps as _overlaps,
+    _physical_memory_bytes as _physical_memory_bytes,
+    count as count,
+    head_values as head_values,
+    output_array as output_array,
+    plan_shapes as plan_shapes,
+    scale_of as scale_of,
+    softcap_value as softcap_value,
+    variant_arguments as variant_arguments,
+    window_sides as window_sides,
+)
+from ._dtypes import (
+    _FLOAT32 as _FLOAT32,
+    _FLOAT64 as _FLOAT64,
+    Array as Array,
+    ArrayInput as ArrayInput,
+    AttentionResult as AttentionResult,
+    FloatArray as FloatArray,
+    SupportsDLPack as SupportsDLPack,
+    _as_operand as _as_operand,
+    _check_real as _check_real,
+    _is_bfloat16 as _is_bfloat16,
+    _single_or_half as _single_or_half,
+    _to_array as _to_array,
+    compute_dtype as compute_dtype,
+    float_dtype as float_dtype,
+    operand_dtypes as operand_dtypes,
+    result_dtype as result_dtype,
+)
+from ._threads import (
+    _MAX_THREADS as _MAX_THREADS,
+    get_num_threads as get_num_threads,
+    set_num_threads as set_num_threads,
+    thread_count as thread_count,
+)
 
 
 @overload
@@ -864,4 +423,3 @@ def _attention_general(
 
     extra = [x for x in (weights, lse) if x is not None]  # each there iff asked for
     return (result, *extra) if extra else result
-

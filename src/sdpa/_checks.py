@@ -1,0 +1,311 @@
+"""The checks of a call's arguments, each with a message naming the argument:
+sizes, shapes, overlap, causality, scale, the model variants and ``out``."""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
+
+import numpy as np
+
+from . import _core
+from ._dtypes import (
+    Array,
+    _as_operand,
+    _check_real,
+    _to_array,
+)
+
+MAX_BATCH_DIMS = _core.MAX_BATCH_DIMS
+
+_TooHardError: Type[Exception] = getattr(np, "exceptions", np).TooHardError
+# the stubs of some NumPy releases only allow max_work in {0, -1}; any int works
+_shares_memory: Callable[..., bool] = np.shares_memory
+
+
+def _broadcast(shapes: Sequence[Tuple[int, ...]], names: Sequence[str], what: str) -> Tuple[int, ...]:
+    try:
+        return tuple(np.broadcast_shapes(*shapes))
+    except ValueError:
+        seen = ", ".join(f"{n} {tuple(s)}" for n, s in zip(names, shapes))
+        raise ValueError(f"{what} do not broadcast: {seen}") from None
+
+
+def _no_internal_overlap(a: Array) -> bool:
+    dims = sorted((abs(st), n) for n, st in zip(a.shape, a.strides) if n > 1)
+    if a.size == 0:  # no elements, nothing to overlap (NumPy may give them zero strides)
+        return True
+    extent = a.itemsize
+    for st, n in dims:
+        if st < extent:
+            return False
+        extent = st * (n - 1) + extent
+    return True
+
+
+def _overlaps(a: Array, b: Array) -> bool:
+    if not np.may_share_memory(a, b):
+        return False
+    try:
+        return bool(_shares_memory(a, b, max_work=10**6))
+    except _TooHardError:
+        return True
+
+
+def _physical_memory_bytes() -> Optional[int]:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def count(value: object, name: str, minimum: int = 0) -> int:
+    """An int (NumPy integers included, bool not) of at least ``minimum``:
+    TypeError / ValueError naming ``name`` otherwise.  The one check of sizes,
+    counts and capacities across sdpa."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, int]:
+    if isinstance(is_causal, str):
+        if is_causal == "top_left":
+            return True, 0
+        if is_causal == "bottom_right":
+            return True, S - L
+        raise ValueError(
+            f"is_causal: expected a bool, 'top_left' or 'bottom_right', got {is_causal!r}"
+        )
+    if isinstance(is_causal, (bool, np.bool_)):
+        return bool(is_causal), 0
+    raise TypeError(
+        f"is_causal: expected a bool, 'top_left' or 'bottom_right', got {type(is_causal).__name__}"
+    )
+
+
+def scale_of(scale: object, E: int) -> float:
+    """``scale=`` checked: None (``1 / sqrt(E)``) or a real number; NaN and inf
+    are taken (every result is then NaN)."""
+    if scale is None:
+        return 1.0 / math.sqrt(E) if E > 0 else 1.0
+    if isinstance(scale, numbers.Real) and not isinstance(scale, bool):
+        try:
+            return float(scale)
+        except OverflowError:
+            raise ValueError(f"scale: {scale!r} is too large for a float64") from None
+    raise TypeError(f"scale: expected None or a real number, got {type(scale).__name__}")
+
+
+def output_array(
+    out: object,
+    shape: Tuple[int, ...],
+    dtype: np.dtype[Any],
+    operands: Sequence[Tuple[Optional[Array], str]],
+    shapes: str,
+) -> Array:
+    """A new output of ``shape`` and ``dtype``, or ``out=`` checked: that shape
+    and dtype, writeable, aligned, no element over another, and no overlap with
+    any of ``operands`` (the caller's arrays and their converted copies)."""
+    if out is None:
+        return np.empty(shape, dtype=dtype)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != shape:
+        raise ValueError(f"out: expected shape {shape}, got {out.shape}; {shapes}")
+    if out.dtype != dtype:
+        raise TypeError(f"out: expected dtype {dtype} (the query's, after promotion), got {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError("out: the array is read-only")
+    if not out.flags.aligned or any(st % out.itemsize for st in out.strides):
+        raise ValueError("out: the array is not aligned to its element size")
+    if not _no_internal_overlap(out):
+        raise ValueError(f"out: its elements overlap each other (strides {out.strides})")
+    for operand, name in operands:
+        if operand is not None and _overlaps(out, operand):
+            raise ValueError(f"out: overlaps the memory of {name}")
+    return out
+
+
+_WINDOW_MAX = 1 << 61  # the core's bound on a window side; any larger side shows every key
+
+
+def window_sides(window: object) -> Tuple[int, int]:
+    """``window=(left, right)`` checked: ints >= -1 (-1: unbounded), sides past
+    2**61 taken as 2**61 (which already shows every key)."""
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(
+            f"window: expected a pair (left, right) of ints (-1 for an unbounded side), got {window!r}"
+        )
+    sides = []
+    for side, name in zip(window, ("left", "right")):
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"window: the {name} side must be an int, got {type(side).__name__}")
+        if side < -1:
+            raise ValueError(f"window: the {name} side must be >= 0, or -1 for unbounded, got {side}")
+        sides.append(min(int(side), _WINDOW_MAX))
+    return sides[0], sides[1]
+
+
+def softcap_value(softcap: object) -> float:
+    """``softcap=`` checked: a finite real number > 0."""
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap: expected None or a real number, got {type(softcap).__name__}")
+    try:
+        c = float(softcap)
+    except OverflowError:
+        raise ValueError(f"softcap: {softcap!r} is too large for a float64") from None
+    if not (math.isfinite(c) and c > 0):
+        raise ValueError(f"softcap: must be finite and > 0, got {softcap!r}")
+    return c
+
+
+def head_values(
+    values: object, name: str, batch_shape: Tuple[int, ...], heads: int, cdtype: np.dtype[Any]
+) -> Array:
+    """ALiBi slopes or sink logits: one real number per query head, (Hq,) or
+    (batch..., Hq) broadcasting, as a native array of the compute type."""
+    a = _to_array(values, name)
+    if a.dtype == np.bool_:
+        raise TypeError(f"{name}: expected real numbers, got dtype bool")
+    _check_real(a, name)
+    target = batch_shape + (heads,)
+    try:
+        ok = np.broadcast_shapes(a.shape, target) == target
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name}: shape {a.shape} does not broadcast to (batch..., query heads) {target}; "
+            "give one value per query head, (Hq,) or (batch..., Hq)"
+        )
+    return _as_operand(a, cdtype)
+
+
+def variant_arguments(
+    window: object,
+    softcap: object,
+    alibi_slopes: object,
+    sinks: object,
+    is_causal: Union[bool, str],
+    L: int,
+    S: int,
+    batch_shape: Tuple[int, ...],
+    heads: int,
+    cdtype: np.dtype[Any],
+    given: Optional[List[Tuple[Array, str]]] = None,
+) -> Dict[str, Any]:
+    """The keywords of ``_core.run`` for the model variants, checked; the
+    caller's slope and sink arrays are added to ``given`` (for the overlap
+    check of ``out``)."""
+    kw: Dict[str, Any] = {}
+    if window is not None or alibi_slopes is not None:
+        top_left = is_causal is True or is_causal == "top_left" or (
+            isinstance(is_causal, np.bool_) and bool(is_causal)
+        )
+        kw["align_offset"] = 0 if top_left else S - L
+    if window is not None:
+        kw["window_left"], kw["window_right"] = window_sides(window)
+    if softcap is not None:
+        kw["softcap"] = softcap_value(softcap)
+    for values, name, key in ((alibi_slopes, "alibi_slopes", "alibi"), (sinks, "sinks", "sinks")):
+        if values is not None:
+            original = _to_array(values, name)
+            if given is not None:
+                given.append((original, name))
+            kw[key] = head_values(original, name, batch_shape, heads, cdtype)
+    return kw
+
+
+class ShapePlan(NamedTuple):
+    """The sizes of one call, worked out from the operands' shapes alone."""
+
+    batch_shape: Tuple[int, ...]
+    heads: int  # output heads (0 when a head dim has size 0)
+    group: int  # query heads per key/value head
+    L: int
+    S: int
+    E: int
+    Ev: int
+    out_shape: Tuple[int, ...]
+    weights_shape: Tuple[int, ...]
+
+
+def plan_shapes(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    value_shape: Sequence[int],
+    enable_gqa: bool = False,
+) -> ShapePlan:
+    """Check that the shapes of query, key and value fit together and return the
+    sizes of the problem, output shape included (ValueError naming them if not)."""
+    qs, ks, vs = (tuple(int(n) for n in s) for s in (query_shape, key_shape, value_shape))
+    for shape, name in ((qs, "query"), (ks, "key"), (vs, "value")):
+        if len(shape) < 2:
+            raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {shape}")
+    L, E = qs[-2:]
+    S, Ek = ks[-2:]
+    Sv, Ev = vs[-2:]
+    shapes = f"query {qs}, key {ks}, value {vs}"
+    if Ek != E:
+        raise ValueError(f"query and key must have the same last dim (E); got {shapes}")
+    if Sv != S:
+        raise ValueError(f"key and value must have the same sequence length (dim -2); got {shapes}")
+
+    # Heads live at dim -3 of inputs with 3+ dims; the dims before are batch dims.
+    has_heads = max(len(qs), len(ks), len(vs)) >= 3
+    hq = qs[-3] if len(qs) >= 3 else 1
+    hk = ks[-3] if len(ks) >= 3 else 1
+    hv = vs[-3] if len(vs) >= 3 else 1
+    if hk != hv and hk != 1 and hv != 1:
+        raise ValueError(f"key and value have different numbers of heads (dim -3); got {shapes}")
+    hkv = max(hk, hv) if min(hk, hv) > 0 else 0
+    if enable_gqa:
+        if hkv == 0 or hq % hkv != 0:
+            raise ValueError(
+                f"enable_gqa=True needs the query heads to be a multiple of the key/value heads "
+                f"(dim -3); got {shapes}"
+            )
+        heads, group = hq, max(hq // max(hkv, 1), 1)
+    else:
+        if hq != hkv and hq != 1 and hkv != 1:
+            raise ValueError(
+                f"query and key/value heads (dim -3) differ: {hq} vs {hkv}; they must match or "
+                f"broadcast, or pass enable_gqa=True for grouped-query attention; got {shapes}"
+            )
+        heads = 0 if 0 in (hq, hkv) else max(hq, hkv)
+        group = 1
+    batch_shape = _broadcast(
+        [s[:-3] for s in (qs, ks, vs)],
+        ("query", "key", "value"),
+        "the batch dims (before dim -3) of query, key and value",
+    )
+    if len(batch_shape) > MAX_BATCH_DIMS:
+        raise ValueError(f"at most {MAX_BATCH_DIMS} batch dims are supported; got {shapes}")
+
+    head_dims = (heads,) if has_heads else ()
+    return ShapePlan(
+        batch_shape=batch_shape,
+        heads=heads,
+        group=group,
+        L=L,
+        S=S,
+        E=E,
+        Ev=Ev,
+        out_shape=batch_shape + head_dims + (L, Ev),
+        weights_shape=batch_shape + head_dims + (L, S),
+    )
