@@ -178,7 +178,7 @@ def client():
 
 
 def _workers(client):
-    return sorted(client.scheduler_info(n_workers=-1)["workers"])
+    return sorted(client.nthreads())  # asked of the scheduler (scheduler_info() may be a stale cache)
 
 
 def _placed(client, a, chunk, workers):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import abc
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -20,6 +20,14 @@ from ..kvcache import KVCache, KVCacheFullError
 from .lazy import Partial, _compute_query, _merge, _starts
 
 # ---- a KV cache split across workers -------------------------------------------------------
+
+def _worker_addresses(client: Any) -> Set[str]:
+    """The addresses of the cluster's workers, asked of the scheduler now.
+    (``Client.scheduler_info()`` returns a cached identity that the client's
+    periodic refresh replaces with one whose ``"workers"`` is empty, so that
+    it may read as a cluster without workers.)"""
+    return {str(w) for w in client.nthreads()}
+
 
 class ShardLostError(RuntimeError):
     """A worker holding a shard of a :class:`ShardedKVCache` is gone, and with it
@@ -117,7 +125,7 @@ class ShardedKVCache:
                 raise ValueError("workers: expected at least one worker address, got none")
         self._client = client if client is not None else get_client()
         if workers is None:
-            workers = sorted(self._client.scheduler_info(n_workers=-1)["workers"])
+            workers = sorted(_worker_addresses(self._client))
         self._workers = [str(w) for w in workers]
         if not self._workers:
             raise ValueError("workers: the cluster has no workers")
@@ -199,7 +207,7 @@ class ShardedKVCache:
         connection error, waits a few seconds for the scheduler to notice."""
         deadline = time.monotonic() + (10.0 if wait else 0.0)
         while True:
-            alive = set(self._client.scheduler_info(n_workers=-1)["workers"])
+            alive = _worker_addresses(self._client)
             gone = [i for i, w in enumerate(self._workers) if w not in alive]
             if gone or time.monotonic() >= deadline:
                 return gone
