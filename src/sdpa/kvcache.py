@@ -521,25 +521,22 @@ def cache_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
     """The storage dtype of a :class:`KVCache`: int8 (quantized), or float16,
     bfloat16, float32 or float64.  TypeError naming ``name`` and listing those
     otherwise (float8 and 4-bit types included: no cache stores them yet)."""
-    is_int8 = dtype == "int8" if isinstance(dtype, str) else None
-    if is_int8 is None:
-        try:
-            is_int8 = bool(np.dtype(dtype) == np.int8)
-        except TypeError:
-            is_int8 = False
-    if is_int8:
+    if _is_int8(dtype):
         return np.dtype(np.int8)
     try:
         return float_dtype(dtype, name)
     except TypeError:
-        shown = repr(dtype) if isinstance(dtype, str) else _dtype_name(dtype)
+        shown = repr(dtype) if isinstance(dtype, str) else getattr(dtype, "__name__", repr(dtype))
         raise TypeError(
             f"{name}: a KV cache stores {', '.join(CACHE_DTYPES[:-1])} or \"int8\" (quantized), got {shown}"
         ) from None
 
 
-def _dtype_name(dtype: Any) -> str:
+def _is_int8(dtype: Any) -> bool:
+    """Whether ``dtype`` asks for an int8 (quantized) cache."""
+    if isinstance(dtype, str):
+        return dtype == "int8"
     try:
-        return str(np.dtype(dtype))
+        return bool(np.dtype(dtype) == np.int8)
     except TypeError:
-        return repr(dtype)
+        return False

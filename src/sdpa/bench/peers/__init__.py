@@ -274,12 +274,9 @@ def agreement(out: Any, want: Any, dtype_name: str) -> Dict[str, Any]:
 
 
 def latency_absent_reason(impl: str) -> Optional[str]:
-    """Why ``impl`` cannot run here (its package is not installed), or None."""
-    if impl in ("sdpa.torch", "torch") and _load_torch() is None:
-        return _packages._torch_error
-    if impl == "ort" and _load_onnxruntime() is None:
-        return _packages._ort_error
-    return None
+    """Why ``impl`` cannot run here (its package is not installed), or None:
+    :func:`absent_reason`, sdpa.torch needing torch."""
+    return absent_reason("torch" if impl == "sdpa.torch" else impl)
 
 
 def make_latency_runner(

@@ -2,7 +2,8 @@
 why one cannot be used is kept for the report."""
 from __future__ import annotations
 
-from typing import Any, Optional
+import importlib
+from typing import Any, Optional, Tuple
 
 # --------------------------------------------------------------------------- the optional packages
 
@@ -20,16 +21,19 @@ def _import_error(name: str, exc: ImportError) -> str:
     return f"{name} is not installed" if missing else f"{name} cannot be imported ({exc})"
 
 
+def _try_import(name: str) -> Tuple[Any, Optional[str]]:
+    """(the module, None), or (None, why it cannot be used)."""
+    try:
+        return importlib.import_module(name), None
+    except ImportError as exc:
+        return None, _import_error(name, exc)
+
+
 def _load_torch() -> Any:
     """``torch`` when it can be imported, else None (the reason is kept for the report)."""
     global _torch_module, _torch_error
     if _torch_module is None and _torch_error is None:
-        try:
-            import torch  # noqa: PLC0415 - optional, heavy
-
-            _torch_module = torch
-        except ImportError as exc:
-            _torch_error = _import_error("torch", exc)
+        _torch_module, _torch_error = _try_import("torch")
     return _torch_module
 
 
@@ -37,12 +41,7 @@ def _load_onnxruntime() -> Any:
     """``onnxruntime`` when it can be imported, else None (the reason is kept for the report)."""
     global _ort_module, _ort_error
     if _ort_module is None and _ort_error is None:
-        try:
-            import onnxruntime  # noqa: PLC0415 - optional
-
-            _ort_module = onnxruntime
-        except ImportError as exc:
-            _ort_error = _import_error("onnxruntime", exc)
+        _ort_module, _ort_error = _try_import("onnxruntime")
     return _ort_module
 
 
@@ -50,10 +49,5 @@ def _load_openvino() -> Any:
     """``openvino`` when it can be imported, else None (the reason is kept for the report)."""
     global _openvino_module, _openvino_error
     if _openvino_module is None and _openvino_error is None:
-        try:
-            import openvino  # noqa: PLC0415 - optional, heavy
-
-            _openvino_module = openvino
-        except ImportError as exc:
-            _openvino_error = _import_error("openvino", exc)
+        _openvino_module, _openvino_error = _try_import("openvino")
     return _openvino_module
