@@ -1,6 +1,7 @@
-"""The boundary between Python and the C core: the fast path (sdpa._core.try_attention)
-and the general path (sdpa._api) agree bit for bit, the fast path takes the common
-calls, and sdpa._core.run refuses operands that do not fit the problem."""
+"""The boundary between Python and the C core: ``sdpa._core.attention``, the one
+entry, takes the calls in the core's own form and declines the rest with a reason
+code naming the argument, writing nothing; the general path (sdpa._api), which
+converts and then calls the same entry, agrees with it bit for bit."""
 from __future__ import annotations
 
 import subprocess
@@ -13,19 +14,18 @@ import sdpa
 from conftest import make_qkv
 from sdpa import _api, _core
 
-ARGS = ("attn_mask", "is_causal", "scale", "enable_gqa", "return_weights", "return_lse", "key_lengths",
-        "out", "num_threads")
-
 
 def both_paths(q, k, v, **kw):
-    """(fast, general) results of one call; fast is None when the fast path declines."""
-    full = {name: kw.get(name, default) for name, default in zip(
-        ARGS, (None, False, None, False, False, False, None, None, None))}
-    fast = _core.try_attention(q, k, v, *full.values())
-    if full["out"] is not None:
-        full["out"] = np.empty_like(full["out"])
-    general = _api._attention_general(q, k, v, *full.values())
+    """(core, general) results of one call; core is a reason code when it declines."""
+    fast = _core.attention(q, k, v, **kw)
+    if kw.get("out") is not None:
+        kw["out"] = np.empty_like(kw["out"])
+    general = _api._attention_general(q, k, v, **kw)
     return fast, general
+
+
+def as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
 
 
 CASES = {
@@ -43,88 +43,145 @@ KWARGS = {
     "bottom-right": {"is_causal": "bottom_right"},
     "scale": {"scale": 0.3},
     "lse": {"return_lse": True},
+    "weights": {"return_weights": True, "return_lse": True},
     "threads": {"num_threads": 2},
+    "window": {"window": (2, 1), "is_causal": True},
+    "softcap": {"softcap": 1.5},
 }
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("kwargs", KWARGS.values(), ids=KWARGS.keys())
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_fast_path_equals_general_path(rng, case, kwargs, dtype):
+def test_core_entry_equals_general_path(rng, case, kwargs, dtype):
     q, k, v = make_qkv(rng, dtype=dtype, **case)
     kw = dict(kwargs)
     if case.get("hkv"):
         kw["enable_gqa"] = True
     fast, general = both_paths(q, k, v, **kw)
-    assert fast is not None, "the fast path declined a call in native form"
-    fast, general = (x if isinstance(x, tuple) else (x,) for x in (fast, general))
+    assert type(fast) is not int, f"the core declined a call in its own form: {_core.reason(fast)}"
+    fast, general = as_tuple(fast), as_tuple(general)
+    assert len(fast) == len(general)
     for a, b in zip(fast, general):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_array_equal(a, b)
 
 
-def test_fast_path_masks_lengths_and_out(rng):
+def test_core_entry_masks_lengths_variants_and_out(rng):
     q, k, v = make_qkv(rng, batch=(2,), hq=4, L=9, S=13, E=8, dtype=np.float32)
     bool_mask = rng.random((4, 9, 13)) < 0.7
     float_mask = rng.standard_normal((2, 1, 9, 13)).astype(np.float32)
     lengths = np.array([13, 5])
+    slopes = rng.random(4).astype(np.float32)
+    sinks = rng.standard_normal((2, 4)).astype(np.float32)
     out = np.empty((2, 9, 4, 8), np.float32).transpose(0, 2, 1, 3)
     for kw in ({"attn_mask": bool_mask}, {"attn_mask": float_mask}, {"key_lengths": lengths},
+               {"alibi_slopes": slopes}, {"sinks": sinks, "window": [3, -1]},
                {"out": out, "attn_mask": bool_mask, "is_causal": True}):
         fast, general = both_paths(q, k, v, **kw)
-        assert fast is not None, kw
+        assert type(fast) is not int, (kw, _core.reason(fast))
         np.testing.assert_array_equal(fast, general)
         if "out" in kw:
             assert fast is out
 
 
 @pytest.mark.parametrize(
-    "why, change",
+    "why, change, argument",
     [
-        ("int32 converts", lambda a: dict(q=a["q"].astype(np.int32))),
-        ("mixed key and value", lambda a: dict(v=a["v"].astype(np.float16))),
-        ("mixed dtypes", lambda a: dict(k=a["k"].astype(np.float64))),
-        ("a list", lambda a: dict(q=a["q"].tolist())),
-        ("byte-swapped", lambda a: dict(v=a["v"].astype(a["v"].dtype.newbyteorder()))),
-        ("weights", lambda a: dict(return_weights=True)),
-        ("numpy bool causal", lambda a: dict(is_causal=np.bool_(True))),
-        ("int scale", lambda a: dict(scale=1)),
-        ("float16 mask", lambda a: dict(attn_mask=np.zeros((5, 7), np.float16))),
-        ("int32 lengths", lambda a: dict(key_lengths=np.array([3], np.int32))),
-        ("negative lengths", lambda a: dict(key_lengths=np.array([-1]))),
-        ("out overlaps q", lambda a: dict(out=a["q"])),
-        ("bad shapes", lambda a: dict(k=a["k"][..., :3])),
-        ("bad threads", lambda a: dict(num_threads=0)),
-        ("unknown causal", lambda a: dict(is_causal="diagonal")),
+        ("int32 converts", lambda a: dict(q=a["q"].astype(np.int32)), "query"),
+        ("mixed key and value", lambda a: dict(v=a["v"].astype(np.float16)), "value"),
+        ("mixed dtypes", lambda a: dict(k=a["k"].astype(np.float64)), "key"),
+        ("a list", lambda a: dict(q=a["q"].tolist()), "query"),
+        ("byte-swapped", lambda a: dict(v=a["v"].astype(a["v"].dtype.newbyteorder())), "value"),
+        ("numpy bool causal", lambda a: dict(is_causal=np.bool_(True)), "is_causal"),
+        ("int scale", lambda a: dict(scale=1), "scale"),
+        ("float16 mask", lambda a: dict(attn_mask=np.zeros((5, 7), np.float16)), "attn_mask"),
+        ("mask shape", lambda a: dict(attn_mask=np.zeros((5, 6), bool)), "attn_mask"),
+        ("int32 lengths", lambda a: dict(key_lengths=np.array([3], np.int32)), "key_lengths"),
+        ("negative lengths", lambda a: dict(key_lengths=np.array([-1])), "key_lengths"),
+        ("out overlaps q", lambda a: dict(out=a["q"]), "out"),
+        ("bad shapes", lambda a: dict(k=a["k"][..., :3]), "key"),
+        ("bad threads", lambda a: dict(num_threads=0), "num_threads"),
+        ("numpy int threads", lambda a: dict(num_threads=np.int64(2)), "num_threads"),
+        ("unknown causal", lambda a: dict(is_causal="diagonal"), "is_causal"),
+        ("window of floats", lambda a: dict(window=(2.0, 0)), "window"),
+        ("window side", lambda a: dict(window=(-2, 0)), "window"),
+        ("int softcap", lambda a: dict(softcap=2), "softcap"),
+        ("infinite softcap", lambda a: dict(softcap=float("inf")), "softcap"),
+        ("float64 slopes", lambda a: dict(alibi_slopes=np.ones(2)), "alibi_slopes"),
+        ("sinks shape", lambda a: dict(sinks=np.ones(3, np.float32)), "sinks"),
+        ("int weights flag", lambda a: dict(return_weights=1), "return_weights"),
+        ("gqa that does not divide", lambda a: dict(enable_gqa=True, k=np.concatenate([a["k"], a["k"][:, :1]], 1),
+                                                      v=np.concatenate([a["v"], a["v"][:, :1]], 1)), "enable_gqa"),
     ],
 )
-def test_fast_path_declines_what_needs_the_general_path(rng, why, change):
+def test_core_entry_declines_with_the_argument_and_writes_nothing(rng, why, change, argument):
     q, k, v = make_qkv(rng, batch=(1,), hq=2, L=5, S=7, E=4, dtype=np.float32)
     args = dict(q=q, k=k, v=v)
     kw = change(args)
     for name in "qkv":
         args[name] = kw.pop(name, args[name])
-    full = {name: kw.get(name, default) for name, default in zip(
-        ARGS, (None, False, None, False, False, False, None, None, None))}
-    assert _core.try_attention(args["q"], args["k"], args["v"], *full.values()) is None, why
+    out = kw.get("out")
+    before = None if out is None else out.copy()
+    code = _core.attention(args["q"], args["k"], args["v"], **kw)
+    assert type(code) is int, why
+    assert _core.reason(code).startswith(argument + " "), (why, _core.reason(code))
+    if before is not None:
+        np.testing.assert_array_equal(out, before)
 
 
-def test_run_refuses_operands_that_do_not_fit(rng):
+def test_reason_codes_name_every_argument_and_rule():
+    for arg, name in enumerate(_core.ARGUMENTS):
+        for rule, text in enumerate(_core.RULES):
+            assert _core.reason(arg * 8 + rule) == f"{name} {text}"
+    for bad in (-1, 8 * len(_core.ARGUMENTS), len(_core.RULES)):
+        with pytest.raises(ValueError, match="not a reason code"):
+            _core.reason(bad)
+
+
+def test_prepared_operands_the_core_declines_raise_naming_the_argument(rng):
     q, k, v = make_qkv(rng, batch=(2,), hq=2, L=3, S=4, E=5, dtype=np.float32)
-    out = np.empty((2, 2, 3, 5), np.float32)
-    _core.run(q, k, v, out, scale=1.0)
-    with pytest.raises(ValueError, match="does not fit"):
-        _core.run(q, k[..., :3, :], v, out)  # S of key and value differ
-    with pytest.raises(ValueError, match="does not fit"):
-        _core.run(q, k, v, np.empty((2, 1, 3, 5), np.float32))  # an output must not broadcast
-    with pytest.raises(ValueError, match="does not fit"):
-        _core.run(q, k, v, out, lse=np.empty((2, 2, 4), np.float32))
-    with pytest.raises(TypeError, match="dtypes"):
-        _core.run(q, k.astype(np.float64), v, out)
-    with pytest.raises(ValueError, match="read-only"):
-        ro = np.empty_like(out)
-        ro.flags.writeable = False
-        _core.run(q, k, v, ro)
+    with pytest.raises(ValueError, match="^sdpa: value has a shape"):
+        _api.call_core(q, k[..., :3, :], v)  # S of key and value differ
+    with pytest.raises(ValueError, match="^sdpa: out has a shape"):
+        _api.call_core(q, k, v, out=np.empty((2, 1, 3, 5), np.float32))  # an output must not broadcast
+    with pytest.raises(ValueError, match="^sdpa: key has a dtype"):
+        _api.call_core(q, k.astype(np.float64), v)
+    ro = np.empty((2, 2, 3, 5), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="^sdpa: out is not native, aligned and .* writeable"):
+        _api.call_core(q, k, v, out=ro)
+
+
+def test_out_interleaved_with_an_input_gets_the_result_by_a_copy(rng):
+    """The core's overlap test is by span; an out that only interleaves with the
+    query (no shared element) is taken by the general path, which computes into
+    a new array and copies."""
+    base = rng.standard_normal((1, 2, 5, 8)).astype(np.float32)
+    q, out = base[..., ::2], base[..., 1::2]
+    k = rng.standard_normal((1, 2, 7, 4)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 7, 4)).astype(np.float32)
+    q_before = q.copy()
+    assert _core.attention(q, k, v, out=out) == _core.OUT_MAY_OVERLAP
+    expected = sdpa.scaled_dot_product_attention(q_before, k, v)
+    result = sdpa.scaled_dot_product_attention(q, k, v, out=out)
+    assert result is out
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(q, q_before)
+
+
+def test_weights_beyond_the_machines_memory_are_declined(rng):
+    total = _core.physical_memory_bytes()
+    if total is None:
+        pytest.skip("the OS does not tell this machine's memory")
+    q = np.zeros((1, 1, 1 << 20, 1), np.float32)
+    k = v = np.broadcast_to(np.zeros((1, 1, 1, 1), np.float32), (1, 1, 1 << 20, 1))
+    heads = total // (1 << 42) + 1  # heads * 2**20 * 2**20 * 4 bytes > total
+    q = np.broadcast_to(q, (1, int(heads), 1 << 20, 1))
+    code = _core.attention(q, k, v, return_weights=True)
+    assert _core.reason(code).startswith("return_weights would need more memory")
+    with pytest.raises(MemoryError, match="return_weights"):
+        sdpa.scaled_dot_product_attention(q, k, v, return_weights=True)
 
 
 def run_python(code, **env):

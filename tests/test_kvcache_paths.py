@@ -1,5 +1,5 @@
-"""KVCache.attend runs the common calls straight from the core's fast path
-(sdpa._core.try_attention), int8 caches included: results bit for bit those
+"""KVCache.attend runs the common calls straight from the core's one entry
+(sdpa._core.attention), int8 caches included: results bit for bit those
 of the general path (sdpa._api._attention_general) over the same storage, and
 every call the fast path declines still converted, or refused with the same
 error naming the argument."""
@@ -25,16 +25,22 @@ def filled(rng, kind, batch=2, hkv=2, length=40, e=32, ev=48, capacity=64):
     return cache
 
 
+GENERAL = _api._attention_general  # the fast_only fixture replaces the module's
+
+
 def general(cache, query, attn_mask=None, is_causal="bottom_right", scale=None, return_lse=False,
             out=None, num_threads=None, diagonal=None):
     """The general path over the cache's storage, as KVCache._attend hands it."""
     n = len(cache)
     k, v = cache._k[:, :, :n], cache._v[:, :, :n]
-    quantized = (cache._ks[:, :, :n], cache._vs[:, :, :n], cache._group) if cache.dtype == np.int8 else None
+    scales = {}
+    if cache.dtype == np.int8:
+        scales = dict(key_scale=cache._ks[:, :, :n], value_scale=cache._vs[:, :, :n], group_size=cache._group)
     heads = np.shape(query)[-3] if np.ndim(query) >= 3 else 1
-    return _api._attention_general(
-        query, k, v, attn_mask, is_causal, scale, heads != cache.num_kv_heads, False, return_lse, None,
-        out, num_threads, quantized=quantized, diagonal=diagonal,
+    return GENERAL(
+        query, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+        enable_gqa=heads != cache.num_kv_heads, return_lse=return_lse, out=out, num_threads=num_threads,
+        diagonal=diagonal, **scales,
     )
 
 
@@ -44,7 +50,7 @@ def fast_only(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the call took the general path")
 
-    monkeypatch.setattr(sdpa.kvcache, "_attention_general", refuse)
+    monkeypatch.setattr(sdpa._api, "_attention_general", refuse)
 
 
 def assert_same(got, want):

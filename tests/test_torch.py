@@ -933,3 +933,32 @@ def test_16bit_transformers_model_runs_on_sdpa(dtype):
     assert generated.shape == (1, 16)
     tol = 0.05 if dtype == torch.bfloat16 else 0.01
     assert (got - expected).abs().max().item() < tol * max(1.0, expected.abs().max().item())
+
+
+def test_an_eager_call_the_core_declines_is_tried_once(monkeypatch):
+    """A plain eager call goes to the core's one entry; one it declines (here a
+    float16 mask under a float32 query, which converts) goes to the general
+    path without a second try through the operator: two entries in all, the
+    decline and the general path's call with converted operands."""
+    codes = []
+    entry = _core.attention
+
+    def counting(*args, **kwargs):
+        result = entry(*args, **kwargs)
+        codes.append(result if isinstance(result, int) else "computed")
+        return result
+
+    monkeypatch.setattr(_core, "attention", counting)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=gen) for n in (3, 5, 5))
+    mask = torch.randn(3, 5, generator=gen).half()
+    with torch.no_grad():
+        got = st.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert len(codes) == 2 and isinstance(codes[0], int) and codes[1] == "computed", codes
+    assert _core.reason(codes[0]).startswith("attn_mask has a dtype")
+    want = sdpa.scaled_dot_product_attention(q.numpy(), k.numpy(), v.numpy(), attn_mask=mask.numpy())
+    np.testing.assert_array_equal(got.numpy(), want)
+    codes.clear()
+    with torch.no_grad():
+        st.scaled_dot_product_attention(q, k, v, attn_mask=mask.float())
+    assert codes == ["computed"]

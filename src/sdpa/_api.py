@@ -2,11 +2,12 @@
 ``_dtypes``, the thread settings in ``_threads``, the argument checks in
 ``_checks``; the names other modules take from here are re-exported.
 
-A call first goes to ``sdpa._core.try_attention``, which takes NumPy arrays that
-need no conversion at C speed.  Anything else comes here: array-likes are read
+A call first goes to ``sdpa._core.attention``, the one entry into the core,
+which takes NumPy arrays that need no conversion at C speed and declines
+anything else with a reason code.  Such calls come here: array-likes are read
 (in place where possible), dtypes converted by the documented rule, every
 argument checked with a message naming it, and the prepared arrays handed to
-``sdpa._core.run``, which reads their shapes and strides itself.
+``sdpa._core.attention`` again (:func:`call_core`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import (
     Optional,
     Tuple,
     Union,
+    cast,
     overload,
 )
 
@@ -272,18 +274,84 @@ def scaled_dot_product_attention(
     MemoryError
         The requested weights cannot fit in memory.
     """
-    if window is None and softcap is None and alibi_slopes is None and sinks is None:
-        result = _core.try_attention(
-            query, key, value, attn_mask, is_causal, scale, enable_gqa,
-            return_weights, return_lse, key_lengths, out, num_threads,
-        )
-        if result is not None:
-            return result
-    # not in the core's own form: convert, check, explain
+    # by position, in the signature's order: the core parses no keyword
+    result = _core.attention(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights, return_lse,
+        key_lengths, window, softcap, alibi_slopes, sinks, out, num_threads,
+    )
+    if not isinstance(result, int):
+        return result
+    # declined (not in the core's own form): convert, check, explain
     return _attention_general(
-        query, key, value, attn_mask, is_causal, scale, enable_gqa,
-        return_weights, return_lse, key_lengths, out, num_threads,
-        window, softcap, alibi_slopes, sinks,
+        query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa, return_weights=return_weights, return_lse=return_lse,
+        key_lengths=key_lengths, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        sinks=sinks, out=out, num_threads=num_threads,
+    )
+
+
+def call_core(query: Array, key: Array, value: Array, **kw: Any) -> AttentionResult:
+    """``sdpa._core.attention`` on operands the general path has converted and
+    checked.  An ``out`` whose span meets an input's without sharing an element
+    with it (the core's test is by span, the general path's exact) gets the
+    result by a copy; any other decline is a ValueError naming the argument."""
+    result = _core.attention(query, key, value, **kw)
+    if not isinstance(result, int):
+        return result
+    out = kw.get("out")
+    if result == _core.OUT_MAY_OVERLAP and out is not None:
+        kw["out"] = None
+        result = _core.attention(query, key, value, **kw)
+        if not isinstance(result, int):
+            if isinstance(result, tuple):
+                np.copyto(out, result[0])
+                return (cast(FloatArray, out), *result[1:])
+            np.copyto(out, result)
+            return cast(FloatArray, out)
+    raise ValueError(f"sdpa: {_core.reason(result)}")
+
+
+def attend(
+    query: ArrayInput,
+    key: ArrayInput,
+    value: ArrayInput,
+    *,
+    attn_mask: Optional[ArrayInput] = None,
+    is_causal: Union[bool, str] = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    return_weights: bool = False,
+    return_lse: bool = False,
+    key_lengths: Optional[ArrayInput] = None,
+    window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[ArrayInput] = None,
+    sinks: Optional[ArrayInput] = None,
+    out: Optional[Array] = None,
+    num_threads: Optional[int] = None,
+    key_scale: Optional[Array] = None,
+    value_scale: Optional[Array] = None,
+    group_size: int = 0,
+    diagonal: Optional[int] = None,
+) -> AttentionResult:
+    """The call of every caller but the public function (which has it inline):
+    the core's one entry with the arguments as they are, else the general path.
+    The keywords are those of ``sdpa._core.attention`` (spelled out: a
+    ``**kwargs`` dict would cost the core's argument parsing more than the
+    rest of the boundary)."""
+    result = _core.attention(  # the public arguments by position, as the public function
+        query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights, return_lse,
+        key_lengths, window, softcap, alibi_slopes, sinks, out, num_threads,
+        key_scale=key_scale, value_scale=value_scale, group_size=group_size, diagonal=diagonal,
+    )
+    if not isinstance(result, int):
+        return result
+    return _attention_general(
+        query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+        enable_gqa=enable_gqa, return_weights=return_weights, return_lse=return_lse,
+        key_lengths=key_lengths, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
+        sinks=sinks, out=out, num_threads=num_threads, key_scale=key_scale,
+        value_scale=value_scale, group_size=group_size, diagonal=diagonal,
     )
 
 
@@ -291,29 +359,34 @@ def _attention_general(
     query: ArrayInput,
     key: ArrayInput,
     value: ArrayInput,
-    attn_mask: Optional[ArrayInput],
-    is_causal: Union[bool, str],
-    scale: Optional[float],
-    enable_gqa: bool,
-    return_weights: bool,
-    return_lse: bool,
-    key_lengths: Optional[ArrayInput],
-    out: Optional[Array],
-    num_threads: Optional[int],
+    *,
+    attn_mask: Optional[ArrayInput] = None,
+    is_causal: Union[bool, str] = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    return_weights: bool = False,
+    return_lse: bool = False,
+    key_lengths: Optional[ArrayInput] = None,
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
     alibi_slopes: Optional[ArrayInput] = None,
     sinks: Optional[ArrayInput] = None,
-    quantized: Optional[Tuple[Array, Array, int]] = None,
+    out: Optional[Array] = None,
+    num_threads: Optional[int] = None,
+    key_scale: Optional[Array] = None,
+    value_scale: Optional[Array] = None,
+    group_size: int = 0,
     diagonal: Optional[int] = None,
 ) -> AttentionResult:
-    """scaled_dot_product_attention for any arguments: converts what it can,
-    raises with a message naming the argument for what it cannot.  With
-    ``quantized = (key_scale, value_scale, group_size)``, key and value are the
-    int8 storage of a :class:`KVCache` (checked by it) and the query is computed
-    in float32 (kept if 16-bit).  ``diagonal``, when given, replaces
-    ``is_causal``: row ``l`` sees keys ``s <= l + diagonal`` (a causal mask
-    shifted by any amount, for one chunk of a longer key sequence)."""
+    """scaled_dot_product_attention for any arguments (the keywords of
+    ``sdpa._core.attention``): converts what it can, raises with a message
+    naming the argument for what it cannot, and calls the core once.  With
+    ``key_scale`` and ``value_scale``, key and value are the int8 storage of a
+    :class:`KVCache` (checked by it) and the query is computed in float32 (kept
+    if 16-bit).  ``diagonal``, when given, replaces ``is_causal``'s mask: row
+    ``l`` sees keys ``s <= l + diagonal`` (a causal mask shifted by any amount,
+    for one chunk of a longer key sequence)."""
+    quantized = None if key_scale is None or value_scale is None else (key_scale, value_scale, group_size)
     q = _to_array(query, "query")
     k = _to_array(key, "key")
     v = _to_array(value, "value")
@@ -328,21 +401,21 @@ def _attention_general(
         k, v = (_as_operand(a, kv_dtype) for a in (k, v))
     else:
         dtype = (q.dtype if _single_or_half(q.dtype) else _FLOAT32).newbyteorder("=")
-        quant_args = {"k_scale": quantized[0], "v_scale": quantized[1], "group_size": quantized[2]}
+        quant_args = {"key_scale": quantized[0], "value_scale": quantized[1], "group_size": quantized[2]}
     cdtype = compute_dtype(dtype)  # of weights, lse and a float mask
     q = _as_operand(q, dtype)
 
     plan = plan_shapes(q.shape, k.shape, v.shape, enable_gqa)
     L, S, E = plan.L, plan.S, plan.E
-    batch_shape, group = plan.batch_shape, plan.group
+    batch_shape = plan.batch_shape
     out_shape, weights_shape = plan.out_shape, plan.weights_shape
     shapes = f"query {q.shape}, key {k.shape}, value {v.shape}"
 
     scale_value = scale_of(scale, E)
-    causal, causal_offset = _causal_offset(is_causal, L, S)
+    causal, _ = _causal_offset(is_causal, L, S)  # checked; the core aligns
     if diagonal is not None:
-        causal, causal_offset = True, int(diagonal)
-    threads = thread_count(num_threads) or 0
+        diagonal = int(diagonal)
+    thread_count(num_threads)  # checked
 
     # mask: bool (True = takes part) or float (added), broadcastable to weights_shape
     m: Optional[Array] = None
@@ -387,20 +460,19 @@ def _attention_general(
             )
         if kl.size and int(kl.min()) < 0:
             raise ValueError(f"key_lengths: must be >= 0, got a minimum of {int(kl.min())}")
-        lengths = np.asarray(np.minimum(kl, S), dtype=np.int64)  # a new, native array
+        lengths = np.array(np.minimum(kl, S), dtype=np.int64, order="C")  # a new, native, contiguous array
 
     variants = variant_arguments(
-        window, softcap, alibi_slopes, sinks, is_causal, L, S, batch_shape, plan.heads, cdtype, given
+        window, softcap, alibi_slopes, sinks, batch_shape, plan.heads, cdtype, given
     )
 
     # the arrays the core reads, and the caller's own where they were converted
     operands = given + [(q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")]
-    operands += [(variants.get(n), n) for n in ("alibi", "sinks")]
+    operands += [(variants.get(n), n) for n in ("alibi_slopes", "sinks")]
     if quantized is not None:
         operands += [(quantized[0], "the key scales"), (quantized[1], "the value scales")]
     result = output_array(out, out_shape, dtype, operands, shapes)
 
-    weights: Optional[Array] = None
     if return_weights:
         nbytes = math.prod(weights_shape) * cdtype.itemsize
         total = _physical_memory_bytes()
@@ -409,17 +481,10 @@ def _attention_general(
                 f"return_weights: the weights {weights_shape} need {nbytes / 2**30:.1f} GiB, "
                 f"more than this machine's {total / 2**30:.1f} GiB of memory"
             )
-        weights = np.empty(weights_shape, dtype=cdtype)
 
-    lse = np.empty(out_shape[:-1], dtype=cdtype) if return_lse else None
-
-    if result.size or (weights is not None and weights.size) or (lse is not None and lse.size):
-        _core.run(
-            q, k, v, result,
-            mask=m, weights=weights, lse=lse, key_lengths=lengths,
-            scale=scale_value, causal=causal, causal_offset=causal_offset,
-            group=group, num_threads=threads, **variants, **quant_args,
-        )
-
-    extra = [x for x in (weights, lse) if x is not None]  # each there iff asked for
-    return (result, *extra) if extra else result
+    return call_core(
+        q, k, v, attn_mask=m, is_causal=is_causal if isinstance(is_causal, str) else causal,
+        scale=scale_value, enable_gqa=bool(enable_gqa), return_weights=bool(return_weights),
+        return_lse=bool(return_lse), key_lengths=lengths, out=result,
+        num_threads=thread_count(num_threads), diagonal=diagonal, **variants, **quant_args,
+    )

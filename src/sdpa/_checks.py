@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from typing import (
     Any,
     Callable,
@@ -65,10 +64,8 @@ def _overlaps(a: Array, b: Array) -> bool:
 
 
 def _physical_memory_bytes() -> Optional[int]:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
+    """The machine's memory (None when unknown), as the core bounds the weights."""
+    return _core.physical_memory_bytes()
 
 
 def count(value: object, name: str, minimum: int = 0) -> int:
@@ -141,7 +138,7 @@ def output_array(
     return out
 
 
-_WINDOW_MAX = 1 << 61  # the core's bound on a window side; any larger side shows every key
+_WINDOW_MAX = _core.WINDOW_MAX  # the core's bound on a window side; any larger side shows every key
 
 
 def window_sides(window: object) -> Tuple[int, int]:
@@ -201,33 +198,25 @@ def variant_arguments(
     softcap: object,
     alibi_slopes: object,
     sinks: object,
-    is_causal: Union[bool, str],
-    L: int,
-    S: int,
     batch_shape: Tuple[int, ...],
     heads: int,
     cdtype: np.dtype[Any],
     given: Optional[List[Tuple[Array, str]]] = None,
 ) -> Dict[str, Any]:
-    """The keywords of ``_core.run`` for the model variants, checked; the
-    caller's slope and sink arrays are added to ``given`` (for the overlap
-    check of ``out``)."""
+    """The keywords of ``_core.attention`` for the model variants, checked (the
+    core aligns the window and ALiBi by ``is_causal``); the caller's slope and
+    sink arrays are added to ``given`` (for the overlap check of ``out``)."""
     kw: Dict[str, Any] = {}
-    if window is not None or alibi_slopes is not None:
-        top_left = is_causal is True or is_causal == "top_left" or (
-            isinstance(is_causal, np.bool_) and bool(is_causal)
-        )
-        kw["align_offset"] = 0 if top_left else S - L
     if window is not None:
-        kw["window_left"], kw["window_right"] = window_sides(window)
+        kw["window"] = window_sides(window)
     if softcap is not None:
         kw["softcap"] = softcap_value(softcap)
-    for values, name, key in ((alibi_slopes, "alibi_slopes", "alibi"), (sinks, "sinks", "sinks")):
+    for values, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
         if values is not None:
             original = _to_array(values, name)
             if given is not None:
                 given.append((original, name))
-            kw[key] = head_values(original, name, batch_shape, heads, cdtype)
+            kw[name] = head_values(original, name, batch_shape, heads, cdtype)
     return kw
 
 
@@ -245,15 +234,27 @@ class ShapePlan(NamedTuple):
     weights_shape: Tuple[int, ...]
 
 
+def _size(n: Any) -> Any:
+    """A size as an int; a symbolic one (``torch.SymInt``) as it is."""
+    return n if type(n) is int or not isinstance(n, numbers.Integral) else int(n)
+
+
 def plan_shapes(
-    query_shape: Sequence[int],
-    key_shape: Sequence[int],
-    value_shape: Sequence[int],
+    query_shape: Sequence[Any],
+    key_shape: Sequence[Any],
+    value_shape: Sequence[Any],
     enable_gqa: bool = False,
+    *,
+    broadcast: Optional[Callable[..., Sequence[Any]]] = None,
 ) -> ShapePlan:
     """Check that the shapes of query, key and value fit together and return the
-    sizes of the problem, output shape included (ValueError naming them if not)."""
-    qs, ks, vs = (tuple(int(n) for n in s) for s in (query_shape, key_shape, value_shape))
+    sizes of the problem, output shape included (ValueError naming them if not).
+
+    Sizes may be symbolic (``torch.SymInt``, under ``torch.compile`` with dynamic
+    shapes or ``torch.export``): they are compared, which guards on their
+    relations, but never turned into ints, which would fix their values; pass
+    ``broadcast`` (``torch.broadcast_shapes``) to broadcast such batch dims."""
+    qs, ks, vs = (tuple(_size(n) for n in s) for s in (query_shape, key_shape, value_shape))
     for shape, name in ((qs, "query"), (ks, "key"), (vs, "value")):
         if len(shape) < 2:
             raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {shape}")
@@ -273,27 +274,31 @@ def plan_shapes(
     hv = vs[-3] if len(vs) >= 3 else 1
     if hk != hv and hk != 1 and hv != 1:
         raise ValueError(f"key and value have different numbers of heads (dim -3); got {shapes}")
-    hkv = max(hk, hv) if min(hk, hv) > 0 else 0
+    hkv = hv if hk == 1 else hk  # either broadcasts; 0 when either is 0
     if enable_gqa:
         if hkv == 0 or hq % hkv != 0:
             raise ValueError(
                 f"enable_gqa=True needs the query heads to be a multiple of the key/value heads "
                 f"(dim -3); got {shapes}"
             )
-        heads, group = hq, max(hq // max(hkv, 1), 1)
+        heads, group = hq, (hq // hkv if hq != 0 else 1)
     else:
         if hq != hkv and hq != 1 and hkv != 1:
             raise ValueError(
                 f"query and key/value heads (dim -3) differ: {hq} vs {hkv}; they must match or "
                 f"broadcast, or pass enable_gqa=True for grouped-query attention; got {shapes}"
             )
-        heads = 0 if 0 in (hq, hkv) else max(hq, hkv)
+        heads = hkv if hq == 1 else hq  # 0 when either is 0
         group = 1
-    batch_shape = _broadcast(
-        [s[:-3] for s in (qs, ks, vs)],
-        ("query", "key", "value"),
-        "the batch dims (before dim -3) of query, key and value",
-    )
+    batch_shapes = [s[:-3] for s in (qs, ks, vs)]
+    what = "the batch dims (before dim -3) of query, key and value"
+    if broadcast is None:
+        batch_shape = _broadcast(batch_shapes, ("query", "key", "value"), what)
+    else:
+        try:
+            batch_shape = tuple(broadcast(*batch_shapes))
+        except (RuntimeError, ValueError):
+            raise ValueError(f"{what} do not broadcast: {shapes}") from None
     if len(batch_shape) > MAX_BATCH_DIMS:
         raise ValueError(f"at most {MAX_BATCH_DIMS} batch dims are supported; got {shapes}")
 

@@ -40,50 +40,35 @@ def use_kernels(name: str) -> None: ...
 def gemm_bf16(name: str, m: int, kpairs: int, a: np.ndarray, a_rs: int, a_ks: int, b: np.ndarray, ldb: int,
               c: np.ndarray, ldc: int, accumulate: bool, repeat: int = 1) -> None: ...
 def set_observer(fn: Optional[Callable[[Dict[str, Any]], None]]) -> None: ...
-def run(
-    q: npt.NDArray[Any],
-    k: npt.NDArray[Any],
-    v: npt.NDArray[Any],
-    out: npt.NDArray[Any],
-    *,
-    mask: Optional[npt.NDArray[Any]] = None,
-    weights: Optional[npt.NDArray[Any]] = None,
-    lse: Optional[npt.NDArray[Any]] = None,
-    key_lengths: Optional[npt.NDArray[Any]] = None,
-    scale: float = 1.0,
-    causal: bool = False,
-    causal_offset: int = 0,
-    group: int = 1,
-    num_threads: int = 0,
-    window_left: int = -1,
-    window_right: int = -1,
-    align_offset: int = 0,
-    softcap: float = 0.0,
-    alibi: Optional[npt.NDArray[Any]] = None,
-    sinks: Optional[npt.NDArray[Any]] = None,
-    k_scale: Optional[npt.NDArray[Any]] = None,
-    v_scale: Optional[npt.NDArray[Any]] = None,
-    group_size: int = 0,
-) -> None: ...
 def quantize_int8(
     src: npt.NDArray[Any], dst: npt.NDArray[Any], scales: npt.NDArray[Any], group_size: int = 0
 ) -> None: ...
-def try_attention(
+ARGUMENTS: Tuple[str, ...]
+RULES: Tuple[str, ...]
+OUT_MAY_OVERLAP: int
+WINDOW_MAX: int
+def reason(code: int) -> str: ...
+def physical_memory_bytes() -> Optional[int]: ...
+def attention(
     query: Any,
     key: Any,
     value: Any,
-    attn_mask: Any,
-    is_causal: Any,
-    scale: Any,
-    enable_gqa: Any,
-    return_weights: Any,
-    return_lse: Any,
-    key_lengths: Any,
-    out: Any,
-    num_threads: Any,
+    attn_mask: Any = None,
+    is_causal: Any = False,
+    scale: Any = None,
+    enable_gqa: Any = False,
+    return_weights: Any = False,
+    return_lse: Any = False,
+    key_lengths: Any = None,
+    window: Any = None,
+    softcap: Any = None,
+    alibi_slopes: Any = None,
+    sinks: Any = None,
+    out: Any = None,
+    num_threads: Any = None,
     *,
-    k_scale: Optional[npt.NDArray[Any]] = None,
-    v_scale: Optional[npt.NDArray[Any]] = None,
-    group_size: int = 0,
-    diagonal: Optional[int] = None,
-) -> Union[None, npt.NDArray[np.floating[Any]], Tuple[npt.NDArray[np.floating[Any]], ...]]: ...
+    key_scale: Any = None,
+    value_scale: Any = None,
+    group_size: Any = 0,
+    diagonal: Any = None,
+) -> Union[int, npt.NDArray[np.floating[Any]], Tuple[npt.NDArray[np.floating[Any]], ...]]: ...

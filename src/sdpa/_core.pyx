@@ -1,25 +1,18 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The thin layer between Python and the C core.
 
-Both entry points build one ``sdpa_problem`` from NumPy arrays, reading shapes,
-strides and dtypes from the arrays themselves, release the GIL around the
-computation and turn status codes into exceptions:
-
-``try_attention``
-    The whole public call, for the common case: NumPy arrays of one native
-    dtype (or a quantized cache's int8 storage and its scales), no conversion
-    needed.  Everything is checked here at C speed.  It returns None for
-    anything else (other array-likes, dtypes to convert, arguments to
-    reject), and the caller takes the general path in
-    ``sdpa._api``, which converts what it can and explains what it cannot.
-``run``
-    Arrays that path has prepared.  It checks again that every operand fits the
-    problem its output describes, so no call can make the core read or write
-    out of bounds.
+``attention`` is the one entry: it takes the public call's arguments as they
+are, builds one ``sdpa_problem`` from NumPy arrays (reading shapes, strides and
+dtypes from the arrays themselves), releases the GIL around the computation and
+turns status codes into exceptions.  Whatever it cannot take as it is (other
+array-likes, dtypes to convert, arguments to reject) it declines with a reason
+code, having written nothing; ``sdpa._api`` then converts what it can and calls
+it again, or raises an error that names the argument.
 """
 cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
+from libc.float cimport DBL_MAX
 from libc.math cimport sqrt
 from libc.stdint cimport int32_t, int64_t, uintptr_t, int8_t, uint32_t
 
@@ -529,113 +522,6 @@ cdef int _fill_scales(sdpa_problem *p, cnp.ndarray k_scale, cnp.ndarray v_scale,
     return _fill_view(&p.value_scale, v_scale, nb, 3, ex, False)
 
 
-def run(cnp.ndarray q not None, cnp.ndarray k not None, cnp.ndarray v not None,
-        cnp.ndarray out not None, *, cnp.ndarray mask=None, cnp.ndarray weights=None,
-        cnp.ndarray lse=None, cnp.ndarray key_lengths=None, double scale=1.0,
-        bint causal=False, int64_t causal_offset=0, int64_t group=1, int num_threads=0,
-        int64_t window_left=-1, int64_t window_right=-1, int64_t align_offset=0,
-        double softcap=0.0, cnp.ndarray alibi=None, cnp.ndarray sinks=None,
-        cnp.ndarray k_scale=None, cnp.ndarray v_scale=None, int64_t group_size=0):
-    """Computes attention into `out` (and `weights`, `lse`) from arrays prepared by
-    sdpa._api, native and aligned: q and out of one dtype (float32, float64,
-    float16 or bfloat16), k and v of one (float64 with float64 only), weights,
-    lse and a float mask of the compute type (float64 for float64, else
-    float32), or a bool mask; int64 key_lengths; alibi slopes and sinks of the
-    compute type, (batch..., heads) broadcasting.  The problem's sizes are read
-    from out (batch..., heads, L, Ev; 2-D: one head), q (E) and k (S).
-    With k_scale and v_scale (float32, (batch..., Hkv, S, E / G) and (..., Ev / G),
-    G = group_size or the whole row for 0), k and v are int8 and the query is
-    not float64: a quantized cache."""
-    cdef sdpa_problem p
-    cdef int64_t ex[MAX_DIMS]
-    cdef int nd = cnp.PyArray_NDIM(out), nb, i
-    cdef cnp.npy_intp *os = cnp.PyArray_DIMS(out)
-    cdef int dt = _dtype_of(q), kvdt = _dtype_of(k), cdt = _compute_dtype(dt)
-    cdef bint int8 = k_scale is not None or v_scale is not None
-    sdpa_problem_init(&p)
-    if int8:
-        if not _int8_kv(dt, k, v, k_scale, v_scale):
-            raise TypeError("sdpa._core.run: int8 k and v need float32 k_scale and v_scale, "
-                            "and a float32 or 16-bit query")
-        kvdt = SDPA_INT8
-    if nd < 2 or nd > MAX_DIMS or cnp.PyArray_NDIM(q) < 2 or cnp.PyArray_NDIM(k) < 2 or dt < 0 \
-            or group < 1:
-        raise ValueError("sdpa._core.run: operands that do not describe a problem")
-    if not int8 and (not _pairs(dt, kvdt) or _dtype_of(v) != kvdt) or _dtype_of(out) != dt:
-        raise TypeError("sdpa._core.run: operands of dtypes that do not go together")
-    for a in (weights, lse):
-        if a is not None and _dtype_of(a) != cdt:
-            raise TypeError("sdpa._core.run: weights and lse must be of the compute type")
-    nb = nd - 3 if nd >= 3 else 0
-    p.dtype = <sdpa_dtype>dt
-    if kvdt != dt:
-        p.kv_dtype = <sdpa_dtype>kvdt
-    p.num_batch_dims = nb
-    for i in range(nb):
-        p.batch_shape[i] = os[i]
-    p.num_heads = os[nd - 3] if nd >= 3 else 1
-    p.gqa_group = group
-    p.len_q = os[nd - 2]
-    p.head_dim_v = os[nd - 1]
-    p.head_dim = cnp.PyArray_DIMS(q)[cnp.PyArray_NDIM(q) - 1]
-    p.len_kv = cnp.PyArray_DIMS(k)[cnp.PyArray_NDIM(k) - 2]
-    if p.num_heads % group:
-        raise ValueError("sdpa._core.run: group does not divide the heads")
-    bad = False
-    _expected(ex, p.batch_shape, nb, p.num_heads, p.len_q, p.head_dim)
-    bad |= _fill_view(&p.query, q, nb, 3, ex, False)
-    _expected(ex, p.batch_shape, nb, p.num_heads // group, p.len_kv, p.head_dim)
-    bad |= _fill_view(&p.key, k, nb, 3, ex, False)
-    _expected(ex, p.batch_shape, nb, p.num_heads // group, p.len_kv, p.head_dim_v)
-    bad |= _fill_view(&p.value, v, nb, 3, ex, False)
-    _expected(ex, p.batch_shape, nb, p.num_heads, p.len_q, p.head_dim_v)
-    bad |= _fill_view(&p.out, out, nb, 3, ex, True)
-    _expected(ex, p.batch_shape, nb, p.num_heads, p.len_q, p.len_kv)
-    if mask is not None:
-        if cnp.PyArray_TYPE(mask) == cnp.NPY_BOOL:
-            p.mask_kind = SDPA_MASK_BOOL
-        elif _dtype_of(mask) == cdt:
-            p.mask_kind = SDPA_MASK_ADDITIVE
-        else:
-            raise TypeError("sdpa._core.run: a float mask must be of the compute type")
-        bad |= _fill_view(&p.mask, mask, nb, 3, ex, False)
-    if weights is not None:
-        bad |= _fill_view(&p.weights, weights, nb, 3, ex, True)
-    if lse is not None:
-        bad |= _fill_view(&p.lse, lse, nb, 2, ex, True)
-    if key_lengths is not None:
-        bad |= _fill_lengths(&p, key_lengths)
-    for a in (alibi, sinks):
-        if a is not None and _dtype_of(a) != cdt:
-            raise TypeError("sdpa._core.run: alibi slopes and sinks must be of the compute type")
-    if alibi is not None:
-        bad |= _fill_view(&p.alibi, alibi, nb, 1, ex, False)
-    if sinks is not None:
-        bad |= _fill_view(&p.sinks, sinks, nb, 1, ex, False)
-    if int8:
-        i = _fill_scales(&p, k_scale, v_scale, group_size, ex)
-        if i == 2:
-            raise ValueError("sdpa._core.run: group_size must divide head_dim and head_dim_v")
-        bad |= i
-    if bad:
-        raise ValueError("sdpa._core.run: an operand does not fit the problem")
-    for a in (out, weights, lse):
-        if a is not None and not cnp.PyArray_ISWRITEABLE(a):
-            raise ValueError("sdpa._core.run: a read-only output")
-    p.scale = scale
-    p.causal = causal
-    p.causal_offset = causal_offset
-    p.window_left = window_left
-    p.window_right = window_right
-    p.align_offset = align_offset
-    p.softcap = softcap
-    p.num_threads = num_threads if num_threads > 0 else _setting_for(&p)
-    arrays = None
-    if _observer is not None:
-        arrays = {"q": q, "k": k, "v": v, "mask": mask}
-    _execute(&p, _interruptible(), arrays)
-
-
 def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarray scales not None,
                   int64_t group_size=0):
     """Quantizes src (float32, (N, H, T, C)) into dst (int8, the same shape) and
@@ -682,7 +568,39 @@ def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarra
         raise ValueError("sdpa: " + sdpa_status_message(st).decode())
 
 
-# ---------------------------------------------------------------- the fast path
+# ---------------------------------------------------------------- the one entry
+
+# Why attention() declined a call: a reason code is argument * 8 + rule, and
+# reason(code) says it in words.
+ARGUMENTS = ("query", "key", "value", "attn_mask", "is_causal", "scale", "enable_gqa",
+             "return_weights", "return_lse", "key_lengths", "window", "softcap",
+             "alibi_slopes", "sinks", "out", "num_threads", "key_scale", "value_scale",
+             "group_size", "diagonal")
+RULES = ("is not of a type the core takes as it is",
+         "has a dtype the core does not take as it is, or one that does not go with the others",
+         "has a shape that does not fit the problem",
+         "has a value the core does not take",
+         "is not native, aligned and (for an output) writeable",
+         "may share memory with an input, or its elements one another",
+         "would need more memory than this machine has")
+
+cdef enum:
+    ARG_QUERY, ARG_KEY, ARG_VALUE, ARG_MASK, ARG_CAUSAL, ARG_SCALE, ARG_GQA, ARG_WEIGHTS, \
+        ARG_LSE, ARG_LENGTHS, ARG_WINDOW, ARG_SOFTCAP, ARG_ALIBI, ARG_SINKS, ARG_OUT, \
+        ARG_THREADS, ARG_KEY_SCALE, ARG_VALUE_SCALE, ARG_GROUP_SIZE, ARG_DIAGONAL
+cdef enum:
+    RULE_TYPE, RULE_DTYPE, RULE_SHAPE, RULE_VALUE, RULE_LAYOUT, RULE_OVERLAP, RULE_MEMORY
+
+# the reason the general path answers by computing into a new array and copying
+OUT_MAY_OVERLAP = ARG_OUT * 8 + RULE_OVERLAP
+
+
+def reason(int code):
+    """A reason code of :func:`attention` in words: the argument, then the rule."""
+    if not (0 <= code < 8 * len(ARGUMENTS)) or (code & 7) >= len(RULES):
+        raise ValueError(f"sdpa._core.reason: {code} is not a reason code")
+    return f"{ARGUMENTS[code >> 3]} {RULES[code & 7]}"
+
 
 cdef bint _extent(cnp.ndarray a, uintptr_t *lo, uintptr_t *hi) noexcept:
     """The bytes a's elements span, [lo, hi); False when a has no element."""
@@ -741,8 +659,27 @@ cdef bint _no_self_overlap(cnp.ndarray a) noexcept:
     return True
 
 
-# try_attention's bound on |diagonal|: any int64 offset the core takes
+# the bound on |diagonal|: any int64 offset the core takes
 _DIAGONAL_MAX = (1 << 63) - 1
+# a window side past this shows every key, and is taken as this
+WINDOW_MAX = 1 << 61
+
+
+def _physical_memory():
+    import os
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+_memory_bytes = _physical_memory()
+
+
+def physical_memory_bytes():
+    """This machine's memory in bytes, or None where the OS does not say; the
+    attention weights may take at most this much."""
+    return _memory_bytes
 
 
 cdef inline bint _dims(cnp.ndarray a, int *nd, cnp.npy_intp **shape) noexcept:
@@ -752,76 +689,126 @@ cdef inline bint _dims(cnp.ndarray a, int *nd, cnp.npy_intp **shape) noexcept:
     return 2 <= nd[0] <= MAX_DIMS
 
 
-def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
-                  return_weights, return_lse, key_lengths, out, num_threads, *,
-                  k_scale=None, v_scale=None, int64_t group_size=0, diagonal=None):
-    """scaled_dot_product_attention's arguments, as given.  When every one is in
-    the form the core takes as it is, computes and returns the result; returns
-    None when the call needs the general path (conversions, or an error).
+cdef inline int _why(int argument, int rule) noexcept:
+    return argument * 8 + rule
 
-    For a quantized cache, key and value are its int8 storage, and k_scale,
-    v_scale and group_size its scales, as sdpa._core.run takes them.
-    ``diagonal``, an int, replaces the causal alignment as in
-    sdpa._api._attention_general (is_causal must still be valid)."""
-    cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, ks = None, vs = None
+
+cdef int _fill_head_values(sdpa_view *view, values, int argument, int cdt, int nb,
+                           const int64_t *ex) noexcept:
+    """ALiBi slopes or sinks: a native array of the compute type that broadcasts
+    to (batch..., heads); 0, or the reason it is not."""
+    if not cnp.PyArray_CheckExact(values):
+        return _why(argument, RULE_TYPE)
+    if _dtype_of(<cnp.ndarray>values) != cdt:
+        return _why(argument, RULE_DTYPE)
+    if _fill_view(view, <cnp.ndarray>values, nb, 1, ex, False):
+        return _why(argument, RULE_SHAPE)
+    return 0
+
+
+def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
+              enable_gqa=False, return_weights=False, return_lse=False, key_lengths=None,
+              window=None, softcap=None, alibi_slopes=None, sinks=None, out=None,
+              num_threads=None, *, key_scale=None, value_scale=None, group_size=0,
+              diagonal=None):
+    """The one entry into the core: ``scaled_dot_product_attention``'s arguments,
+    as given.  When every one is in the form the core takes as it is, fills one
+    ``sdpa_problem``, computes, and returns what that function returns (the
+    output, or a tuple with the weights and/or lse asked for, of the compute
+    type).  Otherwise returns a reason code, an int (``reason(code)`` says
+    which argument broke which rule), having computed and written nothing; the
+    caller converts once and calls again, or raises naming the argument.
+
+    The forms taken: NumPy arrays (exactly ``numpy.ndarray``), native and
+    aligned; a float32, float64, float16 or bfloat16 query and keys and values
+    of one dtype (float64 with float64 only); a bool mask or one of the compute
+    type (float64 for float64, else float32); int64 ``key_lengths`` >= 0;
+    ``alibi_slopes`` and ``sinks`` of the compute type, broadcasting to
+    (batch..., heads); ``is_causal`` False, True, "top_left" or "bottom_right";
+    ``scale`` None or a float; ``window`` a tuple or list of two ints >= -1;
+    ``softcap`` a finite float > 0; ``num_threads`` None or an int >= 1; ``out``
+    of the output's shape and the query's dtype, writeable, whose span meets no
+    input's.  For a quantized cache, key and value are its int8 storage and
+    ``key_scale``, ``value_scale`` (float32, (batch..., Hkv, S, E / G) and
+    (..., Ev / G)) its scales, G = ``group_size`` (0: one scale a row), with a
+    float32 or 16-bit query.  ``diagonal``, an int, makes the call causal with
+    row l seeing keys s <= l + diagonal; the window and ALiBi stay aligned by
+    ``is_causal``."""
+    cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None
+    cdef cnp.ndarray ks = None, vs = None
     cdef cnp.npy_intp *shapes[3]
     cdef int nds[3]
-    cdef int nd, nb, mn, i, j, t, dt, kvdt
+    cdef int nd, nb, mn, i, j, t, dt, kvdt, cdt, why
     cdef int64_t hq, hk, hv, hkv, heads, group, L, S, E, Ev, size, n
     cdef int64_t ex[MAX_DIMS]
     cdef cnp.npy_intp dims[MAX_DIMS]
     cdef sdpa_problem p
-    cdef bint has_heads
+    cdef bint has_heads, top_left
+    cdef double nbytes
 
-    if return_weights is not False:
-        return None
-    if not (cnp.PyArray_CheckExact(query) and cnp.PyArray_CheckExact(key)
-            and cnp.PyArray_CheckExact(value)):
-        return None
+    if not cnp.PyArray_CheckExact(query):
+        return _why(ARG_QUERY, RULE_TYPE)
+    if not cnp.PyArray_CheckExact(key):
+        return _why(ARG_KEY, RULE_TYPE)
+    if not cnp.PyArray_CheckExact(value):
+        return _why(ARG_VALUE, RULE_TYPE)
     q, k, v = <cnp.ndarray>query, <cnp.ndarray>key, <cnp.ndarray>value
-    if not (_dims(q, &nds[0], &shapes[0]) and _dims(k, &nds[1], &shapes[1])
-            and _dims(v, &nds[2], &shapes[2])):
-        return None
+    if not _dims(q, &nds[0], &shapes[0]):
+        return _why(ARG_QUERY, RULE_SHAPE)
+    if not _dims(k, &nds[1], &shapes[1]):
+        return _why(ARG_KEY, RULE_SHAPE)
+    if not _dims(v, &nds[2], &shapes[2]):
+        return _why(ARG_VALUE, RULE_SHAPE)
     dt = _dtype_of(q)
-    if k_scale is None and v_scale is None:
+    if dt < 0:
+        return _why(ARG_QUERY, RULE_DTYPE)
+    cdt = _compute_dtype(dt)
+    if key_scale is None and value_scale is None:
         kvdt = _dtype_of(k)
-        if not _pairs(dt, kvdt) or _dtype_of(v) != kvdt:
-            return None
+        if not _pairs(dt, kvdt):
+            return _why(ARG_KEY, RULE_DTYPE)
+        if _dtype_of(v) != kvdt:
+            return _why(ARG_VALUE, RULE_DTYPE)
     else:
-        if not (cnp.PyArray_CheckExact(k_scale) and cnp.PyArray_CheckExact(v_scale)):
-            return None
-        ks, vs = <cnp.ndarray>k_scale, <cnp.ndarray>v_scale
+        if not cnp.PyArray_CheckExact(key_scale):
+            return _why(ARG_KEY_SCALE, RULE_TYPE)
+        if not cnp.PyArray_CheckExact(value_scale):
+            return _why(ARG_VALUE_SCALE, RULE_TYPE)
+        ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
         if not _int8_kv(dt, k, v, ks, vs):
-            return None
+            return _why(ARG_KEY_SCALE, RULE_DTYPE)
         kvdt = SDPA_INT8
 
-    # the sizes, worked out as sdpa._api.plan_shapes does
+    # the sizes: the one derivation in the core (sdpa._api.plan_shapes explains
+    # what does not fit)
     L = shapes[0][nds[0] - 2]
     E = shapes[0][nds[0] - 1]
     S = shapes[1][nds[1] - 2]
     Ev = shapes[2][nds[2] - 1]
-    if shapes[1][nds[1] - 1] != E or shapes[2][nds[2] - 2] != S:
-        return None
+    if shapes[1][nds[1] - 1] != E:
+        return _why(ARG_KEY, RULE_SHAPE)
+    if shapes[2][nds[2] - 2] != S:
+        return _why(ARG_VALUE, RULE_SHAPE)
     nd = max(nds[0], max(nds[1], nds[2]))
     has_heads = nd >= 3
     hq = shapes[0][nds[0] - 3] if nds[0] >= 3 else 1
     hk = shapes[1][nds[1] - 3] if nds[1] >= 3 else 1
     hv = shapes[2][nds[2] - 3] if nds[2] >= 3 else 1
     if hk != hv and hk != 1 and hv != 1:
-        return None
+        return _why(ARG_VALUE, RULE_SHAPE)
     hkv = max(hk, hv) if min(hk, hv) > 0 else 0
     if enable_gqa is True:
         if hkv == 0 or hq % hkv:
-            return None
+            return _why(ARG_GQA, RULE_SHAPE)
         heads = hq
         group = max(hq // max(hkv, 1), 1)
     elif enable_gqa is False:
         if hq != hkv and hq != 1 and hkv != 1:
-            return None
+            return _why(ARG_QUERY, RULE_SHAPE)
         heads = 0 if hq == 0 or hkv == 0 else max(hq, hkv)
         group = 1
     else:
-        return None
+        return _why(ARG_GQA, RULE_TYPE)
     nb = nd - 3 if has_heads else 0
     sdpa_problem_init(&p)
     p.num_batch_dims = nb
@@ -834,7 +821,7 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
                 if size == 1:
                     size = n
                 elif n != 1 and n != size:
-                    return None
+                    return _why(ARG_QUERY + t, RULE_SHAPE)
         p.batch_shape[i] = size
     p.dtype = <sdpa_dtype>dt
     if kvdt != dt:
@@ -852,64 +839,116 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
     elif type(scale) is float:
         p.scale = <double>scale
     else:
-        return None
+        return _why(ARG_SCALE, RULE_TYPE)
     if is_causal is False:
         p.causal = 0
-    elif is_causal is True or (type(is_causal) is str and is_causal == "top_left"):
+        top_left = False
+    elif is_causal is True:
         p.causal = 1
-    elif type(is_causal) is str and is_causal == "bottom_right":
+        top_left = True
+    elif type(is_causal) is str and (is_causal == "top_left" or is_causal == "bottom_right"):
         p.causal = 1
-        p.causal_offset = S - L
+        top_left = is_causal == "top_left"
+        if not top_left:
+            p.causal_offset = S - L
     else:
-        return None
+        return _why(ARG_CAUSAL, RULE_TYPE)
     if diagonal is not None:
-        if type(diagonal) is not int or not (-_DIAGONAL_MAX <= diagonal <= _DIAGONAL_MAX):
-            return None
+        if type(diagonal) is not int:
+            return _why(ARG_DIAGONAL, RULE_TYPE)
+        if not (-_DIAGONAL_MAX <= diagonal <= _DIAGONAL_MAX):
+            return _why(ARG_DIAGONAL, RULE_VALUE)
         p.causal = 1
         p.causal_offset = diagonal
     if num_threads is None:
         p.num_threads = -1  # the setting, capped by the work once the sizes are known
-    elif type(num_threads) is int and 1 <= num_threads:
+    elif type(num_threads) is not int:
+        return _why(ARG_THREADS, RULE_TYPE)
+    elif num_threads >= 1:
         p.num_threads = num_threads if num_threads < MAX_THREADS else MAX_THREADS
     else:
-        return None
+        return _why(ARG_THREADS, RULE_VALUE)
+    if window is not None:
+        if not (type(window) is tuple or type(window) is list) or len(window) != 2:
+            return _why(ARG_WINDOW, RULE_TYPE)
+        for i in range(2):
+            side = window[i]
+            if type(side) is not int:
+                return _why(ARG_WINDOW, RULE_TYPE)
+            if side < -1:
+                return _why(ARG_WINDOW, RULE_VALUE)
+            if side > WINDOW_MAX:
+                side = WINDOW_MAX
+            if i == 0:
+                p.window_left = side
+            else:
+                p.window_right = side
+    if softcap is not None:
+        if type(softcap) is not float:
+            return _why(ARG_SOFTCAP, RULE_TYPE)
+        if not (0.0 < <double>softcap <= DBL_MAX):
+            return _why(ARG_SOFTCAP, RULE_VALUE)
+        p.softcap = softcap
+    if window is not None or alibi_slopes is not None:
+        p.align_offset = 0 if top_left else S - L
+    if return_weights is not False and return_weights is not True:
+        return _why(ARG_WEIGHTS, RULE_TYPE)
+    if return_lse is not False and return_lse is not True:
+        return _why(ARG_LSE, RULE_TYPE)
 
     # operands
     _expected(ex, p.batch_shape, nb, heads, L, E)
     if _fill_view(&p.query, q, nb, 3, ex, False):
-        return None
+        return _why(ARG_QUERY, RULE_SHAPE)
     _expected(ex, p.batch_shape, nb, heads // group, S, E)
     if _fill_view(&p.key, k, nb, 3, ex, False):
-        return None
+        return _why(ARG_KEY, RULE_SHAPE)
     _expected(ex, p.batch_shape, nb, heads // group, S, Ev)
     if _fill_view(&p.value, v, nb, 3, ex, False):
-        return None
-    if ks is not None and _fill_scales(&p, ks, vs, group_size, ex):
-        return None
+        return _why(ARG_VALUE, RULE_SHAPE)
+    if ks is not None:
+        if type(group_size) is not int:
+            return _why(ARG_GROUP_SIZE, RULE_TYPE)
+        if not (0 <= group_size <= (1 << 62)) or (group_size and (E % group_size or Ev % group_size)):
+            return _why(ARG_GROUP_SIZE, RULE_VALUE)
+        if _fill_scales(&p, ks, vs, group_size, ex):
+            return _why(ARG_KEY_SCALE, RULE_SHAPE)
+    _expected(ex, p.batch_shape, nb, heads, L, S)  # the scores' shape: mask, slopes, sinks
     if attn_mask is not None:
         if not cnp.PyArray_CheckExact(attn_mask):
-            return None
+            return _why(ARG_MASK, RULE_TYPE)
         m = <cnp.ndarray>attn_mask
-        if cnp.PyArray_TYPE(m) == cnp.NPY_BOOL and cnp.PyArray_ISALIGNED(m):
+        if cnp.PyArray_TYPE(m) == cnp.NPY_BOOL:
+            if not cnp.PyArray_ISALIGNED(m):
+                return _why(ARG_MASK, RULE_LAYOUT)
             p.mask_kind = SDPA_MASK_BOOL
-        elif _dtype_of(m) == _compute_dtype(dt):
+        elif _dtype_of(m) == cdt:
             p.mask_kind = SDPA_MASK_ADDITIVE
         else:
-            return None
-        _expected(ex, p.batch_shape, nb, heads, L, S)
+            return _why(ARG_MASK, RULE_DTYPE)
         if _fill_view(&p.mask, m, nb, 3, ex, False):
-            return None
+            return _why(ARG_MASK, RULE_SHAPE)
+    if alibi_slopes is not None:
+        why = _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, nb, ex)
+        if why:
+            return why
+    if sinks is not None:
+        why = _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, nb, ex)
+        if why:
+            return why
     if key_lengths is not None:
         if not cnp.PyArray_CheckExact(key_lengths):
-            return None
+            return _why(ARG_LENGTHS, RULE_TYPE)
         kl = <cnp.ndarray>key_lengths
+        if cnp.PyArray_TYPE(kl) != cnp.NPY_INT64:
+            return _why(ARG_LENGTHS, RULE_DTYPE)
         if not cnp.PyArray_IS_C_CONTIGUOUS(kl) or _fill_lengths(&p, kl):
-            return None
+            return _why(ARG_LENGTHS, RULE_SHAPE)
         for i in range(cnp.PyArray_SIZE(kl)):
             if p.key_lengths[i] < 0:
-                return None
+                return _why(ARG_LENGTHS, RULE_VALUE)
 
-    # the output (and lse)
+    # the outputs: out (checked) or new, the weights and lse new
     mn = nb + 3 if has_heads else 2
     for i in range(nb):
         dims[i] = p.batch_shape[i]
@@ -917,34 +956,56 @@ def try_attention(query, key, value, attn_mask, is_causal, scale, enable_gqa,
         dims[nb] = heads
     dims[mn - 2] = L
     dims[mn - 1] = Ev
-    if out is None:
-        o = cnp.PyArray_EMPTY(mn, dims, cnp.PyArray_TYPE(q), 0)  # the query's dtype
-    else:
+    if out is not None:
         if not cnp.PyArray_CheckExact(out):
-            return None
+            return _why(ARG_OUT, RULE_TYPE)
         o = <cnp.ndarray>out
-        if _dtype_of(o) != dt or not cnp.PyArray_ISWRITEABLE(o) or not _no_self_overlap(o):
-            return None
-        if not (_disjoint(o, q) and _disjoint(o, k) and _disjoint(o, v) and _disjoint(o, m)
-                and _disjoint(o, kl) and _disjoint(o, ks) and _disjoint(o, vs)):
-            return None
-    _expected(ex, p.batch_shape, nb, heads, L, Ev)
-    if _fill_view(&p.out, o, nb, 3, ex, True):
-        return None
+        if _dtype_of(o) != dt:
+            return _why(ARG_OUT, RULE_DTYPE)
+        if not cnp.PyArray_ISWRITEABLE(o):
+            return _why(ARG_OUT, RULE_LAYOUT)
+        if not (_no_self_overlap(o) and _disjoint(o, q) and _disjoint(o, k) and _disjoint(o, v)
+                and _disjoint(o, m) and _disjoint(o, kl) and _disjoint(o, ks) and _disjoint(o, vs)
+                and (alibi_slopes is None or _disjoint(o, <cnp.ndarray>alibi_slopes))
+                and (sinks is None or _disjoint(o, <cnp.ndarray>sinks))):
+            return OUT_MAY_OVERLAP
+        _expected(ex, p.batch_shape, nb, heads, L, Ev)
+        if _fill_view(&p.out, o, nb, 3, ex, True):
+            return _why(ARG_OUT, RULE_SHAPE)
+    if return_weights is True:
+        nbytes = 8.0 if cdt == SDPA_FLOAT64 else 4.0
+        for i in range(mn - 1):
+            nbytes *= dims[i]
+        nbytes *= S
+        if _memory_bytes is not None and nbytes > _memory_bytes:
+            return _why(ARG_WEIGHTS, RULE_MEMORY)
+    if o is None:
+        o = cnp.PyArray_EMPTY(mn, dims, cnp.PyArray_TYPE(q), 0)  # the query's dtype
+        _expected(ex, p.batch_shape, nb, heads, L, Ev)
+        _fill_view(&p.out, o, nb, 3, ex, True)
+    if return_weights is True:
+        dims[mn - 1] = S
+        w = cnp.PyArray_EMPTY(mn, dims, _typenum_of(cdt), 0)
+        dims[mn - 1] = Ev
+        _expected(ex, p.batch_shape, nb, heads, L, S)
+        _fill_view(&p.weights, w, nb, 3, ex, True)
     if return_lse is True:
-        lse = cnp.PyArray_EMPTY(mn - 1, dims, _typenum_of(_compute_dtype(dt)), 0)
-        if _fill_view(&p.lse, lse, nb, 2, ex, True):
-            return None
-    elif return_lse is not False:
-        return None
+        lse = cnp.PyArray_EMPTY(mn - 1, dims, _typenum_of(cdt), 0)
+        _expected(ex, p.batch_shape, nb, heads, L, Ev)
+        _fill_view(&p.lse, lse, nb, 2, ex, True)
 
-    if cnp.PyArray_SIZE(o) or (lse is not None and cnp.PyArray_SIZE(lse)):
+    if cnp.PyArray_SIZE(o) or (w is not None and cnp.PyArray_SIZE(w)) \
+            or (lse is not None and cnp.PyArray_SIZE(lse)):
         if p.num_threads < 0:
             p.num_threads = _setting_for(&p)
         arrays = None
         if _observer is not None:
             arrays = {"q": q, "k": k, "v": v, "mask": m}
         _execute(&p, _interruptible(), arrays)
-    if lse is not None:
+    if w is None and lse is None:
+        return o
+    if w is None:
         return o, lse
-    return o
+    if lse is None:
+        return o, w
+    return o, w, lse

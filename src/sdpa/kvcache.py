@@ -17,8 +17,8 @@ from . import _core
 from ._api import (
     ArrayInput,
     AttentionResult,
-    _attention_general,
     _single_or_half,
+    attend,
     count,
     float_dtype,
     result_dtype,
@@ -457,13 +457,13 @@ class KVCache:
         sinks: Optional[ArrayInput] = None,
         diagonal: Optional[int] = None,
     ) -> AttentionResult:
-        """attend; ``diagonal`` (see ``_attention_general``) replaces
+        """attend; ``diagonal`` (see ``sdpa._api._attention_general``) replaces
         ``is_causal`` when the held positions are one range of a longer sequence.
 
         The storage needs no checks: a call whose query and keywords the core
-        takes as they are runs from ``_core.try_attention`` (int8 and float
-        caches alike); anything else takes the general path, which converts or
-        raises naming the argument."""
+        takes as they are runs from the core's one entry (int8 and float caches
+        alike); anything else takes the general path, which converts or raises
+        naming the argument."""
         if window is None and self._window is not None:
             window = (self._window - 1, 0)
         shape = getattr(query, "shape", None)
@@ -477,18 +477,11 @@ class KVCache:
             k, v = self._k[:, :, :n], self._v[:, :, :n]
             if self._int8:
                 ks, vs = self._ks[:, :, :n], self._vs[:, :, :n]
-        if window is None and softcap is None and alibi_slopes is None and sinks is None:
-            result = _core.try_attention(
-                query, k, v, attn_mask, is_causal, scale, gqa, False, return_lse, None, out,
-                num_threads, k_scale=ks, v_scale=vs, group_size=self._group, diagonal=diagonal,
-            )
-            if result is not None:
-                return result
-        return _attention_general(
-            query, k, v, attn_mask, is_causal, scale, gqa, False, return_lse,
-            None, out, num_threads, window, softcap, alibi_slopes, sinks,
-            quantized=None if ks is None or vs is None else (ks, vs, self._group),
-            diagonal=diagonal,
+        return attend(
+            query, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa,
+            return_lse=return_lse, out=out, num_threads=num_threads, window=window,
+            softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, key_scale=ks,
+            value_scale=vs, group_size=self._group, diagonal=diagonal,
         )
 
     def result_dtype(self, query_dtype: Any) -> np.dtype:

@@ -32,14 +32,13 @@ Importing this module imports torch; ``import sdpa`` alone does not.
 import functools
 import sys
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type, Union, cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from . import _api, _core
-from ._api import scaled_dot_product_attention as _attention_numpy
 from .layers import MultiHeadAttention
 
 if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
@@ -161,21 +160,43 @@ def attention_op(
     """The operator ``torch.ops.sdpa.attention``: attention without dropout,
     arguments as for :func:`scaled_dot_product_attention` (``window`` a list of
     two ints).  It has no backward."""
+    return _attention_tensors(
+        query, key, value, attn_mask, is_causal, scale, enable_gqa, window, softcap, alibi_slopes, sinks,
+    )
+
+
+def _attention_tensors(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor],
+    is_causal: bool,
+    scale: Optional[float],
+    enable_gqa: bool,
+    window: Optional[List[int]],
+    softcap: Optional[float],
+    alibi_slopes: Optional[Tensor],
+    sinks: Optional[Tensor],
+    declined: bool = False,
+) -> Tensor:
+    """The operator's body: its checks, then sdpa on the tensors' memory.
+    ``declined``: the core has already declined these arrays as they are (an
+    eager call), so they go straight to the general path."""
     _check_tensors(query, key, value, attn_mask)
     _check_variants(query, window, alibi_slopes, sinks)
-    out = _attention_numpy(
+    out = cast(np.ndarray, (_api._attention_general if declined else _api.attend)(
         _as_numpy(query),
         _as_numpy(key),
         _as_numpy(value),
-        None if attn_mask is None else _as_numpy(attn_mask),
-        is_causal,
-        scale,
-        enable_gqa,
+        attn_mask=None if attn_mask is None else _as_numpy(attn_mask),
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
         window=None if window is None else (int(window[0]), int(window[1])),
         softcap=softcap,
         alibi_slopes=None if alibi_slopes is None else _per_head_numpy(alibi_slopes),
         sinks=None if sinks is None else _per_head_numpy(sinks),
-    )
+    ))  # no weights nor lse asked for: the output alone
     return _as_tensor(out)
 
 
@@ -219,55 +240,8 @@ def _attention_fake(
 ) -> Tensor:
     dtype = _check_tensors(query, key, value, attn_mask, allow_meta=True)
     _check_variants(query, window, alibi_slopes, sinks)
-    return query.new_empty(_out_shape(query.shape, key.shape, value.shape, enable_gqa), dtype=dtype)
-
-
-def _out_shape(qs: Tuple[Any, ...], ks: Tuple[Any, ...], vs: Tuple[Any, ...], enable_gqa: bool) -> Tuple[Any, ...]:
-    """The output shape for these input shapes, with the checks of
-    :func:`sdpa._api.plan_shapes`.  Sizes may be symbolic (``torch.SymInt``, under
-    ``torch.compile`` with dynamic shapes or ``torch.export``): they are compared,
-    which guards on their relations, but never turned into ints, which would fix
-    their values."""
-    if all(type(n) is int for s in (qs, ks, vs) for n in s):
-        return _api.plan_shapes(qs, ks, vs, enable_gqa).out_shape
-    for shape, name in ((qs, "query"), (ks, "key"), (vs, "value")):
-        if len(shape) < 2:
-            raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {tuple(shape)}")
-    shapes = f"query {tuple(qs)}, key {tuple(ks)}, value {tuple(vs)}"
-    if ks[-1] != qs[-1]:
-        raise ValueError(f"query and key must have the same last dim (E); got {shapes}")
-    if vs[-2] != ks[-2]:
-        raise ValueError(f"key and value must have the same sequence length (dim -2); got {shapes}")
-    has_heads = max(len(qs), len(ks), len(vs)) >= 3
-    hq = qs[-3] if len(qs) >= 3 else 1
-    hk = ks[-3] if len(ks) >= 3 else 1
-    hv = vs[-3] if len(vs) >= 3 else 1
-    if hk != hv and hk != 1 and hv != 1:
-        raise ValueError(f"key and value have different numbers of heads (dim -3); got {shapes}")
-    hkv = hv if hk == 1 else hk
-    if enable_gqa:
-        if hkv == 0 or hq % hkv != 0:
-            raise ValueError(
-                "enable_gqa=True needs the query heads to be a multiple of the key/value heads "
-                f"(dim -3); got {shapes}"
-            )
-        heads = hq
-    else:
-        if hq != hkv and hq != 1 and hkv != 1:
-            raise ValueError(
-                f"query and key/value heads (dim -3) differ: {hq} vs {hkv}; they must match or "
-                f"broadcast, or pass enable_gqa=True for grouped-query attention; got {shapes}"
-            )
-        heads = hkv if hq == 1 else hq
-    try:
-        batch = tuple(_broadcast_shapes(qs[:-3], ks[:-3], vs[:-3]))
-    except RuntimeError:
-        raise ValueError(
-            f"the batch dims (before dim -3) of query, key and value do not broadcast: {shapes}"
-        ) from None
-    if len(batch) > _api.MAX_BATCH_DIMS:
-        raise ValueError(f"at most {_api.MAX_BATCH_DIMS} batch dims are supported; got {shapes}")
-    return batch + ((heads,) if has_heads else ()) + (qs[-2], vs[-1])
+    plan = _api.plan_shapes(query.shape, key.shape, value.shape, enable_gqa, broadcast=_broadcast_shapes)
+    return query.new_empty(plan.out_shape, dtype=dtype)
 
 
 def scaled_dot_product_attention(
@@ -357,10 +331,12 @@ def scaled_dot_product_attention(
     if attn_mask is not None and type(attn_mask) is not Tensor:
         mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
     variants = not (window is None and softcap is None and alibi_slopes is None and sinks is None)
+    declined = False
     if not variants and _plain_eager(query, key, value, mask):
         # the common eager call, straight to the core (torch's dispatcher costs
         # more than the attention of a decoding step); what it declines goes on
-        # to the operator, whose checks explain the problem
+        # to the operator's body, whose checks explain the problem, and to the
+        # general path without a second try
         try:
             arrays = [_as_numpy(query), _as_numpy(key), _as_numpy(value),
                       None if mask is None else _as_numpy(mask)]
@@ -368,9 +344,10 @@ def scaled_dot_product_attention(
             arrays = None
         if arrays is not None:
             q, k, v, m = arrays
-            result = _core.try_attention(q, k, v, m, causal, scale, enable_gqa, False, False, None, None, None)
-            if isinstance(result, np.ndarray):
+            result = _core.attention(q, k, v, attn_mask=m, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
+            if isinstance(result, np.ndarray):  # the output alone: no weights nor lse asked for
                 return _as_tensor(result)
+            declined = True
     # torch's dispatcher refuses nested tensors with a bare NotImplementedError
     _check_nested(query, key, value, mask)
     if causal == "bottom_right":  # the operator's is_causal is a bool: the mask itself
@@ -384,6 +361,11 @@ def scaled_dot_product_attention(
         _check_variants(query, sides, alibi_slopes, sinks)
     if sides is not None:  # ints (not floats or bools), sides past 2**61 taken as 2**61, as sdpa's own
         sides = list(_api.window_sides([s.item() if isinstance(s, Tensor) else s for s in sides]))
+    if declined:  # plain eager tensors: the dispatcher would only call the body
+        return _attention_tensors(
+            query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
+            declined=True,
+        )
     out: Tensor = attention_op(
         query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
     )

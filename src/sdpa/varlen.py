@@ -10,7 +10,6 @@ from typing import Any, Dict, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 
-from . import _core
 from ._api import (
     Array,
     ArrayInput,
@@ -18,6 +17,7 @@ from ._api import (
     _as_operand,
     _check_real,
     _to_array,
+    call_core,
     compute_dtype,
     head_values,
     operand_dtypes,
@@ -162,7 +162,6 @@ def varlen_attention(
     Ev = v.shape[2]
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"the query heads must be a multiple of the key/value heads (dim 1); got {shapes}")
-    group = Hq // Hkv
     cq = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q)
     ck = _cu_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k)
     if cq.shape != ck.shape:
@@ -184,20 +183,19 @@ def varlen_attention(
     elif not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal: expected a bool, 'top_left' or 'bottom_right', got {type(is_causal).__name__}")
     causal = bool(is_causal)
-    top_left = causal and is_causal != "bottom_right"
-    threads = thread_count(num_threads) or 0
+    threads = thread_count(num_threads)
 
-    kw: Dict[str, Any] = {}
+    kw: Dict[str, Any] = {"is_causal": "bottom_right" if is_causal == "bottom_right" else causal}
     if window is not None:
-        kw["window_left"], kw["window_right"] = window_sides(window)
+        kw["window"] = window_sides(window)
     if softcap is not None:
         kw["softcap"] = softcap_value(softcap)
     per_seq: Dict[str, Array] = {}
-    for values, name, key_ in ((alibi_slopes, "alibi_slopes", "alibi"), (sinks, "sinks", "sinks")):
+    for values, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
         if values is not None:
             original = _to_array(values, name)
             given.append((original, name))
-            per_seq[key_] = np.broadcast_to(head_values(original, name, (n,), Hq, cdtype), (n, Hq))
+            per_seq[name] = np.broadcast_to(head_values(original, name, (n,), Hq, cdtype), (n, Hq))
 
     operands = given + [(q, "query"), (k, "key"), (v, "value")]
     result = output_array(out, (total_q, Hq, Ev), dtype, operands, shapes)
@@ -206,19 +204,16 @@ def varlen_attention(
     # one core call per sequence, on (heads, rows, features) views of the packed arrays
     for i in range(n):
         q0, q1, k0, k1 = int(cq[i]), int(cq[i + 1]), int(ck[i]), int(ck[i + 1])
-        L, S = q1 - q0, k1 - k0
-        if L == 0 or Hq == 0 or (Ev == 0 and lse is None):
+        if q1 == q0 or Hq == 0 or (Ev == 0 and lse is None):
             continue
         seq_kw: Dict[str, Any] = dict(kw)
-        if window is not None or "alibi" in per_seq:
-            seq_kw["align_offset"] = 0 if top_left else S - L
-        for key_, values in per_seq.items():
-            seq_kw[key_] = values[i]
-        _core.run(
+        for name, values in per_seq.items():
+            seq_kw[name] = values[i]
+        part = call_core(
             q[q0:q1].transpose(1, 0, 2), k[k0:k1].transpose(1, 0, 2), v[k0:k1].transpose(1, 0, 2),
-            result[q0:q1].transpose(1, 0, 2),
-            lse=None if lse is None else lse[q0:q1].T,
-            scale=scale_value, causal=causal, causal_offset=0 if top_left else S - L,
-            group=group, num_threads=threads, **seq_kw,
+            out=result[q0:q1].transpose(1, 0, 2), return_lse=lse is not None,
+            scale=scale_value, enable_gqa=True, num_threads=threads, **seq_kw,
         )
+        if lse is not None:
+            lse[q0:q1] = part[1].T
     return (result, lse) if lse is not None else result

@@ -12,9 +12,9 @@ import dask.array as da
 import numpy as np
 
 from .._api import (
-    _attention_general,
     _causal_offset,
     _is_bfloat16,
+    attend,
     compute_dtype,
     operand_dtypes,
     plan_shapes,
@@ -47,9 +47,9 @@ def _partial(
     num_threads: Optional[int],
 ) -> Partial:
     """Output and log-sum-exp of one query block over one key chunk."""
-    out, lse = _attention_general(
-        _compute_query(q), k, v, mask, False, scale, gqa, False, True, lengths, None, num_threads,
-        diagonal=diagonal,
+    out, lse = attend(
+        _compute_query(q), k, v, attn_mask=mask, scale=scale, enable_gqa=gqa, return_lse=True,
+        key_lengths=lengths, num_threads=num_threads, diagonal=diagonal,
     )
     return out, lse
 
