@@ -25,7 +25,7 @@ def filled(rng, kind, batch=2, hkv=2, length=40, e=32, ev=48, capacity=64):
     return cache
 
 
-GENERAL = _api._attention_general  # the fast_only fixture replaces the module's
+GENERAL = _api._attention_general
 
 
 def general(cache, query, attn_mask=None, is_causal="bottom_right", scale=None, return_lse=False,
@@ -50,7 +50,7 @@ def fast_only(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the call took the general path")
 
-    monkeypatch.setattr(sdpa._api, "_attention_general", refuse)
+    monkeypatch.setattr(sdpa.kvcache, "_attention_general", refuse)
 
 
 def assert_same(got, want):

@@ -334,15 +334,15 @@ def attend(
     group_size: int = 0,
     diagonal: Optional[int] = None,
 ) -> AttentionResult:
-    """The call of every caller but the public function (which has it inline):
-    the core's one entry with the arguments as they are, else the general path.
-    The keywords are those of ``sdpa._core.attention`` (spelled out: a
-    ``**kwargs`` dict would cost the core's argument parsing more than the
-    rest of the boundary)."""
-    result = _core.attention(  # the public arguments by position, as the public function
+    """The core's one entry with the arguments as they are, else the general
+    path: the call of sdpa.dask and the torch operator (the public function and
+    ``KVCache.attend``, whose fixed cost matters, have it inline).  The keywords
+    are those of ``sdpa._core.attention``, spelled out (a ``**kwargs`` dict
+    would cost the core's argument parsing more than the rest of the boundary)."""
+    result = _core.attention(  # by position: no keyword parsing
         query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights, return_lse,
-        key_lengths, window, softcap, alibi_slopes, sinks, out, num_threads,
-        key_scale=key_scale, value_scale=value_scale, group_size=group_size, diagonal=diagonal,
+        key_lengths, window, softcap, alibi_slopes, sinks, out, num_threads, key_scale, value_scale,
+        group_size, diagonal,
     )
     if not isinstance(result, int):
         return result

@@ -66,7 +66,6 @@ def attention(
     sinks: Any = None,
     out: Any = None,
     num_threads: Any = None,
-    *,
     key_scale: Any = None,
     value_scale: Any = None,
     group_size: Any = 0,

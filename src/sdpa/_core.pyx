@@ -709,7 +709,7 @@ cdef int _fill_head_values(sdpa_view *view, values, int argument, int cdt, int n
 def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
               enable_gqa=False, return_weights=False, return_lse=False, key_lengths=None,
               window=None, softcap=None, alibi_slopes=None, sinks=None, out=None,
-              num_threads=None, *, key_scale=None, value_scale=None, group_size=0,
+              num_threads=None, key_scale=None, value_scale=None, group_size=0,
               diagonal=None):
     """The one entry into the core: ``scaled_dot_product_attention``'s arguments,
     as given.  When every one is in the form the core takes as it is, fills one
@@ -733,7 +733,13 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
     (..., Ev / G)) its scales, G = ``group_size`` (0: one scale a row), with a
     float32 or 16-bit query.  ``diagonal``, an int, makes the call causal with
     row l seeing keys s <= l + diagonal; the window and ALiBi stay aligned by
-    ``is_causal``."""
+    ``is_causal``.
+
+    Every argument may be passed by position: the public function's in the
+    order of :func:`sdpa.scaled_dot_product_attention`'s signature, then the
+    quantized cache's and ``diagonal``.  The hot callers (the public function,
+    ``KVCache.attend``) do, as parsing keywords costs more than the rest of the
+    boundary."""
     cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None
     cdef cnp.ndarray ks = None, vs = None
     cdef cnp.npy_intp *shapes[3]

@@ -17,8 +17,8 @@ from . import _core
 from ._api import (
     ArrayInput,
     AttentionResult,
+    _attention_general,
     _single_or_half,
-    attend,
     count,
     float_dtype,
     result_dtype,
@@ -477,7 +477,15 @@ class KVCache:
             k, v = self._k[:, :, :n], self._v[:, :, :n]
             if self._int8:
                 ks, vs = self._ks[:, :, :n], self._vs[:, :, :n]
-        return attend(
+        # the core's entry by position (a decoding step's fixed cost: no keyword
+        # parsing), then, if it declines, the general path by keyword
+        result = _core.attention(
+            query, k, v, attn_mask, is_causal, scale, gqa, False, return_lse, None, window, softcap,
+            alibi_slopes, sinks, out, num_threads, ks, vs, self._group, diagonal,
+        )
+        if not isinstance(result, int):
+            return result
+        return _attention_general(
             query, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa,
             return_lse=return_lse, out=out, num_threads=num_threads, window=window,
             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, key_scale=ks,
