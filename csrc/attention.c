@@ -239,82 +239,6 @@ size_t sdpa_dtype_size(sdpa_dtype dt) {
     }
 }
 
-/* Contiguous 16-bit rows to float with the kernel set's widening kernel. */
-static int widen_rows_f32(const kernels_f32 *kern, sdpa_dtype dt, const void *src, float *dst, int64_t n) {
-    if (dt != SDPA_BFLOAT16 && dt != SDPA_FLOAT16) return 0;
-    kern->widen(dt, (const uint16_t *)src, dst, n);
-    return 1;
-}
-
-static int widen_rows_f64(const kernels_f64 *kern, sdpa_dtype dt, const void *src, double *dst, int64_t n) {
-    (void)kern, (void)dt, (void)src, (void)dst, (void)n;
-    return 0;  /* a float64 problem reads only float64 */
-}
-
-/* The row kernels over 16-bit keys and values, or NULL (float64 has none). */
-typedef void (*dot_half_fn)(sdpa_dtype, int, int, int64_t, const float *, int64_t, const uint16_t *, int64_t, float *,
-                            int64_t);
-typedef void (*pv_rows_half_fn)(sdpa_dtype, int, int, int64_t, const float *, int64_t, const uint16_t *, int64_t,
-                                float *, int64_t);
-static dot_half_fn dot_half_of_f32(const kernels_f32 *kern) { return kern->dot_half; }
-static pv_rows_half_fn pv_rows_half_of_f32(const kernels_f32 *kern) { return kern->pv_rows_half; }
-typedef void (*dot_half_f64_fn)(sdpa_dtype, int, int, int64_t, const double *, int64_t, const uint16_t *, int64_t,
-                                double *, int64_t);
-static dot_half_f64_fn dot_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-static dot_half_f64_fn pv_rows_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-
-/* The row kernels over int8 keys and values (unscaled), or NULL. */
-typedef void (*dot_i8_fn)(int, int, int64_t, const float *, int64_t, const int8_t *, int64_t, float *, int64_t);
-typedef void (*pv_rows_i8_fn)(int, int, int64_t, const float *, int64_t, const int8_t *, int64_t, float *, int64_t);
-typedef void (*dot_i8_f64_fn)(int, int, int64_t, const double *, int64_t, const int8_t *, int64_t, double *,
-                              int64_t);
-static dot_i8_fn dot_i8_of_f32(const kernels_f32 *kern) { return kern->dot_i8; }
-static pv_rows_i8_fn pv_rows_i8_of_f32(const kernels_f32 *kern) { return kern->pv_rows_i8; }
-static dot_i8_f64_fn dot_i8_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-static dot_i8_f64_fn pv_rows_i8_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-typedef int (*dot_i8g_fn)(int, int, int64_t, int64_t, const float *, int64_t, const int8_t *, int64_t,
-                          const float *, int64_t, int64_t, float *, int64_t);
-typedef int (*dot_i8g_f64_fn)(int, int, int64_t, int64_t, const double *, int64_t, const int8_t *, int64_t,
-                              const float *, int64_t, int64_t, double *, int64_t);
-static dot_i8g_fn dot_i8g_of_f32(const kernels_f32 *kern) { return kern->dot_i8g; }
-static dot_i8g_fn pv_rows_i8g_of_f32(const kernels_f32 *kern) { return kern->pv_rows_i8g; }
-static dot_i8g_f64_fn dot_i8g_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-static dot_i8g_f64_fn pv_rows_i8g_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-
-/* The tile mask kernels, or NULL (float64, and sets without them: per element). */
-typedef void (*mask_add_f32_fn)(float *, int, int, const float *, int64_t);
-typedef void (*mask_bool_f32_fn)(float *, int, int, const uint8_t *, int64_t);
-typedef void (*mask_add_f64_fn)(double *, int, int, const double *, int64_t);
-typedef void (*mask_bool_f64_fn)(double *, int, int, const uint8_t *, int64_t);
-static mask_add_f32_fn mask_add_of_f32(const kernels_f32 *kern) { return kern->mask_add; }
-static mask_bool_f32_fn mask_bool_of_f32(const kernels_f32 *kern) { return kern->mask_bool; }
-static mask_add_f64_fn mask_add_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-static mask_bool_f64_fn mask_bool_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-
-/* The row-mode copies of contiguous rows (internal.h): the kernel set's, or
- * these portable loops with the same arithmetic (float64, the scalar set). */
-static void scale_copy_portable_f32(float *restrict dst, const float *restrict src, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) dst[i] = scale * src[i];
-}
-static void scale_copy_d_portable_f32(float *restrict dst, const float *restrict src, int64_t n, double inv) {
-    for (int64_t i = 0; i < n; i++) dst[i] = (float)((double)src[i] * inv);
-}
-static void scale_copy_portable_f64(double *restrict dst, const double *restrict src, int64_t n, double scale) {
-    for (int64_t i = 0; i < n; i++) dst[i] = scale * src[i];
-}
-typedef void (*scale_copy_f32_fn)(float *, const float *, int64_t, float);
-typedef void (*scale_copy_d_f32_fn)(float *, const float *, int64_t, double);
-typedef void (*scale_copy_f64_fn)(double *, const double *, int64_t, double);
-static scale_copy_f32_fn scale_copy_of_f32(const kernels_f32 *kern) {
-    return kern->scale_copy ? kern->scale_copy : scale_copy_portable_f32;
-}
-static scale_copy_d_f32_fn scale_copy_d_of_f32(const kernels_f32 *kern) {
-    return kern->scale_copy_d ? kern->scale_copy_d : scale_copy_d_portable_f32;
-}
-/* float64: the product is in double either way */
-static scale_copy_f64_fn scale_copy_of_f64(const kernels_f64 *kern) { (void)kern; return scale_copy_portable_f64; }
-static scale_copy_f64_fn scale_copy_d_of_f64(const kernels_f64 *kern) { (void)kern; return scale_copy_portable_f64; }
-
 /* The query block and (batch, head) index of a task of the tiled path.  The
  * tasks of one key/value slice are consecutive, so that its K and V stay in
  * cache from one task to the next: per slice, the query blocks from the last
@@ -326,27 +250,6 @@ static void task_coords(const sdpa_problem *p, const plan *pl, int64_t task, int
     *qb = pl->num_qblocks - 1 - rem / G;
     *bh = slice * G + rem % G;  /* (b, hkv) -> b * H + hkv * G + member */
 }
-
-/* The panel packing and row storing kernels, or NULL (float64, and sets without
- * them: one element at a time in the driver). */
-typedef void (*pack_q_f32_fn)(float *, const float *, int, int64_t, int64_t, float);
-typedef void (*store_rows_f32_fn)(float *, int64_t, const float *, const float *, int, int64_t);
-typedef void (*pack_q_f64_fn)(double *, const double *, int, int64_t, int64_t, double);
-typedef void (*store_rows_f64_fn)(double *, int64_t, const double *, const double *, int, int64_t);
-static pack_q_f32_fn pack_q_of_f32(const kernels_f32 *kern) { return kern->pack_q; }
-static store_rows_f32_fn store_rows_of_f32(const kernels_f32 *kern) { return kern->store_rows; }
-static pack_q_f64_fn pack_q_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-static store_rows_f64_fn store_rows_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-
-/* The 16-bit panel and row kernels, or NULL (float64: its problems are float64 only). */
-typedef void (*pack_q_half_f32_fn)(sdpa_dtype, float *, const uint16_t *, int, int64_t, int64_t, float);
-typedef void (*store_rows_half_f32_fn)(sdpa_dtype, uint16_t *, int64_t, const float *, const float *, int, int64_t);
-typedef void (*pack_q_half_f64_fn)(sdpa_dtype, double *, const uint16_t *, int, int64_t, int64_t, double);
-typedef void (*store_rows_half_f64_fn)(sdpa_dtype, uint16_t *, int64_t, const double *, const double *, int, int64_t);
-static pack_q_half_f32_fn pack_q_half_of_f32(const kernels_f32 *kern) { return kern->pack_q_half; }
-static store_rows_half_f32_fn store_rows_half_of_f32(const kernels_f32 *kern) { return kern->store_rows_half; }
-static pack_q_half_f64_fn pack_q_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
-static store_rows_half_f64_fn store_rows_half_of_f64(const kernels_f64 *kern) { (void)kern; return NULL; }
 
 /*
  * Phase profile of the tiled path (sdpa_profile_start / _read in testing.h):
@@ -596,7 +499,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
     const int64_t rows = p->gqa_group * p->len_q;
     /* bfloat16 pairs on the tiled path (AVX512-BF16) are ahead from L = 16 */
     const int bf16_pairs = p->dtype == SDPA_BFLOAT16 && pl->kv_dtype == SDPA_BFLOAT16 &&
-                           kt->f32.gemm_bf16 != NULL && kt->f32.softmax_pairs != NULL;
+                           kt->bf16_products;
     const int64_t max_l = bf16_pairs ? SDPA_ROW_MODE_MAX_L_BF16 : SDPA_ROW_MODE_MAX_L;
     pl->row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS || (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS);
     /* int8 tiles are dequantized into float scratch: blocked as float */
@@ -658,7 +561,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
                 /* K pairs packed too, padded to whole tiles of the product, when
                  * its rows would end in a part tile (copied through a buffer at
                  * every product) and the panels have room for the padding */
-                const int64_t blk = kt->f32.bf16_pairs_block > 1 ? kt->f32.bf16_pairs_block : 1;
+                const int64_t blk = kt->f32.bf16.pairs_block > 1 ? kt->f32.bf16.pairs_block : 1;
                 e2p = (pl->e2p + blk - 1) / blk * blk;
                 pl->slice_k = e2p != pl->e2p && e2p <= (int64_t)E ? (size_t)(S * e2p) : 0;
                 /* V: whole tiles of 16 pairs, and an odd number of 64-byte lines a
@@ -667,7 +570,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
                 pl->vp_ld = ((S + 1) / 2 + 15) / 16 * 16;
                 if (pl->vp_ld / 16 % 2 == 0) pl->vp_ld += 16;
                 per = pl->slice_k +
-                      (kt->f32.bf16_values_by_feature ? (size_t)pl->vp_ld * Ev : (size_t)((S + 1) / 2) * Ev);
+                      (kt->f32.bf16.values_by_feature ? (size_t)pl->vp_ld * Ev : (size_t)((S + 1) / 2) * Ev);
             } else {
                 pl->slice_k = (size_t)S * E;
                 per = pl->slice_k + (size_t)S * Ev;

@@ -104,7 +104,10 @@ static void FN(convert_rows)(const KT *kern, T *buf, const char *base, const sdp
     for (int j = 0; j < n; j++) {
         const char *row = base + (s0 + j) * view->row_stride * (int64_t)elem;
         T *dst = buf + (int64_t)j * cols;
-        if (view->col_stride == 1 && FN(widen_rows)(kern, dt, row, dst, cols)) continue;
+        if (view->col_stride == 1 && (dt == SDPA_BFLOAT16 || dt == SDPA_FLOAT16)) {
+            kern->widen(dt, (const uint16_t *)row, dst, cols);
+            continue;
+        }
         for (int64_t c = 0; c < cols; c++) dst[c] = FN(load)(row, c * view->col_stride, dt);
     }
 }
@@ -257,10 +260,10 @@ static void FN(mask_tile)(const sdpa_problem *p, const KT *kern, const void *mas
                           int64_t s0, int n, int64_t kv_end) {
     if (mask) {
         const int64_t rs = p->mask.row_stride;
-        if (p->mask.col_stride == 1 && p->mask_kind == SDPA_MASK_BOOL && FN(mask_bool_of)(kern)) {
-            FN(mask_bool_of)(kern)(st, n, prows, (const uint8_t *)FN(mask_row_of)(p, mask, r0) + s0, rs);
-        } else if (p->mask.col_stride == 1 && p->mask_kind == SDPA_MASK_ADDITIVE && FN(mask_add_of)(kern)) {
-            FN(mask_add_of)(kern)(st, n, prows, (const T *)FN(mask_row_of)(p, mask, r0) + s0, rs);
+        if (p->mask.col_stride == 1 && p->mask_kind == SDPA_MASK_BOOL) {
+            kern->mask_bool(st, nr, n, prows, (const uint8_t *)FN(mask_row_of)(p, mask, r0) + s0, rs);
+        } else if (p->mask.col_stride == 1 && p->mask_kind == SDPA_MASK_ADDITIVE) {
+            kern->mask_add(st, nr, n, prows, (const T *)FN(mask_row_of)(p, mask, r0) + s0, rs);
         } else {
             for (int x = 0; x < prows; x++)
                 FN(mask_scores)(p, FN(mask_row_of)(p, mask, r0 + x), st + x, nr, s0, n, kv_end);
@@ -324,12 +327,12 @@ static void FN(pack_panel)(const sdpa_problem *p, const KT *kern, T *panel, cons
     const size_t qe = sdpa_dtype_size(qdt);
     const char *q0 = q + r0 * p->query.row_stride * (int64_t)qe;
     const T scale = (T)p->scale;
-    if (qdt == TDT && p->query.col_stride == 1 && FN(pack_q_of)(kern)) {
-        FN(pack_q_of)(kern)(panel, (const T *)q0, prows, p->query.row_stride, E, scale);
+    if (qdt == TDT && p->query.col_stride == 1) {
+        kern->pack_q(panel, nr, (const T *)q0, prows, p->query.row_stride, E, scale);
         return;
     }
-    if (qdt != TDT && p->query.col_stride == 1 && FN(pack_q_half_of)(kern)) {  /* 16-bit, widened */
-        FN(pack_q_half_of)(kern)(qdt, panel, (const uint16_t *)q0, prows, p->query.row_stride, E, scale);
+    if (qdt != TDT && p->query.col_stride == 1) {  /* 16-bit, widened */
+        kern->pack_q_half(qdt, panel, nr, (const uint16_t *)q0, prows, p->query.row_stride, E, scale);
         return;
     }
     for (int64_t c = 0; c < E; c++) {  /* contiguous stores, strided loads */
@@ -412,9 +415,9 @@ static void bf16_pack_rows(uint32_t *dst, int64_t ld, const uint16_t *base, cons
 static void bf16_pack_values(const kernels_f32 *kern, uint32_t *dst, int64_t ld, const uint16_t *base,
                              const sdpa_view *view, int64_t s0, int n, int64_t Ev) {
     const int64_t rs = view->row_stride, cs = view->col_stride;
-    const int byf = kern->bf16_values_by_feature;
-    if (cs == 1 && kern->pack_v_pairs) {
-        kern->pack_v_pairs(byf, dst, ld, base + s0 * rs, rs, n, Ev);
+    const int byf = kern->bf16.values_by_feature;
+    if (cs == 1) {
+        kern->bf16.pack_v_pairs(byf, dst, ld, base + s0 * rs, rs, n, Ev);
         return;
     }
     for (int p = 0; 2 * p < n; p++) {
@@ -439,8 +442,8 @@ static void bf16_pack_panel(const sdpa_problem *p, const kernels_f32 *kern, uint
     const int prows = (int)(L - r0 < nr ? L - r0 : nr);
     const int64_t rs = p->query.row_stride, cs = p->query.col_stride;
     memset(panel + E2 * nr, 0, (size_t)(E2p - E2) * nr * 4);  /* pairs padded to whole tiles: zeros */
-    if (E % 2 == 0 && cs == 1 && kern->pack_q_pairs) {
-        kern->pack_q_pairs(panel, q + r0 * rs, prows, rs, E2);
+    if (E % 2 == 0 && cs == 1) {
+        kern->bf16.pack_q_pairs(panel, q + r0 * rs, prows, rs, E2);
         return;
     }
     for (int64_t pr = 0; pr < E2; pr++) {
@@ -465,17 +468,17 @@ static void FN(pv_pairs)(const kernels_f32 *kern, int Ev, int nk, const uint32_t
                          const uint32_t *pp, int nr, float *acc, uint32_t *vtail) {
     const int64_t kp = (nk + 1) / 2;
     if (nk % 2 == 0) {
-        kern->gemm_bf16(Ev, kp, v, v_rs, v_ks, pp, nr, acc, nr, 1);
+        kern->bf16.gemm_bf16(Ev, kp, v, v_rs, v_ks, pp, nr, acc, nr, 1);
         return;
     }
     const int64_t head = (kp - 1) / 16 * 16, rest = kp - head;
-    if (head) kern->gemm_bf16(Ev, head, v, v_rs, v_ks, pp, nr, acc, nr, 1);
+    if (head) kern->bf16.gemm_bf16(Ev, head, v, v_rs, v_ks, pp, nr, acc, nr, 1);
     for (int c = 0; c < Ev; c++)
         for (int64_t q = 0; q < rest; q++) {
             const uint32_t w = v[c * v_rs + (head + q) * v_ks];
             vtail[c * 16 + q] = q == rest - 1 ? (w & 0xFFFFu) : w;
         }
-    kern->gemm_bf16(Ev, rest, vtail, 16, 1, pp + head * nr, nr, acc, nr, 1);
+    kern->bf16.gemm_bf16(Ev, rest, vtail, 16, 1, pp + head * nr, nr, acc, nr, 1);
 }
 #endif
 
@@ -512,7 +515,7 @@ static void FN(pack_kv_unit)(const sdpa_problem *p, const plan *pl, const KT *ke
         if (pl->slice_k)  /* K pairs padded to whole tiles */
             bf16_pack_rows((uint32_t *)slice + s0 * pl->e2p, pl->e2p, (const uint16_t *)view_at(p, &p->key, b, hkv, 2),
                            &p->key, s0, n, E);
-        if (kern->bf16_values_by_feature)
+        if (kern->bf16.values_by_feature)
             bf16_pack_values(kern, vp + s0 / 2, pl->vp_ld, v, &p->value, s0, n, Ev);
         else
             bf16_pack_values(kern, vp + s0 / 2 * Ev, Ev, v, &p->value, s0, n, Ev);
@@ -586,7 +589,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     const int k_in_place = E % 2 == 0 && 2 * E2 == E && p->key.col_stride == 1 && p->key.row_stride % 2 == 0 &&
                            ((uintptr_t)k & 3) == 0;
     /* feature c's pair p at vbase[c * vp_rs + p * vp_ks]: P V's a, in its kernel's layout */
-    const int byf = bf16 && kern->bf16_values_by_feature;
+    const int byf = bf16 && kern->bf16.values_by_feature;
     const int64_t vp_ld = slice ? (byf ? pl->vp_ld : Ev) : (byf ? (tile_k + 1) / 2 : Ev);
     const int64_t vp_rs = byf ? vp_ld : 1, vp_ks = byf ? 1 : Ev;
     /* the scale folded into the softmax: it must come before a softcap, ALiBi, an
@@ -627,8 +630,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     const T slope = p->alibi.data ? FN(head_value)(p, &p->alibi, b, h) : 0;
     const T cap = FN(softcap_value)(p);
     T *lse = p->lse.data ? AT(lse, b, h) : NULL;
-    const int rows_vec = p->out.col_stride == 1 &&
-                         (qdt == TDT ? FN(store_rows_of)(kern) != NULL : FN(store_rows_half_of)(kern) != NULL);
+    const int rows_vec = p->out.col_stride == 1;
     int packed = 0;  /* panels of Q packed so far */
     int64_t scores = 0;  /* computed, for the profile */
 
@@ -638,10 +640,10 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     for (int64_t s0 = kv_begin; s0 < kv_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;  /* the output is unspecified then */
 #if HAS_BF16
-        if (bf16 && tid == 0 && irq->callbacks != callbacks && kern->tiles_begin) {
+        if (bf16 && tid == 0 && irq->callbacks != callbacks) {
             /* the interrupt callback ran (Python code: it may have used the tiles) */
             callbacks = irq->callbacks;
-            kern->tiles_begin();
+            kern->bf16.tiles_begin();
         }
 #endif
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
@@ -735,11 +737,10 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             }
 #if HAS_BF16
             if (bf16) {
-                kern->gemm_bf16(nk, E2, kpt + j0 * k_rs, k_rs, 1, (const uint32_t *)qt + (int64_t)pn * E2 * nr, nr, st, nr, 0);
+                kern->bf16.gemm_bf16(nk, E2, kpt + j0 * k_rs, k_rs, 1, (const uint32_t *)qt + (int64_t)pn * E2 * nr, nr, st, nr, 0);
                 PROF_MARK(PH_QK);
                 if (!fold) {  /* the scaled scores, for what comes next */
-                    if (kern->scale_copy) kern->scale_copy(st, st, (int64_t)nk * nr, scale);
-                    else for (int64_t i = 0; i < (int64_t)nk * nr; i++) st[i] *= scale;
+                    kern->scale_copy(st, st, (int64_t)nk * nr, scale);
                 }
             } else
 #endif
@@ -761,14 +762,14 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
 
 #if HAS_BF16
             if (bf16) {
-                kern->softmax_pairs(st, nk, fold ? scale : 1, pmax, psum, pacc, Ev, pp);
+                kern->bf16.online_softmax_pairs(st, nk, fold ? scale : 1, pmax, psum, pacc, Ev, pp);
                 PROF_MARK(PH_SOFTMAX);
                 FN(pv_pairs)(kern, (int)Ev, nk, vpt + (byf ? j0 / 2 : j0 / 2 * Ev), vp_rs, vp_ks, pp, nr, pacc, vtail);
                 PROF_MARK(PH_PV);
                 continue;
             }
 #endif
-            kern->softmax(st, nk, pmax, psum, pacc, Ev);
+            kern->online_softmax_update(st, nk, pmax, psum, pacc, Ev);
             PROF_MARK(PH_SOFTMAX);
             kern->gemm((int)Ev, nk, vt + j0 * vsr, vsc, vsr, st, nr, pacc, nr, 1);
             PROF_MARK(PH_PV);
@@ -788,11 +789,11 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             const int x0 = pn * nr, prows = rows - x0 < nr ? rows - x0 : nr;
             const int64_t off = (l0 + x0) * p->out.row_stride;
             if (qdt == TDT)
-                FN(store_rows_of)(kern)((T *)out + off, p->out.row_stride, acc + (int64_t)pn * Ev * nr, row_l + x0,
-                                        prows, Ev);
+                kern->store_rows((T *)out + off, p->out.row_stride, acc + (int64_t)pn * Ev * nr, nr, row_l + x0,
+                                 prows, Ev);
             else
-                FN(store_rows_half_of)(kern)(qdt, (uint16_t *)out + off, p->out.row_stride,
-                                             acc + (int64_t)pn * Ev * nr, row_l + x0, prows, Ev);
+                kern->store_rows_half(qdt, (uint16_t *)out + off, p->out.row_stride, acc + (int64_t)pn * Ev * nr, nr,
+                                      row_l + x0, prows, Ev);
         }
     for (int x = 0; x < rows; x++) {
         const int64_t row = l0 + x;
@@ -868,15 +869,15 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     const FN(kv_scales) kscl = FN(kv_scales_at)(p, &p->key_scale, b, hkv, E);
     const FN(kv_scales) vscl = FN(kv_scales_at)(p, &p->value_scale, b, hkv, Ev);
     const int half = kvdt == SDPA_BFLOAT16 || kvdt == SDPA_FLOAT16;
-    const int k_i8 = kvdt == SDPA_INT8 && ksc == 1 && FN(dot_i8_of)(kern) != NULL;
-    const int v_i8 = kvdt == SDPA_INT8 && vsc == 1 && FN(pv_rows_i8_of)(kern) != NULL;
+    const int k_i8 = kvdt == SDPA_INT8 && ksc == 1;
+    const int v_i8 = kvdt == SDPA_INT8 && vsc == 1;
 
     const T scale = (T)p->scale, cap = FN(softcap_value)(p);
     for (int x = 0; x < M; x++) {
         const int64_t h = hkv * group + x / L, l = x % L;
         const char *qr = (const char *)view_at(p, &p->query, b, h, qe) + l * p->query.row_stride * (int64_t)qe;
         if (qdt == TDT && p->query.col_stride == 1)
-            FN(scale_copy_of)(kern)(qs + (int64_t)x * E, (const T *)qr, E, scale);
+            kern->scale_copy(qs + (int64_t)x * E, (const T *)qr, E, scale);
         else
             FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
     }
@@ -884,19 +885,18 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;
         const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
-        if (half && ksc == 1 && FN(dot_half_of)(kern)) {  /* 16-bit keys read in place */
-            FN(dot_half_of)(kern)(kvdt, M, n, E, qs, E, (const uint16_t *)k + s0 * ksr, ksr, st, tile_k);
+        if (half && ksc == 1) {  /* 16-bit keys read in place */
+            kern->dot_half(kvdt, M, n, E, qs, E, (const uint16_t *)k + s0 * ksr, ksr, st, tile_k);
         } else if (k_i8) {  /* int8 keys read in place, each scale group's dot then scaled */
             const int8_t *kb = (const int8_t *)k + s0 * ksr;
             const float *ks = kscl.base + s0 * kscl.rs;
             const int64_t g = kscl.group;
             /* groups: the scales applied to each key vector in the kernel, if it can */
-            const int folded = g < E && FN(dot_i8g_of)(kern) &&
-                               FN(dot_i8g_of)(kern)(M, n, E, g, qs, E, kb, ksr, ks, kscl.rs, kscl.cs, st, tile_k);
+            const int folded = g < E && kern->dot_i8_grouped(M, n, E, g, qs, E, kb, ksr, ks, kscl.rs, kscl.cs, st, tile_k);
             for (int64_t c0 = 0; c0 < E && !folded; c0 += g) {
                 const float *kg = ks + (c0 / g) * kscl.cs;
                 T *dst = c0 == 0 ? st : sg;
-                FN(dot_i8_of)(kern)(M, n, g, qs + c0, E, kb + c0, ksr, dst, tile_k);
+                kern->dot_i8(M, n, g, qs + c0, E, kb + c0, ksr, dst, tile_k);
                 for (int x = 0; x < M; x++) {
                     T *sx = st + (int64_t)x * tile_k;
                     const T *gx = dst + (int64_t)x * tile_k;
@@ -931,16 +931,16 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             }
             if (p->weights.data)
                 FN(store_raw_scores)(p, AT(weights, b, h) + l * p->weights.row_stride, sr, 1, s0, n);
-            kern->row_softmax(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
+            kern->row_online_softmax_update(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
         }
-        if (half && vsc == 1 && FN(pv_rows_half_of)(kern)) {
-            FN(pv_rows_half_of)(kern)(kvdt, M, n, Ev, st, tile_k, (const uint16_t *)v + s0 * vsr, vsr, acc, Ev);
+        if (half && vsc == 1) {
+            kern->pv_rows_half(kvdt, M, n, Ev, st, tile_k, (const uint16_t *)v + s0 * vsr, vsr, acc, Ev);
         } else if (v_i8) {  /* int8 values read in place, the weights of each scale group scaled */
             const int8_t *vb = (const int8_t *)v + s0 * vsr;
             const float *vs = vscl.base + s0 * vscl.rs;
             const int64_t g = vscl.group;
-            const int folded = g < Ev && FN(pv_rows_i8g_of)(kern) &&
-                               FN(pv_rows_i8g_of)(kern)(M, n, Ev, g, st, tile_k, vb, vsr, vs, vscl.rs, vscl.cs, acc, Ev);
+            const int folded =
+                g < Ev && kern->pv_rows_i8_grouped(M, n, Ev, g, st, tile_k, vb, vsr, vs, vscl.rs, vscl.cs, acc, Ev);
             for (int64_t c0 = 0; c0 < Ev && !folded; c0 += g) {
                 const float *vg = vs + (c0 / g) * vscl.cs;
                 for (int x = 0; x < M; x++) {
@@ -948,7 +948,7 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                     T *px = sg + (int64_t)x * tile_k;
                     for (int j = 0; j < n; j++) px[j] = sx[j] * vg[j * vscl.rs];
                 }
-                FN(pv_rows_i8_of)(kern)(M, n, g, sg, tile_k, vb + c0, vsr, acc + c0, Ev);
+                kern->pv_rows_i8(M, n, g, sg, tile_k, vb + c0, vsr, acc + c0, Ev);
             }
         } else {
             const T *vb = (const T *)v + s0 * vsr;
@@ -1005,7 +1005,7 @@ static void FN(merge_rows)(const sdpa_problem *p, const plan *pl, const KT *kern
             if (pl->num_chunks == 1) {  /* the row's own result: acc / sum (sum >= 1 here) */
                 const T *acc = first + 2 * M + (int64_t)x * Ev;
                 if (odt == TDT && oc == 1)  /* the output never overlaps the scratch */
-                    FN(scale_copy_d_of)(kern)((T *)orow, acc, Ev, inv);
+                    kern->scale_copy_d((T *)orow, acc, Ev, inv);
                 else if (odt == TDT)
                     for (int64_t c = 0; c < Ev; c++) ((T *)orow)[c * oc] = (T)((double)acc[c] * inv);
                 else
@@ -1046,10 +1046,10 @@ static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T
         if (pl->num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(p, pl, kern, partial, t);
     } else {
 #if HAS_BF16
-        const int tiles = pl->bf16 && kern->tiles_begin;
-        if (tiles) kern->tiles_begin();
+        const int tiles = pl->bf16;
+        if (tiles) kern->bf16.tiles_begin();
         FN(run_task)(p, pl, kern, scratch, callbuf, t, irq, tid);
-        if (tiles) kern->tiles_end();
+        if (tiles) kern->bf16.tiles_end();
 #else
         FN(run_task)(p, pl, kern, scratch, callbuf, t, irq, tid);
 #endif

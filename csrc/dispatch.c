@@ -1,7 +1,9 @@
-/* Chooses the kernel table: the best kernel set this CPU supports, decided once
- * (cpuid + xgetbv), unless SDPA_ISA names another or sdpa_set_isa switches.
- * A kernel set named by SDPA_ISA that is unknown, or that this CPU cannot run,
- * is an error (every call returns SDPA_ERR_BAD_ISA), never a silent fallback.
+/* Chooses the kernel table: the best kernel set whose declared features this
+ * CPU (and OS) has, decided once (cpuid + xgetbv), unless SDPA_ISA names
+ * another or sdpa_set_isa switches.  A kernel set named by SDPA_ISA that is
+ * unknown, or that this CPU cannot run, is an error (every call returns
+ * SDPA_ERR_BAD_ISA), never a silent fallback.  Every table the driver gets is
+ * complete: what a set does not have comes from the portable kernels.
  *
  * AMX: besides the CPU (cpuid) and the OS's XSAVE support (XCR0), Linux makes
  * a process ask for the tile data state before its first tile instruction
@@ -10,7 +12,9 @@
  * bfloat16 problem on the tiled path, sdpa_kernel_table_for_tiles): never at
  * load, nor for calls of other dtypes, nor when the set is only asked about.
  * When the OS refuses it (an old kernel, a seccomp filter), the default choice
- * falls back to avx512_bf16; a forced "amx" makes those calls an error. */
+ * falls back to the best set without tiles; a named "amx" makes those calls
+ * an error.  The testing unit (testing.c) drives the same state through
+ * sdpa_dispatch_* (testing.h). */
 #if defined(__linux__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* syscall(), which -std=c11 hides */
 #endif
@@ -25,19 +29,100 @@
 #include <unistd.h>
 #endif
 
-/* The kernel sets, lowest first; a CPU that runs one runs those before it. */
-static const kernel_table *const isa_tables[] = {
-    &sdpa_kernels_scalar,
-#if SDPA_HAVE_X86_KERNELS
-    &sdpa_kernels_avx2,
-    &sdpa_kernels_avx512,
-    &sdpa_kernels_avx512_bf16,
-#endif
+/* ---- the sets ---- */
+
+/* Every set this build has, best first; test-only sets are never the default
+ * nor taken by name from SDPA_ISA or sdpa_set_isa. */
+typedef struct kernel_set {
+    const kernel_table *declared;
+    int test_only;
+} kernel_set;
+
+static const kernel_set sets[] = {
 #if SDPA_HAVE_AMX_KERNELS
-    &sdpa_kernels_amx,
+    {&sdpa_kernels_amx, 0},
 #endif
+#if SDPA_HAVE_X86_KERNELS
+    {&sdpa_kernels_avx512_bf16, 0},
+    {&sdpa_kernels_avx512, 0},
+    {&sdpa_kernels_avx2, 0},
+    {&sdpa_kernels_amx_emulated, 1},
+#endif
+    {&sdpa_kernels_scalar, 0},
 };
-#define NUM_ISAS ((int)(sizeof(isa_tables) / sizeof(isa_tables[0])))
+#define NUM_SETS ((int)(sizeof(sets) / sizeof(sets[0])))
+
+/* The names of every set, for SDPA_ISA's message and for the names a build
+ * without their code still knows (never supported there). */
+#define ALL_SET_NAMES "scalar, avx2, avx512, avx512_bf16 and amx"
+static const char *const known_names[] = {"scalar", "avx2", "avx512", "avx512_bf16", "amx"};
+
+/* ---- completion ---- */
+
+#define SDPA_FILL(ret, name, params) \
+    if (!dst->name) dst->name = ref->name, filled++;
+
+static int complete_f32(kernels_f32 *dst, const kernels_f32 *ref) {
+    int filled = 0;
+    SDPA_TYPED_KERNELS(SDPA_FILL, float)
+    if (!dst->bf16.tiles_begin) dst->bf16.tiles_begin = ref->bf16.tiles_begin, filled++;
+    if (!dst->bf16.tiles_end) dst->bf16.tiles_end = ref->bf16.tiles_end, filled++;
+    return filled;
+}
+
+static int complete_f64(kernels_f64 *dst, const kernels_f64 *ref) {
+    int filled = 0;
+    SDPA_TYPED_KERNELS(SDPA_FILL, double)
+    return filled;
+}
+#undef SDPA_FILL
+
+int sdpa_complete_table(kernel_table *dst, const kernel_table *src) {
+    *dst = *src;
+    return complete_f32(&dst->f32, &sdpa_kernels_scalar.f32) + complete_f64(&dst->f64, &sdpa_kernels_scalar.f64);
+}
+
+#define SDPA_COUNT_SET(ret, name, params) set += k->name != NULL, all++;
+
+int sdpa_table_is_complete(const kernel_table *kt) {
+    int set = 0, all = 0;
+    {
+        const kernels_f32 *k = &kt->f32;
+        SDPA_TYPED_KERNELS(SDPA_COUNT_SET, float)
+        set += (k->bf16.tiles_begin != NULL) + (k->bf16.tiles_end != NULL), all += 2;
+        if (kt->bf16_products)
+            set += (k->bf16.gemm_bf16 != NULL) + (k->bf16.pack_q_pairs != NULL) + (k->bf16.pack_v_pairs != NULL) +
+                   (k->bf16.online_softmax_pairs != NULL),
+                all += 4;
+    }
+    {
+        const kernels_f64 *k = &kt->f64;
+        SDPA_TYPED_KERNELS(SDPA_COUNT_SET, double)
+    }
+    return set == all && kt->f32.nr > 0 && kt->f64.nr > 0;
+}
+#undef SDPA_COUNT_SET
+
+/* The complete tables, made once, the first time any is needed; a thread that
+ * finds another making them waits (microseconds, once per process). */
+static kernel_table complete_tables[NUM_SETS];
+static SDPA_ATOMIC(int) tables_state = 0; /* 0 not made, 1 being made, 2 made */
+
+static const kernel_table *complete(int i) {
+    if (sdpa_atomic_load(&tables_state) != 2) {
+        int expected = 0;
+        if (sdpa_atomic_cas(&tables_state, &expected, 1)) {
+            for (int j = 0; j < NUM_SETS; j++) sdpa_complete_table(&complete_tables[j], sets[j].declared);
+            sdpa_atomic_store(&tables_state, 2);
+        } else {
+            while (sdpa_atomic_load(&tables_state) != 2) {
+            }
+        }
+    }
+    return &complete_tables[i];
+}
+
+/* ---- the CPU's features ---- */
 
 #if SDPA_HAVE_X86_KERNELS
 #include <cpuid.h>
@@ -48,154 +133,144 @@ static unsigned long long read_xcr0(void) {
     return ((unsigned long long)edx << 32) | eax;
 }
 
-/* The index of the best set: 0 = scalar, 1 = avx2 + fma + f16c, 2 = avx512
- * f/bw/dq/vl, 3 = that and avx512_bf16, 4 = that and amx-tile + amx-bf16; the
- * OS must save the registers too (for AMX: XCR0's XTILECFG and XTILEDATA). */
-static int detect_level(void) {
+/* SDPA_FEATURE_* bits: what the CPU has and the OS saves (XCR0: ymm for AVX2,
+ * opmasks and zmm for AVX-512, XTILECFG and XTILEDATA for AMX). */
+static unsigned detect_features(void) {
+    unsigned f = 0;
     unsigned int a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     const int has_fma = (c >> 12) & 1, has_osxsave = (c >> 27) & 1, has_avx = (c >> 28) & 1;
     const int has_f16c = (c >> 29) & 1;
-    if (!has_osxsave || !has_avx || !has_fma || !has_f16c) return 0;
-    unsigned long long xcr0 = read_xcr0();
-    if ((xcr0 & 0x6) != 0x6) return 0;  /* the OS saves SSE and AVX state */
+    if (!has_osxsave || !has_avx) return 0;
+    const unsigned long long xcr0 = read_xcr0();
+    if ((xcr0 & 0x6) != 0x6) return 0; /* the OS saves SSE and AVX state */
     if (__get_cpuid_max(0, NULL) < 7) return 0;
     __cpuid_count(7, 0, a, b, c, d);
     const unsigned int max_subleaf = a;
-    const int has_avx2 = (b >> 5) & 1;
-    if (!has_avx2) return 0;
-    const int avx512 = ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
-    if (!avx512 || (xcr0 & 0xE0) != 0xE0) return 1;  /* opmask and zmm state too */
-    if (max_subleaf < 1) return 2;
-    __cpuid_count(7, 1, a, b, c, d);
-    const int has_bf16 = (a >> 5) & 1;  /* AVX512_BF16: VDPBF16PS, VCVTNEPS2BF16 */
-    if (!has_bf16) return 2;
-#if SDPA_HAVE_AMX_KERNELS
-    __cpuid_count(7, 0, a, b, c, d);
-    const int has_amx = ((d >> 24) & 1) && ((d >> 22) & 1);  /* AMX-TILE, AMX-BF16 */
-    if (has_amx && (xcr0 & 0x60000ull) == 0x60000ull) return 4;
-#endif
-    return 3;
+    const unsigned int leaf7_b = b, leaf7_d = d;
+    if (((leaf7_b >> 5) & 1) && has_fma && has_f16c) f |= SDPA_FEATURE_AVX2;
+    const int avx512 = ((leaf7_b >> 16) & 1) && ((leaf7_b >> 17) & 1) && ((leaf7_b >> 30) & 1) && ((leaf7_b >> 31) & 1);
+    if (avx512 && (xcr0 & 0xE0) == 0xE0) f |= SDPA_FEATURE_AVX512;
+    if (max_subleaf >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        if ((a >> 5) & 1) f |= SDPA_FEATURE_AVX512_BF16; /* VDPBF16PS, VCVTNEPS2BF16 */
+    }
+    const int has_amx = ((leaf7_d >> 24) & 1) && ((leaf7_d >> 22) & 1); /* AMX-TILE, AMX-BF16 */
+    if (has_amx && (xcr0 & 0x60000ull) == 0x60000ull) f |= SDPA_FEATURE_AMX_BF16;
+    return f;
 }
 #else
-static int detect_level(void) { return 0; }
+static unsigned detect_features(void) { return 0; }
 #endif
 
-/* -1 until detected; every thread that races to detect finds the same value */
-static SDPA_ATOMIC(int) cpu_level_cache = -1;
+/* ~0u until detected; every thread that races to detect finds the same value */
+static SDPA_ATOMIC(unsigned) features_cache = ~0u;
 
-static int cpu_level(void) {
-    int level = sdpa_atomic_load(&cpu_level_cache);
-    if (level < 0) {
-        level = detect_level();
-        sdpa_atomic_store(&cpu_level_cache, level);
+static unsigned cpu_features(void) {
+    unsigned f = sdpa_atomic_load(&features_cache);
+    if (f == ~0u) {
+        f = detect_features();
+        sdpa_atomic_store(&features_cache, f);
     }
-    return level;
+    return f;
 }
+
+/* ---- the tile state ---- */
 
 /* The tile data permission: 0 not asked yet, 1 granted, -1 refused. */
 static SDPA_ATOMIC(int) amx_permission = 0;
+/* How many times a call asked the OS (for the tests) */
+static SDPA_ATOMIC(int) tile_requests;
+/* tests: the emulated set stands in for amx towards the OS's answer */
+static SDPA_ATOMIC(int) emulated_needs_tiles = 0;
 
 #if SDPA_HAVE_AMX_KERNELS
 #define SDPA_ARCH_GET_XCOMP_PERM 0x1022
 #define SDPA_ARCH_REQ_XCOMP_PERM 0x1023
 #define SDPA_XFEATURE_XTILEDATA 18
 
-static int ask_for_tiles(void) {
+int sdpa_dispatch_ask_for_tiles(void) {
     unsigned long bits = 0;
     const unsigned long get = SDPA_ARCH_GET_XCOMP_PERM, req = SDPA_ARCH_REQ_XCOMP_PERM;
     const unsigned long xtiledata = SDPA_XFEATURE_XTILEDATA;
     if (syscall(SYS_arch_prctl, get, &bits) == 0 && (bits >> xtiledata) & 1)
-        return 1;  /* granted before, by this library or another */
+        return 1; /* granted before, by this library or another */
     if (syscall(SYS_arch_prctl, req, xtiledata) != 0) return 0;
     bits = 0;
     return syscall(SYS_arch_prctl, get, &bits) == 0 && (bits >> xtiledata) & 1;
 }
 #else
-static int ask_for_tiles(void) { return 0; }
+int sdpa_dispatch_ask_for_tiles(void) { return 0; }
 #endif
 
 /* Whether this process may run tile instructions, asked of the OS once (two
  * threads racing here both ask; the answer is the same). */
-static SDPA_ATOMIC(int) tile_requests;
-
 static int tiles_permitted(void) {
     int state = sdpa_atomic_load(&amx_permission);
     if (state == 0) {
-        sdpa_atomic_store(&tile_requests, sdpa_atomic_load(&tile_requests) + 1);  /* a count for the tests */
-        state = ask_for_tiles() ? 1 : -1;
+        sdpa_atomic_store(&tile_requests, sdpa_atomic_load(&tile_requests) + 1);
+        state = sdpa_dispatch_ask_for_tiles() ? 1 : -1;
         sdpa_atomic_store(&amx_permission, state);
     }
     return state > 0;
 }
 
-static int index_of_name(const char *name) {
-    if (!name) return -1;
-    for (int i = 0; i < NUM_ISAS; i++)
-        if (strcmp(name, isa_tables[i]->name) == 0) return i;
-    /* names of sets this build has no code for (non-x86): known, never supported */
-    if (strcmp(name, "avx2") == 0 || strcmp(name, "avx512") == 0 || strcmp(name, "avx512_bf16") == 0 ||
-        strcmp(name, "amx") == 0)
-        return NUM_ISAS;
-    return -1;
-}
-
-/* tests: the emulated set stands in for amx towards the OS's answer */
-static SDPA_ATOMIC(int) emulated_needs_tiles = 0;
-
 static int needs_tiles(const kernel_table *kt) {
-#if SDPA_HAVE_AMX_KERNELS
-    if (kt == &sdpa_kernels_amx) return 1;
-#endif
+    if (kt->features & SDPA_FEATURE_AMX_BF16) return 1;
 #if SDPA_HAVE_X86_KERNELS
-    if (kt == &sdpa_kernels_amx_emulated && sdpa_atomic_load(&emulated_needs_tiles)) return 1;
+    if (strcmp(kt->name, sdpa_kernels_amx_emulated.name) == 0 && sdpa_atomic_load(&emulated_needs_tiles)) return 1;
 #endif
-    (void)kt;
     return 0;
 }
 
 /* kt needs the tile state, and the OS has refused it */
 static int tiles_refused(const kernel_table *kt) { return needs_tiles(kt) && sdpa_atomic_load(&amx_permission) < 0; }
 
-/* A set this CPU and build run, unless it needs the tile state and the OS
- * refused it (asked only when a call first needs tiles). */
-static int usable(int i) {
-    return i >= 0 && i < NUM_ISAS && i <= cpu_level() && !tiles_refused(isa_tables[i]);
+/* A set this CPU runs (its features), unless it needs the tile state and the
+ * OS refused it (asked only when a call first needs tiles). */
+static int runs_here(int i) {
+    const unsigned need = sets[i].declared->features;
+    return (cpu_features() & need) == need && !tiles_refused(sets[i].declared);
+}
+
+/* The index of the named set (test-only sets when allowed), -1 when this build
+ * has none of that name; NUM_SETS for a known name without code here. */
+static int index_of_name(const char *name, int allow_test_only) {
+    if (!name) return -1;
+    for (int i = 0; i < NUM_SETS; i++)
+        if (strcmp(name, sets[i].declared->name) == 0 && (allow_test_only || !sets[i].test_only)) return i;
+    for (size_t k = 0; k < sizeof(known_names) / sizeof(known_names[0]); k++)
+        if (strcmp(name, known_names[k]) == 0) return NUM_SETS;
+    return -1;
+}
+
+/* The best set this machine runs (the last, scalar, runs everywhere). */
+static int best_set(int skip_tiles) {
+    for (int i = 0; i < NUM_SETS; i++)
+        if (!sets[i].test_only && runs_here(i) && !(skip_tiles && needs_tiles(sets[i].declared))) return i;
+    return NUM_SETS - 1;
 }
 
 const kernel_table *sdpa_kernel_table_named(const char *name) {
-    int i = index_of_name(name);
-    return usable(i) ? isa_tables[i] : NULL;
+    int i = index_of_name(name, 0);
+    return i >= 0 && i < NUM_SETS && runs_here(i) ? complete(i) : NULL;
 }
 
-/* The choice: a table and whether it was named (SDPA_ISA, sdpa_set_isa), in one
+/* ---- the choice ---- */
+
+/* The choice: a set and whether it was named (SDPA_ISA, sdpa_set_isa), in one
  * pointer so that a call reads both at once; NULL once SDPA_ISA was found
  * unusable, with env_error set.  Decided on the first call that needs it. */
 typedef struct choice {
-    const kernel_table *kt;
+    int set;
     int by_name;
 } choice;
 
-#define SDPA_BOTH(t) {{&t, 0}, {&t, 1}}
-static const choice choices[][2] = {
-    SDPA_BOTH(sdpa_kernels_scalar),
-#if SDPA_HAVE_X86_KERNELS
-    SDPA_BOTH(sdpa_kernels_avx2),
-    SDPA_BOTH(sdpa_kernels_avx512),
-    SDPA_BOTH(sdpa_kernels_avx512_bf16),
-    SDPA_BOTH(sdpa_kernels_amx_emulated),
-#endif
-#if SDPA_HAVE_AMX_KERNELS
-    SDPA_BOTH(sdpa_kernels_amx),
-#endif
-};
+#define SDPA_BOTH(i) {{i, 0}, {i, 1}}
+static const choice choices[8][2] = {SDPA_BOTH(0), SDPA_BOTH(1), SDPA_BOTH(2), SDPA_BOTH(3),
+                                     SDPA_BOTH(4), SDPA_BOTH(5), SDPA_BOTH(6), SDPA_BOTH(7)};
 #undef SDPA_BOTH
-
-static const choice *choice_of(const kernel_table *kt, int by_name) {
-    for (size_t i = 0; i < sizeof(choices) / sizeof(choices[0]); i++)
-        if (choices[i][0].kt == kt) return &choices[i][by_name ? 1 : 0];
-    return NULL;
-}
+_Static_assert(NUM_SETS <= 8, "a choice for every set");
 
 enum { CHOICE_UNDECIDED, CHOICE_MADE, CHOICE_ENV_ERROR };
 static SDPA_ATOMIC(int) choice_state = CHOICE_UNDECIDED;
@@ -206,27 +281,27 @@ static SDPA_ATOMIC(const char *) env_error = NULL;
  * this runs when the module loads (sdpa_isa_env_error). */
 static void choose(void) {
     const char *forced = getenv("SDPA_ISA");
-    const kernel_table *kt = isa_tables[cpu_level()];
+    int set = best_set(0);
     const char *error = NULL;
     int by_name = 0;
     if (forced && *forced) {
-        int i = index_of_name(forced);
+        int i = index_of_name(forced, 0);
         if (i < 0)
-            error = "SDPA_ISA names no kernel set (the sets are scalar, avx2, avx512, avx512_bf16 and amx)";
-        else if (!usable(i))
+            error = "SDPA_ISA names no kernel set (the sets are " ALL_SET_NAMES ")";
+        else if (i == NUM_SETS || !runs_here(i))
             error = "SDPA_ISA names a kernel set this CPU or build cannot run";
         else
-            kt = isa_tables[i];
+            set = i;
         by_name = 1;
     }
     sdpa_atomic_store(&env_error, error);
-    sdpa_atomic_store(&chosen, error ? (const choice *)NULL : choice_of(kt, by_name));
+    sdpa_atomic_store(&chosen, error ? (const choice *)NULL : &choices[set][by_name]);
     sdpa_atomic_store(&choice_state, error ? CHOICE_ENV_ERROR : CHOICE_MADE);
 }
 
-/* An explicit choice (sdpa_set_isa, the test hooks): replaces whatever SDPA_ISA said. */
-static void make_choice(const choice *c) {
-    sdpa_atomic_store(&chosen, c);
+/* An explicit choice (sdpa_set_isa, the testing unit): replaces whatever SDPA_ISA said. */
+static void make_choice(int set, int by_name) {
+    sdpa_atomic_store(&chosen, &choices[set][by_name ? 1 : 0]);
     sdpa_atomic_store(&env_error, (const char *)NULL);
     sdpa_atomic_store(&choice_state, CHOICE_MADE);
 }
@@ -239,22 +314,20 @@ static const choice *current(void) {
 const kernel_table *sdpa_kernel_choice(int *by_name) {
     const choice *c = current();
     if (by_name) *by_name = c ? c->by_name : 0;
-    return c ? c->kt : NULL;
+    return c ? complete(c->set) : NULL;
 }
 
 const kernel_table *sdpa_kernel_table(void) { return sdpa_kernel_choice(NULL); }
 
 const kernel_table *sdpa_kernel_table_for_tiles(const kernel_table *kt, int by_name) {
     if (!needs_tiles(kt) || tiles_permitted()) return kt;
-#if SDPA_HAVE_X86_KERNELS
-    if (!by_name) return &sdpa_kernels_avx512_bf16;
-#endif
-    return NULL;  /* named (SDPA_ISA=amx, sdpa_set_isa): an error, never a silent fallback */
+    if (!by_name) return complete(best_set(1)); /* the best set without tiles */
+    return NULL; /* named (SDPA_ISA=amx, sdpa_set_isa): an error, never a silent fallback */
 }
 
 const char *sdpa_isa_env_error(void) {
     const choice *c = current();
-    if (c && c->by_name && tiles_refused(c->kt))
+    if (c && c->by_name && tiles_refused(sets[c->set].declared))
         return "the amx kernel set was named, and the OS refused this process the AMX tile state (arch_prctl)";
     return sdpa_atomic_load(&env_error);
 }
@@ -262,9 +335,9 @@ const char *sdpa_isa_env_error(void) {
 int sdpa_isa_supported(const char *name) { return sdpa_kernel_table_named(name) != NULL; }
 
 sdpa_status sdpa_set_isa(const char *name) {
-    const kernel_table *kt = sdpa_kernel_table_named(name);
-    if (!kt) return SDPA_ERR_BAD_ISA;
-    make_choice(choice_of(kt, 1));
+    int i = index_of_name(name, 0);
+    if (i < 0 || i == NUM_SETS || !runs_here(i)) return SDPA_ERR_BAD_ISA;
+    make_choice(i, 1);
     return SDPA_OK;
 }
 
@@ -272,58 +345,42 @@ void sdpa_reset_isa(void) { choose(); }
 
 const char *sdpa_isa_named(void) {
     const choice *c = current();
-    return c && c->by_name ? c->kt->name : NULL;
+    return c && c->by_name ? sets[c->set].declared->name : NULL;
 }
 
 const char *sdpa_isa(void) {
     const choice *c = current();
     if (!c) return "none";
-#if SDPA_HAVE_X86_KERNELS
-    /* the default choice whose tiles the OS refused runs as avx512_bf16 */
-    if (!c->by_name && tiles_refused(c->kt)) return sdpa_kernels_avx512_bf16.name;
-#endif
-    return c->kt->name;
+    /* the default choice whose tiles the OS refused runs as the best set without */
+    if (!c->by_name && tiles_refused(sets[c->set].declared)) return sets[best_set(1)].declared->name;
+    return sets[c->set].declared->name;
 }
 
-/* ---- test hooks (testing.h) ---- */
+/* ---- the state the testing unit drives (testing.h) ---- */
 
-int sdpa_testing_tile_requests(void) { return sdpa_atomic_load(&tile_requests); }
-
-int sdpa_testing_ask_for_tiles(void) { return ask_for_tiles(); }
-
-const kernel_table *sdpa_testing_table(const char *name) {
-#if SDPA_HAVE_X86_KERNELS
-    if (name && strcmp(name, "amx_emulated") == 0) return cpu_level() >= 3 ? &sdpa_kernels_amx_emulated : NULL;
-#endif
-    const kernel_table *kt = sdpa_kernel_table_named(name);
-    return kt && needs_tiles(kt) && !tiles_permitted() ? NULL : kt;  /* tiles only once granted */
+const kernel_table *sdpa_dispatch_find(const char *name, int *needs_tile_state, int declared) {
+    int i = index_of_name(name, 1);
+    if (i < 0 || i == NUM_SETS) return NULL;
+    const unsigned need = sets[i].declared->features;
+    if ((cpu_features() & need) != need) return NULL; /* the OS's answer on tiles is the caller's to ask */
+    if (needs_tile_state) *needs_tile_state = needs_tiles(sets[i].declared);
+    return declared ? sets[i].declared : complete(i);
 }
 
-sdpa_status sdpa_testing_use_kernels(const char *name) {
-#if SDPA_HAVE_X86_KERNELS
-    if (name && strcmp(name, "amx_emulated") == 0) {
-        if (cpu_level() < 3) return SDPA_ERR_BAD_ISA;  /* its other kernels are avx512_bf16's */
-        make_choice(choice_of(&sdpa_kernels_amx_emulated, 1));
-        return SDPA_OK;
-    }
-#endif
-    return sdpa_set_isa(name);
+int sdpa_dispatch_tiles_permitted(void) { return tiles_permitted(); }
+
+int sdpa_dispatch_tile_requests(void) { return sdpa_atomic_load(&tile_requests); }
+
+sdpa_status sdpa_dispatch_use(const kernel_table *kt, int by_name) {
+    for (int i = 0; i < NUM_SETS; i++)
+        if (complete(i) == kt) {
+            make_choice(i, by_name);
+            return SDPA_OK;
+        }
+    return SDPA_ERR_BAD_ISA;
 }
 
-sdpa_status sdpa_testing_stand_in(int mode, int as_default) {
-#if SDPA_HAVE_X86_KERNELS
-    if (mode == 0) {
-        sdpa_atomic_store(&emulated_needs_tiles, 0);
-        sdpa_atomic_store(&amx_permission, 0);  /* asked again when next needed */
-        return SDPA_OK;
-    }
-    if (cpu_level() < 3) return SDPA_ERR_BAD_ISA;
-    sdpa_atomic_store(&amx_permission, mode < 0 ? -1 : 0);
-    sdpa_atomic_store(&emulated_needs_tiles, 1);
-    make_choice(choice_of(&sdpa_kernels_amx_emulated, !as_default));
-    return SDPA_OK;
-#else
-    (void)as_default;
-    return mode == 0 ? SDPA_OK : SDPA_ERR_BAD_ISA;
-#endif
+void sdpa_dispatch_set_tile_state(int permission, int emulated_stands_in) {
+    sdpa_atomic_store(&amx_permission, permission);
+    sdpa_atomic_store(&emulated_needs_tiles, emulated_stands_in);
 }

@@ -77,16 +77,18 @@ static inline double sdpa_rescale_f64(double acc, double alpha) {
 /*
  * Kernels: single-threaded, allocation free.  Scores are kept transposed, keys
  * by query rows, so that a vector holds nr consecutive query rows and the
- * softmax statistics of nr rows are vector operations.  Contracts (f32 shown;
- * f64 is the same with double):
+ * softmax statistics of nr rows are vector operations.  Contracts (T is float
+ * or double; 16-bit and int8 operands widen exactly to T):
  *
+ *   widen(dt, src, dst, n)
+ *       dst[i] = src[i] as T, for n contiguous bfloat16 or float16 values.
  *   gemm(m, kdim, a, a_rs, a_ks, b, ldb, c, ldc, accumulate)
  *       c[r*ldc + x] (=, or += when accumulate) sum_{kk < kdim} a[r*a_rs + kk*a_ks] * b[kk*ldb + x]
  *       for r < m, x < nr.  a is read element by element (any strides); b and c
  *       rows are nr contiguous, aligned elements.
  *       Q K^T:  m = keys, kdim = E, a = K, b = the packed, scaled Q^T panel.
  *       P V:    m = Ev,  kdim = keys, a = V (transposed by its strides), b = P^T.
- *   softmax(s, n, row_max, row_sum, acc, ev)
+ *   online_softmax_update(s, n, row_max, row_sum, acc, ev)
  *       one key block of the online softmax for the nr query rows of a panel:
  *       s is n x nr scores (row stride nr), replaced by p = exp(s - new max);
  *       row_max, row_sum (nr each) are updated; acc (ev x nr) is rescaled by
@@ -94,8 +96,10 @@ static inline double sdpa_rescale_f64(double acc, double alpha) {
  *       scores are all -inf contributes nothing.
  *   exp(x, n)
  *       x[i] = e^x[i] in place; 0 below SDPA_EXP_CUT_F32 / _F64 (-inf included,
- *       never a subnormal), NaN gives NaN.  softmax and row_softmax use the same
+ *       never a subnormal), NaN gives NaN.  Both softmax updates use the same
  *       exp: every p they write, every rescale factor, is 0 or normal.
+ *   softcap(x, n, cap)
+ *       x[i] = cap * tanh(x[i] / cap).
  *
  * Row kernels, for a few query rows against many keys (decoding); rows of q, k,
  * v, p and acc are contiguous, with any alignment:
@@ -103,138 +107,169 @@ static inline double sdpa_rescale_f64(double acc, double alpha) {
  *       s[x*lds + j] = sum_{c<e} q[x*ldq + c] * k[j*ldk + c]          x < m, j < n
  *   pv_rows(m, n, ev, p, ldp, v, ldv, acc, ldacc)
  *       acc[x*ldacc + c] += sum_{j<n} p[x*ldp + j] * v[j*ldv + c]     x < m, c < ev
- *   row_softmax(s, n, row_max, row_sum, acc, ev)
+ *   row_online_softmax_update(s, n, row_max, row_sum, acc, ev)
  *       the online softmax step of one row: s[0..n) becomes exp(s - new max),
  *       *row_max and *row_sum are updated, acc[0..ev) is rescaled.
+ *   dot_half, pv_rows_half: dot and pv_rows with keys / values of a 16-bit dt,
+ *       the same sums as dot and pv_rows over the widened rows.
+ *   dot_i8, pv_rows_i8: dot and pv_rows with int8 keys / values, unscaled (the
+ *       driver applies the scales to the scores and to p).
+ *   dot_i8_grouped, pv_rows_i8_grouped: the same with a float32 scale per group
+ *       of g features, applied to each key / value vector as it is widened (row
+ *       j's features c.. scale by ks[j * ksr + (c / g) * ksc]); they return 0,
+ *       doing nothing, where the set's version cannot take g (the SIMD sets: g
+ *       a power of two, a multiple of the vector width, dividing e / ev), and
+ *       the driver then takes each group's dot_i8 / pv_rows_i8 in turn.
+ *
+ * Panel kernels (nr, the set's panel width, is passed for the portable ones,
+ * which serve every width; a set's own are built for its width).  Masks on a
+ * transposed score tile s (n keys x nr rows) for its first `rows` rows, the
+ * element of row x and key j at m[x*m_rs + j]:
+ *   mask_add:  s[j*nr + x] += m[...];   mask_bool: s[j*nr + x] = -inf where m[...] == 0
+ * Query panels and finished rows, for contiguous rows:
+ *   pack_q:     panel[c*nr + x] = scale * src[x*rs + c], x < rows, c < e; 0 for
+ *               the rows in [rows, nr)
+ *   store_rows: out[x*rs + c] = l == 0 ? 0 : acc[c*nr + x] * (1 / l), l = row_l[x],
+ *               x < rows, c < ev
+ *   pack_q_half, store_rows_half: the same over rows of a 16-bit dt, the query
+ *               widened exactly, the output rounded once as convert.h rounds.
+ * Row-mode copies of contiguous rows:
+ *   scale_copy:   dst[i] = scale * src[i]                   (a query row, scaled)
+ *   scale_copy_d: dst[i] = (T)((double)src[i] * inv)        (a finished row)
+ *
+ * Every set declares what it has; sdpa_complete_table fills the rest with the
+ * portable kernels (kernels/scalar.c), so that every entry the driver calls is
+ * set.  The one definition below makes the float and double tables alike:
+ * X(return type, name, parameters) for each entry.
  */
-typedef struct kernels_f32 {
-    int nr;  /* panel width: query rows per vector block (tiles: make_plan) */
-    /* dst[i] = src[i] as float, for n contiguous bfloat16 or float16 values */
-    void (*widen)(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n);
-    void (*gemm)(int m, int64_t kdim, const float *a, int64_t a_rs, int64_t a_ks, const float *b,
-                 int64_t ldb, float *c, int64_t ldc, int accumulate);
-    void (*softmax)(float *s, int n, float *row_max, float *row_sum, float *acc, int64_t ev);
-    void (*exp)(float *x, int64_t n);
-    void (*softcap)(float *x, int64_t n, float cap);  /* x = cap * tanh(x / cap) */
-    void (*dot)(int m, int n, int64_t e, const float *q, int64_t ldq, const float *k, int64_t ldk, float *s,
-                int64_t lds);
-    void (*pv_rows)(int m, int n, int64_t ev, const float *p, int64_t ldp, const float *v, int64_t ldv,
-                    float *acc, int64_t ldacc);
-    void (*row_softmax)(float *s, int n, float *row_max, float *row_sum, float *acc, int64_t ev);
-    /* bfloat16 products, NULL in sets without them.  a and b hold pairs of
-     * bfloat16 in 32 bits (the first in the low half), c is float:
-     *   gemm_bf16: c[r*ldc + x] (=, or += when accumulate)
-     *              sum_{p < kpairs} dot2(a[r*a_rs + p*a_ks], b[p*ldb + x])   r < m, x < nr */
+#define SDPA_TYPED_KERNELS(X, T)                                                                                  \
+    X(void, widen, (sdpa_dtype dt, const uint16_t *src, T *dst, int64_t n))                                       \
+    X(void, gemm, (int m, int64_t kdim, const T *a, int64_t a_rs, int64_t a_ks, const T *b, int64_t ldb, T *c,    \
+                   int64_t ldc, int accumulate))                                                                  \
+    X(void, online_softmax_update, (T * s, int n, T *row_max, T *row_sum, T *acc, int64_t ev))                    \
+    X(void, exp, (T * x, int64_t n))                                                                              \
+    X(void, softcap, (T * x, int64_t n, T cap))                                                                   \
+    X(void, dot, (int m, int n, int64_t e, const T *q, int64_t ldq, const T *k, int64_t ldk, T *s, int64_t lds)) \
+    X(void, pv_rows, (int m, int n, int64_t ev, const T *p, int64_t ldp, const T *v, int64_t ldv, T *acc,         \
+                      int64_t ldacc))                                                                             \
+    X(void, row_online_softmax_update, (T * s, int n, T *row_max, T *row_sum, T *acc, int64_t ev))                \
+    X(void, dot_half, (sdpa_dtype dt, int m, int n, int64_t e, const T *q, int64_t ldq, const uint16_t *k,        \
+                       int64_t ldk, T *s, int64_t lds))                                                           \
+    X(void, pv_rows_half, (sdpa_dtype dt, int m, int n, int64_t ev, const T *p, int64_t ldp, const uint16_t *v,   \
+                           int64_t ldv, T *acc, int64_t ldacc))                                                   \
+    X(void, dot_i8, (int m, int n, int64_t e, const T *q, int64_t ldq, const int8_t *k, int64_t ldk, T *s,        \
+                     int64_t lds))                                                                                \
+    X(void, pv_rows_i8, (int m, int n, int64_t ev, const T *p, int64_t ldp, const int8_t *v, int64_t ldv, T *acc, \
+                         int64_t ldacc))                                                                          \
+    X(int, dot_i8_grouped, (int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq, const int8_t *k,         \
+                            int64_t ldk, const float *ks, int64_t ksr, int64_t ksc, T *s, int64_t lds))           \
+    X(int, pv_rows_i8_grouped, (int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp, const int8_t *v,    \
+                                int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc, int64_t ldacc))   \
+    X(void, mask_add, (T * s, int nr, int n, int rows, const T *m, int64_t m_rs))                                 \
+    X(void, mask_bool, (T * s, int nr, int n, int rows, const uint8_t *m, int64_t m_rs))                          \
+    X(void, pack_q, (T * panel, int nr, const T *src, int rows, int64_t rs, int64_t e, T scale))                  \
+    X(void, store_rows, (T * out, int64_t rs, const T *acc, int nr, const T *row_l, int rows, int64_t ev))        \
+    X(void, pack_q_half, (sdpa_dtype dt, T *panel, int nr, const uint16_t *src, int rows, int64_t rs, int64_t e,  \
+                          T scale))                                                                               \
+    X(void, store_rows_half, (sdpa_dtype dt, uint16_t *out, int64_t rs, const T *acc, int nr, const T *row_l,     \
+                              int rows, int64_t ev))                                                              \
+    X(void, scale_copy, (T * dst, const T *src, int64_t n, T scale))                                              \
+    X(void, scale_copy_d, (T * dst, const T *src, int64_t n, double inv))
+
+#define SDPA_KERNEL_FIELD(ret, name, params) ret(*name) params;
+
+/* The bfloat16 products of a set that declares them (kernel_table.bf16_products;
+ * float only).  a and b hold pairs of bfloat16 in 32 bits (the first in the low
+ * half), c is float:
+ *   gemm_bf16: c[r*ldc + x] (=, or += when accumulate)
+ *              sum_{p < kpairs} dot2(a[r*a_rs + p*a_ks], b[p*ldb + x])   r < m, x < nr
+ * The tiled path around it (the panel is nr = 32 rows):
+ *   pack_q_pairs:  panel[p*nr + x] = the 32-bit word p of row x, i.e. the pair
+ *                  (src[x*rs + 2p], src[x*rs + 2p + 1]), x < rows, p < e2; 0 for
+ *                  the rows in [rows, nr).  Rows of 2*e2 contiguous values.
+ *   pack_v_pairs:  n rows of V (row stride rs, ev contiguous values each) as
+ *                  pairs along the keys, the row past an odd n zero: by_feature
+ *                  1: dst[c*ld + p], 0: dst[p*ld + c]; p < ceil(n/2), c < ev
+ *   online_softmax_pairs: the online softmax update on s * scale (scale > 0, s
+ *                  not written), then P as pairs, pp[p*nr + x] = (p of key 2p, of
+ *                  key 2p + 1) rounded to bfloat16 (the pair past an odd n zero):
+ *                  the values of scaling s, the update and rounding P in turn, to
+ *                  float's rounding, except that row_max may stay below the rows'
+ *                  max by a set headroom (the terms and the sum are then taken
+ *                  against it: m + log(sum), e^(s - m) / sum are the same)
+ *   tiles_begin, tiles_end: around the products of one task (AMX: the tile
+ *                  configuration, loaded once instead of per product; the
+ *                  portable ones do nothing). */
+typedef struct kernels_bf16 {
     void (*gemm_bf16)(int m, int64_t kpairs, const uint32_t *a, int64_t a_rs, int64_t a_ks, const uint32_t *b,
                       int64_t ldb, float *c, int64_t ldc, int accumulate);
-    /* 1: the bfloat16 tiled path packs V pairs feature by feature, [Ev][pairs],
-     * so that P V's a is contiguous along the pairs (AMX tiles load it in
-     * place); 0: pair by pair, [pairs][Ev] (a broadcast reads one pair at a
-     * time).  gemm_bf16 is correct with either; this is its fast layout. */
-    int bf16_values_by_feature;
+    /* 1: V pairs packed feature by feature, [Ev][pairs], so that P V's a is
+     * contiguous along the pairs (AMX tiles load it in place); 0: pair by pair,
+     * [pairs][Ev] (a broadcast reads one pair at a time).  gemm_bf16 is correct
+     * with either; this is its fast layout. */
+    int values_by_feature;
     /* gemm_bf16 reads its a and b in blocks of this many pairs (AMX: 16, a tile
      * row), and a part block goes through a copy: K rows and query panels are
      * then padded with zero pairs to whole blocks where K is packed (0 or 1:
      * any count is as fast) */
-    int bf16_pairs_block;
-    /* The bfloat16 tiled path around gemm_bf16 (NULL in sets without it; the
-     * panel is nr = 32 rows):
-     *   pack_q_pairs:  panel[p*nr + x] = the 32-bit word p of row x, i.e. the pair
-     *                  (src[x*rs + 2p], src[x*rs + 2p + 1]), x < rows, p < e2; 0 for
-     *                  the rows in [rows, nr).  Rows of 2*e2 contiguous values.
-     *   pack_v_pairs:  n rows of V (row stride rs, ev contiguous values each) as
-     *                  pairs along the keys, the row past an odd n zero: by_feature
-     *                  1: dst[c*ld + p], 0: dst[p*ld + c]; p < ceil(n/2), c < ev
-     *   softmax_pairs: softmax on s * scale (scale > 0, s not written), then P as
-     *                  pairs, pp[p*nr + x] = (p of key 2p, of key 2p + 1) rounded to
-     *                  bfloat16 (the pair past an odd n zero): the values of scaling
-     *                  s, softmax and rounding P in turn, to float's rounding, except
-     *                  that row_max may stay below the rows' max by a set
-     *                  headroom (the terms and the sum are then taken against it:
-     *                  m + log(sum), e^(s - m) / sum are the same) */
+    int pairs_block;
     void (*pack_q_pairs)(uint32_t *panel, const uint16_t *src, int rows, int64_t rs, int64_t e2);
     void (*pack_v_pairs)(int by_feature, uint32_t *dst, int64_t ld, const uint16_t *src, int64_t rs, int n,
                          int64_t ev);
-    void (*softmax_pairs)(const float *s, int n, float scale, float *row_max, float *row_sum, float *acc, int64_t ev,
-                          uint32_t *pp);
-    /* Around the products of one task (NULL: nothing to do): gemm_bf16 then
-     * runs with the state tiles_begin set up (AMX: the tile configuration,
-     * loaded once instead of per product) until tiles_end. */
+    void (*online_softmax_pairs)(const float *s, int n, float scale, float *row_max, float *row_sum, float *acc,
+                                 int64_t ev, uint32_t *pp);
     void (*tiles_begin)(void);
     void (*tiles_end)(void);
-    /* dot and pv_rows with keys / values of a 16-bit dt (NULL: convert first) */
-    void (*dot_half)(sdpa_dtype dt, int m, int n, int64_t e, const float *q, int64_t ldq, const uint16_t *k,
-                     int64_t ldk, float *s, int64_t lds);
-    void (*pv_rows_half)(sdpa_dtype dt, int m, int n, int64_t ev, const float *p, int64_t ldp, const uint16_t *v,
-                         int64_t ldv, float *acc, int64_t ldacc);
-    /* dot and pv_rows with int8 keys / values, unscaled (the driver applies the
-     * scales to the scores and to p; NULL: dequantize first) */
-    void (*dot_i8)(int m, int n, int64_t e, const float *q, int64_t ldq, const int8_t *k, int64_t ldk, float *s,
-                   int64_t lds);
-    void (*pv_rows_i8)(int m, int n, int64_t ev, const float *p, int64_t ldp, const int8_t *v, int64_t ldv,
-                       float *acc, int64_t ldacc);
-    /* the same with a float32 scale per group of g features, applied to each key /
-     * value vector as it is widened (row j's features c.. scale by
-     * ks[j * ksr + (c / g) * ksc]); return 0, doing nothing, unless g is a power of
-     * two, a multiple of the vector width, and divides e / ev (NULL: per group in
-     * the driver) */
-    int (*dot_i8g)(int m, int n, int64_t e, int64_t g, const float *q, int64_t ldq, const int8_t *k, int64_t ldk,
-                   const float *ks, int64_t ksr, int64_t ksc, float *s, int64_t lds);
-    int (*pv_rows_i8g)(int m, int n, int64_t ev, int64_t g, const float *p, int64_t ldp, const int8_t *v,
-                       int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, float *acc, int64_t ldacc);
-    /* Masks on a transposed score tile s (n keys x nr rows) for its first `rows`
-     * rows, the element of row x and key j at m[x*m_rs + j] (NULL: per element
-     * in the driver):  mask_add: s[j*nr + x] += m[...];
-     *                  mask_bool: s[j*nr + x] = -inf where m[...] == 0 */
-    void (*mask_add)(float *s, int n, int rows, const float *m, int64_t m_rs);
-    void (*mask_bool)(float *s, int n, int rows, const uint8_t *m, int64_t m_rs);
-    /* Query panels and finished rows, for contiguous rows (NULL: in the driver):
-     *   pack_q:     panel[c*nr + x] = scale * src[x*rs + c], x < rows, c < e; 0 for
-     *               the rows in [rows, nr)
-     *   store_rows: out[x*rs + c] = l == 0 ? 0 : acc[c*nr + x] * (1 / l), l = row_l[x],
-     *               x < rows, c < ev */
-    void (*pack_q)(float *panel, const float *src, int rows, int64_t rs, int64_t e, float scale);
-    void (*store_rows)(float *out, int64_t rs, const float *acc, const float *row_l, int rows, int64_t ev);
-    /* the same over rows of a 16-bit dt (bfloat16 or float16): the query widened
-     * exactly, the output rounded once as convert.h rounds (NULL: in the driver) */
-    void (*pack_q_half)(sdpa_dtype dt, float *panel, const uint16_t *src, int rows, int64_t rs, int64_t e,
-                        float scale);
-    void (*store_rows_half)(sdpa_dtype dt, uint16_t *out, int64_t rs, const float *acc, const float *row_l, int rows,
-                            int64_t ev);
-    /* Row-mode copies of contiguous rows (NULL: in the driver), the same
-     * arithmetic as its scalar loops, so the same bits:
-     *   scale_copy:   dst[i] = scale * src[i]                   (a query row, scaled)
-     *   scale_copy_d: dst[i] = (float)((double)src[i] * inv)    (a finished row) */
-    void (*scale_copy)(float *dst, const float *src, int64_t n, float scale);
-    void (*scale_copy_d)(float *dst, const float *src, int64_t n, double inv);
+} kernels_bf16;
+
+typedef struct kernels_f32 {
+    int nr; /* panel width: query rows per vector block (tiles: make_plan) */
+    SDPA_TYPED_KERNELS(SDPA_KERNEL_FIELD, float)
+    kernels_bf16 bf16;
 } kernels_f32;
 
 typedef struct kernels_f64 {
     int nr;
-    void (*gemm)(int m, int64_t kdim, const double *a, int64_t a_rs, int64_t a_ks, const double *b,
-                 int64_t ldb, double *c, int64_t ldc, int accumulate);
-    void (*softmax)(double *s, int n, double *row_max, double *row_sum, double *acc, int64_t ev);
-    void (*exp)(double *x, int64_t n);
-    void (*softcap)(double *x, int64_t n, double cap);
-    void (*dot)(int m, int n, int64_t e, const double *q, int64_t ldq, const double *k, int64_t ldk, double *s,
-                int64_t lds);
-    void (*pv_rows)(int m, int n, int64_t ev, const double *p, int64_t ldp, const double *v, int64_t ldv,
-                    double *acc, int64_t ldacc);
-    void (*row_softmax)(double *s, int n, double *row_max, double *row_sum, double *acc, int64_t ev);
+    SDPA_TYPED_KERNELS(SDPA_KERNEL_FIELD, double)
 } kernels_f64;
 
-/* One instruction-set level: its kernels and blocking for each element type.
- * Tables are written with designated initializers. */
+/* The CPU (and OS) features a kernel set needs: dispatch.c runs the best set
+ * whose features the machine has. */
+enum {
+    SDPA_FEATURE_AVX2 = 1 << 0,        /* AVX2, FMA, F16C; the OS saves ymm */
+    SDPA_FEATURE_AVX512 = 1 << 1,      /* AVX-512 F, BW, DQ, VL; the OS saves zmm and opmasks */
+    SDPA_FEATURE_AVX512_BF16 = 1 << 2, /* VDPBF16PS, VCVTNEPS2BF16 */
+    SDPA_FEATURE_AMX_BF16 = 1 << 3,    /* AMX-TILE, AMX-BF16; the OS saves the tile state (XCR0), and
+                                          grants it to the process at the first call that needs it */
+};
+
+/* One kernel set: its name, the features it needs, and its kernels for each
+ * element type.  Tables are written with designated initializers and hold what
+ * the set has; sdpa_complete_table fills the rest. */
 typedef struct kernel_table {
     const char *name;
+    unsigned features;
+    int bf16_products; /* 1: f32.bf16 is the set's (bfloat16 problems multiply pairs), 0: none */
     kernels_f32 f32;
     kernels_f64 f64;
 } kernel_table;
 
+/* dst = src with every entry src does not set taken from the portable kernels,
+ * the scalar set's table (kernels/scalar.c), which has them all: the reference
+ * every other set is tested against.  bfloat16 products are not filled in (a
+ * set has them or not), their tiles_begin and tiles_end are.  Returns the
+ * number of entries filled. */
+int sdpa_complete_table(kernel_table *dst, const kernel_table *src);
+
+/* Whether every entry of kt is set (its bfloat16 products too, if it declares
+ * them): the completeness of the tables the driver runs with. */
+int sdpa_table_is_complete(const kernel_table *kt);
+
 /* Bytes of one element of dt. */
 size_t sdpa_dtype_size(sdpa_dtype dt);
 
-/* The portable widening kernel (scalar conversions of convert.h). */
+
+/* The portable widening (scalar conversions of convert.h), for the SIMD sets' tails. */
 void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n);
 
 /* The table for this CPU, or the one forced by SDPA_ISA, chosen once; NULL when
@@ -262,7 +297,7 @@ const kernel_table *sdpa_kernel_table_named(const char *name);
 /* Why SDPA_ISA cannot be honoured (a static message), or NULL when it can. */
 const char *sdpa_isa_env_error(void);
 
-/* The portable C kernels: the reference every other level is tested against. */
+/* The declared tables of each set (what the set has; dispatch.c completes them). */
 extern const kernel_table sdpa_kernels_scalar;
 #if SDPA_HAVE_X86_KERNELS
 extern const kernel_table sdpa_kernels_avx2;
@@ -283,12 +318,17 @@ extern const kernel_table sdpa_kernels_amx;
 #define sdpa_atomic_load(p) (*(p))
 #define sdpa_atomic_store(p, v) (*(p) = (v))
 #define sdpa_atomic_add(p, v) (*(p) += (v)) /* counters of the profile only */
+#include <intrin.h>
+/* int and long are both 32 bits there */
+#define sdpa_atomic_cas(p, expected, desired) \
+    (_InterlockedCompareExchange((volatile long *)(p), (desired), *(expected)) == *(expected))
 #else
 #include <stdatomic.h>
 #define SDPA_ATOMIC(type) _Atomic(type)
 #define sdpa_atomic_load(p) atomic_load(p)
 #define sdpa_atomic_store(p, v) atomic_store(p, v)
 #define sdpa_atomic_add(p, v) atomic_fetch_add(p, v)
+#define sdpa_atomic_cas(p, expected, desired) atomic_compare_exchange_strong(p, expected, desired)
 #endif
 
 #endif

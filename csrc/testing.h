@@ -11,7 +11,7 @@ sdpa_status sdpa_kernel_exp(const char *name, sdpa_dtype dtype, void *x, int64_t
  * aligned memory, written back: row 0: softmax on a panel, s n x nr, row_max
  * and row_sum nr, acc ev x nr, with nr = sdpa_testing_panel_rows; row 1:
  * row_softmax on one row, s n, row_max and row_sum 1, acc ev; row 2 (float32,
- * sets with bfloat16 products): softmax_pairs on the panel at scale 1, its P
+ * sets with bfloat16 products): online_softmax_pairs on the panel at scale 1, its P
  * pairs written back over s's first ceil(n/2) rows (the rest zero). */
 sdpa_status sdpa_testing_softmax(const char *name, sdpa_dtype dtype, int row, void *s, int n, void *row_max,
                                  void *row_sum, void *acc, int64_t ev);
@@ -72,6 +72,25 @@ const kernel_table *sdpa_testing_table(const char *name);
 sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
                                    int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
                                    int accumulate, long repeat);
+
+/* Whether the named table (as sdpa_testing_table finds it; with `declared`,
+ * the set's own table before completion) is complete: every kernel the driver
+ * may call is set (sdpa_table_is_complete); -1 when there is no such table. */
+int sdpa_testing_table_complete(const char *name, int declared);
+
+/* What dispatch.c lets the testing unit see and drive: the complete table (or
+ * the declared one) of any set this CPU has the features for (test-only sets
+ * too; needs_tile_state:
+ * whether its bfloat16 calls need the OS's tile state), the OS's answer on the
+ * tile state (asked once) and how many calls asked, the choice of a set, and
+ * the tile state itself (permission 0 not asked, 1 granted, -1 refused; the
+ * emulated set standing in for amx). */
+const kernel_table *sdpa_dispatch_find(const char *name, int *needs_tile_state, int declared);
+int sdpa_dispatch_tiles_permitted(void);
+int sdpa_dispatch_tile_requests(void);
+int sdpa_dispatch_ask_for_tiles(void);
+sdpa_status sdpa_dispatch_use(const kernel_table *kt, int by_name);
+void sdpa_dispatch_set_tile_state(int permission, int emulated_stands_in);
 
 /* The phase profile of the tiled path (attention.c): start zeroes the totals
  * and turns the timers on for the calls planned from then on; read fills ns[i]

@@ -228,19 +228,20 @@ static void scale_copy_d_avx2(float *dst, const float *src, int64_t n, double in
 
 const kernel_table sdpa_kernels_avx2 = {
     .name = "avx2",
+    .features = SDPA_FEATURE_AVX2,
     .f32 = {.nr = panel_rows_avx2_f32, .widen = widen_avx2,
-            .gemm = gemm_avx2_f32, .softmax = softmax_avx2_f32, .exp = exp_avx2_f32, .softcap = softcap_avx2_f32,
-            .dot = dot_avx2_f32, .pv_rows = pv_rows_avx2_f32, .row_softmax = row_softmax_avx2_f32,
+            .gemm = gemm_avx2_f32, .online_softmax_update = online_softmax_update_avx2_f32, .exp = exp_avx2_f32, .softcap = softcap_avx2_f32,
+            .dot = dot_avx2_f32, .pv_rows = pv_rows_avx2_f32, .row_online_softmax_update = row_online_softmax_update_avx2_f32,
             .dot_half = dot_half_avx2_f32, .pv_rows_half = pv_rows_half_avx2_f32,
             .dot_i8 = dot_i8_avx2_f32, .pv_rows_i8 = pv_rows_i8_avx2_f32,
-            .dot_i8g = dot_i8g_avx2_f32, .pv_rows_i8g = pv_rows_i8g_avx2_f32,
+            .dot_i8_grouped = dot_i8_grouped_avx2_f32, .pv_rows_i8_grouped = pv_rows_i8_grouped_avx2_f32,
             .mask_add = mask_add_avx2_f32, .mask_bool = mask_bool_avx2_f32,
             .pack_q = pack_q_avx2_f32, .store_rows = store_rows_avx2_f32,
             .pack_q_half = pack_q_half_avx2_f32, .store_rows_half = store_rows_half_avx2_f32,
             .scale_copy = scale_copy_avx2, .scale_copy_d = scale_copy_d_avx2},
     .f64 = {.nr = panel_rows_avx2_f64,
-            .gemm = gemm_avx2_f64, .softmax = softmax_avx2_f64, .exp = exp_avx2_f64, .softcap = softcap_avx2_f64,
-            .dot = dot_avx2_f64, .pv_rows = pv_rows_avx2_f64, .row_softmax = row_softmax_avx2_f64},
+            .gemm = gemm_avx2_f64, .online_softmax_update = online_softmax_update_avx2_f64, .exp = exp_avx2_f64, .softcap = softcap_avx2_f64,
+            .dot = dot_avx2_f64, .pv_rows = pv_rows_avx2_f64, .row_online_softmax_update = row_online_softmax_update_avx2_f64},
 };
 
 #endif /* SDPA_HAVE_X86_KERNELS */

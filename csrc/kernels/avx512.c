@@ -403,15 +403,15 @@ static inline __attribute__((always_inline)) void exp_pairs_avx512(const float *
 #define LAZY_MAX_HEADROOM 65536.0f
 
 /* The online softmax step of a 32-row panel with the scores' scale folded in
- * and P written as bfloat16 pairs (internal.h's softmax_pairs).  Its
+ * and P written as bfloat16 pairs (internal.h's online_softmax_pairs).  Its
  * exponentials are taken in base 2 from one fused multiply-add per score,
  * (s * scale - m) log2 e = s (scale log2 e) - m log2 e, within 3e-6 of
- * softmax_avx512_f32's (P is then rounded to bfloat16 anyway, 3.9e-3).
+ * online_softmax_update_avx512_f32's (P is then rounded to bfloat16 anyway, 3.9e-3).
  * row_max is the max the terms are taken against: the rows' running max, or
  * less by at most ln 2^16 (the lse, m + log l, and the weights,
  * e^(s - m) / l, are the same either way).  scale > 0: the largest scaled
  * score is the scaled largest score (rounding is monotonic). */
-static void softmax_pairs_avx512(const float *s, int n, float scale, float *row_max, float *row_sum, float *acc,
+static void online_softmax_pairs_avx512(const float *s, int n, float scale, float *row_max, float *row_sum, float *acc,
                                  int64_t ev, uint32_t *pp) {
     const float log2e = 1.44269504088896341f;
     const __m512 vs = _mm512_set1_ps(scale), c = _mm512_set1_ps(scale * log2e);
@@ -530,25 +530,27 @@ enum { bf16_panel_rows = BF16_NV * 16 };
 
 /* The float32 kernels every AVX-512 set shares. */
 #define AVX512_F32_KERNELS                                                                                     \
-    .nr = panel_rows_avx512_f32, .widen = widen_avx512, .gemm = gemm_avx512_f32, .softmax = softmax_avx512_f32, \
+    .nr = panel_rows_avx512_f32, .widen = widen_avx512, .gemm = gemm_avx512_f32, .online_softmax_update = online_softmax_update_avx512_f32, \
     .exp = exp_avx512_f32, .softcap = softcap_avx512_f32, .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, \
-    .row_softmax = row_softmax_avx512_f32, .dot_half = dot_half_avx512_f32,                                    \
+    .row_online_softmax_update = row_online_softmax_update_avx512_f32, .dot_half = dot_half_avx512_f32,                                    \
     .pv_rows_half = pv_rows_half_avx512_f32, .dot_i8 = dot_i8_avx512_f32, .pv_rows_i8 = pv_rows_i8_avx512_f32,  \
-    .dot_i8g = dot_i8g_avx512_f32, .pv_rows_i8g = pv_rows_i8g_avx512_f32, .mask_add = mask_add_avx512_f32,     \
+    .dot_i8_grouped = dot_i8_grouped_avx512_f32, .pv_rows_i8_grouped = pv_rows_i8_grouped_avx512_f32, .mask_add = mask_add_avx512_f32,     \
     .mask_bool = mask_bool_avx512_f32, .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32,         \
     .pack_q_half = pack_q_half_avx512_f32, .store_rows_half = store_rows_half_avx512_f32,                      \
     .scale_copy = scale_copy_avx512, .scale_copy_d = scale_copy_d_avx512
 /* The bfloat16 pair kernels of the avx512_bf16 and amx sets. */
 #define BF16_PAIR_KERNELS                                                                                     \
     .pack_q_pairs = pack_q_pairs_avx512, .pack_v_pairs = pack_v_pairs_set_avx512,                            \
-    .softmax_pairs = softmax_pairs_avx512
+    .online_softmax_pairs = online_softmax_pairs_avx512
 #define AVX512_F64_KERNELS                                                                                     \
-    .nr = panel_rows_avx512_f64, .gemm = gemm_avx512_f64, .softmax = softmax_avx512_f64, .exp = exp_avx512_f64, \
-    .softcap = softcap_avx512_f64, .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64,                       \
-    .row_softmax = row_softmax_avx512_f64
+    .nr = panel_rows_avx512_f64, .gemm = gemm_avx512_f64, .online_softmax_update = online_softmax_update_avx512_f64, \
+    .exp = exp_avx512_f64, .softcap = softcap_avx512_f64, .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64,  \
+    .row_online_softmax_update = row_online_softmax_update_avx512_f64
+#define AVX512_FEATURES (SDPA_FEATURE_AVX2 | SDPA_FEATURE_AVX512)
 
 const kernel_table sdpa_kernels_avx512 = {
     .name = "avx512",
+    .features = AVX512_FEATURES,
     .f32 = {AVX512_F32_KERNELS},
     .f64 = {AVX512_F64_KERNELS},
 };
@@ -556,7 +558,9 @@ const kernel_table sdpa_kernels_avx512 = {
 /* The avx512 set plus bfloat16 dot products for bfloat16 problems. */
 const kernel_table sdpa_kernels_avx512_bf16 = {
     .name = "avx512_bf16",
-    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_avx512, BF16_PAIR_KERNELS},
+    .features = AVX512_FEATURES | SDPA_FEATURE_AVX512_BF16,
+    .bf16_products = 1,
+    .f32 = {AVX512_F32_KERNELS, .bf16 = {.gemm_bf16 = gemm_bf16_avx512, BF16_PAIR_KERNELS}},
     .f64 = {AVX512_F64_KERNELS},
 };
 
@@ -564,9 +568,11 @@ const kernel_table sdpa_kernels_avx512_bf16 = {
 /* The avx512_bf16 set with its bfloat16 products on AMX tiles. */
 const kernel_table sdpa_kernels_amx = {
     .name = "amx",
-    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx, BF16_PAIR_KERNELS,
-            .bf16_values_by_feature = 1, .bf16_pairs_block = 16, .tiles_begin = tiles_begin_amx,
-            .tiles_end = tiles_end_amx},
+    .features = AVX512_FEATURES | SDPA_FEATURE_AVX512_BF16 | SDPA_FEATURE_AMX_BF16,
+    .bf16_products = 1,
+    .f32 = {AVX512_F32_KERNELS,
+            .bf16 = {.gemm_bf16 = gemm_bf16_amx, BF16_PAIR_KERNELS, .values_by_feature = 1, .pairs_block = 16,
+                     .tiles_begin = tiles_begin_amx, .tiles_end = tiles_end_amx}},
     .f64 = {AVX512_F64_KERNELS},
 };
 #endif
@@ -575,16 +581,18 @@ const kernel_table sdpa_kernels_amx = {
  * avx512_bf16 does. */
 const kernel_table sdpa_kernels_amx_emulated = {
     .name = "amx_emulated",
-    .f32 = {AVX512_F32_KERNELS, .gemm_bf16 = gemm_bf16_amx_emulated,
-            BF16_PAIR_KERNELS, .bf16_values_by_feature = 1, .bf16_pairs_block = 16,
-            .tiles_begin = tiles_begin_amx_emulated,
-            .tiles_end = tiles_end_amx_emulated},
+    .features = AVX512_FEATURES | SDPA_FEATURE_AVX512_BF16,
+    .bf16_products = 1,
+    .f32 = {AVX512_F32_KERNELS,
+            .bf16 = {.gemm_bf16 = gemm_bf16_amx_emulated, BF16_PAIR_KERNELS, .values_by_feature = 1,
+                     .pairs_block = 16, .tiles_begin = tiles_begin_amx_emulated, .tiles_end = tiles_end_amx_emulated}},
     .f64 = {AVX512_F64_KERNELS},
 };
 
 #undef AVX512_F32_KERNELS
 #undef AVX512_F64_KERNELS
 #undef BF16_PAIR_KERNELS
+#undef AVX512_FEATURES
 
 _Static_assert((int)bf16_panel_rows == (int)panel_rows_avx512_f32, "the bfloat16 panel is the float32 one");
 _Static_assert((int)panel_rows_avx512_f32 == 32, "the AMX kernel's C and B tiles cover a panel of 32 rows");

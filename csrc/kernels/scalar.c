@@ -1,16 +1,10 @@
 /* Portable C kernels: plain loops the compiler can vectorize for the baseline
- * target.  They define the contracts in internal.h for every other level. */
+ * target.  They define the contracts in internal.h for every other set, and
+ * fill in whatever another set does not have (sdpa_complete_table). */
 #include <math.h>
 
 #include "../convert.h"
 #include "../internal.h"
-
-void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n) {
-    if (dt == SDPA_BFLOAT16)
-        for (int64_t i = 0; i < n; i++) dst[i] = sdpa_bf16_to_f32(src[i]);
-    else
-        for (int64_t i = 0; i < n; i++) dst[i] = sdpa_f16_to_f32(src[i]);
-}
 
 #define SCALAR_NR 16
 
@@ -34,12 +28,26 @@ void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t
 #undef EXP
 #undef RESCALE
 
+/* the SIMD sets' widening tails */
+void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n) { widen_f32(dt, src, dst, n); }
+
+/* the bfloat16 products' state around a task: none without tiles */
+static void tiles_none(void) {}
+
+#define PORTABLE(suf)                                                                                          \
+    .nr = SCALAR_NR, .widen = widen_##suf, .gemm = gemm_##suf, .online_softmax_update = online_softmax_update_##suf, \
+    .exp = exp_##suf, .softcap = softcap_##suf, .dot = dot_##suf, .pv_rows = pv_rows_##suf,                    \
+    .row_online_softmax_update = row_online_softmax_update_##suf, .dot_half = dot_half_##suf,                  \
+    .pv_rows_half = pv_rows_half_##suf, .dot_i8 = dot_i8_##suf, .pv_rows_i8 = pv_rows_i8_##suf,                \
+    .dot_i8_grouped = dot_i8_grouped_##suf, .pv_rows_i8_grouped = pv_rows_i8_grouped_##suf,                    \
+    .mask_add = mask_add_##suf, .mask_bool = mask_bool_##suf, .pack_q = pack_q_##suf,                          \
+    .store_rows = store_rows_##suf, .pack_q_half = pack_q_half_##suf, .store_rows_half = store_rows_half_##suf, \
+    .scale_copy = scale_copy_##suf, .scale_copy_d = scale_copy_d_##suf
+
+/* Every entry but the bfloat16 products: what completes every other set's table. */
 const kernel_table sdpa_kernels_scalar = {
     .name = "scalar",
-    .f32 = {.nr = SCALAR_NR, .widen = sdpa_widen_portable,
-            .gemm = gemm_f32, .softmax = softmax_f32, .exp = exp_f32, .softcap = softcap_f32,
-            .dot = dot_f32, .pv_rows = pv_rows_f32, .row_softmax = row_softmax_f32},
-    .f64 = {.nr = SCALAR_NR,
-            .gemm = gemm_f64, .softmax = softmax_f64, .exp = exp_f64, .softcap = softcap_f64,
-            .dot = dot_f64, .pv_rows = pv_rows_f64, .row_softmax = row_softmax_f64},
+    .features = 0,
+    .f32 = {PORTABLE(f32), .bf16 = {.tiles_begin = tiles_none, .tiles_end = tiles_none}},
+    .f64 = {PORTABLE(f64)},
 };

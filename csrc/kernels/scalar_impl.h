@@ -20,7 +20,7 @@ static void FN(gemm)(int m, int64_t kdim, const T *a, int64_t a_rs, int64_t a_ks
     }
 }
 
-static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
+static void FN(online_softmax_update)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
     T m_new[SCALAR_NR], m_sub[SCALAR_NR], alpha[SCALAR_NR], sum[SCALAR_NR];
     for (int x = 0; x < SCALAR_NR; x++) {
         T mx = row_max[x];
@@ -85,7 +85,7 @@ static void FN(pv_rows)(int m, int n, int64_t ev, const T *p, int64_t ldp, const
     }
 }
 
-static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
+static void FN(row_online_softmax_update)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
     T mx = *row_max;
     for (int j = 0; j < n; j++) {
         if (s[j] > mx || s[j] != s[j]) mx = s[j];
@@ -103,6 +103,158 @@ static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t
     *row_max = mx;
     if (alpha == 1) return;  /* the max did not grow */
     for (int64_t c = 0; c < ev; c++) acc[c] = RESCALE(acc[c], alpha);
+}
+
+
+/* ---- the rest of the contracts: the same sums, in the same order, as dot,
+ * pv_rows and the driver's element loops over widened or converted values ---- */
+
+static inline T FN(half_value)(sdpa_dtype dt, uint16_t h) {
+    return (T)(dt == SDPA_BFLOAT16 ? sdpa_bf16_to_f32(h) : sdpa_f16_to_f32(h));
+}
+
+static void FN(widen)(sdpa_dtype dt, const uint16_t *src, T *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = FN(half_value)(dt, src[i]);
+}
+
+static void FN(dot_half)(sdpa_dtype dt, int m, int n, int64_t e, const T *q, int64_t ldq, const uint16_t *k,
+                         int64_t ldk, T *s, int64_t lds) {
+    for (int x = 0; x < m; x++)
+        for (int j = 0; j < n; j++) {
+            const T *qx = q + x * ldq;
+            const uint16_t *kj = k + j * ldk;
+            T acc = 0;
+            for (int64_t c = 0; c < e; c++) acc += qx[c] * FN(half_value)(dt, kj[c]);
+            s[x * lds + j] = acc;
+        }
+}
+
+static void FN(pv_rows_half)(sdpa_dtype dt, int m, int n, int64_t ev, const T *p, int64_t ldp, const uint16_t *v,
+                             int64_t ldv, T *acc, int64_t ldacc) {
+    for (int x = 0; x < m; x++) {
+        T *ax = acc + x * ldacc;
+        for (int j = 0; j < n; j++) {
+            const T w = p[x * ldp + j];
+            const uint16_t *vj = v + j * ldv;
+            for (int64_t c = 0; c < ev; c++) ax[c] += w * FN(half_value)(dt, vj[c]);
+        }
+    }
+}
+
+static void FN(dot_i8)(int m, int n, int64_t e, const T *q, int64_t ldq, const int8_t *k, int64_t ldk, T *s,
+                       int64_t lds) {
+    for (int x = 0; x < m; x++)
+        for (int j = 0; j < n; j++) {
+            const T *qx = q + x * ldq;
+            const int8_t *kj = k + j * ldk;
+            T acc = 0;
+            for (int64_t c = 0; c < e; c++) acc += qx[c] * (T)kj[c];
+            s[x * lds + j] = acc;
+        }
+}
+
+static void FN(pv_rows_i8)(int m, int n, int64_t ev, const T *p, int64_t ldp, const int8_t *v, int64_t ldv, T *acc,
+                           int64_t ldacc) {
+    for (int x = 0; x < m; x++) {
+        T *ax = acc + x * ldacc;
+        for (int j = 0; j < n; j++) {
+            const T w = p[x * ldp + j];
+            const int8_t *vj = v + j * ldv;
+            for (int64_t c = 0; c < ev; c++) ax[c] += w * (T)vj[c];
+        }
+    }
+}
+
+/* Each group's unscaled dot, scaled and summed group by group: the values of
+ * the driver's loop over dot_i8, for any g that divides e. */
+static int FN(dot_i8_grouped)(int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq, const int8_t *k,
+                              int64_t ldk, const float *ks, int64_t ksr, int64_t ksc, T *s, int64_t lds) {
+    if (g <= 0 || e % g) return 0;
+    for (int x = 0; x < m; x++)
+        for (int j = 0; j < n; j++) {
+            const T *qx = q + x * ldq;
+            const int8_t *kj = k + j * ldk;
+            T sum = 0;
+            for (int64_t c0 = 0; c0 < e; c0 += g) {
+                T acc = 0;
+                for (int64_t c = c0; c < c0 + g; c++) acc += qx[c] * (T)kj[c];
+                const T scaled = acc * (T)ks[j * ksr + (c0 / g) * ksc];
+                sum = c0 == 0 ? scaled : sum + scaled;
+            }
+            s[x * lds + j] = sum;
+        }
+    return 1;
+}
+
+/* The weights scaled by each group's value scales, then that group's pv_rows_i8:
+ * the values of the driver's loop, for any g that divides ev. */
+static int FN(pv_rows_i8_grouped)(int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp, const int8_t *v,
+                                  int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc, int64_t ldacc) {
+    if (g <= 0 || ev % g) return 0;
+    for (int64_t c0 = 0; c0 < ev; c0 += g)
+        for (int x = 0; x < m; x++) {
+            T *ax = acc + x * ldacc;
+            for (int j = 0; j < n; j++) {
+                const T w = p[x * ldp + j] * (T)vs[j * vsr + (c0 / g) * vsc];
+                const int8_t *vj = v + j * ldv;
+                for (int64_t c = c0; c < c0 + g; c++) ax[c] += w * (T)vj[c];
+            }
+        }
+    return 1;
+}
+
+static void FN(mask_add)(T *s, int nr, int n, int rows, const T *m, int64_t m_rs) {
+    for (int x = 0; x < rows; x++)
+        for (int j = 0; j < n; j++) s[(int64_t)j * nr + x] += m[x * m_rs + j];
+}
+
+static void FN(mask_bool)(T *s, int nr, int n, int rows, const uint8_t *m, int64_t m_rs) {
+    for (int x = 0; x < rows; x++)
+        for (int j = 0; j < n; j++)
+            if (!m[x * m_rs + j]) s[(int64_t)j * nr + x] = -(T)INFINITY;
+}
+
+static void FN(pack_q)(T *panel, int nr, const T *src, int rows, int64_t rs, int64_t e, T scale) {
+    for (int64_t c = 0; c < e; c++) {
+        T *pc = panel + c * nr;
+        for (int x = 0; x < rows; x++) pc[x] = scale * src[x * rs + c];
+        for (int x = rows; x < nr; x++) pc[x] = 0;
+    }
+}
+
+static void FN(pack_q_half)(sdpa_dtype dt, T *panel, int nr, const uint16_t *src, int rows, int64_t rs, int64_t e,
+                            T scale) {
+    for (int64_t c = 0; c < e; c++) {
+        T *pc = panel + c * nr;
+        for (int x = 0; x < rows; x++) pc[x] = scale * FN(half_value)(dt, src[x * rs + c]);
+        for (int x = rows; x < nr; x++) pc[x] = 0;
+    }
+}
+
+static void FN(store_rows)(T *out, int64_t rs, const T *acc, int nr, const T *row_l, int rows, int64_t ev) {
+    for (int x = 0; x < rows; x++) {
+        const T l = row_l[x], inv = l == 0 ? 0 : 1 / l;
+        for (int64_t c = 0; c < ev; c++) out[x * rs + c] = l == 0 ? 0 : acc[c * nr + x] * inv;
+    }
+}
+
+static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *out, int64_t rs, const T *acc, int nr, const T *row_l,
+                                int rows, int64_t ev) {
+    for (int x = 0; x < rows; x++) {
+        const T l = row_l[x], inv = l == 0 ? 0 : 1 / l;
+        for (int64_t c = 0; c < ev; c++) {
+            const float y = (float)(l == 0 ? 0 : acc[c * nr + x] * inv);
+            out[x * rs + c] = dt == SDPA_BFLOAT16 ? sdpa_f32_to_bf16(y) : sdpa_f32_to_f16(y);
+        }
+    }
+}
+
+static void FN(scale_copy)(T *dst, const T *src, int64_t n, T scale) {
+    for (int64_t i = 0; i < n; i++) dst[i] = scale * src[i];
+}
+
+static void FN(scale_copy_d)(T *dst, const T *src, int64_t n, double inv) {
+    for (int64_t i = 0; i < n; i++) dst[i] = (T)((double)src[i] * inv);
 }
 
 #undef FN

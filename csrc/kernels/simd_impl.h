@@ -91,7 +91,7 @@ static void FN(gemm)(int m, int64_t kdim, const T *a, int64_t a_rs, int64_t a_ks
     }
 }
 
-static void FN(softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
+static void FN(online_softmax_update)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
     V m_new[NV], m_sub[NV], alpha[NV], sum[NV];
     for (int v = 0; v < NV; v++) {
         V mx = V_LOAD(row_max + v * LANES);
@@ -208,9 +208,14 @@ static inline __attribute__((always_inline)) void FN(mask_tile)(T *s, int n, int
         }
 }
 
-static void FN(mask_add)(T *s, int n, int rows, const T *m, int64_t m_rs) { FN(mask_tile)(s, n, rows, m, m_rs, 0); }
+/* the panel kernels take nr for the contract's sake; each set's are built for its own NR */
+static void FN(mask_add)(T *s, int nr, int n, int rows, const T *m, int64_t m_rs) {
+    (void)nr;
+    FN(mask_tile)(s, n, rows, m, m_rs, 0);
+}
 
-static void FN(mask_bool)(T *s, int n, int rows, const uint8_t *m, int64_t m_rs) {
+static void FN(mask_bool)(T *s, int nr, int n, int rows, const uint8_t *m, int64_t m_rs) {
+    (void)nr;
     FN(mask_tile)(s, n, rows, m, m_rs, 1);
 }
 
@@ -291,7 +296,8 @@ static inline __attribute__((always_inline)) void FN(pack_q_kind)(const int kind
         for (int x = 0; x < NR; x++) panel[c * NR + x] = x < rows ? scale * FN(row_get)(src + x * rs * es, c, kind) : 0;
 }
 
-static void FN(pack_q)(T *panel, const T *src, int rows, int64_t rs, int64_t e, T scale) {
+static void FN(pack_q)(T *panel, int nr, const T *src, int rows, int64_t rs, int64_t e, T scale) {
+    (void)nr;
     FN(pack_q_kind)(0, panel, (const char *)src, rows, rs, e, scale);
 }
 
@@ -322,19 +328,23 @@ static inline __attribute__((always_inline)) void FN(store_rows_kind)(const int 
             FN(row_put)(out + x * rs * es, c, row_l[x] == 0 ? 0 : acc[c * NR + x] * inv[x], kind);
 }
 
-static void FN(store_rows)(T *out, int64_t rs, const T *acc, const T *row_l, int rows, int64_t ev) {
+static void FN(store_rows)(T *out, int64_t rs, const T *acc, int nr, const T *row_l, int rows, int64_t ev) {
+    (void)nr;
     FN(store_rows_kind)(0, (char *)out, rs, acc, row_l, rows, ev);
 }
 
 #if ROWS_HALF
 /* pack_q and store_rows over 16-bit rows (dt bfloat16 or float16) */
-static void FN(pack_q_half)(sdpa_dtype dt, T *panel, const uint16_t *src, int rows, int64_t rs, int64_t e, T scale) {
+static void FN(pack_q_half)(sdpa_dtype dt, T *panel, int nr, const uint16_t *src, int rows, int64_t rs, int64_t e,
+                            T scale) {
+    (void)nr;
     if (dt == SDPA_BFLOAT16) FN(pack_q_kind)(1, panel, (const char *)src, rows, rs, e, scale);
     else FN(pack_q_kind)(2, panel, (const char *)src, rows, rs, e, scale);
 }
 
-static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *out, int64_t rs, const T *acc, const T *row_l, int rows,
-                                int64_t ev) {
+static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *out, int64_t rs, const T *acc, int nr, const T *row_l,
+                                int rows, int64_t ev) {
+    (void)nr;
     if (dt == SDPA_BFLOAT16) FN(store_rows_kind)(1, (char *)out, rs, acc, row_l, rows, ev);
     else FN(store_rows_kind)(2, (char *)out, rs, acc, row_l, rows, ev);
 }
@@ -602,7 +612,7 @@ static int FN(group_shift)(int64_t g, int64_t e) {
 /* dot_i8 and pv_rows_i8 with a scale per group of g features, applied to each key
  * or value vector as it is widened; 0 (nothing done) unless g is a power of two, a
  * multiple of the vector width, and divides e / ev */
-static int FN(dot_i8g)(int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq, const int8_t *k, int64_t ldk,
+static int FN(dot_i8_grouped)(int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq, const int8_t *k, int64_t ldk,
                        const float *ks, int64_t ksr, int64_t ksc, T *s, int64_t lds) {
     const FN(gscale) gs = {ks, ksr, ksc, FN(group_shift)(g, e)};
     if (gs.shift < 0) return 0;
@@ -610,7 +620,7 @@ static int FN(dot_i8g)(int m, int n, int64_t e, int64_t g, const T *q, int64_t l
     return 1;
 }
 
-static int FN(pv_rows_i8g)(int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp, const int8_t *v,
+static int FN(pv_rows_i8_grouped)(int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp, const int8_t *v,
                            int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc, int64_t ldacc) {
     const FN(gscale) gs = {vs, vsr, vsc, FN(group_shift)(g, ev)};
     if (gs.shift < 0) return 0;
@@ -626,7 +636,7 @@ static int FN(pv_rows_i8g)(int m, int n, int64_t ev, int64_t g, const T *p, int6
 #undef KV_I8
 #undef KV_SIZE
 
-static void FN(row_softmax)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
+static void FN(row_online_softmax_update)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
     const int nv = n / LANES * LANES;
     V vmax = V_SET1(*row_max);
     for (int j = 0; j < nv; j += LANES) vmax = V_MAX_NAN(vmax, V_LOADU(s + j));

@@ -107,6 +107,7 @@ cdef extern from "testing.h" nogil:
     void sdpa_profile_stop()
     int sdpa_testing_have_amx_kernels()
     sdpa_status sdpa_testing_use_kernels(const char *name)
+    int sdpa_testing_table_complete(const char *name, int declared)
     sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
                                        int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
                                        int accumulate, long repeat)

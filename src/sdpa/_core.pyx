@@ -264,6 +264,15 @@ def use_kernels(name):
         raise ValueError(f"use_kernels: {name!r} cannot run on this CPU")
 
 
+def table_complete(name, bint declared=False):
+    """Whether the named set's table, as calls run with it (test-only sets
+    too; with ``declared``, the set's own before the portable kernels fill it
+    in), has every kernel the driver may call; None for a set this CPU cannot
+    run."""
+    cdef int r = sdpa_testing_table_complete(name.encode(), declared)
+    return None if r < 0 else bool(r)
+
+
 def gemm_bf16(name, int m, int64_t kpairs, cnp.ndarray a, int64_t a_rs, int64_t a_ks, cnp.ndarray b,
               int64_t ldb, cnp.ndarray c, int64_t ldc, bint accumulate, long repeat=1):
     """The named kernel set's bfloat16 product on its own (for tests):
