@@ -79,7 +79,19 @@ static int complete_f64(kernels_f64 *dst, const kernels_f64 *ref) {
 
 int sdpa_complete_table(kernel_table *dst, const kernel_table *src) {
     *dst = *src;
-    return complete_f32(&dst->f32, &sdpa_kernels_scalar.f32) + complete_f64(&dst->f64, &sdpa_kernels_scalar.f64);
+    int filled = complete_f32(&dst->f32, &sdpa_kernels_scalar.f32) + complete_f64(&dst->f64, &sdpa_kernels_scalar.f64);
+    /* the portable gemm and softmax update are built for the scalar panel width
+     * alone: a set of another width must have its own (left unset otherwise, so
+     * that sdpa_table_is_complete says so) */
+    if (dst->f32.nr != sdpa_kernels_scalar.f32.nr) {
+        if (!src->f32.gemm) dst->f32.gemm = NULL, filled--;
+        if (!src->f32.online_softmax_update) dst->f32.online_softmax_update = NULL, filled--;
+    }
+    if (dst->f64.nr != sdpa_kernels_scalar.f64.nr) {
+        if (!src->f64.gemm) dst->f64.gemm = NULL, filled--;
+        if (!src->f64.online_softmax_update) dst->f64.online_softmax_update = NULL, filled--;
+    }
+    return filled;
 }
 
 #define SDPA_COUNT_SET(ret, name, params) set += k->name != NULL, all++;
@@ -116,7 +128,7 @@ static const kernel_table *complete(int i) {
             sdpa_atomic_store(&tables_state, 2);
         } else {
             while (sdpa_atomic_load(&tables_state) != 2) {
-            }
+            } /* another thread is making them (microseconds, once per process) */
         }
     }
     return &complete_tables[i];
@@ -270,7 +282,7 @@ typedef struct choice {
 static const choice choices[8][2] = {SDPA_BOTH(0), SDPA_BOTH(1), SDPA_BOTH(2), SDPA_BOTH(3),
                                      SDPA_BOTH(4), SDPA_BOTH(5), SDPA_BOTH(6), SDPA_BOTH(7)};
 #undef SDPA_BOTH
-_Static_assert(NUM_SETS <= 8, "a choice for every set");
+typedef char sdpa_a_choice_for_every_set[NUM_SETS <= 8 ? 1 : -1];
 
 enum { CHOICE_UNDECIDED, CHOICE_MADE, CHOICE_ENV_ERROR };
 static SDPA_ATOMIC(int) choice_state = CHOICE_UNDECIDED;

@@ -139,7 +139,8 @@ static inline double sdpa_rescale_f64(double acc, double alpha) {
  *
  * Every set declares what it has; sdpa_complete_table fills the rest with the
  * portable kernels (kernels/scalar.c), so that every entry the driver calls is
- * set.  The one definition below makes the float and double tables alike:
+ * set.  The portable gemm and online_softmax_update are built for the scalar
+ * set's panel width: a set of another width declares its own.  The one definition below makes the float and double tables alike:
  * X(return type, name, parameters) for each entry.
  */
 #define SDPA_TYPED_KERNELS(X, T)                                                                                  \
@@ -319,7 +320,8 @@ extern const kernel_table sdpa_kernels_amx;
 #define sdpa_atomic_store(p, v) (*(p) = (v))
 #define sdpa_atomic_add(p, v) (*(p) += (v)) /* counters of the profile only */
 #include <intrin.h>
-/* int and long are both 32 bits there */
+/* int and long are both 32 bits there; unlike C11's, *expected is not updated
+ * on failure */
 #define sdpa_atomic_cas(p, expected, desired) \
     (_InterlockedCompareExchange((volatile long *)(p), (desired), *(expected)) == *(expected))
 #else

@@ -130,6 +130,34 @@ def test_core_entry_declines_with_the_argument_and_writes_nothing(rng, why, chan
         np.testing.assert_array_equal(out, before)
 
 
+def test_quantized_operands_are_declined_naming_the_argument(rng):
+    q = rng.standard_normal((1, 2, 3, 8)).astype(np.float32)
+    k = rng.integers(-127, 128, (1, 2, 5, 8)).astype(np.int8)
+    v = rng.integers(-127, 128, (1, 2, 5, 4)).astype(np.int8)
+    ks, vs = np.ones((1, 2, 5, 1), np.float32), np.ones((1, 2, 5, 1), np.float32)
+    assert type(_core.attention(q, k, v, key_scale=ks, value_scale=vs)) is not int
+    cases = [
+        (dict(q=q.astype(np.float64)), "query has a dtype"),
+        (dict(k=k.astype(np.int16)), "key has a dtype"),
+        (dict(v=v.astype(np.float32)), "value has a dtype"),
+        (dict(ks=ks.astype(np.float64)), "key_scale has a dtype"),
+        (dict(vs=vs.astype(np.float16)), "value_scale has a dtype"),
+        (dict(ks=np.ones((1, 2, 4, 1), np.float32)), "key_scale has a shape"),
+        (dict(vs=np.ones((1, 2, 5, 3), np.float32)), "value_scale has a shape"),
+        (dict(group_size=3), "group_size has a value"),
+        (dict(group_size=4.0), "group_size is not of a type"),
+    ]
+    for change, reason in cases:
+        a = dict(q=q, k=k, v=v, ks=ks, vs=vs, group_size=0)
+        a.update(change)
+        code = _core.attention(a["q"], a["k"], a["v"], key_scale=a["ks"], value_scale=a["vs"],
+                               group_size=a["group_size"])
+        assert type(code) is int and _core.reason(code).startswith(reason), (reason, code)
+    swapped = np.array([5], dtype=np.dtype(np.int64).newbyteorder())
+    code = _core.attention(q[0], k[0].astype(np.float32), v[0].astype(np.float32), key_lengths=swapped)
+    assert _core.reason(code).startswith("key_lengths is not native")
+
+
 def test_reason_codes_name_every_argument_and_rule():
     for arg, name in enumerate(_core.ARGUMENTS):
         for rule, text in enumerate(_core.RULES):

@@ -503,22 +503,12 @@ cdef void _expected(int64_t *dst, const int64_t *batch, int nb, int64_t h, int64
     dst[nb + 2] = c
 
 
-cdef int _int8_kv(int dt, cnp.ndarray k, cnp.ndarray v, cnp.ndarray k_scale,
-                  cnp.ndarray v_scale) except -1:
-    """Whether k and v are the int8 storage of a quantized cache that a query of
-    the core's dtype dt may attend: int8 k and v, native aligned float32 scales,
-    and a float32 or 16-bit query."""
-    return k_scale is not None and v_scale is not None and dt >= 0 and dt != SDPA_FLOAT64 \
-        and cnp.PyArray_TYPE(k) == cnp.NPY_INT8 and cnp.PyArray_TYPE(v) == cnp.NPY_INT8 \
-        and _dtype_of(k_scale) == SDPA_FLOAT32 and _dtype_of(v_scale) == SDPA_FLOAT32
-
-
 cdef int _fill_scales(sdpa_problem *p, cnp.ndarray k_scale, cnp.ndarray v_scale, int64_t group_size,
                       int64_t *ex) noexcept:
     """The views of an int8 problem's scales, whose sizes p already holds:
     (batch..., Hkv, S, E / G) and (batch..., Hkv, S, Ev / G), G = group_size (0:
     one scale per row).  Returns 0; 2 when group_size does not divide E and Ev;
-    1 when a scale array does not fit."""
+    1 when the key scales do not fit, 3 when the value scales do not."""
     cdef int nb = p.num_batch_dims
     cdef int64_t hkv = p.num_heads // p.gqa_group
     if group_size < 0 or (group_size > 0 and (p.head_dim % group_size or p.head_dim_v % group_size)):
@@ -528,7 +518,7 @@ cdef int _fill_scales(sdpa_problem *p, cnp.ndarray k_scale, cnp.ndarray v_scale,
     if _fill_view(&p.key_scale, k_scale, nb, 3, ex, False):
         return 1
     _expected(ex, p.batch_shape, nb, hkv, p.len_kv, p.head_dim_v // group_size if group_size else 1)
-    return _fill_view(&p.value_scale, v_scale, nb, 3, ex, False)
+    return 3 if _fill_view(&p.value_scale, v_scale, nb, 3, ex, False) else 0
 
 
 def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarray scales not None,
@@ -790,8 +780,17 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
         if not cnp.PyArray_CheckExact(value_scale):
             return _why(ARG_VALUE_SCALE, RULE_TYPE)
         ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
-        if not _int8_kv(dt, k, v, ks, vs):
+        # a quantized cache: int8 storage, float32 scales, a float32 or 16-bit query
+        if dt == SDPA_FLOAT64:
+            return _why(ARG_QUERY, RULE_DTYPE)
+        if cnp.PyArray_TYPE(k) != cnp.NPY_INT8:
+            return _why(ARG_KEY, RULE_DTYPE)
+        if cnp.PyArray_TYPE(v) != cnp.NPY_INT8:
+            return _why(ARG_VALUE, RULE_DTYPE)
+        if _dtype_of(ks) != SDPA_FLOAT32:
             return _why(ARG_KEY_SCALE, RULE_DTYPE)
+        if _dtype_of(vs) != SDPA_FLOAT32:
+            return _why(ARG_VALUE_SCALE, RULE_DTYPE)
         kvdt = SDPA_INT8
 
     # the sizes: the one derivation in the core (sdpa._api.plan_shapes explains
@@ -926,8 +925,9 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
             return _why(ARG_GROUP_SIZE, RULE_TYPE)
         if not (0 <= group_size <= (1 << 62)) or (group_size and (E % group_size or Ev % group_size)):
             return _why(ARG_GROUP_SIZE, RULE_VALUE)
-        if _fill_scales(&p, ks, vs, group_size, ex):
-            return _why(ARG_KEY_SCALE, RULE_SHAPE)
+        why = _fill_scales(&p, ks, vs, group_size, ex)
+        if why:
+            return _why(ARG_VALUE_SCALE if why == 3 else ARG_KEY_SCALE, RULE_SHAPE)
     _expected(ex, p.batch_shape, nb, heads, L, S)  # the scores' shape: mask, slopes, sinks
     if attn_mask is not None:
         if not cnp.PyArray_CheckExact(attn_mask):
@@ -957,7 +957,9 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
         kl = <cnp.ndarray>key_lengths
         if cnp.PyArray_TYPE(kl) != cnp.NPY_INT64:
             return _why(ARG_LENGTHS, RULE_DTYPE)
-        if not cnp.PyArray_IS_C_CONTIGUOUS(kl) or _fill_lengths(&p, kl):
+        if not (cnp.PyArray_ISNOTSWAPPED(kl) and cnp.PyArray_ISALIGNED(kl) and cnp.PyArray_IS_C_CONTIGUOUS(kl)):
+            return _why(ARG_LENGTHS, RULE_LAYOUT)
+        if _fill_lengths(&p, kl):
             return _why(ARG_LENGTHS, RULE_SHAPE)
         for i in range(cnp.PyArray_SIZE(kl)):
             if p.key_lengths[i] < 0:
