@@ -11,6 +11,7 @@ it again, or raises an error that names the argument.
 """
 cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.float cimport DBL_MAX
 from libc.math cimport sqrt
@@ -327,19 +328,23 @@ def set_observer(fn):
 cdef uintptr_t _main_thread_ident = <uintptr_t>threading.main_thread().ident
 
 
-cdef class _Call:
-    """State of one call: what an interrupt callback raised."""
-    cdef object pending
+cdef struct _call_state:
+    # what an interrupt callback raised: a reference of its own, or NULL (a C
+    # struct on the caller's stack, not a Python object: no allocation a call)
+    PyObject *pending
 
 
 cdef int _poll_signals(void *user_data) noexcept nogil:
     # runs Python's signal handlers; what they raise (KeyboardInterrupt) is kept
     # and raised once the C call has returned
+    cdef _call_state *state = <_call_state *>user_data
     with gil:
         try:
             PyErr_CheckSignals()
         except BaseException as exc:
-            (<_Call>user_data).pending = exc
+            if state.pending == NULL:
+                Py_INCREF(exc)
+                state.pending = <PyObject *>exc
             return 1
         return 0
 
@@ -465,20 +470,25 @@ cdef int _fill_lengths(sdpa_problem *p, cnp.ndarray kl) noexcept:
 cdef object _execute(sdpa_problem *p, bint interruptible, dict arrays):
     """Runs the problem without the GIL; raises on failure."""
     cdef sdpa_status status
-    cdef _Call call = None
+    cdef _call_state call
+    cdef object pending = None
+    call.pending = NULL
     if _observer is not None:
         arrays["num_threads"] = p.num_threads
         _observer(arrays)
     if interruptible:
-        call = _Call()
         p.interrupt = _poll_signals
-        p.interrupt_data = <void *>call
+        p.interrupt_data = <void *>&call
     with nogil:
         status = sdpa_attention(p)
+    if call.pending != NULL:  # take over the callback's reference
+        pending = <object>call.pending
+        Py_XDECREF(call.pending)
+        call.pending = NULL
     if status == SDPA_OK:
         return
     if status == SDPA_ERR_INTERRUPTED:
-        raise call.pending if call is not None and call.pending is not None else KeyboardInterrupt()
+        raise pending if pending is not None else KeyboardInterrupt()
     if status == SDPA_ERR_NO_MEMORY:
         raise MemoryError("sdpa: " + sdpa_status_message(status).decode())
     if status == SDPA_ERR_BAD_ISA:
