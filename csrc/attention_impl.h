@@ -1046,10 +1046,9 @@ static void FN(do_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T
         if (pl->num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(p, pl, kern, partial, t);
     } else {
 #if HAS_BF16
-        const int tiles = pl->bf16;
-        if (tiles) kern->bf16.tiles_begin();
+        if (pl->bf16) kern->bf16.tiles_begin();
         FN(run_task)(p, pl, kern, scratch, callbuf, t, irq, tid);
-        if (tiles) kern->bf16.tiles_end();
+        if (pl->bf16) kern->bf16.tiles_end();
 #else
         FN(run_task)(p, pl, kern, scratch, callbuf, t, irq, tid);
 #endif

@@ -88,8 +88,7 @@ const kernel_table *sdpa_testing_table(const char *name) {
 }
 
 int sdpa_testing_table_complete(const char *name, int declared) {
-    int tiles = 0;
-    const kernel_table *kt = sdpa_dispatch_find(name, &tiles, declared);
+    const kernel_table *kt = sdpa_dispatch_find(name, NULL, declared);
     return kt ? sdpa_table_is_complete(kt) : -1;
 }
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from typing import (
     Any,
-    Dict,
     Literal,
     Optional,
     Tuple,
@@ -311,48 +310,16 @@ def call_core(query: Array, key: Array, value: Array, **kw: Any) -> AttentionRes
     raise ValueError(f"sdpa: {_core.reason(result)}")
 
 
-def attend(
-    query: ArrayInput,
-    key: ArrayInput,
-    value: ArrayInput,
-    *,
-    attn_mask: Optional[ArrayInput] = None,
-    is_causal: Union[bool, str] = False,
-    scale: Optional[float] = None,
-    enable_gqa: bool = False,
-    return_weights: bool = False,
-    return_lse: bool = False,
-    key_lengths: Optional[ArrayInput] = None,
-    window: Optional[Tuple[int, int]] = None,
-    softcap: Optional[float] = None,
-    alibi_slopes: Optional[ArrayInput] = None,
-    sinks: Optional[ArrayInput] = None,
-    out: Optional[Array] = None,
-    num_threads: Optional[int] = None,
-    key_scale: Optional[Array] = None,
-    value_scale: Optional[Array] = None,
-    group_size: int = 0,
-    diagonal: Optional[int] = None,
-) -> AttentionResult:
+def attend(query: ArrayInput, key: ArrayInput, value: ArrayInput, **kw: Any) -> AttentionResult:
     """The core's one entry with the arguments as they are, else the general
-    path: the call of sdpa.dask and the torch operator (the public function and
-    ``KVCache.attend``, whose fixed cost matters, have it inline).  The keywords
-    are those of ``sdpa._core.attention``, spelled out (a ``**kwargs`` dict
-    would cost the core's argument parsing more than the rest of the boundary)."""
-    result = _core.attention(  # by position: no keyword parsing
-        query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights, return_lse,
-        key_lengths, window, softcap, alibi_slopes, sinks, out, num_threads, key_scale, value_scale,
-        group_size, diagonal,
-    )
+    path; the keywords are those of ``sdpa._core.attention``.  For sdpa.dask and
+    the torch operator, whose fixed cost does not matter: a keyword dict costs
+    the core's argument parsing a few thousand instructions, so the public
+    function and ``KVCache.attend`` call the entry by position themselves."""
+    result = _core.attention(query, key, value, **kw)
     if not isinstance(result, int):
         return result
-    return _attention_general(
-        query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-        enable_gqa=enable_gqa, return_weights=return_weights, return_lse=return_lse,
-        key_lengths=key_lengths, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-        sinks=sinks, out=out, num_threads=num_threads, key_scale=key_scale,
-        value_scale=value_scale, group_size=group_size, diagonal=diagonal,
-    )
+    return _attention_general(query, key, value, **kw)
 
 
 def _attention_general(
@@ -386,7 +353,7 @@ def _attention_general(
     if 16-bit).  ``diagonal``, when given, replaces ``is_causal``'s mask: row
     ``l`` sees keys ``s <= l + diagonal`` (a causal mask shifted by any amount,
     for one chunk of a longer key sequence)."""
-    quantized = None if key_scale is None or value_scale is None else (key_scale, value_scale, group_size)
+    quantized = key_scale is not None and value_scale is not None
     q = _to_array(query, "query")
     k = _to_array(key, "key")
     v = _to_array(value, "value")
@@ -395,13 +362,11 @@ def _attention_general(
         _check_real(a, name)
         if a.ndim < 2:
             raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {a.shape}")
-    quant_args: Dict[str, Any] = {}
-    if quantized is None:
+    if quantized:
+        dtype = (q.dtype if _single_or_half(q.dtype) else _FLOAT32).newbyteorder("=")
+    else:
         dtype, kv_dtype = operand_dtypes(q.dtype, k.dtype, v.dtype)  # dtype: the query's and the output's
         k, v = (_as_operand(a, kv_dtype) for a in (k, v))
-    else:
-        dtype = (q.dtype if _single_or_half(q.dtype) else _FLOAT32).newbyteorder("=")
-        quant_args = {"key_scale": quantized[0], "value_scale": quantized[1], "group_size": quantized[2]}
     cdtype = compute_dtype(dtype)  # of weights, lse and a float mask
     q = _as_operand(q, dtype)
 
@@ -469,8 +434,8 @@ def _attention_general(
     # the arrays the core reads, and the caller's own where they were converted
     operands = given + [(q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")]
     operands += [(variants.get(n), n) for n in ("alibi_slopes", "sinks")]
-    if quantized is not None:
-        operands += [(quantized[0], "the key scales"), (quantized[1], "the value scales")]
+    if quantized:
+        operands += [(key_scale, "the key scales"), (value_scale, "the value scales")]
     result = output_array(out, out_shape, dtype, operands, shapes)
 
     if return_weights:
@@ -486,5 +451,6 @@ def _attention_general(
         q, k, v, attn_mask=m, is_causal=is_causal if isinstance(is_causal, str) else causal,
         scale=scale_value, enable_gqa=bool(enable_gqa), return_weights=bool(return_weights),
         return_lse=bool(return_lse), key_lengths=lengths, out=result,
-        num_threads=thread_count(num_threads), diagonal=diagonal, **variants, **quant_args,
+        num_threads=thread_count(num_threads), diagonal=diagonal, key_scale=key_scale,
+        value_scale=value_scale, group_size=group_size, **variants,
     )

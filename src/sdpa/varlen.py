@@ -15,6 +15,7 @@ from ._api import (
     ArrayInput,
     FloatArray,
     _as_operand,
+    _causal_offset,
     _check_real,
     _to_array,
     call_core,
@@ -177,12 +178,7 @@ def varlen_attention(
     k, v = (_as_operand(a, kv_dtype) for a in (k, v))
 
     scale_value = scale_of(scale, E)
-    if isinstance(is_causal, str):
-        if is_causal not in ("top_left", "bottom_right"):
-            raise ValueError(f"is_causal: expected a bool, 'top_left' or 'bottom_right', got {is_causal!r}")
-    elif not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"is_causal: expected a bool, 'top_left' or 'bottom_right', got {type(is_causal).__name__}")
-    causal = bool(is_causal)
+    causal, _ = _causal_offset(is_causal, 0, 0)  # checked; the core aligns each sequence
     threads = thread_count(num_threads)
 
     kw: Dict[str, Any] = {"is_causal": "bottom_right" if is_causal == "bottom_right" else causal}
