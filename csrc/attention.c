@@ -91,6 +91,23 @@ static int64_t key_limit(const sdpa_problem *p, int64_t b) {
     return len < 0 ? 0 : (len < p->len_kv ? len : p->len_kv);
 }
 
+/* Paged: the address of position s of sequence b, head h, in a view of
+ * elem-byte elements whose batch stride is the stride between blocks. */
+static const char *paged_row(const sdpa_problem *p, const sdpa_view *view, int64_t b, int64_t h, int64_t s,
+                             size_t elem) {
+    const int64_t bs = p->block_size;
+    const int64_t block = p->block_table[b * p->block_table_stride + s / bs];
+    const int64_t off = block * view->batch_strides[0] + h * view->head_stride + (s % bs) * view->row_stride;
+    return (const char *)view->data + off * (int64_t)elem;
+}
+
+/* Paged: makes q's offsets count from sequence b's last L positions. */
+static void paged_positions(sdpa_problem *q, int64_t b) {
+    const int64_t shift = key_limit(q, b) - q->len_q;
+    q->causal_offset += shift;
+    q->align_offset += shift;
+}
+
 /* Whether the window bounds a side. */
 static int has_window(const sdpa_problem *p) { return p->window_left >= 0 || p->window_right >= 0; }
 
@@ -391,6 +408,19 @@ static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
     if (!mul_ok(tmp, p->len_kv > p->head_dim_v ? p->len_kv : p->head_dim_v, &tmp))
         return SDPA_ERR_OVERFLOW;
     int64_t work = count * p->num_heads * p->len_q;
+    if (p->block_size != 0) {  /* paged: every block id that would be read */
+        if (p->block_size < 0 || p->num_batch_dims != 1 || !p->key_lengths || p->mask_kind != SDPA_MASK_NONE ||
+            p->weights.data || p->num_blocks < 0 || p->block_table_stride < 0)
+            return SDPA_ERR_BAD_PAGES;
+        if (work > 0 && p->len_kv > 0 && !p->block_table) return SDPA_ERR_NULL_POINTER;
+        for (int64_t b = 0; work > 0 && b < count; b++) {
+            const int64_t len = p->key_lengths[batch_offset_of(p, p->key_lengths_strides, b)];
+            if (len < 0 || len > p->len_kv) return SDPA_ERR_BAD_PAGES;
+            const int32_t *row = p->block_table + b * p->block_table_stride;
+            for (int64_t j = 0; j < (len + p->block_size - 1) / p->block_size; j++)
+                if (row[j] < 0 || row[j] >= p->num_blocks) return SDPA_ERR_BAD_PAGES;
+        }
+    }
     if (work > 0) {
         if (!p->query.data || !p->out.data) return SDPA_ERR_NULL_POINTER;
         if (p->len_kv > 0 && (!p->key.data || !p->value.data)) return SDPA_ERR_NULL_POINTER;
@@ -655,6 +685,97 @@ static int padding_limits(const sdpa_problem *p, int64_t batch_count, int64_t *l
     return 1;
 }
 
+/* Plans and computes a validated problem (offsets clamped). */
+static sdpa_status run_problem(const sdpa_problem *q, int64_t batch_count, const kernel_table *kt, int by_name) {
+    plan pl;
+    make_plan(q, batch_count, kt, &pl);
+    if (pl.bf16) {  /* the OS must allow AMX tiles before their first use: asked here */
+        kt = sdpa_kernel_table_for_tiles(kt, by_name);
+        if (!kt) return SDPA_ERR_BAD_ISA;
+    }
+    return q->dtype == SDPA_FLOAT64 ? attention_f64(q, &pl, &kt->f64) : attention_f32(q, &pl, &kt->f32);
+}
+
+/* Rows [0, n) of one head of a paged view (cols elements of elem bytes each)
+ * into dst, n x cols contiguous. */
+static void gather_rows(char *dst, const sdpa_problem *p, const sdpa_view *view, int64_t b, int64_t h, int64_t n,
+                        int64_t cols, size_t elem) {
+    const size_t row_bytes = (size_t)cols * elem;
+    for (int64_t s = 0; s < n; s++) {
+        const char *src = paged_row(p, view, b, h, s, elem);
+        char *d = dst + (size_t)s * row_bytes;
+        if (view->col_stride == 1) {
+            memcpy(d, src, row_bytes);
+        } else {
+            for (int64_t c = 0; c < cols; c++) memcpy(d + (size_t)c * elem, src + c * view->col_stride * (int64_t)elem, elem);
+        }
+    }
+}
+
+/*
+ * A paged problem.  Row mode reads the blocks in place (its tiles end at block
+ * ends).  The tiled path, whose tiles are read by many query rows, runs one
+ * sequence at a time over a copy of its blocks, made once, in a buffer of the
+ * call: the copy costs a pass over K/V against L passes of products.
+ */
+static sdpa_status run_paged(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt, int by_name) {
+    plan pl;
+    make_plan(p, batch_count, kt, &pl);
+    if (pl.row_mode) return run_problem(p, batch_count, kt, by_name);
+    const sdpa_dtype kvdt = kv_dtype_of(p);
+    const int int8 = kvdt == SDPA_INT8;
+    const size_t ke = sdpa_dtype_size(kvdt), qe = sdpa_dtype_size(p->dtype);
+    const size_t ce = p->dtype == SDPA_FLOAT64 ? sizeof(double) : sizeof(float);
+    const int64_t Hkv = p->num_heads / p->gqa_group, E = p->head_dim, Ev = p->head_dim_v, L = p->len_q;
+    const int64_t gk = int8 ? (p->kv_group_size ? E / p->kv_group_size : 1) : 0;
+    const int64_t gv = int8 ? (p->kv_group_size ? Ev / p->kv_group_size : 1) : 0;
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch_count; b++)
+        if (key_limit(p, b) > longest) longest = key_limit(p, b);
+    const size_t per_key = (size_t)(E + Ev) * ke + (size_t)(gk + gv) * sizeof(float);
+    char *buf = (char *)malloc((size_t)Hkv * (size_t)(longest > 0 ? longest : 1) * per_key);
+    if (!buf) return SDPA_ERR_NO_MEMORY;
+    sdpa_status st = SDPA_OK;
+    for (int64_t b = 0; b < batch_count && st == SDPA_OK; b++) {
+        const int64_t S = key_limit(p, b);
+        sdpa_problem s = *p;
+        s.batch_shape[0] = 1;
+        s.block_size = 0;
+        s.block_table = NULL;
+        s.key_lengths = NULL;
+        s.len_kv = S;
+        paged_positions(&s, b);
+        if (s.causal_offset > S) s.causal_offset = S;
+        if (s.causal_offset < -L) s.causal_offset = -L;
+        s.query.data = view_at(p, &p->query, b, 0, qe);
+        s.out.data = view_at(p, &p->out, b, 0, qe);
+        if (p->lse.data) s.lse.data = view_at(p, &p->lse, b, 0, ce);
+        if (p->alibi.data) s.alibi.data = view_at(p, &p->alibi, b, 0, ce);
+        if (p->sinks.data) s.sinks.data = view_at(p, &p->sinks, b, 0, ce);
+        char *kb = buf, *vb = kb + (size_t)(Hkv * S * E) * ke;
+        char *ksb = vb + (size_t)(Hkv * S * Ev) * ke, *vsb = ksb + (size_t)(Hkv * S * gk) * sizeof(float);
+        for (int64_t h = 0; h < Hkv; h++) {
+            gather_rows(kb + (size_t)(h * S * E) * ke, p, &p->key, b, h, S, E, ke);
+            gather_rows(vb + (size_t)(h * S * Ev) * ke, p, &p->value, b, h, S, Ev, ke);
+            if (int8) {
+                gather_rows(ksb + (size_t)(h * S * gk) * sizeof(float), p, &p->key_scale, b, h, S, gk, sizeof(float));
+                gather_rows(vsb + (size_t)(h * S * gv) * sizeof(float), p, &p->value_scale, b, h, S, gv, sizeof(float));
+            }
+        }
+        const sdpa_view dense[4] = {{kb, {0}, S * E, E, 1}, {vb, {0}, S * Ev, Ev, 1},
+                                    {ksb, {0}, S * gk, gk, 1}, {vsb, {0}, S * gv, gv, 1}};
+        s.key = dense[0];
+        s.value = dense[1];
+        if (int8) {
+            s.key_scale = dense[2];
+            s.value_scale = dense[3];
+        }
+        st = run_problem(&s, 1, kt, by_name);
+    }
+    free(buf);
+    return st;
+}
+
 sdpa_status sdpa_attention(const sdpa_problem *p) {
     if (!p) return SDPA_ERR_NULL_POINTER;
     if (p->struct_size != sizeof(*p)) return SDPA_ERR_ABI;  /* before reading anything else */
@@ -669,8 +790,13 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
     /* Row l sees keys s <= l + causal_offset: an offset >= S shows every key,
      * one <= -L none.  Clamped to [-L, S], the driver's sums cannot overflow. */
     sdpa_problem q = *p;
-    if (q.causal_offset > q.len_kv) q.causal_offset = q.len_kv;
-    if (q.causal_offset < -q.len_q) q.causal_offset = -q.len_q;
+    if (q.block_size > 0) {  /* offsets count from each sequence's end, clamped as above */
+        if (q.causal_offset > q.len_kv) q.causal_offset = q.len_kv;
+        if (q.causal_offset < -q.len_q - q.len_kv) q.causal_offset = -q.len_q - q.len_kv;
+    } else {
+        if (q.causal_offset > q.len_kv) q.causal_offset = q.len_kv;
+        if (q.causal_offset < -q.len_q) q.causal_offset = -q.len_q;
+    }
     int64_t *limits = NULL;
     if (q.mask_kind == SDPA_MASK_BOOL && q.mask.row_stride == 0 && q.mask.head_stride == 0 && q.len_kv > 0) {
         limits = (int64_t *)malloc((size_t)batch_count * sizeof(int64_t));
@@ -685,16 +811,7 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
             }
         }
     }
-    plan pl;
-    make_plan(&q, batch_count, kt, &pl);
-    if (pl.bf16) {  /* the OS must allow AMX tiles before their first use: asked here */
-        kt = sdpa_kernel_table_for_tiles(kt, by_name);
-        if (!kt) {
-            free(limits);
-            return SDPA_ERR_BAD_ISA;
-        }
-    }
-    st = q.dtype == SDPA_FLOAT64 ? attention_f64(&q, &pl, &kt->f64) : attention_f32(&q, &pl, &kt->f32);
+    st = q.block_size > 0 ? run_paged(&q, batch_count, kt, by_name) : run_problem(&q, batch_count, kt, by_name);
     free(limits);
     return st;
 }
@@ -713,6 +830,9 @@ const char *sdpa_status_message(sdpa_status status) {
         case SDPA_ERR_INTERRUPTED: return "interrupted";
         case SDPA_ERR_BAD_ISA: return "unknown kernel set, or not supported by this CPU";
         case SDPA_ERR_NOT_FINITE: return "a value to quantize is NaN or infinite";
+        case SDPA_ERR_BAD_PAGES:
+            return "paged: a block id out of range, a sequence longer than its block table, no key_lengths, or a "
+                   "mask or weights with paged keys";
         case SDPA_ERR_ABI:
             return "the sdpa_problem is not this library's (compiled against another sdpa.h, or not set up by "
                    "sdpa_problem_init)";

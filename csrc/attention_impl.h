@@ -832,6 +832,13 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     const int64_t Hkv = p->num_heads / group;
     const int64_t g = task / pl->num_chunks, chunk = task % pl->num_chunks;
     const int64_t b = g / Hkv, hkv = g % Hkv;
+    const int paged = p->block_size > 0;
+    sdpa_problem local;
+    if (paged && (p->causal || has_window(p) || p->alibi.data)) {  /* rows at the sequence's end */
+        local = *p;
+        paged_positions(&local, b);
+        p = &local;
+    }
 
     T *pmax = partial + task * pl->partial_elems;
     T *psum = pmax + M;
@@ -857,8 +864,10 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
 
     const sdpa_dtype qdt = p->dtype, kvdt = pl->kv_dtype;
     const size_t qe = sdpa_dtype_size(qdt);
-    const char *k = (const char *)view_at(p, &p->key, b, hkv, sdpa_dtype_size(kvdt));
-    const char *v = (const char *)view_at(p, &p->value, b, hkv, sdpa_dtype_size(kvdt));
+    const size_t kve = sdpa_dtype_size(kvdt);
+    /* paged: the block's rows, found per tile */
+    const char *k = paged ? NULL : (const char *)view_at(p, &p->key, b, hkv, kve);
+    const char *v = paged ? NULL : (const char *)view_at(p, &p->value, b, hkv, kve);
     const int64_t ksr = p->key.row_stride, ksc = p->key.col_stride;
     const int64_t vsr = p->value.row_stride, vsc = p->value.col_stride;
     T *qs = scratch + pl->off_q;     /* M x E, scaled                     */
@@ -882,14 +891,31 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
     }
 
-    for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
+    for (int64_t s0 = s_begin, step = 0; s0 < s_end; s0 += step) {
         if (should_stop(irq, tid)) return;
-        const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
+        int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
+        /* the tile's first K and V rows (and scales); a paged tile ends with its block */
+        const char *kt, *vt;
+        FN(kv_scales) ksct = kscl, vsct = vscl;
+        if (paged) {
+            const int64_t left = p->block_size - s0 % p->block_size;
+            if (left < n) n = (int)left;
+            kt = paged_row(p, &p->key, b, hkv, s0, kve);
+            vt = paged_row(p, &p->value, b, hkv, s0, kve);
+            if (kscl.base) ksct.base = (const float *)paged_row(p, &p->key_scale, b, hkv, s0, sizeof(float));
+            if (vscl.base) vsct.base = (const float *)paged_row(p, &p->value_scale, b, hkv, s0, sizeof(float));
+        } else {
+            kt = k + s0 * ksr * (int64_t)kve;
+            vt = v + s0 * vsr * (int64_t)kve;
+            if (kscl.base) ksct.base = kscl.base + s0 * kscl.rs;
+            if (vscl.base) vsct.base = vscl.base + s0 * vscl.rs;
+        }
+        step = n;
         if (half && ksc == 1) {  /* 16-bit keys read in place */
-            kern->dot_half(kvdt, M, n, E, qs, E, (const uint16_t *)k + s0 * ksr, ksr, st, tile_k);
+            kern->dot_half(kvdt, M, n, E, qs, E, (const uint16_t *)kt, ksr, st, tile_k);
         } else if (k_i8) {  /* int8 keys read in place, each scale group's dot then scaled */
-            const int8_t *kb = (const int8_t *)k + s0 * ksr;
-            const float *ks = kscl.base + s0 * kscl.rs;
+            const int8_t *kb = (const int8_t *)kt;
+            const float *ks = ksct.base;
             const int64_t g = kscl.group;
             /* groups: the scales applied to each key vector in the kernel, if it can */
             const int folded = g < E && kern->dot_i8_grouped(M, n, E, g, qs, E, kb, ksr, ks, kscl.rs, kscl.cs, st, tile_k);
@@ -907,10 +933,10 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                 }
             }
         } else {
-            const T *kb = (const T *)k + s0 * ksr;
+            const T *kb = (const T *)kt;
             int64_t ldk = ksr;
             if (ksc != 1 || kvdt != TDT) {
-                FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E, &kscl);
+                FN(convert_rows)(kern, kbuf, kt, &p->key, kvdt, 0, n, E, &ksct);
                 kb = kbuf;
                 ldk = E;
             }
@@ -934,10 +960,10 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             kern->row_online_softmax_update(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
         }
         if (half && vsc == 1) {
-            kern->pv_rows_half(kvdt, M, n, Ev, st, tile_k, (const uint16_t *)v + s0 * vsr, vsr, acc, Ev);
+            kern->pv_rows_half(kvdt, M, n, Ev, st, tile_k, (const uint16_t *)vt, vsr, acc, Ev);
         } else if (v_i8) {  /* int8 values read in place, the weights of each scale group scaled */
-            const int8_t *vb = (const int8_t *)v + s0 * vsr;
-            const float *vs = vscl.base + s0 * vscl.rs;
+            const int8_t *vb = (const int8_t *)vt;
+            const float *vs = vsct.base;
             const int64_t g = vscl.group;
             const int folded =
                 g < Ev && kern->pv_rows_i8_grouped(M, n, Ev, g, st, tile_k, vb, vsr, vs, vscl.rs, vscl.cs, acc, Ev);
@@ -951,10 +977,10 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                 kern->pv_rows_i8(M, n, g, sg, tile_k, vb + c0, vsr, acc + c0, Ev);
             }
         } else {
-            const T *vb = (const T *)v + s0 * vsr;
+            const T *vb = (const T *)vt;
             int64_t ldv = vsr;
             if (vsc != 1 || kvdt != TDT) {
-                FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev, &vscl);
+                FN(convert_rows)(kern, vbuf, vt, &p->value, kvdt, 0, n, Ev, &vsct);
                 vb = vbuf;
                 ldv = Ev;
             }

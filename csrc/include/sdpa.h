@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define SDPA_VERSION_MAJOR 0
-#define SDPA_VERSION_MINOR 2
+#define SDPA_VERSION_MINOR 3
 #define SDPA_VERSION_PATCH 0
 
 /* Leading batch dimensions, in front of the head dimension. */
@@ -47,10 +47,14 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_VARIANT = 11,      /* window, softcap or alignment offset
                                        out of range                          */
     SDPA_ERR_NOT_FINITE = 12,       /* a value to quantize is NaN or infinite */
-    SDPA_ERR_ABI = 13               /* *p is not this library's sdpa_problem:
+    SDPA_ERR_ABI = 13,              /* *p is not this library's sdpa_problem:
                                        the caller was compiled against another
                                        sdpa.h (or did not call
                                        sdpa_problem_init)                    */
+    SDPA_ERR_BAD_PAGES = 14         /* paged: a block id out of range where it
+                                       is read, a sequence longer than its
+                                       table, no key_lengths, or a mask or
+                                       weights asked for                     */
 } sdpa_status;
 
 /*
@@ -180,6 +184,29 @@ typedef struct sdpa_problem {
     sdpa_view key_scale;
     sdpa_view value_scale;
     int64_t kv_group_size;
+
+    /* Paged keys and values (block_size > 0): each of the batch_shape[0]
+     * sequences (num_batch_dims must be 1) keeps its keys in blocks of
+     * block_size positions.  Position s of sequence b is row s % block_size of
+     * block  block_table[b * block_table_stride + s / block_size], an id in
+     * [0, num_blocks).  In key, value, key_scale and value_scale,
+     * batch_strides[0] is then the stride between blocks (the caches are
+     * (num_blocks, Hkv, block_size, E)): the blocks are read in place.
+     *   key_lengths is required: sequence b has S_b = key_lengths[b] positions,
+     *     at most len_kv (the table's capacity, max_blocks x block_size);
+     *     table entries past the blocks S_b needs are never read (they may be
+     *     -1);
+     *   query row l of sequence b is position S_b - L + l: causal_offset and
+     *     align_offset are added to S_b - L (0, 0: each sequence's last L
+     *     positions, bottom-right aligned; the causal flag as usual);
+     *   no mask and no weights (SDPA_ERR_BAD_PAGES).
+     * Short queries (decoding, speculative verification) read the blocks in
+     * place; longer ones (chunked prefill) copy each sequence's blocks once
+     * into a contiguous buffer of the call and compute as for arrays. */
+    const int32_t *block_table;
+    int64_t block_table_stride;  /* entries between sequences' tables      */
+    int64_t block_size;          /* 0: not paged                           */
+    int64_t num_blocks;          /* blocks in the caches                   */
 } sdpa_problem;
 
 /* Fills *p with an empty problem: float32, key and value of the query's

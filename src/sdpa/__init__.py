@@ -30,12 +30,16 @@ from ._api import (
 from .kvcache import KVCache, KVCacheFullError
 from .layers import MultiHeadAttention
 from .merge import merge_attention
+from .paged import PagedKVCache, paged_attention, paged_write
 from .varlen import varlen_attention
 
 __all__ = [
     "scaled_dot_product_attention",
     "merge_attention",
     "varlen_attention",
+    "paged_attention",
+    "paged_write",
+    "PagedKVCache",
     "KVCache",
     "KVCacheFullError",
     "MultiHeadAttention",

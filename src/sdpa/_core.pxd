@@ -67,6 +67,10 @@ cdef extern from "sdpa.h" nogil:
         sdpa_view key_scale
         sdpa_view value_scale
         int64_t kv_group_size
+        const int32_t *block_table
+        int64_t block_table_stride
+        int64_t block_size
+        int64_t num_blocks
     void sdpa_problem_init(sdpa_problem *p)
     sdpa_status sdpa_quantize_int8(const float *src, int64_t src_row_stride, int64_t rows, int64_t cols,
                                    int64_t group_size, int8_t *dst, int64_t dst_row_stride, float *scales,

@@ -1036,3 +1036,119 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
     if lse is None:
         return o, w
     return o, w, lse
+
+
+def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint causal, double scale,
+                    window, softcap, alibi_slopes, sinks, bint return_lse, out, num_threads,
+                    key_scale, value_scale, int64_t group_size, int64_t shift):
+    """Attention over paged caches, arguments checked by :func:`sdpa.paged_attention`:
+    query (B, Hq, L, E) of a dtype the core takes; key_cache (N, Hkv, bs, E) and
+    value_cache (N, Hkv, bs, Ev) of the cache's dtype (int8 with float32
+    key_scale / value_scale (N, Hkv, bs, E / G or 1), G = group_size); int32
+    block_tables (B, max_blocks) and int64 seq_lens (B,), both C-contiguous;
+    alibi_slopes and sinks (B, Hq) of the compute type or None; window a pair
+    of ints or None; softcap a float or None; out (B, Hq, L, Ev) of the query's
+    dtype or None; num_threads an int >= 1 or None.  Row l of sequence b is
+    at position seq_lens[b] - L + l + shift.  Returns the output, and the lse
+    with return_lse.  A block id out of range where it is read, or a sequence
+    longer than its table, is a ValueError and nothing is written."""
+    cdef cnp.ndarray q = query, kc = key_cache, vc = value_cache, bt = block_tables, sl = seq_lens
+    cdef cnp.ndarray o, lse = None, ks = None, vs = None
+    cdef sdpa_problem p
+    cdef int64_t ex[MAX_DIMS]
+    cdef cnp.npy_intp dims[4]
+    cdef int dt = _dtype_of(q), cdt
+    cdef int64_t B, Hq, L, E, Ev, Hkv, bs
+    if dt < 0 or q.ndim != 4 or kc.ndim != 4 or vc.ndim != 4 or bt.ndim != 2 or sl.ndim != 1:
+        raise ValueError("paged_attention: the core does not take these operands")
+    cdt = _compute_dtype(dt)
+    B, Hq, L, E = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    Hkv, bs, Ev = kc.shape[1], kc.shape[2], vc.shape[3]
+    if Hkv < 1 or Hq % Hkv or bs < 1 or cnp.PyArray_TYPE(bt) != cnp.NPY_INT32 \
+            or not cnp.PyArray_IS_C_CONTIGUOUS(bt) or bt.shape[0] != B:
+        raise ValueError("paged_attention: the block table does not fit")
+    sdpa_problem_init(&p)
+    p.dtype = <sdpa_dtype>dt
+    if key_scale is not None:
+        ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
+        p.kv_dtype = SDPA_INT8
+    else:
+        p.kv_dtype = <sdpa_dtype>_dtype_of(kc)
+        if not _pairs(dt, p.kv_dtype) or _dtype_of(vc) != p.kv_dtype:
+            raise ValueError("paged_attention: the caches' dtype does not go with the query's")
+    p.num_batch_dims = 1
+    p.batch_shape[0] = B
+    p.num_heads = Hq
+    p.gqa_group = Hq // Hkv
+    p.len_q = L
+    p.len_kv = bt.shape[1] * bs
+    p.head_dim = E
+    p.head_dim_v = Ev
+    p.scale = scale
+    p.causal = causal
+    p.causal_offset = shift
+    p.align_offset = shift
+    p.block_table = <const int32_t *>cnp.PyArray_DATA(bt)
+    p.block_table_stride = bt.shape[1]
+    p.block_size = bs
+    p.num_blocks = kc.shape[0]
+    if vc.shape[0] != kc.shape[0] or vc.shape[1] != Hkv or vc.shape[2] != bs or kc.shape[3] != E:
+        raise ValueError("paged_attention: value_cache does not fit key_cache")
+    if window is not None:
+        p.window_left = min(<int64_t>window[0], WINDOW_MAX)
+        p.window_right = min(<int64_t>window[1], WINDOW_MAX)
+    if softcap is not None:
+        p.softcap = softcap
+    _expected(ex, p.batch_shape, 1, Hq, L, E)
+    if _fill_view(&p.query, q, 1, 3, ex, False):
+        raise ValueError("paged_attention: query does not fit")
+    ex[0] = kc.shape[0]
+    ex[1] = Hkv
+    ex[2] = bs
+    ex[3] = E
+    if _fill_view(&p.key, kc, 1, 3, ex, False):
+        raise ValueError("paged_attention: key_cache does not fit")
+    ex[3] = Ev
+    if _fill_view(&p.value, vc, 1, 3, ex, False):
+        raise ValueError("paged_attention: value_cache does not fit")
+    if ks is not None:
+        if _dtype_of(ks) != SDPA_FLOAT32 or _dtype_of(vs) != SDPA_FLOAT32 or cnp.PyArray_TYPE(kc) != cnp.NPY_INT8 \
+                or cnp.PyArray_TYPE(vc) != cnp.NPY_INT8:
+            raise ValueError("paged_attention: a quantized cache is int8 with float32 scales")
+        p.kv_group_size = group_size
+        ex[3] = E // group_size if group_size else 1
+        if _fill_view(&p.key_scale, ks, 1, 3, ex, False):
+            raise ValueError("paged_attention: key_scale does not fit")
+        ex[3] = Ev // group_size if group_size else 1
+        if _fill_view(&p.value_scale, vs, 1, 3, ex, False):
+            raise ValueError("paged_attention: value_scale does not fit")
+    _expected(ex, p.batch_shape, 1, Hq, L, Ev)
+    if alibi_slopes is not None and _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, 1, ex):
+        raise ValueError("paged_attention: alibi_slopes does not fit")
+    if sinks is not None and _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, 1, ex):
+        raise ValueError("paged_attention: sinks does not fit")
+    if cnp.PyArray_TYPE(sl) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(sl) or sl.shape[0] != B:
+        raise ValueError("paged_attention: seq_lens does not fit")
+    p.key_lengths = <const int64_t *>cnp.PyArray_DATA(sl)
+    p.key_lengths_strides[0] = 1
+    dims[0], dims[1], dims[2], dims[3] = B, Hq, L, Ev
+    if out is None:
+        o = cnp.PyArray_EMPTY(4, dims, cnp.PyArray_TYPE(q), 0)
+    else:
+        o = <cnp.ndarray>out
+        if _dtype_of(o) != dt or not cnp.PyArray_ISWRITEABLE(o):
+            raise ValueError("paged_attention: out does not fit")
+    if _fill_view(&p.out, o, 1, 3, ex, True):
+        raise ValueError("paged_attention: out does not fit")
+    if return_lse:
+        lse = cnp.PyArray_EMPTY(3, dims, _typenum_of(cdt), 0)
+        _fill_view(&p.lse, lse, 1, 2, ex, True)
+    p.num_threads = -1 if num_threads is None else min(<int>num_threads, MAX_THREADS)
+    if cnp.PyArray_SIZE(o):
+        if p.num_threads < 0:
+            p.num_threads = _setting_for(&p)
+        arrays = None
+        if _observer is not None:
+            arrays = {"q": q, "k": kc, "v": vc, "mask": None}
+        _execute(&p, _interruptible(), arrays)
+    return (o, lse) if return_lse else o

@@ -1,0 +1,676 @@
+"""Attention over paged KV caches: fixed-size blocks indexed by block tables.
+
+A paged cache keeps the keys of many sequences in one pool of blocks,
+``key_cache`` (num_blocks, Hkv, block_size, E) and ``value_cache`` (num_blocks,
+Hkv, block_size, Ev).  Sequence ``b``'s position ``s`` lives in block
+``block_tables[b, s // block_size]`` at row ``s % block_size``, so sequences
+grow, share and free blocks without copying.  :func:`paged_attention` reads the
+blocks in place; :func:`paged_write` stores new tokens into slots;
+:class:`PagedKVCache` manages the blocks (add, append, fork, free, attend).
+"""
+from __future__ import annotations
+
+import numbers
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _core
+from ._api import call_core
+from ._checks import count, head_values, scale_of, softcap_value, window_sides
+from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
+from ._threads import thread_count
+from .kvcache import cache_dtype
+from .merge import merge_attention
+
+__all__ = ["paged_attention", "paged_write", "PagedKVCache"]
+
+Array = np.ndarray
+
+#: Sequences that share at least this many leading blocks in one call have
+#: them read once for all (see :func:`paged_attention`).
+SHARED_PREFIX_MIN_BLOCKS = 1
+
+
+def _int_array(x: Any, name: str, ndim: int) -> Array:
+    a = _to_array(x, name)
+    if a.dtype.kind not in "iu" or a.dtype == np.bool_:
+        raise TypeError(f"{name}: expected integers, got dtype {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {a.shape}")
+    return a
+
+
+def _cache_pair(
+    key_cache: Any, value_cache: Any, key_scale: Any, value_scale: Any
+) -> Tuple[Array, Array, Optional[Array], Optional[Array], int]:
+    """The caches (and int8 scales, group size) checked: 4-dim, one dtype that
+    a KV cache stores, matching blocks, heads and block size."""
+    kc = _to_array(key_cache, "key_cache")
+    vc = _to_array(value_cache, "value_cache")
+    for a, name in ((kc, "key_cache"), (vc, "value_cache")):
+        if a.ndim != 4:
+            raise ValueError(
+                f"{name}: expected shape (num_blocks, num_kv_heads, block_size, features), got {a.shape}"
+            )
+        cache_dtype(a.dtype, name)
+        if not a.dtype.isnative:
+            raise TypeError(f"{name}: expected native byte order, got dtype {a.dtype}")
+        if not a.flags.aligned or any(s % a.itemsize for s in a.strides):
+            raise ValueError(f"{name}: the cache is read in place and must be aligned")
+    if kc.dtype != vc.dtype:
+        raise TypeError(f"value_cache: dtype {vc.dtype} differs from key_cache's {kc.dtype}")
+    if vc.shape[:3] != kc.shape[:3]:
+        raise ValueError(
+            f"value_cache: shape {vc.shape} does not match key_cache {kc.shape} in "
+            "(num_blocks, num_kv_heads, block_size)"
+        )
+    if kc.shape[1] < 1 or kc.shape[2] < 1:
+        raise ValueError(f"key_cache: needs at least one head and a block size >= 1, got shape {kc.shape}")
+    int8 = kc.dtype == np.int8
+    if not int8:
+        if key_scale is not None or value_scale is not None:
+            raise ValueError(f"key_scale, value_scale: only an int8 cache has scales; this one is {kc.dtype}")
+        return kc, vc, None, None, 0
+    if key_scale is None or value_scale is None:
+        raise ValueError("key_scale, value_scale: an int8 cache needs both (float32, one per group of features)")
+    ks = np.asarray(key_scale)
+    vs = np.asarray(value_scale)
+    E, Ev = kc.shape[3], vc.shape[3]
+    group = 0
+    for a, name, cols in ((ks, "key_scale", E), (vs, "value_scale", Ev)):
+        if a.dtype != np.float32 or not a.dtype.isnative or not a.flags.aligned:
+            raise TypeError(f"{name}: expected native, aligned float32, got dtype {a.dtype}")
+        if a.ndim != 4 or a.shape[:3] != kc.shape[:3] or a.shape[3] < 1 or cols % a.shape[3]:
+            raise ValueError(
+                f"{name}: expected shape {kc.shape[:3] + ('features // group_size',)}, got {a.shape}"
+            )
+    gk, gv = ks.shape[3], vs.shape[3]
+    if (gk == 1) != (gv == 1) or (gk > 1 and E // gk != Ev // gv):
+        raise ValueError(f"key_scale, value_scale: the groups differ ({E}/{gk} and {Ev}/{gv} features a scale)")
+    group = 0 if gk == 1 else E // gk
+    return kc, vc, ks, vs, group
+
+
+def _tables(
+    block_tables: Any, seq_lens: Any, B: int, L: int, num_blocks: int, block_size: int
+) -> Tuple[Array, Array]:
+    """block_tables as C-contiguous int32 and seq_lens as int64, checked: every
+    entry a sequence reads is a block id, every length fits its table and
+    holds the queries."""
+    bt = _int_array(block_tables, "block_tables", 2)
+    sl = _int_array(seq_lens, "seq_lens", 1)
+    if bt.shape[0] != B:
+        raise ValueError(f"block_tables: expected one row per sequence ({B}), got shape {bt.shape}")
+    if sl.shape != (B,):
+        raise ValueError(f"seq_lens: expected shape ({B},), one length per sequence, got {sl.shape}")
+    sl = sl.astype(np.int64)
+    cap = bt.shape[1] * block_size
+    for b in range(B):
+        n = int(sl[b])
+        if n < L:
+            raise ValueError(
+                f"seq_lens: sequence {b} has {n} positions, fewer than the {L} query rows it must hold"
+            )
+        if n > cap:
+            raise ValueError(
+                f"seq_lens: sequence {b} has {n} positions; its table holds {bt.shape[1]} blocks of "
+                f"{block_size} ({cap} positions)"
+            )
+        used = bt[b, : -(-n // block_size)]
+        bad = (used < 0) | (used >= num_blocks)
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise ValueError(
+                f"block_tables: entry ({b}, {j}) is {int(used[j])}, not a block id in [0, {num_blocks})"
+            )
+    if bt.dtype != np.int32 or not bt.flags.c_contiguous:
+        lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+        if bt.size and (int(bt.min()) < lo or int(bt.max()) > hi):  # unread entries beyond int32
+            bt = np.clip(bt, -1, hi)
+        bt = np.ascontiguousarray(bt, dtype=np.int32)
+    return bt, np.ascontiguousarray(sl)
+
+
+def _gather_tail(
+    cache: Array, bt: Array, sl: Array, L: int
+) -> Array:
+    """The last L positions of each sequence from a paged cache: (B, Hkv, L, C)."""
+    bs = cache.shape[2]
+    pos = sl[:, None] - L + np.arange(L)[None, :]  # (B, L)
+    blocks = np.take_along_axis(bt, pos // bs, axis=1)
+    return np.ascontiguousarray(cache[blocks, :, pos % bs, :].transpose(0, 2, 1, 3))
+
+
+def _shared_groups(bt: Array, full: Array) -> List[Tuple[Array, int]]:
+    """Groups of two or more sequences whose first ``c`` table entries agree
+    (the same blocks at the same positions), with c of them wholly visible to
+    every query row of each member (``full[b]`` blocks): (members, c)."""
+    groups: Dict[int, List[int]] = {}
+    for b in range(bt.shape[0]):
+        if full[b] >= SHARED_PREFIX_MIN_BLOCKS:
+            groups.setdefault(int(bt[b, 0]), []).append(b)
+    found = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        idx = np.array(members)
+        m = int(full[idx].min())
+        rows = bt[idx, :m]
+        same = (rows == rows[0]).all(axis=0)
+        c = m if same.all() else int(np.argmin(same))
+        if c >= SHARED_PREFIX_MIN_BLOCKS:
+            found.append((idx, c))
+    return found
+
+
+def _part(
+    q: Array, kc: Array, vc: Array, bt: Array, sl: Array, causal: bool, scale: float,
+    window: Optional[Tuple[int, int]], softcap: Optional[float], alibi: Optional[Array],
+    sinks: Optional[Array], threads: Optional[int], ks: Optional[Array], vs: Optional[Array],
+    group: int, shift: int, share: bool,
+) -> Tuple[Array, Array]:
+    """(out, lse) of the query over positions [0, sl[b]) of each sequence, row l
+    at position sl[b] - L + l + shift, reading shared leading blocks once."""
+    B, Hq, L, E = q.shape
+    Hkv, bs = kc.shape[1], kc.shape[2]
+    found: List[Tuple[Array, int]] = []
+    if share and window is None and alibi is None and B > 1:
+        # the blocks every query row of a sequence sees whole
+        visible = np.minimum(sl, sl - L + shift + 1) if causal else sl
+        found = _shared_groups(bt, np.maximum(visible, 0) // bs)
+    if not found:
+        return _core.paged_attention(q, kc, vc, bt, sl, causal, scale, window, softcap, alibi, sinks,
+                                     True, None, threads, ks, vs, group, shift)
+    rest_bt = bt.copy()
+    rest_sl = sl.copy()
+    shared = []
+    G = Hq // Hkv
+    for members, c in found:
+        n = len(members)
+        # the members' rows of each key/value head as one GQA group: (1, Hkv * n*G*L, 1, E)
+        qg = q[members].reshape(n, Hkv, G, L, E).transpose(1, 0, 2, 3, 4).reshape(1, Hkv * n * G * L, 1, E)
+        table = np.ascontiguousarray(bt[members[0], :c][None, :])
+        o, s = _core.paged_attention(np.ascontiguousarray(qg), kc, vc, table, np.array([c * bs], np.int64),
+                                     False, scale, None, softcap, None, None, True, None, threads, ks, vs,
+                                     group, 0)
+        o = o.reshape(Hkv, n, G, L, -1).transpose(1, 0, 2, 3, 4).reshape(n, Hq, L, -1)
+        s = s.reshape(Hkv, n, G, L).transpose(1, 0, 2, 3).reshape(n, Hq, L)
+        shared.append((members, o, s))
+        width = bt.shape[1] - c
+        rest_bt[members, :width] = bt[members, c:]
+        rest_bt[members, width:] = -1
+        rest_sl[members] -= c * bs
+    out, lse = _core.paged_attention(q, kc, vc, rest_bt, rest_sl, causal, scale, window, softcap, alibi,
+                                     sinks, True, None, threads, ks, vs, group, shift)
+    for members, o, s in shared:
+        out[members], lse[members] = merge_attention([o, out[members]], [s, lse[members]])
+    return out, lse
+
+
+def paged_attention(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    block_tables: Any,
+    seq_lens: Any,
+    *,
+    is_causal: bool = True,
+    scale: Optional[float] = None,
+    window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Any = None,
+    sinks: Any = None,
+    tree_mask: Any = None,
+    return_lse: bool = False,
+    out: Optional[Array] = None,
+    num_threads: Optional[int] = None,
+    key_scale: Any = None,
+    value_scale: Any = None,
+) -> Union[Array, Tuple[Array, Array]]:
+    """Attention of each sequence's last L positions over its paged keys and values.
+
+    Parameters
+    ----------
+    query : array_like, shape (B, Hq, L, E)
+        float16, bfloat16, float32 or float64.  Row ``i`` of sequence ``b`` is
+        position ``seq_lens[b] - L + i``.  L = 1 is decoding; L > 1 chunked
+        prefill or speculative verification.
+    key_cache, value_cache : ndarray, shapes (num_blocks, Hkv, block_size, E) and (..., Ev)
+        One dtype a :class:`~sdpa.KVCache` stores (float16, bfloat16, float32,
+        float64, or int8 with ``key_scale``/``value_scale``), read in place.
+        Hq must be a multiple of Hkv (grouped-query attention is always on).
+        ``value_cache`` may be a column view of ``key_cache`` (MLA's latent
+        cache, ``key_cache[..., :Ev]``).
+    block_tables : array_like of int, shape (B, max_blocks)
+        Entry ``j`` of row ``b`` is the block holding positions
+        ``[j * block_size, (j + 1) * block_size)`` of sequence ``b``.  Entries
+        past the blocks ``seq_lens[b]`` needs are never read (they may be -1).
+    seq_lens : array_like of int, shape (B,)
+        Each sequence's length, its queries' positions included.
+    is_causal : bool
+        True: row ``i`` sees positions up to its own.  False: all ``seq_lens[b]``.
+    scale, window, softcap, alibi_slopes, sinks
+        As in :func:`sdpa.scaled_dot_product_attention`, with the positions
+        above (the window and ALiBi bottom-right aligned to each sequence).
+        Slopes and sinks are (Hq,) or (B, Hq).
+    tree_mask : array_like of bool, shape (L, L) or (B, L, L), optional
+        Speculative tree verification: among the last L positions, row ``i``
+        sees position ``seq_lens[b] - L + j`` only where ``tree_mask[..., i, j]``
+        (``is_causal`` does not apply there); it sees every earlier position.
+    return_lse : bool
+        Also return the log-sum-exp of each row, (B, Hq, L), float32 (float64
+        for a float64 query).
+    out : ndarray, optional
+        (B, Hq, L, Ev) of the query's dtype, written with the result.
+    num_threads : int, optional
+        Threads for this call (default: :func:`sdpa.get_num_threads`).
+    key_scale, value_scale : ndarray, optional
+        An int8 cache's float32 scales, (num_blocks, Hkv, block_size, E // G)
+        and (..., Ev // G), G features a scale (1 column: one scale a row), as
+        :class:`PagedKVCache` keeps them.
+
+    Returns
+    -------
+    out : ndarray, shape (B, Hq, L, Ev), of the query's dtype
+    lse : ndarray, shape (B, Hq, L), with ``return_lse``
+
+    Sequences that share leading blocks (the same block ids at the same table
+    positions: forks of one prompt, a common system prompt) have those blocks
+    read once for all of them: their query rows attend the shared blocks as
+    one group, and the parts are merged exactly (:func:`sdpa.merge_attention`).
+    That needs no window nor ALiBi, whose terms depend on each row's position.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Naming the argument, before anything is computed or written: a block id
+        outside [0, num_blocks) where it would be read, a ``seq_lens[b]`` above
+        ``max_blocks * block_size`` or below L, shapes or dtypes that do not match.
+
+    Examples
+    --------
+    >>> import numpy as np, sdpa
+    >>> rng = np.random.default_rng(0)
+    >>> kc = rng.standard_normal((4, 2, 16, 8)).astype(np.float32)   # 4 blocks of 16
+    >>> vc = rng.standard_normal((4, 2, 16, 8)).astype(np.float32)
+    >>> q = rng.standard_normal((1, 4, 1, 8)).astype(np.float32)     # decoding, 4 query heads
+    >>> out = sdpa.paged_attention(q, kc, vc, [[2, 0]], [20])        # blocks 2 then 0
+    >>> k = np.concatenate([kc[2], kc[0]], axis=1)[None, :, :20]
+    >>> v = np.concatenate([vc[2], vc[0]], axis=1)[None, :, :20]
+    >>> ref = sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    >>> bool(np.allclose(out, ref, atol=1e-6))
+    True
+    """
+    q = _to_array(query, "query")
+    if q.ndim != 4:
+        raise ValueError(f"query: expected shape (B, Hq, L, E), got {q.shape}")
+    try:
+        qdt = float_dtype(q.dtype, "query")
+    except TypeError:
+        raise TypeError(f"query: expected float16, bfloat16, float32 or float64, got dtype {q.dtype}") from None
+    kc, vc, ks, vs, group = _cache_pair(key_cache, value_cache, key_scale, value_scale)
+    B, Hq, L, E = q.shape
+    num_blocks, Hkv, bs, Ek = kc.shape
+    Ev = vc.shape[3]
+    if Ek != E:
+        raise ValueError(f"key_cache: {Ek} features a key, the query has {E}")
+    if Hq % Hkv:
+        raise ValueError(f"query: {Hq} heads is not a multiple of the caches' {Hkv} key/value heads")
+    if (qdt == _FLOAT64) != (kc.dtype == _FLOAT64):
+        raise TypeError(
+            f"key_cache: a {qdt} query attends " + ("a float64 cache" if qdt == _FLOAT64 else
+                                                    "float16, bfloat16, float32 or int8 caches")
+            + f", got {kc.dtype}"
+        )
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
+    bt, sl = _tables(block_tables, seq_lens, B, L, num_blocks, bs)
+    cdt = _FLOAT64 if qdt == _FLOAT64 else _FLOAT32
+    sc = scale_of(scale, E)
+    win = None if window is None else window_sides(window)
+    cap = None if softcap is None else softcap_value(softcap)
+    alibi = None if alibi_slopes is None else np.ascontiguousarray(
+        np.broadcast_to(head_values(alibi_slopes, "alibi_slopes", (B,), Hq, cdt), (B, Hq)))
+    sink = None if sinks is None else np.ascontiguousarray(
+        np.broadcast_to(head_values(sinks, "sinks", (B,), Hq, cdt), (B, Hq)))
+    tree = None
+    if tree_mask is not None:
+        tree = _to_array(tree_mask, "tree_mask")
+        if tree.dtype != np.bool_:
+            raise TypeError(f"tree_mask: expected bool, got dtype {tree.dtype}")
+        if tree.shape not in ((L, L), (B, L, L)):
+            raise ValueError(f"tree_mask: expected shape ({L}, {L}) or ({B}, {L}, {L}), got {tree.shape}")
+    threads = thread_count(num_threads)
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    if out is not None:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
+        if out.shape != (B, Hq, L, Ev) or out.dtype != qdt:
+            raise ValueError(f"out: expected shape {(B, Hq, L, Ev)} and dtype {qdt}, got {out.shape} {out.dtype}")
+        if not out.flags.writeable:
+            raise ValueError("out: is read-only")
+        for a, name in ((q, "query"), (kc, "key_cache"), (vc, "value_cache"), (ks, "key_scale"),
+                        (vs, "value_scale")):
+            if a is not None and np.shares_memory(out, a):
+                raise ValueError(f"out: overlaps {name}")
+    if q.dtype != qdt or not q.flags.aligned:
+        q = np.require(q, qdt, ["A"])
+
+    share = False
+    if tree is None and B > 1 and win is None and alibi is None:
+        visible = np.minimum(sl, sl - L + 1) if is_causal else sl
+        share = bool(_shared_groups(bt, visible // bs))
+    if tree is None and not share:
+        return _core.paged_attention(q, kc, vc, bt, sl, bool(is_causal), sc, win, cap, alibi, sink,
+                                     bool(return_lse), out, threads, ks, vs, group, 0)
+
+    # in parts, merged exactly: computed in the compute type
+    qc = q if q.dtype == cdt else q.astype(cdt)
+    if tree is None:
+        o, s = _part(qc, kc, vc, bt, sl, bool(is_causal), sc, win, cap, alibi, sink, threads, ks, vs,
+                     group, 0, True)
+    else:
+        # every position before the last L (the rows sit L past them), then the
+        # last L under the tree
+        po, ps = _part(qc, kc, vc, bt, sl - L, False, sc, win, cap, alibi, None, threads, ks, vs, group,
+                       L, True)
+        kt, vt = _gather_tail(kc, bt, sl, L), _gather_tail(vc, bt, sl, L)
+        kst = vst = None
+        if ks is not None and vs is not None:
+            kst, vst = _gather_tail(ks, bt, sl, L), _gather_tail(vs, bt, sl, L)
+        mask = tree.reshape((-1, 1, L, L))
+        to, ts = call_core(qc, kt, vt, attn_mask=mask, is_causal=False, scale=sc, enable_gqa=True,
+                           return_lse=True, window=None if win is None else list(win), softcap=cap,
+                           alibi_slopes=alibi, sinks=sink, num_threads=threads, key_scale=kst,
+                           value_scale=vst, group_size=group)
+        o, s = merge_attention([po, to], [ps, ts])
+    if out is not None:
+        np.copyto(out, o, casting="unsafe")
+        o = out
+    else:
+        o = o.astype(qdt, copy=False)
+    return (o, s) if return_lse else o
+
+
+def paged_write(
+    key: Any,
+    value: Any,
+    key_cache: Array,
+    value_cache: Array,
+    slot_mapping: Any,
+    *,
+    key_scale: Optional[Array] = None,
+    value_scale: Optional[Array] = None,
+) -> None:
+    """Store T tokens' keys and values into slots of paged caches.
+
+    Parameters
+    ----------
+    key : array_like, shape (T, Hkv, E)
+    value : array_like, shape (T, Hkv, Ev)
+        Real numbers, converted to the caches' dtype (int8: quantized
+        symmetrically, a float32 scale per group, written to ``key_scale`` /
+        ``value_scale``).
+    key_cache, value_cache : ndarray, shapes (num_blocks, Hkv, block_size, E) and (..., Ev)
+        Written in place.
+    slot_mapping : array_like of int, shape (T,)
+        Token ``t`` goes to block ``slot // block_size``, row ``slot % block_size``;
+        a negative slot skips the token.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Naming the argument, before anything is written: shapes or dtypes that
+        do not fit, a slot past the caches, two tokens for one slot, or (int8)
+        values that are NaN or infinite.
+    """
+    kc, vc, ks, vs, group = _cache_pair(key_cache, value_cache, key_scale, value_scale)
+    for a, name in ((kc, "key_cache"), (vc, "value_cache"), (ks, "key_scale"), (vs, "value_scale")):
+        if a is not None and not a.flags.writeable:
+            raise ValueError(f"{name}: is read-only")
+    num_blocks, Hkv, bs, E = kc.shape
+    Ev = vc.shape[3]
+    k = _to_array(key, "key")
+    v = _to_array(value, "value")
+    for a, name, cols in ((k, "key", E), (v, "value", Ev)):
+        if (a.dtype.kind not in "biuf" and not _is_bfloat16(a.dtype)):
+            raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}")
+        if a.ndim != 3 or a.shape[1:] != (Hkv, cols):
+            raise ValueError(f"{name}: expected shape (T, {Hkv}, {cols}), got {a.shape}")
+    T = k.shape[0]
+    if v.shape[0] != T:
+        raise ValueError(f"value: {v.shape[0]} tokens, key has {T}")
+    slots = _int_array(slot_mapping, "slot_mapping", 1).astype(np.int64)
+    if slots.shape != (T,):
+        raise ValueError(f"slot_mapping: expected shape ({T},), one slot a token, got {slots.shape}")
+    keep = slots >= 0
+    if (slots >= num_blocks * bs).any():
+        t = int(np.argmax(slots >= num_blocks * bs))
+        raise ValueError(f"slot_mapping: slot {int(slots[t])} of token {t} is past the caches' "
+                         f"{num_blocks * bs} slots")
+    used = slots[keep]
+    if np.unique(used).size != used.size:
+        raise ValueError("slot_mapping: two tokens go to one slot")
+    blocks, rows = used // bs, used % bs
+    if ks is not None and vs is not None:
+        kf = np.require(k[keep], np.float32, ["C", "A"])
+        vf = np.require(v[keep], np.float32, ["C", "A"])
+        for a, name in ((kf, "key"), (vf, "value")):
+            if not np.isfinite(a).all():
+                raise ValueError(f"{name}: an int8 cache holds finite values only; got NaN or inf")
+        n = kf.shape[0]
+        qk = np.empty((1, n, Hkv, E), np.int8)
+        qv = np.empty((1, n, Hkv, Ev), np.int8)
+        sk = np.empty((1, n, Hkv, ks.shape[3]), np.float32)
+        sv = np.empty((1, n, Hkv, vs.shape[3]), np.float32)
+        _core.quantize_int8(kf[None], qk, sk, group)
+        _core.quantize_int8(vf[None], qv, sv, group)
+        kc[blocks, :, rows, :] = qk[0]
+        vc[blocks, :, rows, :] = qv[0]
+        ks[blocks, :, rows, :] = sk[0]
+        vs[blocks, :, rows, :] = sv[0]
+        return
+    kc[blocks, :, rows, :] = k[keep].astype(kc.dtype, copy=False)
+    vc[blocks, :, rows, :] = v[keep].astype(vc.dtype, copy=False)
+
+
+class PagedKVCache:
+    """A pool of KV-cache blocks shared by many sequences.
+
+    ``key_cache`` (num_blocks, num_kv_heads, block_size, head_dim) and
+    ``value_cache`` (..., head_dim_v) hold every sequence's keys and values;
+    each sequence owns a list of blocks (its block table).  Full blocks may be
+    shared between sequences (:meth:`fork`); a block returns to the pool when
+    no sequence holds it.  For ``dtype="int8"`` the float32 scales are
+    ``key_scale`` / ``value_scale`` (one per ``group_size`` features, default
+    one per row).
+
+    >>> import numpy as np, sdpa
+    >>> cache = sdpa.PagedKVCache(num_blocks=8, block_size=4, num_kv_heads=1, head_dim=8)
+    >>> a = cache.add_sequence()
+    >>> cache.append(a, np.ones((1, 6, 8)), np.ones((1, 6, 8)))
+    >>> b = cache.fork(a)                    # shares the full block, copies the partial one
+    >>> cache.seq_len(b), cache.free_blocks
+    (6, 5)
+    >>> cache.attend([a, b], np.ones((2, 2, 1, 8), np.float32)).shape
+    (2, 2, 1, 8)
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        head_dim_v: Optional[int] = None,
+        dtype: Any = np.float32,
+        group_size: Optional[int] = None,
+    ) -> None:
+        n = count(num_blocks, "num_blocks", 1)
+        self._bs = count(block_size, "block_size", 1)
+        heads = count(num_kv_heads, "num_kv_heads", 1)
+        e = count(head_dim, "head_dim", 1)
+        ev = e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
+        self._dtype = cache_dtype(dtype)
+        int8 = self._dtype == np.int8
+        self._group = 0
+        if group_size is not None:
+            if not int8:
+                raise ValueError(f"group_size: only an int8 cache has scales; this one is {self._dtype}")
+            self._group = count(group_size, "group_size", 1)
+            if e % self._group or ev % self._group:
+                raise ValueError(f"group_size: {self._group} must divide head_dim ({e}) and head_dim_v ({ev})")
+        self.key_cache = np.zeros((n, heads, self._bs, e), self._dtype)
+        self.value_cache = np.zeros((n, heads, self._bs, ev), self._dtype)
+        self.key_scale: Optional[Array] = None
+        self.value_scale: Optional[Array] = None
+        if int8:
+            gk = e // self._group if self._group else 1
+            gv = ev // self._group if self._group else 1
+            self.key_scale = np.zeros((n, heads, self._bs, gk), np.float32)
+            self.value_scale = np.zeros((n, heads, self._bs, gv), np.float32)
+        self._free: List[int] = list(range(n - 1, -1, -1))  # popped from the end: block 0 first
+        self._refs = np.zeros(n, np.int64)
+        self._blocks: Dict[int, List[int]] = {}
+        self._lens: Dict[int, int] = {}
+        self._next = 0
+        self._lock = threading.Lock()
+
+    @property
+    def block_size(self) -> int:
+        return self._bs
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.key_cache.shape[0])
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks no sequence holds."""
+        return len(self._free)
+
+    @property
+    def sequences(self) -> List[int]:
+        return list(self._blocks)
+
+    def _seq(self, seq_id: Any) -> int:
+        if isinstance(seq_id, bool) or not isinstance(seq_id, numbers.Integral) or int(seq_id) not in self._blocks:
+            raise KeyError(f"seq_id: {seq_id!r} is not a sequence of this cache")
+        return int(seq_id)
+
+    def add_sequence(self) -> int:
+        """A new, empty sequence; returns its id."""
+        with self._lock:
+            sid = self._next
+            self._next += 1
+            self._blocks[sid] = []
+            self._lens[sid] = 0
+            return sid
+
+    def seq_len(self, seq_id: int) -> int:
+        """Positions held by the sequence."""
+        return self._lens[self._seq(seq_id)]
+
+    def block_table(self, seq_id: int) -> List[int]:
+        """The sequence's block ids, in order."""
+        return list(self._blocks[self._seq(seq_id)])
+
+    def _take(self, n: int) -> List[int]:
+        if n > len(self._free):
+            raise MemoryError(
+                f"PagedKVCache: {n} more blocks are needed and {len(self._free)} of {self.num_blocks} are free"
+            )
+        taken = [self._free.pop() for _ in range(n)]
+        self._refs[taken] = 1
+        return taken
+
+    def append(self, seq_id: int, key: Any, value: Any) -> None:
+        """Append T positions, key (Hkv, T, E) and value (Hkv, T, Ev), converted
+        (or quantized) to the cache's dtype.  MemoryError when the blocks they
+        need are not free; a failed call changes nothing."""
+        k = _to_array(key, "key")
+        v = _to_array(value, "value")
+        heads, e, ev = self.key_cache.shape[1], self.key_cache.shape[3], self.value_cache.shape[3]
+        for a, name, cols in ((k, "key", e), (v, "value", ev)):
+            if a.ndim != 3 or a.shape[0] != heads or a.shape[2] != cols:
+                raise ValueError(f"{name}: expected shape ({heads}, T, {cols}), got {a.shape}")
+        T = k.shape[1]
+        if v.shape[1] != T:
+            raise ValueError(f"value: {v.shape[1]} positions, key has {T}")
+        with self._lock:
+            sid = self._seq(seq_id)
+            start = self._lens[sid]
+            blocks = self._blocks[sid]
+            need = -(-(start + T) // self._bs) - len(blocks)
+            new = self._take(max(need, 0))
+            try:
+                table = np.array(blocks + new, np.int64)
+                pos = np.arange(start, start + T)
+                slots = table[pos // self._bs] * self._bs + pos % self._bs
+                paged_write(k.transpose(1, 0, 2), v.transpose(1, 0, 2), self.key_cache, self.value_cache, slots,
+                            key_scale=self.key_scale, value_scale=self.value_scale)
+            except BaseException:
+                self._release(new)
+                raise
+            blocks.extend(new)
+            self._lens[sid] = start + T
+
+    def _release(self, blocks: Sequence[int]) -> None:
+        for blk in blocks:
+            self._refs[blk] -= 1
+            if self._refs[blk] == 0:
+                self._free.append(blk)
+
+    def fork(self, seq_id: int) -> int:
+        """A new sequence with the same positions: it shares every full block and
+        gets a copy of the partial last one.  Returns its id."""
+        with self._lock:
+            sid = self._seq(seq_id)
+            blocks, n = self._blocks[sid], self._lens[sid]
+            full = n // self._bs
+            copy = self._take(1 if n % self._bs else 0)
+            for src, dst in zip(blocks[full:], copy):
+                for a in (self.key_cache, self.value_cache, self.key_scale, self.value_scale):
+                    if a is not None:
+                        a[dst] = a[src]
+            self._refs[blocks[:full]] += 1
+            new = self._next
+            self._next += 1
+            self._blocks[new] = blocks[:full] + copy
+            self._lens[new] = n
+            return new
+
+    def free(self, seq_id: int) -> None:
+        """Drop the sequence; blocks no other sequence holds return to the pool."""
+        with self._lock:
+            sid = self._seq(seq_id)
+            self._release(self._blocks.pop(sid))
+            del self._lens[sid]
+
+    def tables(self, seq_ids: Sequence[int]) -> Tuple[Array, Array]:
+        """The block tables (padded with -1) and lengths of these sequences."""
+        with self._lock:
+            ids = [self._seq(s) for s in seq_ids]
+            width = max([len(self._blocks[s]) for s in ids] + [1])
+            bt = np.full((len(ids), width), -1, np.int32)
+            for i, s in enumerate(ids):
+                bt[i, : len(self._blocks[s])] = self._blocks[s]
+            return bt, np.array([self._lens[s] for s in ids], np.int64)
+
+    def attend(self, seq_ids: Sequence[int], query: Any, **kw: Any) -> Union[Array, Tuple[Array, Array]]:
+        """:func:`paged_attention` of query (len(seq_ids), Hq, L, E) over these
+        sequences; keywords as there."""
+        bt, sl = self.tables(seq_ids)
+        return paged_attention(query, self.key_cache, self.value_cache, bt, sl, key_scale=self.key_scale,
+                               value_scale=self.value_scale, **kw)
+
+    def __repr__(self) -> str:
+        return (
+            f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self._bs}, "
+            f"num_kv_heads={self.key_cache.shape[1]}, head_dim={self.key_cache.shape[3]}, "
+            f"head_dim_v={self.value_cache.shape[3]}, dtype={self._dtype}, sequences={len(self._blocks)}, "
+            f"free_blocks={self.free_blocks})"
+        )
