@@ -1,0 +1,408 @@
+"""Paged KV caches: paged_attention, paged_write and PagedKVCache.
+
+Every result is checked against the same attention over the sequence's keys
+and values laid out contiguously: the float64 reference, and sdpa's own
+contiguous call where the two must agree closely.  Random block tables put a
+sequence's blocks anywhere in the pool; shared blocks, forks, tree masks, the
+variants and every cache dtype are covered, on every kernel set.
+"""
+import numpy as np
+import pytest
+
+import sdpa
+from sdpa import _core, reference
+from sdpa.paged import _shared_groups
+
+from conftest import tolerance
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def contiguous(cache, table, n):
+    """Positions [0, n) of one sequence from a paged cache: (Hkv, n, C)."""
+    bs = cache.shape[2]
+    return np.concatenate([cache[table[j]] for j in range(-(-n // bs))], axis=1)[:, :n]
+
+
+def dequantized(cache, scales, group):
+    """float32 values of an int8 cache, as the kernels read them."""
+    c = cache.astype(np.float32)
+    if scales.shape[-1] == 1:
+        return c * scales
+    return (c.reshape(c.shape[:-1] + (scales.shape[-1], group)) * scales[..., None]).reshape(c.shape)
+
+
+def random_tables(rng, B, lens, bs, num_blocks, spare=1):
+    """Each sequence gets distinct random blocks; unused entries are -1."""
+    width = max(-(-int(n) // bs) for n in lens) + spare
+    bt = np.full((B, width), -1, np.int32)
+    pool = rng.permutation(num_blocks)
+    at = 0
+    for b, n in enumerate(lens):
+        need = -(-int(n) // bs)
+        bt[b, :need] = pool[at : at + need]
+        at += need
+    return bt
+
+
+def problem(rng, B=3, Hq=8, Hkv=2, L=1, E=32, Ev=None, bs=16, dtype=np.float32, max_len=80, extra_blocks=4):
+    Ev = E if Ev is None else Ev
+    lens = rng.integers(L, max_len + 1, B)
+    num_blocks = int(sum(-(-int(n) // bs) for n in lens)) + extra_blocks
+    kc = rng.standard_normal((num_blocks, Hkv, bs, E)).astype(dtype)
+    vc = rng.standard_normal((num_blocks, Hkv, bs, Ev)).astype(dtype)
+    bt = random_tables(rng, B, lens, bs, num_blocks)
+    q = rng.standard_normal((B, Hq, L, E)).astype(dtype)
+    return q, kc, vc, bt, lens.astype(np.int64)
+
+
+def reference_of(q, kc, vc, bt, lens, is_causal=True, tree=None, **kw):
+    """float64 attention of each sequence over its contiguous keys."""
+    B, Hq, L, _ = q.shape
+    outs, lses = [], []
+    for b in range(B):
+        n = int(lens[b])
+        k = contiguous(kc, bt[b], n).astype(np.float64)[None]
+        v = contiguous(vc, bt[b], n).astype(np.float64)[None]
+        mask = None
+        causal = "bottom_right" if is_causal else False
+        if tree is not None:
+            mask = np.ones((L, n), bool)
+            mask[:, n - L :] = tree[b] if tree.ndim == 3 else tree
+            causal = False
+        extra = {}
+        for name in ("alibi_slopes", "sinks"):
+            if kw.get(name) is not None:
+                a = np.asarray(kw[name], np.float64)
+                extra[name] = a[b] if a.ndim == 2 else a
+        rest = {x: y for x, y in kw.items() if x not in ("alibi_slopes", "sinks")}
+        o, s = reference.scaled_dot_product_attention(
+            q[b : b + 1].astype(np.float64), k, v, attn_mask=mask, is_causal=causal, enable_gqa=True,
+            return_lse=True, **extra, **rest)
+        outs.append(o[0])
+        lses.append(s[0])
+    return np.stack(outs), np.stack(lses)
+
+
+@pytest.mark.parametrize("L", [1, 3, 40])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BF16])
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_matches_the_reference_on_every_kernel_set(isa, rng, L, dtype, is_causal):
+    bs = int(rng.choice([1, 5, 16, 32]))
+    q, kc, vc, bt, lens = problem(rng, L=L, dtype=dtype, bs=bs)
+    out, lse = sdpa.paged_attention(q, kc, vc, bt, lens, is_causal=is_causal, return_lse=True)
+    assert out.dtype == np.dtype(dtype) and out.shape == q.shape
+    ref, ref_lse = reference_of(q, kc, vc, bt, lens, is_causal)
+    tol = tolerance(dtype, 32)
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("L", [1, 4, 24])
+def test_equals_the_contiguous_call(isa, rng, L):
+    """The same sums as scaled_dot_product_attention over the gathered arrays,
+    to float32 rounding (tiles end at block ends)."""
+    q, kc, vc, bt, lens = problem(rng, B=4, L=L, bs=16, max_len=200)
+    out = sdpa.paged_attention(q, kc, vc, bt, lens)
+    for b in range(4):
+        n = int(lens[b])
+        k, v = contiguous(kc, bt[b], n)[None], contiguous(vc, bt[b], n)[None]
+        one = sdpa.scaled_dot_product_attention(q[b : b + 1], k, v, is_causal="bottom_right", enable_gqa=True)
+        np.testing.assert_allclose(out[b], one[0], rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("group", [None, 8])
+@pytest.mark.parametrize("L", [1, 20])
+def test_int8_cache_matches_attention_over_its_values(isa, rng, group, L):
+    cache = sdpa.PagedKVCache(24, 8, 2, 32, dtype="int8", group_size=group)
+    ids = [cache.add_sequence() for _ in range(3)]
+    for i, s in enumerate(ids):
+        n = 20 + 17 * i
+        cache.append(s, rng.standard_normal((2, n, 32)), rng.standard_normal((2, n, 32)))
+    q = rng.standard_normal((3, 4, L, 32)).astype(np.float32)
+    out = cache.attend(ids, q)
+    bt, lens = cache.tables(ids)
+    g = group or 32
+    kf = dequantized(cache.key_cache, cache.key_scale, g)
+    vf = dequantized(cache.value_cache, cache.value_scale, g)
+    ref, _ = reference_of(q, kf, vf, bt, lens)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("L", [1, 6, 30])
+def test_variants(isa, rng, L):
+    q, kc, vc, bt, lens = problem(rng, L=L, bs=8, max_len=90)
+    slopes = rng.uniform(0.01, 0.5, (3, 8)).astype(np.float32)
+    sinks = rng.standard_normal(8).astype(np.float32)
+    for kw in ({"window": (7, 0)}, {"window": (20, 2), "is_causal": False}, {"softcap": 3.0},
+               {"alibi_slopes": slopes}, {"sinks": sinks}, {"scale": 0.3, "alibi_slopes": slopes[0],
+                                                             "window": (11, -1), "sinks": sinks}):
+        out = sdpa.paged_attention(q, kc, vc, bt, lens, **kw)
+        ref, _ = reference_of(q, kc, vc, bt, lens, **kw)
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5, err_msg=str(kw))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+def test_tree_masks(isa, rng, dtype):
+    L = 6
+    q, kc, vc, bt, lens = problem(rng, L=L, bs=8, max_len=60, dtype=dtype)
+    tree = np.tril(rng.random((3, L, L)) < 0.6)
+    tree[:, np.arange(L), np.arange(L)] = True
+    for t in (tree, tree[1]):
+        out, lse = sdpa.paged_attention(q, kc, vc, bt, lens, tree_mask=t, return_lse=True)
+        ref, ref_lse = reference_of(q, kc, vc, bt, lens, tree=t)
+        tol = tolerance(dtype, 32)
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol)
+        np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5)
+    out = sdpa.paged_attention(q, kc, vc, bt, lens, tree_mask=tree, window=(9, 0), softcap=4.0,
+                               sinks=np.zeros(8, np.float32))
+    ref, _ = reference_of(q, kc, vc, bt, lens, tree=tree, window=(9, 0), softcap=4.0,
+                          sinks=np.zeros(8, np.float32))
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tolerance(dtype, 32), atol=tolerance(dtype, 32))
+
+
+def test_a_lower_triangular_tree_is_the_causal_call(rng):
+    q, kc, vc, bt, lens = problem(rng, L=5, bs=4)
+    plain = sdpa.paged_attention(q, kc, vc, bt, lens)
+    tree = sdpa.paged_attention(q, kc, vc, bt, lens, tree_mask=np.tril(np.ones((5, 5), bool)))
+    np.testing.assert_allclose(tree, plain, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("L", [1, 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, "int8"])
+def test_shared_prefix_is_read_once_and_gives_the_same_result(isa, rng, L, dtype):
+    """Forks of one prompt: the shared blocks go to the core once, for the
+    rows of every fork, and the result equals that over private copies."""
+    cache = sdpa.PagedKVCache(64, 8, 2, 16, dtype=dtype)
+    root = cache.add_sequence()
+    cache.append(root, rng.standard_normal((2, 45, 16)), rng.standard_normal((2, 45, 16)))
+    ids = [cache.fork(root) for _ in range(3)] + [root]
+    for s in ids:
+        n = int(rng.integers(L, 12))
+        cache.append(s, rng.standard_normal((2, n, 16)), rng.standard_normal((2, n, 16)))
+    other = cache.add_sequence()
+    cache.append(other, rng.standard_normal((2, 30, 16)), rng.standard_normal((2, 30, 16)))
+    ids.append(other)
+    bt, lens = cache.tables(ids)
+    assert (bt[:4, :5] == bt[0, :5]).all()  # 45 positions: 5 full blocks shared
+    qdt = np.float16 if dtype == np.float16 else np.float32
+    q = rng.standard_normal((5, 4, L, 16)).astype(qdt)
+
+    seen = []
+    _core.set_observer(lambda arrays: seen.append((arrays["q"].shape, arrays["k"])))
+    try:
+        out = cache.attend(ids, q)
+    finally:
+        _core.set_observer(None)
+    assert [shape for shape, _ in seen] == [(1, 2 * 4 * 2 * L, 1, 16), (5, 4, L, 16)]
+
+    # the same sequences with every block private: no sharing
+    private = np.arange(bt.size, dtype=np.int32).reshape(bt.shape)
+    kc = np.concatenate([cache.key_cache[np.maximum(bt, 0)].reshape((-1,) + cache.key_cache.shape[1:])])
+    vc = np.concatenate([cache.value_cache[np.maximum(bt, 0)].reshape((-1,) + cache.value_cache.shape[1:])])
+    kw = {}
+    if cache.key_scale is not None:
+        kw = {"key_scale": cache.key_scale[np.maximum(bt, 0)].reshape((-1,) + cache.key_scale.shape[1:]),
+              "value_scale": cache.value_scale[np.maximum(bt, 0)].reshape((-1,) + cache.value_scale.shape[1:])}
+    assert not _shared_groups(private, lens // 8)
+    alone = sdpa.paged_attention(q, kc, vc, private, lens, **kw)
+    tol = 2e-3 if qdt == np.float16 else 3e-6
+    np.testing.assert_allclose(out.astype(np.float32), alone.astype(np.float32), rtol=tol, atol=tol)
+
+
+def test_mla_latent_cache_as_a_view(rng):
+    """DeepSeek-style absorbed decoding: V is the first Ev columns of the cached latent."""
+    latent = rng.standard_normal((6, 1, 16, 72)).astype(BF16)
+    q = rng.standard_normal((2, 16, 1, 72)).astype(BF16)
+    bt = np.array([[3, 1, 4], [0, 5, -1]], np.int32)
+    lens = np.array([40, 20])
+    out = sdpa.paged_attention(q, latent, latent[..., :64], bt, lens, scale=0.1)
+    ref, _ = reference_of(q, latent, latent[..., :64], bt, lens, scale=0.1)
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=8e-3, atol=8e-3)
+    # the contiguous call takes a column view too
+    k = contiguous(latent, bt[0], 40)[None]
+    one = sdpa.scaled_dot_product_attention(q[:1], k, k[..., :64], scale=0.1, enable_gqa=True)
+    np.testing.assert_allclose(one.astype(np.float64), ref[:1], rtol=8e-3, atol=8e-3)
+
+
+def test_results_do_not_depend_on_the_thread_count(rng):
+    for L in (1, 30):
+        q, kc, vc, bt, lens = problem(rng, B=4, L=L, bs=16, max_len=3000)
+        one = sdpa.paged_attention(q, kc, vc, bt, lens, num_threads=1)
+        for n in (2, 3):
+            np.testing.assert_array_equal(sdpa.paged_attention(q, kc, vc, bt, lens, num_threads=n), one)
+
+
+def test_out_and_inputs(rng):
+    q, kc, vc, bt, lens = problem(rng, L=2)
+    before = [a.copy() for a in (q, kc, vc, bt, lens)]
+    out = np.empty((3, 8, 2, 32), np.float32)
+    got = sdpa.paged_attention(q, kc, vc, bt, lens, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, sdpa.paged_attention(q, kc, vc, bt, lens))
+    for a, b in zip(before, (q, kc, vc, bt, lens)):
+        np.testing.assert_array_equal(a, b)
+    # lists work for the tables, and any integer dtype
+    np.testing.assert_array_equal(
+        sdpa.paged_attention(q, kc, vc, bt.astype(np.int64).tolist(), lens.tolist()), out)
+
+
+def bad_calls(q, kc, vc, bt, lens):
+    nb = kc.shape[0]
+    wrong_id = bt.copy()
+    wrong_id[1, 0] = nb
+    negative = bt.copy()
+    negative[0, 0] = -1
+    return [
+        ({"block_tables": wrong_id}, ValueError, r"block_tables: entry \(1, 0\) is %d" % nb),
+        ({"block_tables": negative}, ValueError, r"block_tables: entry \(0, 0\) is -1"),
+        ({"seq_lens": lens + bt.shape[1] * kc.shape[2]}, ValueError, "seq_lens: sequence 0 has"),
+        ({"seq_lens": np.zeros_like(lens)}, ValueError, "fewer than the 2 query rows"),
+        ({"seq_lens": lens[:2]}, ValueError, "seq_lens: expected shape"),
+        ({"block_tables": bt.astype(np.float32)}, TypeError, "block_tables: expected integers"),
+        ({"query": q[:, :3]}, ValueError, "query: 3 heads"),
+        ({"query": q[..., :8]}, ValueError, "key_cache: 32 features"),
+        ({"value_cache": vc.astype(np.float64)}, TypeError, "value_cache: dtype float64 differs"),
+        ({"key_cache": kc.astype(np.float64), "value_cache": vc.astype(np.float64)}, TypeError, "key_cache: a"),
+        ({"value_cache": vc[:2]}, ValueError, "value_cache: shape"),
+        ({"key_cache": kc.astype(np.int32), "value_cache": vc.astype(np.int32)}, TypeError, "key_cache: a KV"),
+        ({"tree_mask": np.ones((3, 3), bool)}, ValueError, "tree_mask: expected shape"),
+        ({"tree_mask": np.ones((2, 2))}, TypeError, "tree_mask: expected bool"),
+        ({"window": (1,)}, TypeError, "window"),
+        ({"softcap": -1.0}, ValueError, "softcap"),
+        ({"sinks": np.ones(5)}, ValueError, "sinks"),
+        ({"num_threads": 0}, ValueError, "num_threads"),
+        ({"is_causal": "yes"}, TypeError, "is_causal"),
+        ({"key_scale": np.ones((1,), np.float32)}, ValueError, "only an int8 cache"),
+        ({"out": np.empty((3, 8, 2, 31), np.float32)}, ValueError, "out: expected shape"),
+        ({"out": q[:, :, :, :32]}, ValueError, "out: overlaps query"),
+    ]
+
+
+def test_bad_input_names_the_argument_and_writes_nothing(rng):
+    q, kc, vc, bt, lens = problem(rng, L=2)
+    base = {"query": q, "key_cache": kc, "value_cache": vc, "block_tables": bt, "seq_lens": lens}
+    for change, error, match in bad_calls(q, kc, vc, bt, lens):
+        kw = dict(base, **change)
+        out = kw.pop("out", np.full((3, 8, 2, 32), 7.0, np.float32))
+        with pytest.raises(error, match=match):
+            sdpa.paged_attention(kw.pop("query"), kw.pop("key_cache"), kw.pop("value_cache"),
+                                 kw.pop("block_tables"), kw.pop("seq_lens"), out=out, **kw)
+        if out.shape == (3, 8, 2, 32) and out.base is None:
+            assert (out == 7.0).all()
+
+
+def test_the_core_refuses_a_block_id_it_would_read(rng):
+    """The C core checks the table itself (a caller of the C API has no Python
+    checks): SDPA_ERR_BAD_PAGES, nothing written."""
+    q, kc, vc, bt, lens = problem(rng, L=1)
+    bt = bt.copy()
+    bt[2, 0] = kc.shape[0] + 5
+    out = np.full((3, 8, 1, 32), 7.0, np.float32)
+    with pytest.raises(ValueError, match="paged: a block id out of range"):
+        _core.paged_attention(q, kc, vc, bt, lens, True, 0.2, None, None, None, None, False, out, None,
+                              None, None, 0, 0)
+    assert (out == 7.0).all()
+    with pytest.raises(ValueError, match="paged"):
+        _core.paged_attention(q, kc, vc, bt[:, :1], lens, True, 0.2, None, None, None, None, False, out,
+                              None, None, None, 0, 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BF16, "int8"])
+def test_paged_write(rng, dtype):
+    int8 = dtype == "int8"
+    store = np.int8 if int8 else dtype
+    kc = np.zeros((5, 2, 4, 8), store)
+    vc = np.zeros((5, 2, 4, 12), store)
+    ks = np.zeros((5, 2, 4, 2), np.float32) if int8 else None
+    vs = np.zeros((5, 2, 4, 3), np.float32) if int8 else None
+    k = rng.standard_normal((4, 2, 8))
+    v = rng.standard_normal((4, 2, 12))
+    slots = np.array([13, -1, 0, 19])
+    sdpa.paged_write(k, v, kc, vc, slots, key_scale=ks, value_scale=vs)
+    got_k = dequantized(kc, ks, 4) if int8 else kc.astype(np.float64)
+    got_v = dequantized(vc, vs, 4) if int8 else vc.astype(np.float64)
+    tol = 0.02 if int8 or dtype in (np.float16, BF16) else 1e-6
+    for t, s in ((0, 13), (2, 0), (3, 19)):
+        np.testing.assert_allclose(got_k[s // 4, :, s % 4], k[t], atol=tol, rtol=tol)
+        np.testing.assert_allclose(got_v[s // 4, :, s % 4], v[t], atol=tol, rtol=tol)
+    assert np.count_nonzero(got_k.any(axis=-1)) == 3 * 2  # the skipped token wrote nothing
+
+
+def test_paged_write_checks_everything_first(rng):
+    kc = np.zeros((2, 1, 4, 8), np.int8)
+    vc = np.zeros((2, 1, 4, 8), np.int8)
+    ks = np.zeros((2, 1, 4, 1), np.float32)
+    vs = np.zeros((2, 1, 4, 1), np.float32)
+    k = rng.standard_normal((3, 1, 8))
+    cases = [
+        ({"slot_mapping": [0, 1, 8]}, ValueError, "slot_mapping: slot 8 of token 2"),
+        ({"slot_mapping": [0, 1, 1]}, ValueError, "two tokens go to one slot"),
+        ({"slot_mapping": [0, 1]}, ValueError, "slot_mapping: expected shape"),
+        ({"key": np.full((3, 1, 8), np.nan)}, ValueError, "key: an int8 cache holds finite"),
+        ({"value": k[:, :, :4]}, ValueError, "value: expected shape"),
+        ({"key": k.astype(complex)}, TypeError, "key: expected real"),
+        ({"key_scale": None}, ValueError, "key_scale, value_scale"),
+    ]
+    for change, error, match in cases:
+        kw = dict({"key": k, "value": k, "slot_mapping": [0, 1, 2], "key_scale": ks, "value_scale": vs}, **change)
+        with pytest.raises(error, match=match):
+            sdpa.paged_write(kw.pop("key"), kw.pop("value"), kc, vc, kw.pop("slot_mapping"), **kw)
+        assert not kc.any() and not vc.any() and not ks.any() and not vs.any()
+
+
+def test_paged_cache_blocks(rng):
+    cache = sdpa.PagedKVCache(num_blocks=6, block_size=4, num_kv_heads=1, head_dim=8)
+    a = cache.add_sequence()
+    cache.append(a, rng.standard_normal((1, 9, 8)), rng.standard_normal((1, 9, 8)))
+    assert cache.seq_len(a) == 9 and len(cache.block_table(a)) == 3 and cache.free_blocks == 3
+    b = cache.fork(a)  # shares 2 full blocks, copies the third
+    assert cache.block_table(b)[:2] == cache.block_table(a)[:2]
+    assert cache.block_table(b)[2] != cache.block_table(a)[2] and cache.free_blocks == 2
+    np.testing.assert_array_equal(cache.key_cache[cache.block_table(b)[2]],
+                                  cache.key_cache[cache.block_table(a)[2]])
+    cache.append(b, np.ones((1, 3, 8)), np.ones((1, 3, 8)))  # fills b's own partial block
+    assert cache.free_blocks == 2 and cache.seq_len(a) == 9
+    state = (cache.free_blocks, cache.block_table(a), cache.key_cache.copy())
+    with pytest.raises(MemoryError, match="more blocks are needed"):
+        cache.append(a, np.ones((1, 20, 8)), np.ones((1, 20, 8)))
+    with pytest.raises(ValueError, match="value"):
+        cache.append(a, np.ones((1, 2, 8)), np.ones((1, 3, 8)))
+    assert (cache.free_blocks, cache.block_table(a)) == state[:2] and cache.seq_len(a) == 9
+    np.testing.assert_array_equal(cache.key_cache, state[2])
+    cache.free(a)  # the shared blocks stay with b
+    assert cache.free_blocks == 3
+    cache.free(b)
+    assert cache.free_blocks == 6
+    with pytest.raises(KeyError):
+        cache.seq_len(a)
+    with pytest.raises(TypeError, match="a KV cache stores"):
+        sdpa.PagedKVCache(4, 4, 1, 8, dtype="float8")
+
+
+def test_paged_cache_attend_matches_the_kv_cache(rng):
+    """A continuous-batching loop against one KVCache per sequence."""
+    paged = sdpa.PagedKVCache(num_blocks=40, block_size=8, num_kv_heads=2, head_dim=16)
+    plain = {}
+    for step in range(12):
+        if step % 4 == 0:
+            s = paged.add_sequence()
+            plain[s] = sdpa.KVCache(1, 2, 256, 16)
+            n = int(rng.integers(1, 30))
+            k, v = rng.standard_normal((2, n, 16)), rng.standard_normal((2, n, 16))
+            paged.append(s, k, v)
+            plain[s].append(k[None], v[None])
+        if step == 7:
+            gone = paged.sequences[0]
+            paged.free(gone)
+            del plain[gone]
+        ids = paged.sequences
+        for s in ids:
+            k, v = rng.standard_normal((2, 1, 16)), rng.standard_normal((2, 1, 16))
+            paged.append(s, k, v)
+            plain[s].append(k[None], v[None])
+        q = rng.standard_normal((len(ids), 4, 1, 16)).astype(np.float32)
+        out = paged.attend(ids, q)
+        for i, s in enumerate(ids):
+            np.testing.assert_allclose(out[i], plain[s].attend(q[i : i + 1])[0], rtol=2e-6, atol=2e-6)
