@@ -816,6 +816,23 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
 }
 #undef PROF_MARK
 
+/* The rows [a, m) of a K or V view that lie contiguous from a, up to end: their
+ * address (*rows) and scales (sc->base, int8), and their count.  Arrays: all
+ * of them, from base (the head's rows); paged: those in a's block. */
+static int64_t FN(segment)(const sdpa_problem *p, int64_t b, int64_t hkv, int64_t a, int64_t end, const char *base,
+                           const sdpa_view *view, int64_t rs, size_t elem, const char **rows, FN(kv_scales) *sc) {
+    const sdpa_view *scales = view == &p->key ? &p->key_scale : &p->value_scale;
+    if (p->block_size <= 0) {
+        *rows = base + a * rs * (int64_t)elem;
+        if (sc->base) sc->base += a * sc->rs;
+        return end - a;
+    }
+    const int64_t left = p->block_size - a % p->block_size;
+    *rows = paged_row(p, view, b, hkv, a, elem);
+    if (sc->base) sc->base = (const float *)paged_row(p, scales, b, hkv, a, sizeof(float));
+    return left < end - a ? left : end - a;
+}
+
 /*
  * Row mode, for few query rows per key/value head (decoding): one task is
  * (batch index, key/value head, chunk of keys), and its rows are the gqa_group
@@ -891,56 +908,47 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
     }
 
-    for (int64_t s0 = s_begin, step = 0; s0 < s_end; s0 += step) {
+    for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;
-        int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
-        /* the tile's first K and V rows (and scales); a paged tile ends with its block */
-        const char *kt, *vt;
-        FN(kv_scales) ksct = kscl, vsct = vscl;
-        if (paged) {
-            const int64_t left = p->block_size - s0 % p->block_size;
-            if (left < n) n = (int)left;
-            kt = paged_row(p, &p->key, b, hkv, s0, kve);
-            vt = paged_row(p, &p->value, b, hkv, s0, kve);
-            if (kscl.base) ksct.base = (const float *)paged_row(p, &p->key_scale, b, hkv, s0, sizeof(float));
-            if (vscl.base) vsct.base = (const float *)paged_row(p, &p->value_scale, b, hkv, s0, sizeof(float));
-        } else {
-            kt = k + s0 * ksr * (int64_t)kve;
-            vt = v + s0 * vsr * (int64_t)kve;
-            if (kscl.base) ksct.base = kscl.base + s0 * kscl.rs;
-            if (vscl.base) vsct.base = vscl.base + s0 * vscl.rs;
-        }
-        step = n;
-        if (half && ksc == 1) {  /* 16-bit keys read in place */
-            kern->dot_half(kvdt, M, n, E, qs, E, (const uint16_t *)kt, ksr, st, tile_k);
-        } else if (k_i8) {  /* int8 keys read in place, each scale group's dot then scaled */
-            const int8_t *kb = (const int8_t *)kt;
-            const float *ks = ksct.base;
-            const int64_t g = kscl.group;
-            /* groups: the scales applied to each key vector in the kernel, if it can */
-            const int folded = g < E && kern->dot_i8_grouped(M, n, E, g, qs, E, kb, ksr, ks, kscl.rs, kscl.cs, st, tile_k);
-            for (int64_t c0 = 0; c0 < E && !folded; c0 += g) {
-                const float *kg = ks + (c0 / g) * kscl.cs;
-                T *dst = c0 == 0 ? st : sg;
-                kern->dot_i8(M, n, g, qs + c0, E, kb + c0, ksr, dst, tile_k);
-                for (int x = 0; x < M; x++) {
-                    T *sx = st + (int64_t)x * tile_k;
-                    const T *gx = dst + (int64_t)x * tile_k;
-                    if (c0 == 0)
-                        for (int j = 0; j < n; j++) sx[j] = gx[j] * kg[j * kscl.rs];
-                    else
-                        for (int j = 0; j < n; j++) sx[j] += gx[j] * kg[j * kscl.rs];
+        const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
+        /* a tile is read by segments of contiguous rows: the whole tile, or
+         * (paged) the part of it in each block; scores by column offset */
+        for (int64_t a = s0, m = 0; a < s0 + n; a += m) {
+            const char *kt;
+            FN(kv_scales) ksct = kscl;
+            m = FN(segment)(p, b, hkv, a, s0 + n, k, &p->key, ksr, kve, &kt, &ksct);
+            T *sto = st + (a - s0);
+            if (half && ksc == 1) {  /* 16-bit keys read in place */
+                kern->dot_half(kvdt, M, m, E, qs, E, (const uint16_t *)kt, ksr, sto, tile_k);
+            } else if (k_i8) {  /* int8 keys read in place, each scale group's dot then scaled */
+                const int8_t *kb = (const int8_t *)kt;
+                const float *ks = ksct.base;
+                const int64_t g = kscl.group;
+                /* groups: the scales applied to each key vector in the kernel, if it can */
+                const int folded = g < E && kern->dot_i8_grouped(M, m, E, g, qs, E, kb, ksr, ks, kscl.rs, kscl.cs, sto, tile_k);
+                for (int64_t c0 = 0; c0 < E && !folded; c0 += g) {
+                    const float *kg = ks + (c0 / g) * kscl.cs;
+                    T *dst = c0 == 0 ? sto : sg;
+                    kern->dot_i8(M, m, g, qs + c0, E, kb + c0, ksr, dst, tile_k);
+                    for (int x = 0; x < M; x++) {
+                        T *sx = sto + (int64_t)x * tile_k;
+                        const T *gx = dst + (int64_t)x * tile_k;
+                        if (c0 == 0)
+                            for (int j = 0; j < m; j++) sx[j] = gx[j] * kg[j * kscl.rs];
+                        else
+                            for (int j = 0; j < m; j++) sx[j] += gx[j] * kg[j * kscl.rs];
+                    }
                 }
+            } else {
+                const T *kb = (const T *)kt;
+                int64_t ldk = ksr;
+                if (ksc != 1 || kvdt != TDT) {
+                    FN(convert_rows)(kern, kbuf, kt, &p->key, kvdt, 0, m, E, &ksct);
+                    kb = kbuf;
+                    ldk = E;
+                }
+                kern->dot(M, m, E, qs, E, kb, ldk, sto, tile_k);
             }
-        } else {
-            const T *kb = (const T *)kt;
-            int64_t ldk = ksr;
-            if (ksc != 1 || kvdt != TDT) {
-                FN(convert_rows)(kern, kbuf, kt, &p->key, kvdt, 0, n, E, &ksct);
-                kb = kbuf;
-                ldk = E;
-            }
-            kern->dot(M, n, E, qs, E, kb, ldk, st, tile_k);
         }
         for (int x = 0; x < M; x++) {
             const int64_t h = hkv * group + x / L, l = x % L;
@@ -959,32 +967,38 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                 FN(store_raw_scores)(p, AT(weights, b, h) + l * p->weights.row_stride, sr, 1, s0, n);
             kern->row_online_softmax_update(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
         }
-        if (half && vsc == 1) {
-            kern->pv_rows_half(kvdt, M, n, Ev, st, tile_k, (const uint16_t *)vt, vsr, acc, Ev);
-        } else if (v_i8) {  /* int8 values read in place, the weights of each scale group scaled */
-            const int8_t *vb = (const int8_t *)vt;
-            const float *vs = vsct.base;
-            const int64_t g = vscl.group;
-            const int folded =
-                g < Ev && kern->pv_rows_i8_grouped(M, n, Ev, g, st, tile_k, vb, vsr, vs, vscl.rs, vscl.cs, acc, Ev);
-            for (int64_t c0 = 0; c0 < Ev && !folded; c0 += g) {
-                const float *vg = vs + (c0 / g) * vscl.cs;
-                for (int x = 0; x < M; x++) {
-                    const T *sx = st + (int64_t)x * tile_k;
-                    T *px = sg + (int64_t)x * tile_k;
-                    for (int j = 0; j < n; j++) px[j] = sx[j] * vg[j * vscl.rs];
+        for (int64_t a = s0, m = 0; a < s0 + n; a += m) {
+            const char *vt;
+            FN(kv_scales) vsct = vscl;
+            m = FN(segment)(p, b, hkv, a, s0 + n, v, &p->value, vsr, kve, &vt, &vsct);
+            const T *sto = st + (a - s0);
+            if (half && vsc == 1) {
+                kern->pv_rows_half(kvdt, M, m, Ev, sto, tile_k, (const uint16_t *)vt, vsr, acc, Ev);
+            } else if (v_i8) {  /* int8 values read in place, the weights of each scale group scaled */
+                const int8_t *vb = (const int8_t *)vt;
+                const float *vs = vsct.base;
+                const int64_t g = vscl.group;
+                const int folded =
+                    g < Ev && kern->pv_rows_i8_grouped(M, m, Ev, g, sto, tile_k, vb, vsr, vs, vscl.rs, vscl.cs, acc, Ev);
+                for (int64_t c0 = 0; c0 < Ev && !folded; c0 += g) {
+                    const float *vg = vs + (c0 / g) * vscl.cs;
+                    for (int x = 0; x < M; x++) {
+                        const T *sx = sto + (int64_t)x * tile_k;
+                        T *px = sg + (int64_t)x * tile_k;
+                        for (int j = 0; j < m; j++) px[j] = sx[j] * vg[j * vscl.rs];
+                    }
+                    kern->pv_rows_i8(M, m, g, sg, tile_k, vb + c0, vsr, acc + c0, Ev);
                 }
-                kern->pv_rows_i8(M, n, g, sg, tile_k, vb + c0, vsr, acc + c0, Ev);
+            } else {
+                const T *vb = (const T *)vt;
+                int64_t ldv = vsr;
+                if (vsc != 1 || kvdt != TDT) {
+                    FN(convert_rows)(kern, vbuf, vt, &p->value, kvdt, 0, m, Ev, &vsct);
+                    vb = vbuf;
+                    ldv = Ev;
+                }
+                kern->pv_rows(M, m, Ev, sto, tile_k, vb, ldv, acc, Ev);
             }
-        } else {
-            const T *vb = (const T *)vt;
-            int64_t ldv = vsr;
-            if (vsc != 1 || kvdt != TDT) {
-                FN(convert_rows)(kern, vbuf, vt, &p->value, kvdt, 0, n, Ev, &vsct);
-                vb = vbuf;
-                ldv = Ev;
-            }
-            kern->pv_rows(M, n, Ev, st, tile_k, vb, ldv, acc, Ev);
         }
     }
 }

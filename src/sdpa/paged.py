@@ -42,6 +42,9 @@ def _int_array(x: Any, name: str, ndim: int) -> Array:
     return a
 
 
+_STORED = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", "int8"))
+
+
 def _cache_pair(
     key_cache: Any, value_cache: Any, key_scale: Any, value_scale: Any
 ) -> Tuple[Array, Array, Optional[Array], Optional[Array], int]:
@@ -54,10 +57,11 @@ def _cache_pair(
             raise ValueError(
                 f"{name}: expected shape (num_blocks, num_kv_heads, block_size, features), got {a.shape}"
             )
-        cache_dtype(a.dtype, name)
-        if not a.dtype.isnative:
-            raise TypeError(f"{name}: expected native byte order, got dtype {a.dtype}")
-        if not a.flags.aligned or any(s % a.itemsize for s in a.strides):
+        if a.dtype not in _STORED:
+            cache_dtype(a.dtype, name)
+            if not a.dtype.isnative:
+                raise TypeError(f"{name}: expected native byte order, got dtype {a.dtype}")
+        if not a.flags.aligned:  # elements and strides
             raise ValueError(f"{name}: the cache is read in place and must be aligned")
     if kc.dtype != vc.dtype:
         raise TypeError(f"value_cache: dtype {vc.dtype} differs from key_cache's {kc.dtype}")
@@ -105,32 +109,52 @@ def _tables(
         raise ValueError(f"block_tables: expected one row per sequence ({B}), got shape {bt.shape}")
     if sl.shape != (B,):
         raise ValueError(f"seq_lens: expected shape ({B},), one length per sequence, got {sl.shape}")
-    sl = sl.astype(np.int64)
+    sl = sl.astype(np.int64, copy=False)
     cap = bt.shape[1] * block_size
-    for b in range(B):
-        n = int(sl[b])
-        if n < L:
-            raise ValueError(
-                f"seq_lens: sequence {b} has {n} positions, fewer than the {L} query rows it must hold"
-            )
-        if n > cap:
-            raise ValueError(
-                f"seq_lens: sequence {b} has {n} positions; its table holds {bt.shape[1]} blocks of "
-                f"{block_size} ({cap} positions)"
-            )
-        used = bt[b, : -(-n // block_size)]
-        bad = (used < 0) | (used >= num_blocks)
-        if bad.any():
-            j = int(np.argmax(bad))
-            raise ValueError(
-                f"block_tables: entry ({b}, {j}) is {int(used[j])}, not a block id in [0, {num_blocks})"
-            )
+    short = sl < L
+    if short.any():
+        b = int(np.argmax(short))
+        raise ValueError(
+            f"seq_lens: sequence {b} has {int(sl[b])} positions, fewer than the {L} query rows it must hold"
+        )
+    long = sl > cap
+    if long.any():
+        b = int(np.argmax(long))
+        raise ValueError(
+            f"seq_lens: sequence {b} has {int(sl[b])} positions; its table holds {bt.shape[1]} blocks of "
+            f"{block_size} ({cap} positions)"
+        )
+    # the entries each sequence reads: its first ceil(seq_len / block_size)
+    read = np.arange(bt.shape[1]) < (-(-sl // block_size))[:, None]
+    bad = read & ((bt < 0) | (bt >= num_blocks))
+    if bad.any():
+        b, j = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"block_tables: entry ({b}, {j}) is {int(bt[b, j])}, not a block id in [0, {num_blocks})"
+        )
     if bt.dtype != np.int32 or not bt.flags.c_contiguous:
         lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
         if bt.size and (int(bt.min()) < lo or int(bt.max()) > hi):  # unread entries beyond int32
             bt = np.clip(bt, -1, hi)
         bt = np.ascontiguousarray(bt, dtype=np.int32)
     return bt, np.ascontiguousarray(sl)
+
+
+def _tables_fast(
+    block_tables: Any, seq_lens: Any, B: int, L: int, num_blocks: int, block_size: int
+) -> Tuple[Array, Array]:
+    """block_tables and seq_lens in the core's form, with the checks that are
+    cheap; the core checks every block id a sequence reads and every length
+    against its table before it computes, and :func:`_tables` explains what it
+    refuses.  Tables that are not int32 take the full check here."""
+    bt, sl = block_tables, seq_lens
+    if not (type(bt) is np.ndarray and bt.dtype == np.int32 and bt.ndim == 2 and bt.shape[0] == B
+            and bt.flags.c_contiguous and type(sl) is np.ndarray and sl.dtype == np.int64 and sl.shape == (B,)
+            and sl.flags.c_contiguous):
+        return _tables(block_tables, seq_lens, B, L, num_blocks, block_size)
+    if B and int(sl.min()) < L:
+        return _tables(block_tables, seq_lens, B, L, num_blocks, block_size)
+    return bt, sl
 
 
 def _gather_tail(
@@ -148,9 +172,11 @@ def _shared_groups(bt: Array, full: Array) -> List[Tuple[Array, int]]:
     (the same blocks at the same positions), with c of them wholly visible to
     every query row of each member (``full[b]`` blocks): (members, c)."""
     groups: Dict[int, List[int]] = {}
-    for b in range(bt.shape[0]):
-        if full[b] >= SHARED_PREFIX_MIN_BLOCKS:
-            groups.setdefault(int(bt[b, 0]), []).append(b)
+    for b, (first, n) in enumerate(zip(bt[:, 0].tolist(), full.tolist())):
+        if n >= SHARED_PREFIX_MIN_BLOCKS:
+            groups.setdefault(first, []).append(b)
+    if len(groups) == sum(map(len, groups.values())):  # no two share a first block
+        return []
     found = []
     for members in groups.values():
         if len(members) < 2:
@@ -326,7 +352,7 @@ def paged_attention(
         )
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
-    bt, sl = _tables(block_tables, seq_lens, B, L, num_blocks, bs)
+    bt, sl = _tables_fast(block_tables, seq_lens, B, L, num_blocks, bs)
     cdt = _FLOAT64 if qdt == _FLOAT64 else _FLOAT32
     sc = scale_of(scale, E)
     win = None if window is None else window_sides(window)
@@ -364,8 +390,13 @@ def paged_attention(
         visible = np.minimum(sl, sl - L + 1) if is_causal else sl
         share = bool(_shared_groups(bt, visible // bs))
     if tree is None and not share:
-        return _core.paged_attention(q, kc, vc, bt, sl, bool(is_causal), sc, win, cap, alibi, sink,
-                                     bool(return_lse), out, threads, ks, vs, group, 0)
+        try:
+            return _core.paged_attention(q, kc, vc, bt, sl, bool(is_causal), sc, win, cap, alibi, sink,
+                                         bool(return_lse), out, threads, ks, vs, group, 0)
+        except ValueError:  # the core checked the table (nothing written): say where it is wrong
+            _tables(block_tables, seq_lens, B, L, num_blocks, bs)
+            raise
+    _tables(block_tables, seq_lens, B, L, num_blocks, bs)  # before any part is computed
 
     # in parts, merged exactly: computed in the compute type
     qc = q if q.dtype == cdt else q.astype(cdt)

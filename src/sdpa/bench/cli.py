@@ -16,7 +16,8 @@ from .cache import CACHE_DTYPES, iter_cache, parse_cache_dtypes
 from .errors import ERROR_ROWS
 from .generate import measure_generate
 from .latency import LATENCY_THREADS, iter_latency
-from .machine import machine_info, measure_references, package_version, reference_steps
+from .machine import lookup, machine_info, measure_references, package_version, reference_steps
+from .paged import PAGED_CASES, format_paged_table, iter_paged
 from .peers import (
     AGREEMENT_TOLERANCE,
     IMPLEMENTATIONS,
@@ -98,6 +99,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "time, GB/s of the bytes read (int8 scales included) and speed against the first; on "
         + " and ".join(s.name for s in CACHE_SHAPES)
         + " unless --shapes (--quick: the second)",
+    )
+    p.add_argument(
+        "--paged",
+        action="store_true",
+        help="instead of the suite, paged_attention over block-table caches against the contiguous "
+        "call and torch: decoding (blocks of 16 and 128, float32 and bfloat16), chunked prefill, "
+        "shared prefixes read once, and MLA's latent cache (--quick: shorter sequences)",
     )
     p.add_argument(
         "--profile",
@@ -196,6 +204,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
 
     cache_mode = args.cache_dtypes is not None
+    if args.paged:
+        if args.latency or cache_mode or args.profile or args.impls or args.plot or args.shapes:
+            print("error: --paged is a mode of its own: no --latency, --cache-dtypes, --profile, --impls, "
+                  "--shapes or --plot", file=sys.stderr)
+            return 2
+        args.min_time = _TIMING[0] if args.min_time is None else args.min_time
+        args.repeat = _TIMING[1] if args.repeat is None else args.repeat
+        return _run_paged(args)
     known = LATENCY_IMPLEMENTATIONS if args.latency else IMPLEMENTATIONS
     min_time, repeat = _QUICK_LATENCY_TIMING if args.latency and args.quick else _TIMING
     args.min_time = min_time if args.min_time is None else args.min_time
@@ -412,6 +428,44 @@ def _print_header(info: Dict[str, Any], dtype: str, extra: str = "") -> None:
         f"{info['cpu_model'] or info['machine']}, {info['cpu_count']} CPUs, numpy {info['numpy']}"
         f"{blas_text}, torch {info['torch'] or 'not installed'}{extra}, {dtype}"
     )
+
+
+def _run_paged(args: argparse.Namespace) -> int:
+    """``--paged``: the read-bandwidth reference, then the paged table; the exit status."""
+    threads = args.threads or default_threads()
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    progress = Progress(reference_steps(threads, 0, args.bandwidth_mib) + len(PAGED_CASES) * len(threads),
+                        enabled=show)
+    info = machine_info()
+    rows: List[Dict[str, Any]] = []
+    references: Dict[str, Any] = {}
+    interrupted = False
+    try:
+        references = measure_references(threads, "float32", gemm_n=0, bandwidth_mib=args.bandwidth_mib,
+                                        min_time=args.min_time, repeat=args.repeat, progress=progress)
+        for row in iter_paged(threads, min_time=args.min_time, repeat=args.repeat, seed=args.seed,
+                              quick=args.quick, progress=progress):
+            rows.append(row)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+    _print_header(info, "paged caches")
+    ref_text = format_references(references)
+    if ref_text:
+        print(ref_text)
+    print()
+    bandwidth = {n: lookup(references.get("bandwidth", {}).get("results", []), n, "gbps") for n in threads}
+    print(format_paged_table(rows, {n: b for n, b in bandwidth.items() if b}))
+    print("  against: the other's time / paged time (above 1: paged is faster)")
+    if interrupted:
+        print("(interrupted: partial results)")
+    if args.json:
+        payload = {"machine": info, "settings": {"mode": "paged", "threads": threads, "quick": args.quick,
+                                                 "min_time": args.min_time, "repeat": args.repeat},
+                   "references": references, "results": rows}
+        write_json(args.json, payload)
+    return 130 if interrupted else 0
 
 
 def _run_cache(args: argparse.Namespace, shapes: List[Shape], specs: List[str]) -> int:
