@@ -47,6 +47,7 @@ echo "== ctest"
 echo "== examples"
 "$BUILD/sdpa_seed_example"
 "$BUILD/sdpa_int8_decode"
+"$BUILD/sdpa_paged_decode"
 
 echo "== valgrind memcheck: sdpa_test_core --quick"
 if ! command -v valgrind >/dev/null; then  # CI runs as root

@@ -713,16 +713,19 @@ static void gather_rows(char *dst, const sdpa_problem *p, const sdpa_view *view,
 }
 
 /*
- * A paged problem.  Row mode reads the blocks in place (its tiles end at block
- * ends).  The tiled path, whose tiles are read by many query rows, runs one
- * sequence at a time over a copy of its blocks, made once, in a buffer of the
- * call: the copy costs a pass over K/V against L passes of products.
+ * A paged problem.  Row mode reads the blocks in place, each tile by the
+ * segments of it in one block; so does the tiled path with float K and V of
+ * the compute type, in its two products.  The tiled path's other forms (16-bit
+ * and int8 caches, widened or paired per tile or per call) run one sequence at
+ * a time over a copy of its blocks, made once, in a buffer of the call: the
+ * copy costs a pass over K/V against L passes of products.
  */
 static sdpa_status run_paged(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt, int by_name) {
     plan pl;
     make_plan(p, batch_count, kt, &pl);
-    if (pl.row_mode) return run_problem(p, batch_count, kt, by_name);
     const sdpa_dtype kvdt = kv_dtype_of(p);
+    if (pl.row_mode || (!pl.bf16 && kvdt == p->dtype && (kvdt == SDPA_FLOAT32 || kvdt == SDPA_FLOAT64)))
+        return run_problem(p, batch_count, kt, by_name);
     const int int8 = kvdt == SDPA_INT8;
     const size_t ke = sdpa_dtype_size(kvdt), qe = sdpa_dtype_size(p->dtype);
     const size_t ce = p->dtype == SDPA_FLOAT64 ? sizeof(double) : sizeof(float);

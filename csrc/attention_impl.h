@@ -377,6 +377,7 @@ static void FN(prefetch_task)(const sdpa_problem *p, const plan *pl, int64_t tas
     const int64_t k0 = keys * part / parts, k1 = keys * (part + 1) / parts;
     FN(prefetch_rows)((const char *)view_at(p, &p->query, b, h, qe), &p->query, qe, l0 + q0, q1 - q0,
                       p->head_dim, 0);
+    if (p->block_size > 0) return;  /* paged: the first block's rows would need its table */
     FN(prefetch_rows)((const char *)view_at(p, &p->key, b, hkv, kve), &p->key, kve, k0, k1 - k0, p->head_dim, 0);
     FN(prefetch_rows)((const char *)view_at(p, &p->value, b, hkv, kve), &p->value, kve, k0, k1 - k0,
                       p->head_dim_v, 0);
@@ -552,11 +553,20 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     int64_t qb, bh;
     task_coords(p, pl, task, &qb, &bh);
     const int64_t b = bh / H, h = bh % H, hkv = h / p->gqa_group;
+    /* paged (float K and V of the compute type only, read in place): the block of
+     * each segment of a tile is looked up as the products read it */
+    const int paged = p->block_size > 0;
+    sdpa_problem local;
+    if (paged) {  /* rows at the sequence's end */
+        local = *p;
+        paged_positions(&local, b);
+        p = &local;
+    }
 
     const sdpa_dtype qdt = p->dtype, kvdt = pl->kv_dtype;
     const char *q = (const char *)view_at(p, &p->query, b, h, sdpa_dtype_size(qdt));
-    const char *k = (const char *)view_at(p, &p->key, b, hkv, sdpa_dtype_size(kvdt));
-    const char *v = (const char *)view_at(p, &p->value, b, hkv, sdpa_dtype_size(kvdt));
+    const char *k = paged ? NULL : (const char *)view_at(p, &p->key, b, hkv, sdpa_dtype_size(kvdt));
+    const char *v = paged ? NULL : (const char *)view_at(p, &p->value, b, hkv, sdpa_dtype_size(kvdt));
     char *out = (char *)view_at(p, &p->out, b, h, sdpa_dtype_size(qdt));
     const void *mask = FN(mask_at)(p, b, h);
     T *weights = p->weights.data ? AT(weights, b, h) : NULL;
@@ -647,7 +657,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         }
 #endif
         const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
-        const T *kt = (const T *)k + s0 * ksr, *vt = (const T *)v + s0 * vsr;
+        const T *kt = paged ? NULL : (const T *)k + s0 * ksr, *vt = paged ? NULL : (const T *)v + s0 * vsr;
 #if HAS_BF16
         const uint32_t *kpt = NULL, *vpt = NULL;
         int64_t k_rs = E2;
@@ -744,7 +754,15 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                 }
             } else
 #endif
-            {
+            if (paged) {
+                for (int64_t a = sp, m = 0; a < sp + nk; a += m) {
+                    const int64_t left = p->block_size - a % p->block_size;
+                    m = left < sp + nk - a ? left : sp + nk - a;
+                    const T *ka = (const T *)paged_row(p, &p->key, b, hkv, a, sizeof(T));
+                    kern->gemm((int)m, E, ka, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st + (a - sp) * nr, nr, 0);
+                }
+                PROF_MARK(PH_QK);
+            } else {
                 kern->gemm(nk, E, kt + j0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
                 PROF_MARK(PH_QK);
             }
@@ -771,7 +789,16 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
 #endif
             kern->online_softmax_update(st, nk, pmax, psum, pacc, Ev);
             PROF_MARK(PH_SOFTMAX);
-            kern->gemm((int)Ev, nk, vt + j0 * vsr, vsc, vsr, st, nr, pacc, nr, 1);
+            if (paged) {
+                for (int64_t a = sp, m = 0; a < sp + nk; a += m) {
+                    const int64_t left = p->block_size - a % p->block_size;
+                    m = left < sp + nk - a ? left : sp + nk - a;
+                    const T *va = (const T *)paged_row(p, &p->value, b, hkv, a, sizeof(T));
+                    kern->gemm((int)Ev, (int)m, va, vsc, vsr, st + (a - sp) * nr, nr, pacc, nr, 1);
+                }
+            } else {
+                kern->gemm((int)Ev, nk, vt + j0 * vsr, vsc, vsr, st, nr, pacc, nr, 1);
+            }
             PROF_MARK(PH_PV);
         }
     }

@@ -31,6 +31,9 @@ Array = np.ndarray
 #: Sequences that share at least this many leading blocks in one call have
 #: them read once for all (see :func:`paged_attention`).
 SHARED_PREFIX_MIN_BLOCKS = 1
+#: Up to this many query rows per key/value head attend shared blocks as one
+#: GQA group (the row path); more as the rows of one head (the tiled path).
+SHARED_ROW_MODE_ROWS = 16
 
 
 def _int_array(x: Any, name: str, ndim: int) -> Array:
@@ -215,8 +218,13 @@ def _part(
     G = Hq // Hkv
     for members, c in found:
         n = len(members)
-        # the members' rows of each key/value head as one GQA group: (1, Hkv * n*G*L, 1, E)
-        qg = q[members].reshape(n, Hkv, G, L, E).transpose(1, 0, 2, 3, 4).reshape(1, Hkv * n * G * L, 1, E)
+        # the members' rows of each key/value head together: one GQA group of n*G*L heads
+        # (1, Hkv * n*G*L, 1, E), which decodes on the row path, or, for more rows than that
+        # serves well, n*G*L rows of one head (1, Hkv, n*G*L, E) for the tiled path; the same
+        # memory either way, and every row sees every shared key
+        rows = n * G * L
+        qg = q[members].reshape(n, Hkv, G, L, E).transpose(1, 0, 2, 3, 4)
+        qg = qg.reshape((1, Hkv * rows, 1, E) if rows <= SHARED_ROW_MODE_ROWS else (1, Hkv, rows, E))
         table = np.ascontiguousarray(bt[members[0], :c][None, :])
         o, s = _core.paged_attention(np.ascontiguousarray(qg), kc, vc, table, np.array([c * bs], np.int64),
                                      False, scale, None, softcap, None, None, True, None, threads, ks, vs,

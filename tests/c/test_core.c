@@ -1545,6 +1545,129 @@ static void test_abi_guard(void) {
     check(strstr(sdpa_status_message(SDPA_ERR_ABI), "sdpa.h") != NULL, "abi: the status message names the header");
 }
 
+/* Paged keys and values: two sequences of different lengths whose positions
+ * lie in blocks of an odd size scattered over a pool, against the same problem
+ * on each sequence's keys laid out contiguously (bottom-right aligned), on
+ * every kernel set, for decoding (row mode) and a longer query (the tiled path,
+ * which copies each sequence's blocks); then the refusals (SDPA_ERR_BAD_PAGES),
+ * with nothing written. */
+static void paged_case(const char *isa, sdpa_dtype dt, int64_t L, int variant) {
+    enum { PB = 2, PH = 4, PG = 2, PE = 24, BS = 5, NB = 40, MAXB = 18 };
+    const int64_t lens[PB] = {L + 37, L + 3};
+    const size_t es = dtype_size(dt), ce = dtype_size(compute_dtype(dt));
+    const int64_t Hkv = PH / PG;
+    void *kc = xcalloc((size_t)(NB * Hkv * BS * PE), es), *vc = xcalloc((size_t)(NB * Hkv * BS * PE), es);
+    void *q = xcalloc((size_t)(PB * PH * L * PE), es), *out = xcalloc((size_t)(PB * PH * L * PE), es);
+    void *lse = xcalloc((size_t)(PB * PH * L), ce), *sinks = xcalloc((size_t)(PB * PH), ce);
+    int32_t table[PB][MAXB];
+    for (int64_t i = 0; i < NB * Hkv * BS * PE; i++) {
+        store(kc, dt, i, 2 * rng_uniform() - 1);
+        store(vc, dt, i, 2 * rng_uniform() - 1);
+    }
+    for (int64_t i = 0; i < PB * PH * L * PE; i++) store(q, dt, i, 2 * rng_uniform() - 1);
+    for (int64_t i = 0; i < PB * PH; i++) store(sinks, compute_dtype(dt), i, rng_uniform());
+    for (int b = 0; b < PB; b++)
+        for (int j = 0; j < MAXB; j++) table[b][j] = j < (lens[b] + BS - 1) / BS ? (int32_t)((17 * (b * MAXB + j) + 5) % NB) : -1;
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.dtype = dt;
+    p.num_batch_dims = 1, p.batch_shape[0] = PB;
+    p.num_heads = PH, p.gqa_group = PG, p.len_q = L, p.len_kv = MAXB * BS, p.head_dim = p.head_dim_v = PE;
+    p.query = dense_view(q, L, PE);
+    p.query.batch_strides[0] = PH * L * PE;
+    p.out = p.query;
+    p.out.data = out;
+    p.lse = dense_view(lse, L, 1);
+    p.lse.batch_strides[0] = PH * L;
+    p.key = dense_view(kc, BS, PE);
+    p.key.batch_strides[0] = Hkv * BS * PE;
+    p.value = p.key;
+    p.value.data = vc;
+    p.scale = 0.3;
+    p.causal = 1;
+    p.key_lengths = lens;
+    p.key_lengths_strides[0] = 1;
+    p.block_table = &table[0][0], p.block_table_stride = MAXB, p.block_size = BS, p.num_blocks = NB;
+    if (variant) {  /* a window and sinks, aligned to each sequence's end */
+        p.window_left = 9, p.window_right = 0;
+        p.sinks = dense_view(sinks, 1, 1);
+        p.sinks.head_stride = 1, p.sinks.batch_strides[0] = PH;
+    }
+    sdpa_status st = sdpa_attention(&p);
+    char what[128];
+    snprintf(what, sizeof(what), "paged %s %s L=%lld%s", isa, dtype_name(dt), (long long)L, variant ? " window+sinks" : "");
+    double worst = 0;
+    for (int b = 0; b < PB && st == SDPA_OK; b++) {
+        const int64_t S = lens[b];
+        vprob x;
+        vprob_make(&x, dt, PH, PG, L, S, PE, PE);
+        for (int64_t i = 0; i < PH * L * PE; i++) store(x.q, dt, i, load(q, dt, b * PH * L * PE + i));
+        for (int64_t h = 0; h < Hkv; h++)
+            for (int64_t s = 0; s < S; s++)
+                for (int64_t c = 0; c < PE; c++) {
+                    const int64_t at = ((int64_t)table[b][s / BS] * Hkv + h) * BS * PE + (s % BS) * PE + c;
+                    store(x.k, dt, (h * S + s) * PE + c, load(kc, dt, at));
+                    store(x.v, dt, (h * S + s) * PE + c, load(vc, dt, at));
+                }
+        x.p.scale = 0.3, x.p.causal = 1, x.p.causal_offset = S - L;
+        x.p.weights.data = NULL;
+        /* lse and sinks in the compute type (vprob's buffers hold the storage type) */
+        void *ref_lse = xcalloc((size_t)(PH * L), ce);
+        x.p.lse = dense_view(ref_lse, L, 1);
+        if (variant) {
+            x.p.window_left = 9, x.p.window_right = 0, x.p.align_offset = S - L;
+            x.p.sinks = dense_view((char *)sinks + (size_t)(b * PH) * ce, 1, 1);
+            x.p.sinks.head_stride = 1;
+        }
+        const sdpa_status cst = sdpa_attention(&x.p);
+        for (int64_t i = 0; i < PH * L * PE && cst == SDPA_OK; i++)
+            worst = fmax(worst, rel_err(load(out, dt, b * PH * L * PE + i), load(x.out, dt, i)));
+        for (int64_t i = 0; i < PH * L && cst == SDPA_OK; i++)
+            worst = fmax(worst, rel_err(load(lse, compute_dtype(dt), b * PH * L + i), load(ref_lse, compute_dtype(dt), i)));
+        if (cst != SDPA_OK) worst = INFINITY;
+        free(ref_lse);
+        vprob_free(&x);
+    }
+    const double tol = dt == SDPA_FLOAT64 ? 1e-12 : dt == SDPA_FLOAT32 ? 1e-5 : 1e-2;
+    check(st == SDPA_OK && worst <= tol, "%s: status %d, max rel err %.3g", what, (int)st, worst);
+
+    /* refusals: nothing written */
+    store(out, dt, 0, 123.0);
+    const int32_t kept = table[1][0];
+    table[1][0] = NB;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_PAGES, "paged: a block id past the pool");
+    table[1][0] = -1;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_PAGES, "paged: a block id -1 that is read");
+    table[1][0] = kept;
+    p.len_kv = lens[0] - 1;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_PAGES, "paged: a sequence longer than its table");
+    p.len_kv = MAXB * BS;
+    p.key_lengths = NULL;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_PAGES, "paged: no key_lengths");
+    p.key_lengths = lens;
+    p.weights = dense_view(out, L, MAXB * BS);
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_PAGES, "paged: weights");
+    p.weights.data = NULL;
+    p.num_batch_dims = 2, p.batch_shape[1] = 1;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_PAGES, "paged: two batch dims");
+    check(load(out, dt, 0) == 123.0, "paged refusals write nothing");
+    free(kc), free(vc), free(q), free(out), free(lse), free(sinks);
+}
+
+static void test_paged(void) {
+    const char *initial = sdpa_isa();
+    for (int i = 0; i < NUM_ISAS; i++) {
+        if (!sdpa_isa_supported(ISAS[i]) || sdpa_set_isa(ISAS[i]) != SDPA_OK) continue;
+        const sdpa_dtype dts[] = {SDPA_FLOAT32, SDPA_FLOAT64, SDPA_BFLOAT16};
+        for (int d = 0; d < 3; d++) {
+            paged_case(ISAS[i], dts[d], 1, 0);
+            paged_case(ISAS[i], dts[d], 40, 0);
+            if (!quick) paged_case(ISAS[i], dts[d], 3, 1), paged_case(ISAS[i], dts[d], 33, 1);
+        }
+    }
+    sdpa_set_isa(initial);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
@@ -1574,6 +1697,7 @@ int main(int argc, char **argv) {
     test_variants();
     test_int8();
     test_abi_guard();
+    test_paged();
     sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
         const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
