@@ -755,10 +755,11 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             } else
 #endif
             if (paged) {
-                for (int64_t a = sp, m = 0; a < sp + nk; a += m) {
-                    const int64_t left = p->block_size - a % p->block_size;
+                int64_t blk = sp / p->block_size, row = sp % p->block_size;
+                for (int64_t a = sp, m = 0; a < sp + nk; a += m, blk++, row = 0) {
+                    const int64_t left = p->block_size - row;
                     m = left < sp + nk - a ? left : sp + nk - a;
-                    const T *ka = (const T *)paged_row(p, &p->key, b, hkv, a, sizeof(T));
+                    const T *ka = (const T *)paged_block_row(p, &p->key, b, hkv, blk, row, sizeof(T));
                     kern->gemm((int)m, E, ka, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st + (a - sp) * nr, nr, 0);
                 }
                 PROF_MARK(PH_QK);
@@ -790,10 +791,11 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             kern->online_softmax_update(st, nk, pmax, psum, pacc, Ev);
             PROF_MARK(PH_SOFTMAX);
             if (paged) {
-                for (int64_t a = sp, m = 0; a < sp + nk; a += m) {
-                    const int64_t left = p->block_size - a % p->block_size;
+                int64_t blk = sp / p->block_size, row = sp % p->block_size;
+                for (int64_t a = sp, m = 0; a < sp + nk; a += m, blk++, row = 0) {
+                    const int64_t left = p->block_size - row;
                     m = left < sp + nk - a ? left : sp + nk - a;
-                    const T *va = (const T *)paged_row(p, &p->value, b, hkv, a, sizeof(T));
+                    const T *va = (const T *)paged_block_row(p, &p->value, b, hkv, blk, row, sizeof(T));
                     kern->gemm((int)Ev, (int)m, va, vsc, vsr, st + (a - sp) * nr, nr, pacc, nr, 1);
                 }
             } else {
@@ -843,32 +845,34 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
 }
 #undef PROF_MARK
 
-/* The rows [a, m) of a K or V view that lie contiguous from a, up to end: their
+/* The rows from a up to end of a K or V view that lie contiguous: their
  * address (*rows) and scales (sc->base, int8), and their count.  Arrays: all
- * of them, from base (the head's rows); paged: those in a's block. */
+ * of them, from base (the head's rows).  Paged: those in the block of the
+ * cursor (*block: the table entry, *row: the row in it), which moves on to the
+ * next block's first row; the caller starts it at a / block_size, a %
+ * block_size (two divisions a tile, not one a block).  The first rows of the
+ * next of the sequence's `blocks` blocks (cols elements each) are prefetched. */
 static int64_t FN(segment)(const sdpa_problem *p, int64_t b, int64_t hkv, int64_t a, int64_t end, const char *base,
-                           const sdpa_view *view, int64_t rs, size_t elem, const char **rows, FN(kv_scales) *sc) {
-    const sdpa_view *scales = view == &p->key ? &p->key_scale : &p->value_scale;
+                           const sdpa_view *view, int64_t rs, size_t elem, int64_t cols, int64_t blocks,
+                           const char **rows, FN(kv_scales) *sc, int64_t *block, int64_t *row) {
     if (p->block_size <= 0) {
         *rows = base + a * rs * (int64_t)elem;
         if (sc->base) sc->base += a * sc->rs;
         return end - a;
     }
-    const int64_t left = p->block_size - a % p->block_size;
-    *rows = paged_row(p, view, b, hkv, a, elem);
-    if (sc->base) sc->base = (const float *)paged_row(p, scales, b, hkv, a, sizeof(float));
+    const sdpa_view *scales = view == &p->key ? &p->key_scale : &p->value_scale;
+    const int64_t left = p->block_size - *row;
+    *rows = paged_block_row(p, view, b, hkv, *block, *row, elem);
+    if (sc->base) sc->base = (const float *)paged_block_row(p, scales, b, hkv, *block, *row, sizeof(float));
+    /* the next block is anywhere in the pool, out of the hardware prefetchers' sight */
+    if (*block + 1 < blocks)  /* its first rows: a longer block's rest is a stream they follow */
+        FN(prefetch_rows)(paged_block_row(p, view, b, hkv, *block + 1, 0, elem), view, elem, 0,
+                          p->block_size < SDPA_PAGED_PREFETCH_ROWS ? p->block_size : SDPA_PAGED_PREFETCH_ROWS, cols, 0);
+    ++*block;
+    *row = 0;
     return left < end - a ? left : end - a;
 }
 
-/*
- * Row mode, for few query rows per key/value head (decoding): one task is
- * (batch index, key/value head, chunk of keys), and its rows are the gqa_group
- * query heads sharing that key/value head times the L query rows, so every K
- * and V byte is read once per group.  Scores are row-major (rows x keys).  Each
- * task leaves a partial result (running max, sum and unnormalised output per
- * row); merge_rows combines the chunks of a group in chunk order.  The chunk
- * length is fixed, so the result does not depend on the number of threads.
- */
 static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch,
                              T *partial, int64_t task, interrupt_state *irq, int tid) {
     const int64_t L = p->len_q, E = p->head_dim, Ev = p->head_dim_v, group = p->gqa_group;
@@ -940,10 +944,13 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
         const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
         /* a tile is read by segments of contiguous rows: the whole tile, or
          * (paged) the part of it in each block; scores by column offset */
+        const int64_t blk0 = paged ? s0 / p->block_size : 0, row0 = paged ? s0 % p->block_size : 0;
+        const int64_t blocks = paged ? (S_b + p->block_size - 1) / p->block_size : 0;
+        int64_t blk = blk0, row = row0;
         for (int64_t a = s0, m = 0; a < s0 + n; a += m) {
             const char *kt;
             FN(kv_scales) ksct = kscl;
-            m = FN(segment)(p, b, hkv, a, s0 + n, k, &p->key, ksr, kve, &kt, &ksct);
+            m = FN(segment)(p, b, hkv, a, s0 + n, k, &p->key, ksr, kve, E, blocks, &kt, &ksct, &blk, &row);
             T *sto = st + (a - s0);
             if (half && ksc == 1) {  /* 16-bit keys read in place */
                 kern->dot_half(kvdt, M, m, E, qs, E, (const uint16_t *)kt, ksr, sto, tile_k);
@@ -994,10 +1001,11 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                 FN(store_raw_scores)(p, AT(weights, b, h) + l * p->weights.row_stride, sr, 1, s0, n);
             kern->row_online_softmax_update(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
         }
+        blk = blk0, row = row0;
         for (int64_t a = s0, m = 0; a < s0 + n; a += m) {
             const char *vt;
             FN(kv_scales) vsct = vscl;
-            m = FN(segment)(p, b, hkv, a, s0 + n, v, &p->value, vsr, kve, &vt, &vsct);
+            m = FN(segment)(p, b, hkv, a, s0 + n, v, &p->value, vsr, kve, Ev, blocks, &vt, &vsct, &blk, &row);
             const T *sto = st + (a - s0);
             if (half && vsc == 1) {
                 kern->pv_rows_half(kvdt, M, m, Ev, sto, tile_k, (const uint16_t *)vt, vsr, acc, Ev);
