@@ -603,6 +603,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
                 const int64_t blk = kt->f32.bf16.pairs_block > 1 ? kt->f32.bf16.pairs_block : 1;
                 e2p = (pl->e2p + blk - 1) / blk * blk;
                 pl->slice_k = e2p != pl->e2p && e2p <= (int64_t)E ? (size_t)(S * e2p) : 0;
+                if (p->block_size > 0 && !pl->slice_k) pl->slice_k = (size_t)(S * e2p);  /* paged: K pairs too */
                 /* V: whole tiles of 16 pairs, and an odd number of 64-byte lines a
                  * feature row: a tile's 16 rows at a stride of a multiple of 4 KiB
                  * would fall in one set of L1 */
@@ -722,19 +723,18 @@ static void gather_rows(char *dst, const sdpa_problem *p, const sdpa_view *view,
 }
 
 /*
- * A paged problem.  Row mode reads the blocks in place, each tile by the
- * segments of it in one block; so does the tiled path with float K and V of
- * the compute type, in its two products.  The tiled path's other forms (16-bit
- * and int8 caches, widened or paired per tile or per call) run one sequence at
- * a time over a copy of its blocks, made once, in a buffer of the call: the
- * copy costs a pass over K/V against L passes of products.
+ * A paged problem.  Both paths read the blocks where they are, by the segments
+ * of a tile (or of a packing unit) in each block: row mode and the tiled
+ * path's float products in place, widening and pairing into scratch as for
+ * arrays.  bfloat16 pairs of keys need blocks of an even size (a pair never
+ * straddles two blocks): with an odd one, each sequence runs alone over a copy
+ * of its blocks, made once, in a buffer of the call.
  */
 static sdpa_status run_paged(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt, int by_name) {
     plan pl;
     make_plan(p, batch_count, kt, &pl);
     const sdpa_dtype kvdt = kv_dtype_of(p);
-    if (pl.row_mode || (!pl.bf16 && kvdt == p->dtype && (kvdt == SDPA_FLOAT32 || kvdt == SDPA_FLOAT64)))
-        return run_problem(p, batch_count, kt, by_name);
+    if (pl.row_mode || !pl.bf16 || p->block_size % 2 == 0) return run_problem(p, batch_count, kt, by_name);
     const int int8 = kvdt == SDPA_INT8;
     const size_t ke = sdpa_dtype_size(kvdt), qe = sdpa_dtype_size(p->dtype);
     const size_t ce = p->dtype == SDPA_FLOAT64 ? sizeof(double) : sizeof(float);

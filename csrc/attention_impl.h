@@ -112,6 +112,28 @@ static void FN(convert_rows)(const KT *kern, T *buf, const char *base, const sdp
     }
 }
 
+/* convert_rows over rows [s0, s0 + n) of key/value head (b, hkv): by the
+ * segments of the range in each block when paged. */
+static void FN(convert_range)(const sdpa_problem *p, const KT *kern, T *buf, const char *base, const sdpa_view *view,
+                              sdpa_dtype dt, int64_t b, int64_t hkv, int64_t s0, int n, int64_t cols,
+                              const FN(kv_scales) *sc) {
+    if (p->block_size <= 0) {
+        FN(convert_rows)(kern, buf, base, view, dt, s0, n, cols, sc);
+        return;
+    }
+    const sdpa_view *scales = view == &p->key ? &p->key_scale : &p->value_scale;
+    const size_t elem = sdpa_dtype_size(dt);
+    int64_t blk = s0 / p->block_size, row = s0 % p->block_size;
+    for (int64_t a = s0, m = 0; a < s0 + n; a += m, blk++, row = 0) {
+        const int64_t left = p->block_size - row;
+        m = left < s0 + n - a ? left : s0 + n - a;
+        FN(kv_scales) seg = *sc;
+        if (sc->base) seg.base = (const float *)paged_block_row(p, scales, b, hkv, blk, row, sizeof(float));
+        FN(convert_rows)(kern, buf + (a - s0) * cols, paged_block_row(p, view, b, hkv, blk, row, elem), view, dt, 0,
+                         (int)m, cols, &seg);
+    }
+}
+
 /* m + log(l): the row's log-sum-exp; -inf for a row that saw no key. */
 static T FN(log_sum_exp)(T m, T l) {
     if (l == 0) return -(T)INFINITY;
@@ -432,6 +454,42 @@ static void bf16_pack_values(const kernels_f32 *kern, uint32_t *dst, int64_t ld,
     }
 }
 
+/* bf16_pack_rows and bf16_pack_values over rows [s0, s0 + n) of key/value head
+ * (b, hkv), by the segments of the range in each block when paged (the blocks
+ * hold an even number of rows: pairs never straddle two). */
+static void bf16_pack_rows_of(const sdpa_problem *p, uint32_t *dst, int64_t ld, const uint16_t *base, int64_t b,
+                              int64_t hkv, int64_t s0, int n, int64_t E) {
+    if (p->block_size <= 0) {
+        bf16_pack_rows(dst, ld, base, &p->key, s0, n, E);
+        return;
+    }
+    int64_t blk = s0 / p->block_size, row = s0 % p->block_size;
+    for (int64_t a = s0, m = 0; a < s0 + n; a += m, blk++, row = 0) {
+        const int64_t left = p->block_size - row;
+        m = left < s0 + n - a ? left : s0 + n - a;
+        bf16_pack_rows(dst + (a - s0) * ld, ld, (const uint16_t *)paged_block_row(p, &p->key, b, hkv, blk, row, 2),
+                       &p->key, 0, (int)m, E);
+    }
+}
+
+static void bf16_pack_values_of(const sdpa_problem *p, const kernels_f32 *kern, uint32_t *dst, int64_t ld,
+                                const uint16_t *base, int64_t b, int64_t hkv, int64_t s0, int n, int64_t Ev) {
+    if (p->block_size <= 0) {
+        bf16_pack_values(kern, dst, ld, base, &p->value, s0, n, Ev);
+        return;
+    }
+    const int byf = kern->bf16.values_by_feature;
+    int64_t blk = s0 / p->block_size, row = s0 % p->block_size;
+    for (int64_t a = s0, m = 0; a < s0 + n; a += m, blk++, row = 0) {
+        const int64_t left = p->block_size - row;
+        m = left < s0 + n - a ? left : s0 + n - a;
+        const int64_t pairs = (a - s0) / 2;
+        bf16_pack_values(kern, dst + (byf ? pairs : pairs * ld), ld,
+                         (const uint16_t *)paged_block_row(p, &p->value, b, hkv, blk, row, 2), &p->value, 0, (int)m,
+                         Ev);
+    }
+}
+
 /* Panel pn of a task's query rows from l0 on as bfloat16 pairs, [E2][nr],
  * unscaled (the scale is applied to the float scores: rounding a scaled query
  * to bfloat16 would add error). */
@@ -511,24 +569,26 @@ static void FN(pack_kv_unit)(const sdpa_problem *p, const plan *pl, const KT *ke
     const size_t kve = sdpa_dtype_size(kvdt);
 #if HAS_BF16
     if (pl->bf16) {  /* V pairs; K read in place, or as pairs padded to whole tiles */
-        const uint16_t *v = (const uint16_t *)view_at(p, &p->value, b, hkv, 2);
+        const int paged = p->block_size > 0;  /* then rows are found per block */
+        const uint16_t *v = paged ? NULL : (const uint16_t *)view_at(p, &p->value, b, hkv, 2);
+        const uint16_t *k = paged ? NULL : (const uint16_t *)view_at(p, &p->key, b, hkv, 2);
         uint32_t *vp = (uint32_t *)slice + pl->slice_k;
         if (pl->slice_k)  /* K pairs padded to whole tiles */
-            bf16_pack_rows((uint32_t *)slice + s0 * pl->e2p, pl->e2p, (const uint16_t *)view_at(p, &p->key, b, hkv, 2),
-                           &p->key, s0, n, E);
+            bf16_pack_rows_of(p, (uint32_t *)slice + s0 * pl->e2p, pl->e2p, k, b, hkv, s0, n, E);
         if (kern->bf16.values_by_feature)
-            bf16_pack_values(kern, vp + s0 / 2, pl->vp_ld, v, &p->value, s0, n, Ev);
+            bf16_pack_values_of(p, kern, vp + s0 / 2, pl->vp_ld, v, b, hkv, s0, n, Ev);
         else
-            bf16_pack_values(kern, vp + s0 / 2 * Ev, Ev, v, &p->value, s0, n, Ev);
+            bf16_pack_values_of(p, kern, vp + s0 / 2 * Ev, Ev, v, b, hkv, s0, n, Ev);
         return;
     }
 #endif
-    const char *k = (const char *)view_at(p, &p->key, b, hkv, kve);
-    const char *v = (const char *)view_at(p, &p->value, b, hkv, kve);
+    const int paged = p->block_size > 0;
+    const char *k = paged ? NULL : (const char *)view_at(p, &p->key, b, hkv, kve);
+    const char *v = paged ? NULL : (const char *)view_at(p, &p->value, b, hkv, kve);
     const FN(kv_scales) kscl = FN(kv_scales_at)(p, &p->key_scale, b, hkv, E);
     const FN(kv_scales) vscl = FN(kv_scales_at)(p, &p->value_scale, b, hkv, Ev);
-    FN(convert_rows)(kern, slice + s0 * E, k, &p->key, kvdt, s0, n, E, &kscl);
-    FN(convert_rows)(kern, slice + pl->slice_k + s0 * Ev, v, &p->value, kvdt, s0, n, Ev, &vscl);
+    FN(convert_range)(p, kern, slice + s0 * E, k, &p->key, kvdt, b, hkv, s0, n, E, &kscl);
+    FN(convert_range)(p, kern, slice + pl->slice_k + s0 * Ev, v, &p->value, kvdt, b, hkv, s0, n, Ev, &vscl);
 }
 
 /* Phase timers of the tiled path (sdpa_profile_*): a task adds the time since
@@ -553,8 +613,9 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     int64_t qb, bh;
     task_coords(p, pl, task, &qb, &bh);
     const int64_t b = bh / H, h = bh % H, hkv = h / p->gqa_group;
-    /* paged (float K and V of the compute type only, read in place): the block of
-     * each segment of a tile is looked up as the products read it */
+    /* paged: float K and V of the compute type are read in place, the block of
+     * each segment of a tile looked up as the products read it; other K/V are
+     * widened or paired by block segments (K pairs never in place) */
     const int paged = p->block_size > 0;
     sdpa_problem local;
     if (paged) {  /* rows at the sequence's end */
@@ -579,6 +640,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     const int64_t vsr = convert_kv ? Ev : p->value.row_stride, vsc = convert_kv ? 1 : p->value.col_stride;
     const FN(kv_scales) kscl = FN(kv_scales_at)(p, &p->key_scale, b, hkv, E);
     const FN(kv_scales) vscl = FN(kv_scales_at)(p, &p->value_scale, b, hkv, Ev);
+    const int paged_products = paged && !slice && !convert_kv;  /* the products read the blocks */
     T *kbuf = scratch + pl->off_k;   /* a K tile as T, tile_k x E (convert_kv, not packed) */
     T *vbuf = scratch + pl->off_v;   /* a V tile as T, tile_k x Ev                          */
 
@@ -596,8 +658,8 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     uint32_t *kp = (uint32_t *)(scratch + pl->off_k);   /* K pairs of a tile when not in place, [tile_k][E2] */
     uint32_t *vtail = (uint32_t *)(scratch + pl->off_vt);  /* the last V pairs of an odd key count, [Ev][16] */
     /* K read in place when its rows are whole pairs, 32-bit aligned */
-    const int k_in_place = E % 2 == 0 && 2 * E2 == E && p->key.col_stride == 1 && p->key.row_stride % 2 == 0 &&
-                           ((uintptr_t)k & 3) == 0;
+    const int k_in_place = !paged && E % 2 == 0 && 2 * E2 == E && p->key.col_stride == 1 &&
+                           p->key.row_stride % 2 == 0 && ((uintptr_t)k & 3) == 0;
     /* feature c's pair p at vbase[c * vp_rs + p * vp_ks]: P V's a, in its kernel's layout */
     const int byf = bf16 && kern->bf16.values_by_feature;
     const int64_t vp_ld = slice ? (byf ? pl->vp_ld : Ev) : (byf ? (tile_k + 1) / 2 : Ev);
@@ -668,13 +730,13 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                 kpt = (const uint32_t *)((const uint16_t *)k + s0 * p->key.row_stride);
                 k_rs = p->key.row_stride / 2;
             } else {
-                bf16_pack_rows(kp, E2, (const uint16_t *)k, &p->key, s0, n, E);
+                bf16_pack_rows_of(p, kp, E2, (const uint16_t *)k, b, hkv, s0, n, E);
                 kpt = kp;
             }
             if (slice) {
                 vpt = (const uint32_t *)slice + pl->slice_k + (byf ? s0 / 2 : s0 / 2 * Ev);
             } else {
-                bf16_pack_values(kern, vp, vp_ld, (const uint16_t *)v, &p->value, s0, n, Ev);
+                bf16_pack_values_of(p, kern, vp, vp_ld, (const uint16_t *)v, b, hkv, s0, n, Ev);
                 vpt = vp;
             }
         } else
@@ -683,8 +745,8 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             kt = slice + s0 * E;
             vt = slice + pl->slice_k + s0 * Ev;
         } else if (convert_kv) {  /* once per tile, for every panel */
-            FN(convert_rows)(kern, kbuf, k, &p->key, kvdt, s0, n, E, &kscl);
-            FN(convert_rows)(kern, vbuf, v, &p->value, kvdt, s0, n, Ev, &vscl);
+            FN(convert_range)(p, kern, kbuf, k, &p->key, kvdt, b, hkv, s0, n, E, &kscl);
+            FN(convert_range)(p, kern, vbuf, v, &p->value, kvdt, b, hkv, s0, n, Ev, &vscl);
             kt = kbuf, vt = vbuf;
         }
         PROF_MARK(PH_PACK);
@@ -754,7 +816,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
                 }
             } else
 #endif
-            if (paged) {
+            if (paged_products) {
                 int64_t blk = sp / p->block_size, row = sp % p->block_size;
                 for (int64_t a = sp, m = 0; a < sp + nk; a += m, blk++, row = 0) {
                     const int64_t left = p->block_size - row;
@@ -790,7 +852,7 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
 #endif
             kern->online_softmax_update(st, nk, pmax, psum, pacc, Ev);
             PROF_MARK(PH_SOFTMAX);
-            if (paged) {
+            if (paged_products) {
                 int64_t blk = sp / p->block_size, row = sp % p->block_size;
                 for (int64_t a = sp, m = 0; a < sp + nk; a += m, blk++, row = 0) {
                     const int64_t left = p->block_size - row;

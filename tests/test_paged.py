@@ -99,6 +99,35 @@ def test_matches_the_reference_on_every_kernel_set(isa, rng, L, dtype, is_causal
     np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, BF16, "int8"])
+def test_widened_and_paired_blocks_packed_or_not(isa, rng, dtype):
+    """The tiled path's 16-bit and int8 caches: widened or paired by block
+    segments per tile or packed once per call, and bfloat16 pairs over blocks
+    of an odd size (a copy of each sequence's blocks)."""
+    for bs in (1, 5, 16):
+        cache = sdpa.PagedKVCache(120, bs, 2, 32, dtype=dtype)
+        ids = [cache.add_sequence() for _ in range(2)]
+        for s, n in zip(ids, (61, 40)):
+            cache.append(s, rng.standard_normal((2, n, 32)), rng.standard_normal((2, n, 32)))
+        qdt = BF16 if dtype == BF16 else np.float32
+        q = rng.standard_normal((2, 4, 24, 32)).astype(qdt)
+        bt, lens = cache.tables(ids)
+        if cache.key_scale is not None:
+            kf = dequantized(cache.key_cache, cache.key_scale, 32)
+            vf = dequantized(cache.value_cache, cache.value_scale, 32)
+        else:
+            kf, vf = cache.key_cache, cache.value_cache
+        ref, _ = reference_of(q, kf, vf, bt, lens)
+        for mode in ("never", "always", "rule"):
+            _core.set_packing(mode)
+            try:
+                out = cache.attend(ids, q)
+            finally:
+                _core.set_packing("rule")
+            tol = tolerance(qdt, 32)
+            np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol, err_msg=f"bs {bs} {mode}")
+
+
 @pytest.mark.parametrize("L", [1, 4, 24])
 def test_equals_the_contiguous_call(isa, rng, L):
     """The same sums as scaled_dot_product_attention over the gathered arrays,

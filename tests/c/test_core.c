@@ -1546,13 +1546,13 @@ static void test_abi_guard(void) {
 }
 
 /* Paged keys and values: two sequences of different lengths whose positions
- * lie in blocks of an odd size scattered over a pool, against the same problem
+ * lie in blocks (of an odd size or an even one) scattered over a pool, against the same problem
  * on each sequence's keys laid out contiguously (bottom-right aligned), on
- * every kernel set, for decoding (row mode) and a longer query (the tiled path,
- * which copies each sequence's blocks); then the refusals (SDPA_ERR_BAD_PAGES),
+ * every kernel set, for decoding (row mode) and a longer query (the tiled path;
+ * bfloat16 pairs over blocks of an odd size copy each sequence's blocks); then the refusals (SDPA_ERR_BAD_PAGES),
  * with nothing written. */
-static void paged_case(const char *isa, sdpa_dtype dt, int64_t L, int variant) {
-    enum { PB = 2, PH = 4, PG = 2, PE = 24, BS = 5, NB = 40, MAXB = 18 };
+static void paged_case(const char *isa, sdpa_dtype dt, int64_t L, int variant, int64_t BS) {
+    enum { PB = 2, PH = 4, PG = 2, PE = 24, NB = 48, MAXB = 20 };
     const int64_t lens[PB] = {L + 37, L + 3};
     const size_t es = dtype_size(dt), ce = dtype_size(compute_dtype(dt));
     const int64_t Hkv = PH / PG;
@@ -1595,7 +1595,8 @@ static void paged_case(const char *isa, sdpa_dtype dt, int64_t L, int variant) {
     }
     sdpa_status st = sdpa_attention(&p);
     char what[128];
-    snprintf(what, sizeof(what), "paged %s %s L=%lld%s", isa, dtype_name(dt), (long long)L, variant ? " window+sinks" : "");
+    snprintf(what, sizeof(what), "paged %s %s L=%lld blocks of %lld%s", isa, dtype_name(dt), (long long)L,
+             (long long)BS, variant ? " window+sinks" : "");
     double worst = 0;
     for (int b = 0; b < PB && st == SDPA_OK; b++) {
         const int64_t S = lens[b];
@@ -1660,9 +1661,10 @@ static void test_paged(void) {
         if (!sdpa_isa_supported(ISAS[i]) || sdpa_set_isa(ISAS[i]) != SDPA_OK) continue;
         const sdpa_dtype dts[] = {SDPA_FLOAT32, SDPA_FLOAT64, SDPA_BFLOAT16};
         for (int d = 0; d < 3; d++) {
-            paged_case(ISAS[i], dts[d], 1, 0);
-            paged_case(ISAS[i], dts[d], 40, 0);
-            if (!quick) paged_case(ISAS[i], dts[d], 3, 1), paged_case(ISAS[i], dts[d], 33, 1);
+            paged_case(ISAS[i], dts[d], 1, 0, 5);
+            paged_case(ISAS[i], dts[d], 40, 0, 5);
+            paged_case(ISAS[i], dts[d], 40, 0, 4); /* bfloat16 pairs by block segments */
+            if (!quick) paged_case(ISAS[i], dts[d], 3, 1, 4), paged_case(ISAS[i], dts[d], 33, 1, 5);
         }
     }
     sdpa_set_isa(initial);
