@@ -28,6 +28,10 @@
 /* Paged decoding prefetches this many rows of the next block as it starts one
  * (blocks of 16 then run as fast as arrays; without it 0.86-0.92x) */
 #define SDPA_PAGED_PREFETCH_ROWS 16
+/* Decoding with at least this many query heads per key/value head runs them
+ * as the rows of one query (fold_group); bfloat16 with bfloat16 products from 16 */
+#define SDPA_FOLD_MIN_GROUP 32
+#define SDPA_FOLD_MIN_GROUP_BF16 16
 /* Thread counts are capped at this many per CPU (and at least this many). */
 #define SDPA_THREADS_PER_CPU 4
 #define SDPA_MIN_THREAD_CAP 8
@@ -453,6 +457,9 @@ static SDPA_ATOMIC(int) forced_tile_q = 0, forced_tile_k = 0, forced_chunk = 0;
  * 2 whenever the call could (sdpa_testing_set_packing). */
 static SDPA_ATOMIC(int) forced_packing = 0;
 
+static SDPA_ATOMIC(int) forced_fold = 0;
+void sdpa_testing_set_fold_group(int min_group) { sdpa_atomic_store(&forced_fold, min_group); }
+
 void sdpa_testing_set_packing(int mode) { sdpa_atomic_store(&forced_packing, mode == 1 || mode == 2 ? mode : 0); }
 
 void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk) {
@@ -695,6 +702,41 @@ static int padding_limits(const sdpa_problem *p, int64_t batch_count, int64_t *l
     return 1;
 }
 
+/*
+ * A single query row per head (decoding) whose GQA group is large (MLA's
+ * absorbed decoding: 16-128 query heads over one latent head) reads the same
+ * keys for every head of a group: the heads of a group become the rows of one
+ * query, so that the tiled path computes them as a block (G rows against each
+ * key tile, on AMX tiles where there are) instead of the row path's G dot
+ * products a key.  The views are the same memory: a query head's row is the
+ * folded query's row.  Done only where every row sees the same keys alike: no
+ * mask, weights, window, ALiBi or sinks (per head), and a causal row that sees
+ * every key.  Measured against the row path (8,192 keys, 2 threads, E 128):
+ * float32 1.0x at G = 8 and 16, 1.6-1.7x at 32 and 64 (1.4x for MLA's E 576);
+ * bfloat16 with AMX 1.0x at 8, 2.0x at 16, 3.7-4.1x at 32-128.
+ */
+static void fold_group(sdpa_problem *q, const kernel_table *kt) {
+    const int forced = sdpa_atomic_load(&forced_fold);
+    const int pairs = q->dtype == SDPA_BFLOAT16 && kv_dtype_of(q) == SDPA_BFLOAT16 && kt->bf16_products;
+    const int64_t rule = pairs ? SDPA_FOLD_MIN_GROUP_BF16 : SDPA_FOLD_MIN_GROUP;
+    const int64_t min_group = forced > 0 ? forced : forced < 0 ? INT64_MAX : rule;
+    if (q->len_q != 1 || q->gqa_group < min_group || q->mask_kind != SDPA_MASK_NONE || q->weights.data ||
+        has_window(q) || q->alibi.data || q->sinks.data)
+        return;
+    /* the row's last visible key: causal_offset (from the sequence's end when paged) */
+    if (q->causal && q->causal_offset < (q->block_size > 0 ? 0 : q->len_kv - 1)) return;
+    const int64_t G = q->gqa_group;
+    q->causal = 0;
+    q->num_heads /= G;
+    q->gqa_group = 1;
+    q->len_q = G;
+    sdpa_view *rows[3] = {&q->query, &q->out, &q->lse};
+    for (int i = 0; i < 3; i++) {
+        rows[i]->row_stride = rows[i]->head_stride;
+        rows[i]->head_stride *= G;
+    }
+}
+
 /* Plans and computes a validated problem (offsets clamped). */
 static sdpa_status run_problem(const sdpa_problem *q, int64_t batch_count, const kernel_table *kt, int by_name) {
     plan pl;
@@ -823,6 +865,7 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
             }
         }
     }
+    fold_group(&q, kt);
     st = q.block_size > 0 ? run_paged(&q, batch_count, kt, by_name) : run_problem(&q, batch_count, kt, by_name);
     free(limits);
     return st;

@@ -36,6 +36,9 @@ void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk);
  * (16-bit or int8 K/V, bfloat16 V pairs), whatever the reuse and the budget;
  * 0 restores the rule. */
 void sdpa_testing_set_packing(int mode);
+/* The smallest GQA group whose decoding rows are folded into one query
+ * (fold_group in attention.c): 0 the rule, n > 0 from n, -1 never. */
+void sdpa_testing_set_fold_group(int min_group);
 
 /* Asks the OS for the AMX tile state now (arch_prctl), whatever was asked
  * before; 1 when this process may use tiles.  0 off Linux x86 builds. */

@@ -897,3 +897,22 @@ def test_cli_profile_rejects_peers_and_other_modes(capsys):
     assert "sdpa@SET" in capsys.readouterr().err
     assert bench.main(["--profile", "--latency", "--no-progress"]) == 2
     assert "mode of its own" in capsys.readouterr().err
+
+
+def test_cli_paged_smoke(tmp_path, capsys, monkeypatch):
+    """--paged at a tiny size: every case runs, the JSON has a row per case."""
+    from sdpa.bench import paged
+
+    monkeypatch.setattr(paged, "_QUICK", {"decode": 48, "prefill": 64, "prefix": 32, "mla": 64})
+    path = tmp_path / "paged.json"
+    rc = bench.main(["--paged", "--quick", "--threads", "1", "--min-time", "0", "--repeat", "1",
+               "--bandwidth-mib", "4", "--no-progress", "--json", str(path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    for name, _ in paged.PAGED_CASES:
+        assert name in out
+    rows = json.loads(path.read_text())["results"]
+    assert [r["case"] for r in rows] == [name for name, _ in paged.PAGED_CASES]
+    assert all(r["median_s"]["paged"] > 0 for r in rows)
+    assert "duplicated" in rows[5]["speed"] and "contiguous" in rows[0]["speed"]
+    assert bench.main(["--paged", "--latency"]) == 2

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 import sdpa
+from conftest import tolerance
 from sdpa import _core, reference
 from sdpa.paged import _shared_groups
-
-from conftest import tolerance
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -438,3 +437,65 @@ def test_paged_cache_attend_matches_the_kv_cache(rng):
         out = paged.attend(ids, q)
         for i, s in enumerate(ids):
             np.testing.assert_allclose(out[i], plain[s].attend(q[i : i + 1])[0], rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("fold", [1, 0])
+@pytest.mark.parametrize("dtype", [np.float32, BF16, "int8"])
+def test_large_groups_decode_as_one_query(isa, rng, fold, dtype):
+    """Decoding whose GQA group runs as the rows of one query (MLA): forced on
+    for every group (1) and off (0), against the reference, contiguous and
+    paged, with what keeps it (lse, softcap, key lengths, bottom-right) and
+    what stops it (top-left causality, a window, ALiBi, sinks)."""
+    q, kc, vc, bt, lens = problem(rng, B=2, Hq=16, Hkv=2, L=1, bs=8, max_len=70, dtype=np.float32)
+    if dtype == "int8":
+        cache = sdpa.PagedKVCache(kc.shape[0], 8, 2, 32, dtype="int8")
+        ids = [cache.add_sequence() for _ in range(2)]
+        for s, n in zip(ids, lens):
+            cache.append(s, rng.standard_normal((2, int(n), 32)), rng.standard_normal((2, int(n), 32)))
+        bt, lens = cache.tables(ids)
+        kc, vc = cache.key_cache, cache.value_cache
+        kw0 = {"key_scale": cache.key_scale, "value_scale": cache.value_scale}
+        kf, vf = dequantized(kc, cache.key_scale, 32), dequantized(vc, cache.value_scale, 32)
+    else:
+        kc, vc, q = kc.astype(dtype), vc.astype(dtype), q.astype(dtype)
+        kw0, kf, vf = {}, kc, vc
+    slopes = rng.uniform(0.1, 0.5, 16).astype(np.float32)
+    _core.set_fold_group(fold)
+    try:
+        for kw in ({}, {"softcap": 2.0}, {"is_causal": False}, {"window": (9, 0)}, {"alibi_slopes": slopes},
+                   {"sinks": np.ones(16, np.float32)}):
+            out, lse = sdpa.paged_attention(q, kc, vc, bt, lens, return_lse=True, **kw0, **kw)
+            ref, ref_lse = reference_of(q, kf, vf, bt, lens, **kw)
+            tol = tolerance(q.dtype, 32)
+            np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol, err_msg=str(kw))
+            np.testing.assert_allclose(lse, ref_lse, rtol=1e-5, atol=1e-5, err_msg=str(kw))
+        if dtype != "int8":  # contiguous: bottom-right sees every key, top-left the first
+            k = np.stack([contiguous(kc, bt[b], int(lens.min())) for b in range(2)])
+            v = np.stack([contiguous(vc, bt[b], int(lens.min())) for b in range(2)])
+            for causal in ("bottom_right", "top_left", False):
+                out = sdpa.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True,
+                                                        key_lengths=np.array([lens.min(), 5]))
+                ref = reference.scaled_dot_product_attention(
+                    q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), is_causal=causal,
+                    enable_gqa=True, key_lengths=np.array([lens.min(), 5]))
+                tol = tolerance(q.dtype, 32)
+                np.testing.assert_allclose(out.astype(np.float64), ref, rtol=tol, atol=tol, err_msg=causal)
+    finally:
+        _core.set_fold_group(None)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_example_paged_server_runs(dtype):
+    """examples/paged_server.py at a small size: its own check passes and every
+    block returns to the pool."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "paged_server.py"
+    args = ["--requests", "6", "--blocks", "96", "--block-size", "8", "--heads", "4", "--kv-heads", "2",
+            "--head-dim", "16", "--system-prompt", "40", "--max-prompt", "30", "--max-new", "5",
+            "--chunk", "16", "--max-batch", "3", "--dtype", dtype, "--threads", "2"]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "tokens/s" in proc.stdout and "all blocks back in the pool: True" in proc.stdout

@@ -25,6 +25,7 @@ def kernel_softmax(name: str, row: int, s: np.ndarray, row_max: np.ndarray, row_
                    acc: np.ndarray) -> None: ...
 PROFILE_PHASES: Tuple[str, ...]
 def set_packing(mode: str) -> None: ...
+def set_fold_group(min_group: Optional[int]) -> None: ...
 def profile_start() -> None: ...
 def profile_read() -> Dict[str, float]: ...
 def profile_stop() -> None: ...
@@ -72,3 +73,23 @@ def attention(
     group_size: Any = 0,
     diagonal: Any = None,
 ) -> Union[int, npt.NDArray[np.floating[Any]], Tuple[npt.NDArray[np.floating[Any]], ...]]: ...
+def paged_attention(
+    query: npt.NDArray[Any],
+    key_cache: npt.NDArray[Any],
+    value_cache: npt.NDArray[Any],
+    block_tables: npt.NDArray[Any],
+    seq_lens: npt.NDArray[Any],
+    causal: bool,
+    scale: float,
+    window: Optional[Tuple[int, int]],
+    softcap: Optional[float],
+    alibi_slopes: Optional[npt.NDArray[Any]],
+    sinks: Optional[npt.NDArray[Any]],
+    return_lse: bool,
+    out: Optional[npt.NDArray[Any]],
+    num_threads: Optional[int],
+    key_scale: Optional[npt.NDArray[Any]],
+    value_scale: Optional[npt.NDArray[Any]],
+    group_size: int,
+    shift: int,
+) -> Any: ...

@@ -230,6 +230,13 @@ def set_packing(mode):
     sdpa_testing_set_packing(modes[mode])
 
 
+def set_fold_group(min_group):
+    """The smallest GQA group whose decoding rows run as the rows of one query,
+    process-wide (for tests and benchmarks): None for the rule, an int >= 1, or
+    0 for never."""
+    sdpa_testing_set_fold_group(0 if min_group is None else (-1 if min_group == 0 else int(min_group)))
+
+
 def ask_for_tiles():
     """Asks the OS for the AMX tile state now (for tests): True when this
     process may run tile instructions; False off Linux x86 and where refused."""

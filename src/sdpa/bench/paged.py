@@ -21,12 +21,13 @@ Each case's implementations are timed in alternating rounds
 from __future__ import annotations
 
 import statistics
+from functools import partial
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..paged import paged_attention
 from .._api import scaled_dot_product_attention
+from ..paged import paged_attention
 from .threads import SdpaThreads, TorchThreads, threads_text
 from .timing import Progress, alternating_loop_times
 
@@ -43,7 +44,8 @@ PAGED_CASES: Tuple[Tuple[str, str], ...] = (
     ("mla-decode", "MLA Hq128/1 S8192 E576/Ev512 bfloat16, V a view of K, blocks of 64"),
 )
 
-_QUICK = {"decode": 512, "prefix": 1024, "mla": 1024}
+#: --quick: shorter sequences (the prefill chunk is half the context, at most 512)
+_QUICK = {"decode": 512, "prefill": 1024, "prefix": 1024, "mla": 1024}
 
 
 def _dtype(name: str) -> np.dtype:
@@ -90,8 +92,12 @@ def _torch_sdpa(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> Op
     return lambda: f(tq, tk, tv, attn_mask=mask, enable_gqa=True)
 
 
-def _cases(rng: np.random.Generator, quick: bool) -> Iterator[Tuple[str, str, Dict[str, Callable[[], Any]], Dict[str, Any]]]:
+Case = Tuple[str, str, Dict[str, Callable[[], Any]], Dict[str, Any]]
+
+
+def _cases(rng: np.random.Generator, quick: bool) -> Iterator[Case]:
     """(name, what, implementations, facts) of each case; the first implementation is paged sdpa."""
+    impls: Dict[str, Callable[[], Any]]
     S = _QUICK["decode"] if quick else 4096
     for name, what in PAGED_CASES[:4]:
         dt = _dtype("float32" if "f32" in name else "bfloat16")
@@ -99,18 +105,18 @@ def _cases(rng: np.random.Generator, quick: bool) -> Iterator[Tuple[str, str, Di
         kc, vc, bt, sl, k, v = _pool(rng, 8, S, bs, 8, 128, 128, dt)
         q = rng.standard_normal((8, 32, 1, 128), dtype=np.float32).astype(dt)
         impls = {
-            "paged": lambda q=q, kc=kc, vc=vc, bt=bt, sl=sl: paged_attention(q, kc, vc, bt, sl),
-            "contiguous": lambda q=q, k=k, v=v, sl=sl: scaled_dot_product_attention(
-                q, k, v, enable_gqa=True, key_lengths=sl),
+            "paged": partial(paged_attention, q, kc, vc, bt, sl),
+            "contiguous": partial(scaled_dot_product_attention, q, k, v, enable_gqa=True, key_lengths=sl),
         }
         t = _torch_sdpa(q, k, v, False)
         if t is not None:
             impls["torch"] = t
         yield name, what, impls, {"kv_bytes": k.nbytes + v.nbytes, "flops": 4.0 * 8 * 32 * S * 128}
 
-    Sp = 1024 if quick else 4096
+    Sp = _QUICK["prefill"] if quick else 4096
+    Lp = min(512, Sp // 2)
     kc, vc, bt, sl, k, v = _pool(rng, 1, Sp, 16, 8, 128, 128, np.dtype(np.float32))
-    q = rng.standard_normal((1, 32, 512, 128), dtype=np.float32)
+    q = rng.standard_normal((1, 32, Lp, 128), dtype=np.float32)
     impls = {
         "paged": lambda: paged_attention(q, kc, vc, bt, sl),
         "contiguous": lambda: scaled_dot_product_attention(q, k, v, is_causal="bottom_right", enable_gqa=True),
@@ -118,7 +124,7 @@ def _cases(rng: np.random.Generator, quick: bool) -> Iterator[Tuple[str, str, Di
     t = _torch_sdpa(q, k, v, True)
     if t is not None:
         impls["torch"] = t
-    kept = 512 * (Sp - 512) + 512 * 513 / 2
+    kept = Lp * (Sp - Lp) + Lp * (Lp + 1) / 2
     yield PAGED_CASES[4][0], PAGED_CASES[4][1], impls, {"kv_bytes": k.nbytes + v.nbytes,
                                                         "flops": 4.0 * 32 * kept * 128}
 
@@ -170,10 +176,11 @@ def iter_paged(
     shared prompt once for the shared-prefix case, both implementations), and
     GFLOP/s."""
     rng = np.random.default_rng(seed)
+    torch: Any = None
     try:
         import torch  # noqa: PLC0415
     except ImportError:
-        torch = None
+        pass
     for name, what, impls, facts in _cases(rng, quick):
         for n in threads:
             if progress:
