@@ -499,3 +499,39 @@ def test_example_paged_server_runs(dtype):
     proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "tokens/s" in proc.stdout and "all blocks back in the pool: True" in proc.stdout
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16, "int8"])
+def test_latent_caches_store_and_read_the_latent_once(rng, dtype):
+    """MLA: a latent PagedKVCache and KVCache keep one array; the values are
+    the keys' first head_dim_v features, and attention over them matches the
+    same call with the values copied out."""
+    paged = sdpa.PagedKVCache(16, 8, 1, 48, head_dim_v=32, dtype=dtype, latent=True, group_size=16
+                              if dtype == "int8" else None)
+    plain = sdpa.KVCache(1, 1, 64, 48, head_dim_v=32, dtype=dtype, latent=True, group_size=16
+                         if dtype == "int8" else None)
+    assert np.shares_memory(paged.value_cache, paged.key_cache) and plain.latent
+    assert plain.nbytes == plain.key_data.base.nbytes + (plain.key_scales.base.nbytes if dtype == "int8" else 0)
+    s = paged.add_sequence()
+    for n in (30, 1, 9):
+        lat = rng.standard_normal((1, n, 48))
+        paged.append(s, lat)
+        plain.append(lat[None])
+    with pytest.raises(ValueError, match="latent cache takes the keys only"):
+        paged.append(s, lat, lat[:, :, :32])
+    with pytest.raises(ValueError, match="latent cache takes the keys only"):
+        plain.append(lat[None], lat[None, :, :, :32])
+    t = paged.fork(s)
+    q = rng.standard_normal((2, 16, 1, 48)).astype(np.float32)
+    out = paged.attend([s, t], q, scale=0.2)
+    np.testing.assert_allclose(plain.values, plain.keys[..., :32])
+    ref = reference.scaled_dot_product_attention(q.astype(np.float64), plain.keys.astype(np.float64),
+                                                 plain.values.astype(np.float64), scale=0.2, enable_gqa=True)
+    np.testing.assert_allclose(out, ref, rtol=3e-5, atol=3e-5)  # the fork holds the same positions
+    np.testing.assert_allclose(plain.attend(q[:1], scale=0.2), ref[:1], rtol=3e-5, atol=3e-5)
+    sc = None if dtype != "int8" else paged.key_scale
+    before = paged.key_cache.copy()
+    with pytest.raises(ValueError, match="value: None only for a latent cache"):
+        sdpa.paged_write(np.ones((1, 1, 48)), None, paged.key_cache, paged.key_cache.copy()[..., :32], [0],
+                         key_scale=sc, value_scale=None if sc is None else sc[..., :2].copy())
+    np.testing.assert_array_equal(paged.key_cache, before)

@@ -70,6 +70,13 @@ class KVCache:
         When an append does not fit: False raises :class:`KVCacheFullError`;
         True reallocates with (at least) twice the capacity, so that appends stay
         amortized O(tokens).
+    latent : bool, default False
+        MLA's latent cache (DeepSeek-style absorbed attention): the values are
+        the first ``head_dim_v`` features of the keys, stored once.
+        :meth:`append` then takes the keys only (``v`` None), and attention reads
+        the latent once for both products.  An int8 latent's values use the
+        keys' scales (one per row, or the first ``head_dim_v // group_size``
+        groups).
     window : int, optional
         A rolling cache for sliding-window attention in which each position sees
         itself and the ``window - 1`` positions before it: when an append does
@@ -116,6 +123,7 @@ class KVCache:
         grow: bool = False,
         window: Optional[int] = None,
         group_size: Optional[int] = None,
+        latent: bool = False,
     ) -> None:
         self._batch = count(batch, "batch", 1)
         self._heads = count(num_kv_heads, "num_kv_heads", 1)
@@ -134,6 +142,14 @@ class KVCache:
                     f"group_size: {self._group} must divide head_dim ({self._e}) and "
                     f"head_dim_v ({self._ev})"
                 )
+        if not isinstance(latent, (bool, np.bool_)):
+            raise TypeError(f"latent: expected a bool, got {type(latent).__name__}")
+        self._latent = bool(latent)
+        if self._latent and self._ev > self._e:
+            raise ValueError(
+                f"head_dim_v: a latent cache's values are the first head_dim_v of the keys' "
+                f"{self._e} features; got {self._ev}"
+            )
         self.grow = bool(grow)
         self._window = None if window is None else count(window, "window", 1)
         self._lock = threading.Lock()
@@ -145,10 +161,13 @@ class KVCache:
         """Zeroed keys, values and (int8; else empty) their scales for capacity positions."""
         shape = (self._batch, self._heads, capacity)
         k = np.zeros(shape + (self._e,), dtype=self._dtype)
-        v = np.zeros(shape + (self._ev,), dtype=self._dtype)
         gk = (self._e // self._group if self._group else 1) if self._int8 else 0
         gv = (self._ev // self._group if self._group else 1) if self._int8 else 0
-        return k, v, np.zeros(shape + (gk,), np.float32), np.zeros(shape + (gv,), np.float32)
+        ks = np.zeros(shape + (gk,), np.float32)
+        if self._latent:  # the values: the keys' first head_dim_v features (and their scales)
+            return k, k[..., : self._ev], ks, ks[..., :gv]
+        v = np.zeros(shape + (self._ev,), dtype=self._dtype)
+        return k, v, ks, np.zeros(shape + (gv,), np.float32)
 
     # ------------------------------------------------------------------ sizes
 
@@ -205,8 +224,16 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the storage (keys, values and int8 scales, whole capacity)."""
+        """Bytes of the storage (keys, values and int8 scales, whole capacity; a
+        latent cache's values are the keys' bytes, counted once)."""
+        if self._latent:
+            return self._k.nbytes + self._ks.nbytes
         return self._k.nbytes + self._v.nbytes + self._ks.nbytes + self._vs.nbytes
+
+    @property
+    def latent(self) -> bool:
+        """Whether the values are the keys' first head_dim_v features (MLA)."""
+        return self._latent
 
     # ------------------------------------------------------------------ contents
 
@@ -288,14 +315,15 @@ class KVCache:
                 f"head_dim_v={head_dim_v})"
             )
 
-    def append(self, k: Any, v: Any) -> Tuple[np.ndarray, np.ndarray]:
+    def append(self, k: Any, v: Any = None) -> Tuple[np.ndarray, np.ndarray]:
         """Append the keys and values of T new positions.
 
         Parameters
         ----------
         k : array_like, shape (batch, num_kv_heads, T, head_dim)
         v : array_like, shape (batch, num_kv_heads, T, head_dim_v)
-            T >= 1.  Converted to the cache's dtype.
+            T >= 1.  Converted to the cache's dtype.  None, and only None, for a
+            latent cache (its values are the keys' first head_dim_v features).
 
         Returns
         -------
@@ -322,8 +350,13 @@ class KVCache:
         """The keys and values of an append, checked against this cache (shapes,
         dtypes and, for int8, finite values; converted to native float32 then);
         raises naming ``k`` or ``v`` before anything is written."""
+        if self._latent != (v is None):
+            raise ValueError(
+                "v: a latent cache takes the keys only (its values are their first head_dim_v features)"
+                if self._latent else "v: expected the values (only a latent cache takes None)"
+            )
         k = np.asarray(k)
-        v = np.asarray(v)
+        v = k[..., : self._ev] if v is None else np.asarray(v)
         expected_k = (self._batch, self._heads, "T", self._e)
         expected_v = (self._batch, self._heads, "T", self._ev)
         for a, name, expected in ((k, "k", expected_k), (v, "v", expected_v)):
@@ -376,10 +409,12 @@ class KVCache:
                 self._reserve(max(end, 2 * self.capacity))
             if self._int8:
                 _core.quantize_int8(k, self._k[:, :, start:end], self._ks[:, :, start:end], self._group)
-                _core.quantize_int8(v, self._v[:, :, start:end], self._vs[:, :, start:end], self._group)
+                if not self._latent:
+                    _core.quantize_int8(v, self._v[:, :, start:end], self._vs[:, :, start:end], self._group)
             else:
                 np.copyto(self._k[:, :, start:end], k, casting="same_kind")
-                np.copyto(self._v[:, :, start:end], v, casting="same_kind")
+                if not self._latent:
+                    np.copyto(self._v[:, :, start:end], v, casting="same_kind")
             self._length = end
         return end
 
@@ -391,7 +426,7 @@ class KVCache:
         drop = self._length - keep
         if drop == 0:
             return
-        for a in (self._k, self._v, self._ks, self._vs):
+        for a in (self._k, self._ks) if self._latent else (self._k, self._v, self._ks, self._vs):
             a[:, :, :keep] = a[:, :, drop:self._length].copy()
         self._length = keep
         self._start += drop
@@ -407,7 +442,8 @@ class KVCache:
         n = self._length
         new = self._storage(capacity)
         for a, old in zip(new, (self._k, self._v, self._ks, self._vs)):
-            a[:, :, :n] = old[:, :, :n]
+            if not (self._latent and (old is self._v or old is self._vs)):  # views of the keys
+                a[:, :, :n] = old[:, :, :n]
         self._k, self._v, self._ks, self._vs = new
 
     def attend(
@@ -511,6 +547,7 @@ class KVCache:
             f"length={self._length}, capacity={self.capacity}, head_dim={self._e}, "
             f"head_dim_v={self._ev}, dtype={self._dtype}, grow={self.grow}"
             + (f", group_size={self.group_size}" if self._group else "")
+            + (", latent=True" if self._latent else "")
             + (f", window={self._window}, start={self._start})" if self._window is not None else ")")
         )
 

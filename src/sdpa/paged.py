@@ -436,7 +436,7 @@ def paged_attention(
 
 def paged_write(
     key: Any,
-    value: Any,
+    value: Optional[Any],
     key_cache: Array,
     value_cache: Array,
     slot_mapping: Any,
@@ -449,10 +449,12 @@ def paged_write(
     Parameters
     ----------
     key : array_like, shape (T, Hkv, E)
-    value : array_like, shape (T, Hkv, Ev)
+    value : array_like, shape (T, Hkv, Ev), or None
         Real numbers, converted to the caches' dtype (int8: quantized
         symmetrically, a float32 scale per group, written to ``key_scale`` /
-        ``value_scale``).
+        ``value_scale``).  None for a latent cache (MLA), whose
+        ``value_cache`` is a view of ``key_cache[..., :Ev]`` (and
+        ``value_scale`` of ``key_scale``): the keys alone are written.
     key_cache, value_cache : ndarray, shapes (num_blocks, Hkv, block_size, E) and (..., Ev)
         Written in place.
     slot_mapping : array_like of int, shape (T,)
@@ -472,8 +474,11 @@ def paged_write(
             raise ValueError(f"{name}: is read-only")
     num_blocks, Hkv, bs, E = kc.shape
     Ev = vc.shape[3]
+    latent = value is None
+    if latent and not np.shares_memory(vc, kc):
+        raise ValueError("value: None only for a latent cache, whose value_cache is a view of key_cache")
     k = _to_array(key, "key")
-    v = _to_array(value, "value")
+    v = k[..., :Ev] if latent else _to_array(value, "value")
     for a, name, cols in ((k, "key", E), (v, "value", Ev)):
         if (a.dtype.kind not in "biuf" and not _is_bfloat16(a.dtype)):
             raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}")
@@ -506,14 +511,16 @@ def paged_write(
         sk = np.empty((1, n, Hkv, ks.shape[3]), np.float32)
         sv = np.empty((1, n, Hkv, vs.shape[3]), np.float32)
         _core.quantize_int8(kf[None], qk, sk, group)
-        _core.quantize_int8(vf[None], qv, sv, group)
         kc[blocks, :, rows, :] = qk[0]
-        vc[blocks, :, rows, :] = qv[0]
         ks[blocks, :, rows, :] = sk[0]
-        vs[blocks, :, rows, :] = sv[0]
+        if not latent:
+            _core.quantize_int8(vf[None], qv, sv, group)
+            vc[blocks, :, rows, :] = qv[0]
+            vs[blocks, :, rows, :] = sv[0]
         return
     kc[blocks, :, rows, :] = k[keep].astype(kc.dtype, copy=False)
-    vc[blocks, :, rows, :] = v[keep].astype(vc.dtype, copy=False)
+    if not latent:
+        vc[blocks, :, rows, :] = v[keep].astype(vc.dtype, copy=False)
 
 
 class PagedKVCache:
@@ -525,7 +532,9 @@ class PagedKVCache:
     shared between sequences (:meth:`fork`); a block returns to the pool when
     no sequence holds it.  For ``dtype="int8"`` the float32 scales are
     ``key_scale`` / ``value_scale`` (one per ``group_size`` features, default
-    one per row).
+    one per row).  ``latent=True`` keeps MLA's latent cache: ``value_cache`` is
+    ``key_cache[..., :head_dim_v]``, stored and read once, and :meth:`append`
+    takes the keys only.
 
     >>> import numpy as np, sdpa
     >>> cache = sdpa.PagedKVCache(num_blocks=8, block_size=4, num_kv_heads=1, head_dim=8)
@@ -547,6 +556,7 @@ class PagedKVCache:
         head_dim_v: Optional[int] = None,
         dtype: Any = np.float32,
         group_size: Optional[int] = None,
+        latent: bool = False,
     ) -> None:
         n = count(num_blocks, "num_blocks", 1)
         self._bs = count(block_size, "block_size", 1)
@@ -562,15 +572,23 @@ class PagedKVCache:
             self._group = count(group_size, "group_size", 1)
             if e % self._group or ev % self._group:
                 raise ValueError(f"group_size: {self._group} must divide head_dim ({e}) and head_dim_v ({ev})")
+        if not isinstance(latent, (bool, np.bool_)):
+            raise TypeError(f"latent: expected a bool, got {type(latent).__name__}")
+        self._latent = bool(latent)
+        if self._latent and ev > e:
+            raise ValueError(f"head_dim_v: a latent cache's values are the first head_dim_v of the keys' {e} "
+                             f"features; got {ev}")
         self.key_cache = np.zeros((n, heads, self._bs, e), self._dtype)
-        self.value_cache = np.zeros((n, heads, self._bs, ev), self._dtype)
+        self.value_cache = (self.key_cache[..., :ev] if self._latent
+                            else np.zeros((n, heads, self._bs, ev), self._dtype))
         self.key_scale: Optional[Array] = None
         self.value_scale: Optional[Array] = None
         if int8:
             gk = e // self._group if self._group else 1
             gv = ev // self._group if self._group else 1
             self.key_scale = np.zeros((n, heads, self._bs, gk), np.float32)
-            self.value_scale = np.zeros((n, heads, self._bs, gv), np.float32)
+            self.value_scale = (self.key_scale[..., :gv] if self._latent
+                                else np.zeros((n, heads, self._bs, gv), np.float32))
         self._free: List[int] = list(range(n - 1, -1, -1))  # popped from the end: block 0 first
         self._refs = np.zeros(n, np.int64)
         self._blocks: Dict[int, List[int]] = {}
@@ -626,12 +644,16 @@ class PagedKVCache:
         self._refs[taken] = 1
         return taken
 
-    def append(self, seq_id: int, key: Any, value: Any) -> None:
+    def append(self, seq_id: int, key: Any, value: Any = None) -> None:
         """Append T positions, key (Hkv, T, E) and value (Hkv, T, Ev), converted
-        (or quantized) to the cache's dtype.  MemoryError when the blocks they
-        need are not free; a failed call changes nothing."""
+        (or quantized) to the cache's dtype; a latent cache takes the keys only
+        (value None).  MemoryError when the blocks they need are not free; a
+        failed call changes nothing."""
+        if self._latent != (value is None):
+            raise ValueError("value: a latent cache takes the keys only" if self._latent
+                             else "value: expected the values (only a latent cache takes None)")
         k = _to_array(key, "key")
-        v = _to_array(value, "value")
+        v = k[..., : self.value_cache.shape[3]] if value is None else _to_array(value, "value")
         heads, e, ev = self.key_cache.shape[1], self.key_cache.shape[3], self.value_cache.shape[3]
         for a, name, cols in ((k, "key", e), (v, "value", ev)):
             if a.ndim != 3 or a.shape[0] != heads or a.shape[2] != cols:
@@ -649,8 +671,8 @@ class PagedKVCache:
                 table = np.array(blocks + new, np.int64)
                 pos = np.arange(start, start + T)
                 slots = table[pos // self._bs] * self._bs + pos % self._bs
-                paged_write(k.transpose(1, 0, 2), v.transpose(1, 0, 2), self.key_cache, self.value_cache, slots,
-                            key_scale=self.key_scale, value_scale=self.value_scale)
+                paged_write(k.transpose(1, 0, 2), None if self._latent else v.transpose(1, 0, 2), self.key_cache,
+                            self.value_cache, slots, key_scale=self.key_scale, value_scale=self.value_scale)
             except BaseException:
                 self._release(new)
                 raise
@@ -672,7 +694,9 @@ class PagedKVCache:
             full = n // self._bs
             copy = self._take(1 if n % self._bs else 0)
             for src, dst in zip(blocks[full:], copy):
-                for a in (self.key_cache, self.value_cache, self.key_scale, self.value_scale):
+                kept = (self.key_cache, self.key_scale) if self._latent else (
+                    self.key_cache, self.value_cache, self.key_scale, self.value_scale)
+                for a in kept:
                     if a is not None:
                         a[dst] = a[src]
             self._refs[blocks[:full]] += 1
