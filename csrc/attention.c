@@ -31,6 +31,9 @@
 /* Decoding with at least this many query heads per key/value head runs them
  * as the rows of one query (fold_group); bfloat16 with bfloat16 products from 16 */
 #define SDPA_FOLD_MIN_GROUP 32
+/* The tiled path reads paged float K and V in place from blocks of this many
+ * positions; shorter ones are copied a tile (or a call) at a time */
+#define SDPA_PAGED_MIN_IN_PLACE 64
 #define SDPA_FOLD_MIN_GROUP_BF16 16
 /* Thread counts are capped at this many per CPU (and at least this many). */
 #define SDPA_THREADS_PER_CPU 4
@@ -60,6 +63,7 @@ typedef struct plan {
     int64_t e2p;                  /* bfloat16: pairs of a K row and of a query panel column block,
                                    * ceil(E/2) or, K packed, up to whole tiles of the product */
     int profile;                  /* phase timers on (sdpa_profile_start)            */
+    int convert_kv;               /* float K and V widened or copied into scratch (tiled) */
     /* row mode (few query rows per key/value head; see attention_impl.h) */
     int row_mode;
     int rows;               /* query rows per group: gqa_group x L  */
@@ -577,7 +581,11 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
         pl->off_m = off;   off += round_elems(tq, elem);
         pl->off_l = off;   off += round_elems(tq, elem);
         pl->bf16 = bf16_pairs;
-        const int convert = !pl->bf16 && pl->kv_dtype != (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32);
+        /* K and V copied (widened) by tiles or packed per call: not of the compute
+         * type, or paged in blocks too short for the products to read in place */
+        const int convert = !pl->bf16 && (pl->kv_dtype != (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32) ||
+                                          (p->block_size > 0 && p->block_size < SDPA_PAGED_MIN_IN_PLACE));
+        pl->convert_kv = convert;
         pl->e2p = (int64_t)(E + 1) / 2;
         if (pl->bf16) {  /* pairs of bfloat16, 32 bits each: the size of a float */
             const size_t E2 = (E + 1) / 2, pairs = (tk + 1) / 2;

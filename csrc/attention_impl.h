@@ -108,6 +108,10 @@ static void FN(convert_rows)(const KT *kern, T *buf, const char *base, const sdp
             kern->widen(dt, (const uint16_t *)row, dst, cols);
             continue;
         }
+        if (view->col_stride == 1 && dt == TDT) {  /* paged blocks copied together */
+            memcpy(dst, row, (size_t)cols * sizeof(T));
+            continue;
+        }
         for (int64_t c = 0; c < cols; c++) dst[c] = FN(load)(row, c * view->col_stride, dt);
     }
 }
@@ -633,9 +637,12 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     T *weights = p->weights.data ? AT(weights, b, h) : NULL;
     /* this task's key/value slice in the call buffer, when packed once */
     const T *slice = pl->kv_packed ? callbuf + (b * (H / p->gqa_group) + hkv) * (int64_t)pl->slice_elems : NULL;
+#if HAS_BF16
     const int bf16 = pl->bf16;  /* bfloat16 pairs and gemm_bf16 (float instance only) */
-    /* float K and V: in place (T elements), from the call buffer, or converted a tile at a time */
-    const int convert_kv = !bf16 && kvdt != TDT;
+#endif
+    /* float K and V: in place (T elements), from the call buffer, or converted (or, paged,
+     * copied) a tile at a time (make_plan) */
+    const int convert_kv = pl->convert_kv;
     const int64_t ksr = convert_kv ? E : p->key.row_stride, ksc = convert_kv ? 1 : p->key.col_stride;
     const int64_t vsr = convert_kv ? Ev : p->value.row_stride, vsc = convert_kv ? 1 : p->value.col_stride;
     const FN(kv_scales) kscl = FN(kv_scales_at)(p, &p->key_scale, b, hkv, E);

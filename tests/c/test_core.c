@@ -1663,7 +1663,8 @@ static void test_paged(void) {
         for (int d = 0; d < 3; d++) {
             paged_case(ISAS[i], dts[d], 1, 0, 5);
             paged_case(ISAS[i], dts[d], 40, 0, 5);
-            paged_case(ISAS[i], dts[d], 40, 0, 4); /* bfloat16 pairs by block segments */
+            paged_case(ISAS[i], dts[d], 40, 0, 4);  /* bfloat16 pairs by block segments, float copied */
+            paged_case(ISAS[i], dts[d], 40, 0, 64); /* float products on the blocks in place */
             if (!quick) paged_case(ISAS[i], dts[d], 3, 1, 4), paged_case(ISAS[i], dts[d], 33, 1, 5);
         }
     }
