@@ -125,6 +125,11 @@ static void paged_positions(sdpa_problem *q, int64_t b) {
     q->align_offset += shift;
 }
 
+/* Paged bfloat16 keys the products can read as pairs where they lie: blocks
+ * of at least SDPA_PAGED_MIN_IN_PLACE positions, rows of whole pairs, 32-bit
+ * aligned (else they are paired a tile or a call at a time). */
+static int paged_pairs_in_place(const sdpa_problem *p);
+
 /* Whether the window bounds a side. */
 static int has_window(const sdpa_problem *p) { return p->window_left >= 0 || p->window_right >= 0; }
 
@@ -618,7 +623,8 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
                 const int64_t blk = kt->f32.bf16.pairs_block > 1 ? kt->f32.bf16.pairs_block : 1;
                 e2p = (pl->e2p + blk - 1) / blk * blk;
                 pl->slice_k = e2p != pl->e2p && e2p <= (int64_t)E ? (size_t)(S * e2p) : 0;
-                if (p->block_size > 0 && !pl->slice_k) pl->slice_k = (size_t)(S * e2p);  /* paged: K pairs too */
+                if (p->block_size > 0 && !pl->slice_k && !paged_pairs_in_place(p))
+                    pl->slice_k = (size_t)(S * e2p);  /* paged short blocks: K pairs too */
                 /* V: whole tiles of 16 pairs, and an odd number of 64-byte lines a
                  * feature row: a tile's 16 rows at a stride of a multiple of 4 KiB
                  * would fall in one set of L1 */
@@ -743,6 +749,12 @@ static void fold_group(sdpa_problem *q, const kernel_table *kt) {
         rows[i]->row_stride = rows[i]->head_stride;
         rows[i]->head_stride *= G;
     }
+}
+
+static int paged_pairs_in_place(const sdpa_problem *p) {
+    return p->block_size >= SDPA_PAGED_MIN_IN_PLACE && p->head_dim % 2 == 0 && p->key.col_stride == 1 &&
+           p->key.row_stride % 2 == 0 && p->key.head_stride % 2 == 0 && p->key.batch_strides[0] % 2 == 0 &&
+           ((uintptr_t)p->key.data & 3) == 0;
 }
 
 /* Plans and computes a validated problem (offsets clamped). */

@@ -665,8 +665,9 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
     uint32_t *kp = (uint32_t *)(scratch + pl->off_k);   /* K pairs of a tile when not in place, [tile_k][E2] */
     uint32_t *vtail = (uint32_t *)(scratch + pl->off_vt);  /* the last V pairs of an odd key count, [Ev][16] */
     /* K read in place when its rows are whole pairs, 32-bit aligned */
-    const int k_in_place = !paged && E % 2 == 0 && 2 * E2 == E && p->key.col_stride == 1 &&
-                           p->key.row_stride % 2 == 0 && ((uintptr_t)k & 3) == 0;
+    const int k_in_place = paged ? 2 * E2 == E && paged_pairs_in_place(p)
+                                 : E % 2 == 0 && 2 * E2 == E && p->key.col_stride == 1 &&
+                                       p->key.row_stride % 2 == 0 && ((uintptr_t)k & 3) == 0;
     /* feature c's pair p at vbase[c * vp_rs + p * vp_ks]: P V's a, in its kernel's layout */
     const int byf = bf16 && kern->bf16.values_by_feature;
     const int64_t vp_ld = slice ? (byf ? pl->vp_ld : Ev) : (byf ? (tile_k + 1) / 2 : Ev);
@@ -733,8 +734,8 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
         if (bf16) {
             if (slice && pl->slice_k) {  /* packed for the call */
                 kpt = (const uint32_t *)slice + s0 * E2;
-            } else if (k_in_place) {
-                kpt = (const uint32_t *)((const uint16_t *)k + s0 * p->key.row_stride);
+            } else if (k_in_place) {  /* paged: by block segments in the product */
+                kpt = paged ? NULL : (const uint32_t *)((const uint16_t *)k + s0 * p->key.row_stride);
                 k_rs = p->key.row_stride / 2;
             } else {
                 bf16_pack_rows_of(p, kp, E2, (const uint16_t *)k, b, hkv, s0, n, E);
@@ -816,7 +817,18 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
             }
 #if HAS_BF16
             if (bf16) {
-                kern->bf16.gemm_bf16(nk, E2, kpt + j0 * k_rs, k_rs, 1, (const uint32_t *)qt + (int64_t)pn * E2 * nr, nr, st, nr, 0);
+                const uint32_t *qp = (const uint32_t *)qt + (int64_t)pn * E2 * nr;
+                if (!kpt) {  /* paged keys in place */
+                    int64_t blk = sp / p->block_size, row = sp % p->block_size;
+                    for (int64_t a = sp, m = 0; a < sp + nk; a += m, blk++, row = 0) {
+                        const int64_t left = p->block_size - row;
+                        m = left < sp + nk - a ? left : sp + nk - a;
+                        const uint32_t *ka = (const uint32_t *)paged_block_row(p, &p->key, b, hkv, blk, row, 2);
+                        kern->bf16.gemm_bf16((int)m, E2, ka, k_rs, 1, qp, nr, st + (a - sp) * nr, nr, 0);
+                    }
+                } else {
+                    kern->bf16.gemm_bf16(nk, E2, kpt + j0 * k_rs, k_rs, 1, qp, nr, st, nr, 0);
+                }
                 PROF_MARK(PH_QK);
                 if (!fold) {  /* the scaled scores, for what comes next */
                     kern->scale_copy(st, st, (int64_t)nk * nr, scale);

@@ -101,9 +101,10 @@ def test_matches_the_reference_on_every_kernel_set(isa, rng, L, dtype, is_causal
 @pytest.mark.parametrize("dtype", [np.float16, BF16, "int8"])
 def test_widened_and_paired_blocks_packed_or_not(isa, rng, dtype):
     """The tiled path's 16-bit and int8 caches: widened or paired by block
-    segments per tile or packed once per call, and bfloat16 pairs over blocks
-    of an odd size (a copy of each sequence's blocks)."""
-    for bs in (1, 5, 16):
+    segments per tile or packed once per call, bfloat16 keys read as pairs in
+    place from long blocks, and bfloat16 pairs over blocks of an odd size (a
+    copy of each sequence's blocks)."""
+    for bs in (1, 5, 16, 64):  # 64: bfloat16 keys paired in place
         cache = sdpa.PagedKVCache(120, bs, 2, 32, dtype=dtype)
         ids = [cache.add_sequence() for _ in range(2)]
         for s, n in zip(ids, (61, 40)):
