@@ -431,8 +431,10 @@ static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
         return SDPA_ERR_OVERFLOW;
     int64_t work = count * p->num_heads * p->len_q;
     if (p->block_size != 0) {  /* paged: every block id that would be read */
-        if (p->block_size < 0 || p->num_batch_dims != 1 || !p->key_lengths || p->mask_kind != SDPA_MASK_NONE ||
-            p->weights.data || p->num_blocks < 0 || p->block_table_stride < 0)
+        int64_t span;
+        if (p->block_size < 0 || p->block_size > SDPA_MAX_LEN_KV || p->num_batch_dims != 1 || !p->key_lengths ||
+            p->mask_kind != SDPA_MASK_NONE || p->weights.data || p->num_blocks < 0 || p->block_table_stride < 0 ||
+            !mul_ok(count, p->block_table_stride, &span))
             return SDPA_ERR_BAD_PAGES;
         if (work > 0 && p->len_kv > 0 && !p->block_table) return SDPA_ERR_NULL_POINTER;
         for (int64_t b = 0; work > 0 && b < count; b++) {
@@ -623,8 +625,10 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
                 const int64_t blk = kt->f32.bf16.pairs_block > 1 ? kt->f32.bf16.pairs_block : 1;
                 e2p = (pl->e2p + blk - 1) / blk * blk;
                 pl->slice_k = e2p != pl->e2p && e2p <= (int64_t)E ? (size_t)(S * e2p) : 0;
-                if (p->block_size > 0 && !pl->slice_k && !paged_pairs_in_place(p))
-                    pl->slice_k = (size_t)(S * e2p);  /* paged short blocks: K pairs too */
+                if (p->block_size > 0 && !pl->slice_k && !paged_pairs_in_place(p)) {
+                    if (e2p > (int64_t)E) e2p = pl->e2p;  /* no room for the padding in the panels */
+                    pl->slice_k = (size_t)(S * e2p);      /* paged short blocks: K pairs too */
+                }
                 /* V: whole tiles of 16 pairs, and an odd number of 64-byte lines a
                  * feature row: a tile's 16 rows at a stride of a multiple of 4 KiB
                  * would fall in one set of L1 */
@@ -906,8 +910,9 @@ const char *sdpa_status_message(sdpa_status status) {
         case SDPA_ERR_BAD_ISA: return "unknown kernel set, or not supported by this CPU";
         case SDPA_ERR_NOT_FINITE: return "a value to quantize is NaN or infinite";
         case SDPA_ERR_BAD_PAGES:
-            return "paged: a block id out of range, a sequence longer than its block table, no key_lengths, or a "
-                   "mask or weights with paged keys";
+            return "paged: a block id out of range, a sequence longer than its block table, no key_lengths, "
+                   "num_batch_dims not 1, a mask or weights with paged keys, or a negative or too large block size, "
+                   "block count or table stride";
         case SDPA_ERR_ABI:
             return "the sdpa_problem is not this library's (compiled against another sdpa.h, or not set up by "
                    "sdpa_problem_init)";

@@ -72,7 +72,8 @@ static FN(kv_scales) FN(kv_scales_at)(const sdpa_problem *p, const sdpa_view *vi
                                       int64_t cols) {
     FN(kv_scales) sc = {NULL, 0, 0, 1};
     if (p->kv_dtype != SDPA_INT8) return sc;
-    sc.base = (const float *)view_at(p, view, b, hkv, sizeof(float));
+    /* paged: a placeholder, replaced by each block's scales before any read */
+    sc.base = p->block_size > 0 ? (const float *)view->data : (const float *)view_at(p, view, b, hkv, sizeof(float));
     sc.rs = view->row_stride;
     sc.cs = view->col_stride;
     sc.group = p->kv_group_size > 0 ? p->kv_group_size : (cols > 0 ? cols : 1);

@@ -10,12 +10,12 @@ prompt) and asks for a random number of new tokens.  The server keeps one
 - decodes one token for every running request in one batched
   :func:`sdpa.paged_attention` call (the shared prompt's blocks are read once
   for all of them);
-- frees the blocks of finished requests.
+- frees the blocks of finished requests, which later ones then take.
 
 The "model" is one attention layer with random projections: the point is the
 cache's bookkeeping and the attention calls, which a real engine would make
-per layer.  At the end, a few requests are checked against attention over
-their keys and values laid out contiguously, and tokens/s are printed.
+per layer.  The first requests to finish are checked against attention over
+their keys and values laid out contiguously; tokens/s are printed at the end.
 
     python examples/paged_server.py --requests 64 --blocks 2048 --threads 2
 """
@@ -93,14 +93,33 @@ def main(argv: List[str]) -> int:
     finished: List[Request] = []
     progress = Progress(total_new, enabled=sys.stderr.isatty() if args.progress is None else args.progress)
     prefill_tokens = decode_tokens = steps = 0
-    prefill_s = decode_s = 0.0
+    prefill_s = decode_s = worst = 0.0
+
+    def check(r: Request) -> float:
+        """A query's attention over a finished request's blocks against its keys
+        and values laid out contiguously (float64 reference)."""
+        k = np.concatenate([sk] + r.keys, axis=1)[None]
+        v = np.concatenate([sv] + r.values, axis=1)[None]
+        q, _, _ = layer.tokens(1)
+        bt, lens = cache.tables([r.seq])
+        got = sdpa.paged_attention(q[None], cache.key_cache, cache.value_cache, bt, lens,
+                                   key_scale=cache.key_scale, value_scale=cache.value_scale)
+        ref = sdpa.reference.scaled_dot_product_attention(q[None].astype(np.float64), k.astype(np.float64),
+                                                          v.astype(np.float64), enable_gqa=True)
+        return float(np.abs(got - ref).max())
     start = time.perf_counter()
 
     while waiting or running:
-        # admit: the prompt's blocks must be free (the system prompt's are shared)
+        # admit while the pool holds every block the running requests and this one
+        # will still take (the system prompt's full blocks are shared, not taken)
+        def blocks_to_come(r: Request) -> int:
+            final = -(-(args.system_prompt + r.prompt + r.new_tokens) // args.block_size)
+            held = len(cache.block_table(r.seq)) if r.seq >= 0 else args.system_prompt // args.block_size
+            return final - held
+
         while waiting and len(running) < args.max_batch:
             r = waiting[0]
-            if -(-(args.system_prompt + r.prompt + r.new_tokens) // args.block_size) + 1 > cache.free_blocks:
+            if sum(blocks_to_come(x) for x in running.values()) + blocks_to_come(r) > cache.free_blocks:
                 break
             waiting.pop(0)
             r.seq = cache.fork(system)
@@ -132,28 +151,18 @@ def main(argv: List[str]) -> int:
         for r in batch:
             r.done += 1
             progress.advance()
-            if r.done == r.new_tokens:
+            if r.done == r.new_tokens:  # done: checked (the first few), then its blocks go back
                 del running[r.rid]
+                if len(finished) < 3:
+                    worst = max(worst, check(r))
                 finished.append(r)
+                cache.free(r.seq)
+                r.keys, r.values = [], []
         progress.show(f"{len(finished)}/{args.requests} done, {len(running)} running, "
                       f"{cache.free_blocks}/{args.blocks} blocks free")
     wall = time.perf_counter() - start
     progress.close()
 
-    # check a few: the last token's attention against contiguous keys and values
-    worst = 0.0
-    for r in finished[:3]:
-        k = np.concatenate([sk] + r.keys, axis=1)[None]
-        v = np.concatenate([sv] + r.values, axis=1)[None]
-        q, _, _ = layer.tokens(1)
-        bt, lens = cache.tables([r.seq])
-        got = sdpa.paged_attention(q[None], cache.key_cache, cache.value_cache, bt, lens,
-                                   key_scale=cache.key_scale, value_scale=cache.value_scale)
-        ref = sdpa.reference.scaled_dot_product_attention(q[None].astype(np.float64), k.astype(np.float64),
-                                                          v.astype(np.float64), enable_gqa=True)
-        worst = max(worst, float(np.abs(got - ref).max()))
-    for r in finished:
-        cache.free(r.seq)
     cache.free(system)
 
     print(f"sdpa {sdpa.__version__}, kernels {sdpa.config()['isa']}, cache {args.dtype}, blocks of "

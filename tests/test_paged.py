@@ -161,9 +161,10 @@ def test_int8_cache_matches_attention_over_its_values(isa, rng, group, L):
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("bs", [8, 64])
 @pytest.mark.parametrize("L", [1, 6, 30])
-def test_variants(isa, rng, L):
-    q, kc, vc, bt, lens = problem(rng, L=L, bs=8, max_len=90)
+def test_variants(isa, rng, L, bs):
+    q, kc, vc, bt, lens = problem(rng, L=L, bs=bs, max_len=150)
     slopes = rng.uniform(0.01, 0.5, (3, 8)).astype(np.float32)
     sinks = rng.standard_normal(8).astype(np.float32)
     for kw in ({"window": (7, 0)}, {"window": (20, 2), "is_causal": False}, {"softcap": 3.0},
@@ -445,11 +446,12 @@ def test_paged_cache_attend_matches_the_kv_cache(rng):
 @pytest.mark.parametrize("fold", [1, 0])
 @pytest.mark.parametrize("dtype", [np.float32, BF16, "int8"])
 def test_large_groups_decode_as_one_query(isa, rng, fold, dtype):
-    """Decoding whose GQA group runs as the rows of one query (MLA): forced on
-    for every group (1) and off (0), against the reference, contiguous and
-    paged, with what keeps it (lse, softcap, key lengths, bottom-right) and
-    what stops it (top-left causality, a window, ALiBi, sinks)."""
-    q, kc, vc, bt, lens = problem(rng, B=2, Hq=16, Hkv=2, L=1, bs=8, max_len=70, dtype=np.float32)
+    """Decoding whose GQA group (32 heads: the tiled path) runs as the rows of
+    one query (MLA): forced on for every group (1) and off (0), against the
+    reference, contiguous and paged, with what keeps it (lse, softcap, key
+    lengths, bottom-right) and what stops it (top-left causality, a window,
+    ALiBi, sinks)."""
+    q, kc, vc, bt, lens = problem(rng, B=2, Hq=64, Hkv=2, L=1, bs=8, max_len=70, dtype=np.float32)
     if dtype == "int8":
         cache = sdpa.PagedKVCache(kc.shape[0], 8, 2, 32, dtype="int8")
         ids = [cache.add_sequence() for _ in range(2)]
@@ -462,11 +464,11 @@ def test_large_groups_decode_as_one_query(isa, rng, fold, dtype):
     else:
         kc, vc, q = kc.astype(dtype), vc.astype(dtype), q.astype(dtype)
         kw0, kf, vf = {}, kc, vc
-    slopes = rng.uniform(0.1, 0.5, 16).astype(np.float32)
+    slopes = rng.uniform(0.1, 0.5, 64).astype(np.float32)
     _core.set_fold_group(fold)
     try:
         for kw in ({}, {"softcap": 2.0}, {"is_causal": False}, {"window": (9, 0)}, {"alibi_slopes": slopes},
-                   {"sinks": np.ones(16, np.float32)}):
+                   {"sinks": np.ones(64, np.float32)}):
             out, lse = sdpa.paged_attention(q, kc, vc, bt, lens, return_lse=True, **kw0, **kw)
             ref, ref_lse = reference_of(q, kf, vf, bt, lens, **kw)
             tol = tolerance(q.dtype, 32)
@@ -538,3 +540,68 @@ def test_latent_caches_store_and_read_the_latent_once(rng, dtype):
         sdpa.paged_write(np.ones((1, 1, 48)), None, paged.key_cache, paged.key_cache.copy()[..., :32], [0],
                          key_scale=sc, value_scale=None if sc is None else sc[..., :2].copy())
     np.testing.assert_array_equal(paged.key_cache, before)
+
+
+def test_bfloat16_pairs_with_narrow_heads_over_short_blocks(isa, rng):
+    """E = 8 (4 pairs, fewer than a tile's): paired keys packed for the call
+    without the tiles' padding, which the query panels have no room for."""
+    q, kc, vc, bt, lens = problem(rng, B=2, Hq=4, Hkv=2, L=32, E=8, bs=16, max_len=90, dtype=BF16)
+    for mode in ("always", "never", "rule"):
+        _core.set_packing(mode)
+        try:
+            out = sdpa.paged_attention(q, kc, vc, bt, lens)
+        finally:
+            _core.set_packing("rule")
+        ref, _ = reference_of(q, kc, vc, bt, lens)
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=8e-3, atol=8e-3, err_msg=mode)
+
+
+def test_int8_groups_as_wide_as_one_head_dim(rng):
+    """group_size = head_dim_v < head_dim: one value scale a row, two key scales."""
+    for e, ev in ((128, 64), (64, 128)):
+        cache = sdpa.PagedKVCache(8, 16, 1, e, head_dim_v=ev, dtype="int8", group_size=64)
+        s = cache.add_sequence()
+        cache.append(s, rng.standard_normal((1, 20, e)), rng.standard_normal((1, 20, ev)))
+        q = rng.standard_normal((1, 2, 1, e)).astype(np.float32)
+        bt, lens = cache.tables([s])
+        ref, _ = reference_of(q, dequantized(cache.key_cache, cache.key_scale, 64),
+                              dequantized(cache.value_cache, cache.value_scale, 64), bt, lens)
+        np.testing.assert_allclose(cache.attend([s], q), ref, rtol=2e-5, atol=2e-5)
+
+
+def test_a_failed_append_leaves_the_pool_as_it_was(rng):
+    cache = sdpa.PagedKVCache(num_blocks=8, block_size=4, num_kv_heads=1, head_dim=8, dtype="int8")
+    s = cache.add_sequence()
+    cache.append(s, rng.standard_normal((1, 5, 8)), rng.standard_normal((1, 5, 8)))
+    free = list(cache._free)
+    bad = rng.standard_normal((1, 9, 8))
+    bad[0, 7, 3] = np.nan  # refused after the blocks were taken
+    with pytest.raises(ValueError, match="finite"):
+        cache.append(s, bad, bad)
+    assert cache._free == free and cache.seq_len(s) == 5 and (cache._refs[free] == 0).all()
+    t = cache.add_sequence()
+    cache.append(t, rng.standard_normal((1, 4, 8)), rng.standard_normal((1, 4, 8)))
+    assert cache.block_table(t) == [free[-1]]
+
+
+def test_tables_with_no_columns(rng):
+    q = rng.standard_normal((2, 2, 1, 8)).astype(np.float32)
+    kc = rng.standard_normal((3, 1, 4, 8)).astype(np.float32)
+    with pytest.raises(ValueError, match="seq_lens: sequence 0 has 5 positions; its table holds 0 blocks"):
+        sdpa.paged_attention(q, kc, kc, np.zeros((2, 0), np.int32), np.array([5, 5]))
+    out = sdpa.paged_attention(q[:, :, :0], kc, kc, np.zeros((2, 0), np.int32), np.array([0, 0]))
+    assert out.shape == (2, 2, 0, 8)
+
+
+def test_paged_write_and_latent_caches(rng):
+    kc = np.zeros((2, 1, 4, 8), np.float32)
+    with pytest.raises(ValueError, match="is a latent cache: pass value=None"):
+        sdpa.paged_write(np.ones((1, 1, 8)), np.ones((1, 1, 4)), kc, kc[..., :4], [0])
+    q8 = np.zeros((2, 1, 4, 8), np.int8)
+    ks = np.zeros((2, 1, 4, 2), np.float32)
+    with pytest.raises(ValueError, match="value_scale of key_scale"):
+        sdpa.paged_write(np.ones((1, 1, 8)), None, q8, q8[..., :4], [0], key_scale=ks,
+                         value_scale=ks[..., :1].copy())
+    assert not kc.any() and not q8.any() and not ks.any()
+    sdpa.paged_write(np.full((1, 1, 8), 2.0), None, q8, q8[..., :4], [5], key_scale=ks, value_scale=ks[..., :1])
+    np.testing.assert_allclose(dequantized(q8, ks, 4)[1, 0, 1], 2.0)

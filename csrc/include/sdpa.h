@@ -53,8 +53,10 @@ typedef enum sdpa_status {
                                        sdpa_problem_init)                    */
     SDPA_ERR_BAD_PAGES = 14         /* paged: a block id out of range where it
                                        is read, a sequence longer than its
-                                       table, no key_lengths, or a mask or
-                                       weights asked for                     */
+                                       table, no key_lengths, num_batch_dims
+                                       not 1, a mask or weights, or a negative
+                                       or too large block_size, num_blocks or
+                                       block_table_stride                    */
 } sdpa_status;
 
 /*
@@ -200,9 +202,11 @@ typedef struct sdpa_problem {
      *     align_offset are added to S_b - L (0, 0: each sequence's last L
      *     positions, bottom-right aligned; the causal flag as usual);
      *   no mask and no weights (SDPA_ERR_BAD_PAGES).
-     * Short queries (decoding, speculative verification) read the blocks in
-     * place; longer ones (chunked prefill) copy each sequence's blocks once
-     * into a contiguous buffer of the call and compute as for arrays. */
+     * The blocks are read where they lie, by the part of each tile in each
+     * block: decoding and float products on blocks of 64 or more positions in
+     * place; shorter blocks and 16-bit or int8 caches copied or widened a tile
+     * (or a call) at a time, as arrays of those types are.  Only bfloat16
+     * pairs over blocks of an odd size copy each sequence's blocks first. */
     const int32_t *block_table;
     int64_t block_table_stride;  /* entries between sequences' tables      */
     int64_t block_size;          /* 0: not paged                           */

@@ -1076,7 +1076,9 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
         raise ValueError("paged_attention: the block table does not fit")
     sdpa_problem_init(&p)
     p.dtype = <sdpa_dtype>dt
-    if key_scale is not None:
+    if key_scale is not None or value_scale is not None:
+        if not (isinstance(key_scale, cnp.ndarray) and isinstance(value_scale, cnp.ndarray)):
+            raise ValueError("paged_attention: a quantized cache needs both scales")
         ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
         p.kv_dtype = SDPA_INT8
     else:

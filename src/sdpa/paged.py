@@ -94,9 +94,11 @@ def _cache_pair(
                 f"{name}: expected shape {kc.shape[:3] + ('features // group_size',)}, got {a.shape}"
             )
     gk, gv = ks.shape[3], vs.shape[3]
-    if (gk == 1) != (gv == 1) or (gk > 1 and E // gk != Ev // gv):
+    if gk == 1 and gv == 1:  # one scale a row (or one group as wide as both)
+        return kc, vc, ks, vs, 0
+    group = E // gk if gk > 1 else Ev // gv
+    if E // group != gk or Ev // group != gv or E % group or Ev % group:
         raise ValueError(f"key_scale, value_scale: the groups differ ({E}/{gk} and {Ev}/{gv} features a scale)")
-    group = 0 if gk == 1 else E // gk
     return kc, vc, ks, vs, group
 
 
@@ -146,10 +148,11 @@ def _tables(
 def _tables_fast(
     block_tables: Any, seq_lens: Any, B: int, L: int, num_blocks: int, block_size: int
 ) -> Tuple[Array, Array]:
-    """block_tables and seq_lens in the core's form, with the checks that are
-    cheap; the core checks every block id a sequence reads and every length
-    against its table before it computes, and :func:`_tables` explains what it
-    refuses.  Tables that are not int32 take the full check here."""
+    """block_tables and seq_lens in the core's form (copies of the caller's),
+    with the checks that are cheap; the core checks every block id a sequence
+    reads and every length against its table before it computes, and
+    :func:`_tables` explains what it refuses.  Tables that are not int32 take
+    the full check here."""
     bt, sl = block_tables, seq_lens
     if not (type(bt) is np.ndarray and bt.dtype == np.int32 and bt.ndim == 2 and bt.shape[0] == B
             and bt.flags.c_contiguous and type(sl) is np.ndarray and sl.dtype == np.int64 and sl.shape == (B,)
@@ -157,7 +160,7 @@ def _tables_fast(
         return _tables(block_tables, seq_lens, B, L, num_blocks, block_size)
     if B and int(sl.min()) < L:
         return _tables(block_tables, seq_lens, B, L, num_blocks, block_size)
-    return bt, sl
+    return bt.copy(), sl.copy()  # the core reads them without the GIL: another thread may write the caller's
 
 
 def _gather_tail(
@@ -174,6 +177,8 @@ def _shared_groups(bt: Array, full: Array) -> List[Tuple[Array, int]]:
     """Groups of two or more sequences whose first ``c`` table entries agree
     (the same blocks at the same positions), with c of them wholly visible to
     every query row of each member (``full[b]`` blocks): (members, c)."""
+    if bt.shape[1] == 0:
+        return []
     groups: Dict[int, List[int]] = {}
     for b, (first, n) in enumerate(zip(bt[:, 0].tolist(), full.tolist())):
         if n >= SHARED_PREFIX_MIN_BLOCKS:
@@ -387,8 +392,9 @@ def paged_attention(
         if not out.flags.writeable:
             raise ValueError("out: is read-only")
         for a, name in ((q, "query"), (kc, "key_cache"), (vc, "value_cache"), (ks, "key_scale"),
-                        (vs, "value_scale")):
-            if a is not None and np.shares_memory(out, a):
+                        (vs, "value_scale"), (block_tables, "block_tables"), (seq_lens, "seq_lens"),
+                        (alibi_slopes, "alibi_slopes"), (sinks, "sinks"), (tree_mask, "tree_mask")):
+            if isinstance(a, np.ndarray) and np.shares_memory(out, a):
                 raise ValueError(f"out: overlaps {name}")
     if q.dtype != qdt or not q.flags.aligned:
         q = np.require(q, qdt, ["A"])
@@ -475,8 +481,11 @@ def paged_write(
     num_blocks, Hkv, bs, E = kc.shape
     Ev = vc.shape[3]
     latent = value is None
-    if latent and not np.shares_memory(vc, kc):
-        raise ValueError("value: None only for a latent cache, whose value_cache is a view of key_cache")
+    if latent and not (np.shares_memory(vc, kc) and (ks is None or vs is None or np.shares_memory(vs, ks))):
+        raise ValueError("value: None only for a latent cache, whose value_cache is a view of key_cache "
+                         "(and value_scale of key_scale)")
+    if not latent and np.shares_memory(vc, kc):
+        raise ValueError("value: a value_cache that shares key_cache's memory is a latent cache: pass value=None")
     k = _to_array(key, "key")
     v = k[..., :Ev] if latent else _to_array(value, "value")
     for a, name, cols in ((k, "key", E), (v, "value", Ev)):
@@ -629,11 +638,13 @@ class PagedKVCache:
 
     def seq_len(self, seq_id: int) -> int:
         """Positions held by the sequence."""
-        return self._lens[self._seq(seq_id)]
+        with self._lock:
+            return self._lens[self._seq(seq_id)]
 
     def block_table(self, seq_id: int) -> List[int]:
         """The sequence's block ids, in order."""
-        return list(self._blocks[self._seq(seq_id)])
+        with self._lock:
+            return list(self._blocks[self._seq(seq_id)])
 
     def _take(self, n: int) -> List[int]:
         if n > len(self._free):
@@ -674,7 +685,8 @@ class PagedKVCache:
                 paged_write(k.transpose(1, 0, 2), None if self._latent else v.transpose(1, 0, 2), self.key_cache,
                             self.value_cache, slots, key_scale=self.key_scale, value_scale=self.value_scale)
             except BaseException:
-                self._release(new)
+                self._refs[new] = 0
+                self._free.extend(reversed(new))  # as they were: the next blocks taken are the same
                 raise
             blocks.extend(new)
             self._lens[sid] = start + T
@@ -716,19 +728,24 @@ class PagedKVCache:
     def tables(self, seq_ids: Sequence[int]) -> Tuple[Array, Array]:
         """The block tables (padded with -1) and lengths of these sequences."""
         with self._lock:
-            ids = [self._seq(s) for s in seq_ids]
-            width = max([len(self._blocks[s]) for s in ids] + [1])
-            bt = np.full((len(ids), width), -1, np.int32)
-            for i, s in enumerate(ids):
-                bt[i, : len(self._blocks[s])] = self._blocks[s]
-            return bt, np.array([self._lens[s] for s in ids], np.int64)
+            return self._tables(seq_ids)
+
+    def _tables(self, seq_ids: Sequence[int]) -> Tuple[Array, Array]:  # with the lock held
+        ids = [self._seq(s) for s in seq_ids]
+        width = max([len(self._blocks[s]) for s in ids] + [1])
+        bt = np.full((len(ids), width), -1, np.int32)
+        for i, s in enumerate(ids):
+            bt[i, : len(self._blocks[s])] = self._blocks[s]
+        return bt, np.array([self._lens[s] for s in ids], np.int64)
 
     def attend(self, seq_ids: Sequence[int], query: Any, **kw: Any) -> Union[Array, Tuple[Array, Array]]:
         """:func:`paged_attention` of query (len(seq_ids), Hq, L, E) over these
-        sequences; keywords as there."""
-        bt, sl = self.tables(seq_ids)
-        return paged_attention(query, self.key_cache, self.value_cache, bt, sl, key_scale=self.key_scale,
-                               value_scale=self.value_scale, **kw)
+        sequences; keywords as there.  Holds the cache's lock, so that no other
+        thread's free or append reuses a block while it is read."""
+        with self._lock:
+            bt, sl = self._tables(seq_ids)
+            return paged_attention(query, self.key_cache, self.value_cache, bt, sl, key_scale=self.key_scale,
+                                   value_scale=self.value_scale, **kw)
 
     def __repr__(self) -> str:
         return (
