@@ -605,3 +605,28 @@ def test_paged_write_and_latent_caches(rng):
     assert not kc.any() and not q8.any() and not ks.any()
     sdpa.paged_write(np.full((1, 1, 8), 2.0), None, q8, q8[..., :4], [5], key_scale=ks, value_scale=ks[..., :1])
     np.testing.assert_allclose(dequantized(q8, ks, 4)[1, 0, 1], 2.0)
+
+
+def test_tree_masks_over_forks_of_one_prompt(rng):
+    """Speculative verification of several forks at once: the shared prompt read
+    once, the tree over each fork's last L positions, merged exactly."""
+    cache = sdpa.PagedKVCache(64, 8, 2, 16)
+    root = cache.add_sequence()
+    cache.append(root, rng.standard_normal((2, 50, 16)), rng.standard_normal((2, 50, 16)))
+    ids = [cache.fork(root) for _ in range(3)]
+    L = 5
+    for s in ids:
+        cache.append(s, rng.standard_normal((2, 7, 16)), rng.standard_normal((2, 7, 16)))
+    tree = np.tril(rng.random((3, L, L)) < 0.5)
+    tree[:, np.arange(L), np.arange(L)] = True
+    q = rng.standard_normal((3, 4, L, 16)).astype(np.float32)
+    seen = []
+    _core.set_observer(lambda arrays: seen.append(arrays["q"].shape))
+    try:
+        out = cache.attend(ids, q, tree_mask=tree, softcap=5.0)
+    finally:
+        _core.set_observer(None)
+    assert seen[0] == (1, 2, 3 * 2 * L, 16)  # the prompt's blocks, once for the 3 forks' rows
+    bt, lens = cache.tables(ids)
+    ref, _ = reference_of(q, cache.key_cache, cache.value_cache, bt, lens, tree=tree, softcap=5.0)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
