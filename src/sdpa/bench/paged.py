@@ -20,6 +20,7 @@ Each case's implementations are timed in alternating rounds
 
 from __future__ import annotations
 
+import importlib
 import statistics
 from functools import partial
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -176,11 +177,10 @@ def iter_paged(
     shared prompt once for the shared-prefix case, both implementations), and
     GFLOP/s."""
     rng = np.random.default_rng(seed)
-    torch: Any = None
-    try:
-        import torch  # noqa: PLC0415
+    try:  # by name: the module is optional, and mypy types it Any either way
+        torch: Any = importlib.import_module("torch")
     except ImportError:
-        pass
+        torch = None
     for name, what, impls, facts in _cases(rng, quick):
         for n in threads:
             if progress:
