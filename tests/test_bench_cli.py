@@ -909,10 +909,12 @@ def test_cli_paged_smoke(tmp_path, capsys, monkeypatch):
                "--bandwidth-mib", "4", "--no-progress", "--json", str(path)])
     assert rc == 0
     out = capsys.readouterr().out
-    for name, _ in paged.PAGED_CASES:
+    names = [name for name, _ in paged.PAGED_CASES if paged.case_available(name)]  # bfloat16: ml_dtypes
+    for name in names:
         assert name in out
     rows = json.loads(path.read_text())["results"]
-    assert [r["case"] for r in rows] == [name for name, _ in paged.PAGED_CASES]
+    assert [r["case"] for r in rows] == names
     assert all(r["median_s"]["paged"] > 0 for r in rows)
-    assert "duplicated" in rows[5]["speed"] and "contiguous" in rows[0]["speed"]
+    speeds = {r["case"]: r["speed"] for r in rows}
+    assert "duplicated" in speeds["shared-prefix"] and "contiguous" in speeds["decode-f32-bs16"]
     assert bench.main(["--paged", "--latency"]) == 2

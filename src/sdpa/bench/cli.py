@@ -17,7 +17,7 @@ from .errors import ERROR_ROWS
 from .generate import measure_generate
 from .latency import LATENCY_THREADS, iter_latency
 from .machine import lookup, machine_info, measure_references, package_version, reference_steps
-from .paged import PAGED_CASES, format_paged_table, iter_paged
+from .paged import PAGED_CASES, case_available, format_paged_table, iter_paged
 from .peers import (
     AGREEMENT_TOLERANCE,
     IMPLEMENTATIONS,
@@ -434,8 +434,8 @@ def _run_paged(args: argparse.Namespace) -> int:
     """``--paged``: the read-bandwidth reference, then the paged table; the exit status."""
     threads = args.threads or default_threads()
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    progress = Progress(reference_steps(threads, 0, args.bandwidth_mib) + len(PAGED_CASES) * len(threads),
-                        enabled=show)
+    cases = [name for name, _ in PAGED_CASES if case_available(name)]
+    progress = Progress(reference_steps(threads, 0, args.bandwidth_mib) + len(cases) * len(threads), enabled=show)
     info = machine_info()
     rows: List[Dict[str, Any]] = []
     references: Dict[str, Any] = {}
@@ -458,6 +458,9 @@ def _run_paged(args: argparse.Namespace) -> int:
     bandwidth = {n: lookup(references.get("bandwidth", {}).get("results", []), n, "gbps") for n in threads}
     print(format_paged_table(rows, {n: b for n, b in bandwidth.items() if b}))
     print("  against: the other's time / paged time (above 1: paged is faster)")
+    absent = [name for name, _ in PAGED_CASES if not case_available(name)]
+    if absent:
+        print(f"  not run: {', '.join(absent)} (bfloat16 needs ml_dtypes: pip install ml_dtypes)")
     if interrupted:
         print("(interrupted: partial results)")
     if args.json:

@@ -21,6 +21,7 @@ Each case's implementations are timed in alternating rounds
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import statistics
 from functools import partial
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -32,7 +33,7 @@ from ..paged import paged_attention
 from .threads import SdpaThreads, TorchThreads, threads_text
 from .timing import Progress, alternating_loop_times
 
-__all__ = ["PAGED_CASES", "iter_paged", "format_paged_table"]
+__all__ = ["PAGED_CASES", "case_available", "iter_paged", "format_paged_table"]
 
 #: (name, what) of each case, in the order they run.
 PAGED_CASES: Tuple[Tuple[str, str], ...] = (
@@ -47,6 +48,11 @@ PAGED_CASES: Tuple[Tuple[str, str], ...] = (
 
 #: --quick: shorter sequences (the prefill chunk is half the context, at most 512)
 _QUICK = {"decode": 512, "prefill": 1024, "prefix": 1024, "mla": 1024}
+
+
+def case_available(name: str) -> bool:
+    """Whether this machine's Python can run the case: the bfloat16 ones need ml_dtypes."""
+    return not ("bf16" in name or name.startswith("mla")) or importlib.util.find_spec("ml_dtypes") is not None
 
 
 def _dtype(name: str) -> np.dtype:
@@ -101,6 +107,8 @@ def _cases(rng: np.random.Generator, quick: bool) -> Iterator[Case]:
     impls: Dict[str, Callable[[], Any]]
     S = _QUICK["decode"] if quick else 4096
     for name, what in PAGED_CASES[:4]:
+        if not case_available(name):
+            continue
         dt = _dtype("float32" if "f32" in name else "bfloat16")
         bs = 16 if name.endswith("bs16") else 128
         kc, vc, bt, sl, k, v = _pool(rng, 8, S, bs, 8, 128, 128, dt)
@@ -151,6 +159,8 @@ def _cases(rng: np.random.Generator, quick: bool) -> Iterator[Case]:
     yield PAGED_CASES[5][0], PAGED_CASES[5][1], impls, {
         "kv_bytes": (P + n * own) * 8 * 128 * 4 * 2, "flops": 4.0 * n * 32 * (P + own) * 128}
 
+    if not case_available(PAGED_CASES[6][0]):
+        return
     Sm = _QUICK["mla"] if quick else 8192
     bf16 = _dtype("bfloat16")
     latent, _, btm, slm, lat, _ = _pool(rng, 1, Sm, 64, 1, 576, 1, bf16)
