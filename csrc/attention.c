@@ -273,7 +273,10 @@ size_t sdpa_dtype_size(sdpa_dtype dt) {
         case SDPA_FLOAT64: return 8;
         case SDPA_BFLOAT16:
         case SDPA_FLOAT16: return 2;
-        case SDPA_INT8: return 1;
+        case SDPA_INT8:
+        case SDPA_FP8_E4M3:
+        case SDPA_FP8_E5M2:
+        case SDPA_INT4: return 1;  /* int4: the unit of its strides, a byte of two values */
         default: return 4;
     }
 }
@@ -393,14 +396,22 @@ static sdpa_dtype kv_dtype_of(const sdpa_problem *p) {
 }
 
 static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
-    const int int8 = kv_dtype_of(p) == SDPA_INT8;
+    const sdpa_dtype kvdt = kv_dtype_of(p);
+    const int quantized = sdpa_is_quantized(kvdt);
+    /* int8 and int4 need both scales; float8 either may be missing (no scale) */
+    const int needs_scales = kvdt == SDPA_INT8 || kvdt == SDPA_INT4;
     if (p->dtype == SDPA_FLOAT64) {
-        if (kv_dtype_of(p) != SDPA_FLOAT64) return SDPA_ERR_BAD_DTYPE;
-    } else if (!is_single_or_half(p->dtype) || (!is_single_or_half(kv_dtype_of(p)) && !int8)) {
+        if (kvdt != SDPA_FLOAT64) return SDPA_ERR_BAD_DTYPE;
+    } else if (!is_single_or_half(p->dtype) || (!is_single_or_half(kvdt) && !quantized)) {
         return SDPA_ERR_BAD_DTYPE;
     }
-    if (int8 && (p->kv_group_size < 0 || (p->kv_group_size > 0 && (p->head_dim % p->kv_group_size != 0 ||
-                                                                   p->head_dim_v % p->kv_group_size != 0))))
+    if (quantized && (p->kv_group_size < 0 || (p->kv_group_size > 0 && (p->head_dim % p->kv_group_size != 0 ||
+                                                                        p->head_dim_v % p->kv_group_size != 0))))
+        return SDPA_ERR_BAD_SHAPE;
+    /* int4: whole bytes (pairs of values) per row and per group, read along the row */
+    if (kvdt == SDPA_INT4 && (p->head_dim % 2 || p->head_dim_v % 2 || p->kv_group_size % 2 ||
+                              (p->len_kv > 0 && ((p->head_dim > 0 && p->key.col_stride != 1) ||
+                                                 (p->head_dim_v > 0 && p->value.col_stride != 1)))))
         return SDPA_ERR_BAD_SHAPE;
     if (p->num_batch_dims < 0 || p->num_batch_dims > SDPA_MAX_BATCH_DIMS) return SDPA_ERR_BAD_SHAPE;
     if (p->num_heads < 0 || p->len_q < 0 || p->len_kv < 0 || p->head_dim < 0 || p->head_dim_v < 0)
@@ -448,7 +459,8 @@ static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
     if (work > 0) {
         if (!p->query.data || !p->out.data) return SDPA_ERR_NULL_POINTER;
         if (p->len_kv > 0 && (!p->key.data || !p->value.data)) return SDPA_ERR_NULL_POINTER;
-        if (int8 && p->len_kv > 0 && (!p->key_scale.data || !p->value_scale.data)) return SDPA_ERR_NULL_POINTER;
+        if (needs_scales && p->len_kv > 0 && (!p->key_scale.data || !p->value_scale.data))
+            return SDPA_ERR_NULL_POINTER;
         if (p->mask_kind != SDPA_MASK_NONE && p->len_kv > 0 && !p->mask.data)
             return SDPA_ERR_NULL_POINTER;
     }
@@ -559,9 +571,9 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
                            kt->bf16_products;
     const int64_t max_l = bf16_pairs ? SDPA_ROW_MODE_MAX_L_BF16 : SDPA_ROW_MODE_MAX_L;
     pl->row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS || (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS);
-    /* int8 tiles are dequantized into float scratch: blocked as float */
+    /* quantized tiles are dequantized into float scratch: blocked as float */
     choose_blocking(p, batch_count, nthreads, elem,
-                    pl->kv_dtype == SDPA_INT8 ? sizeof(float) : sdpa_dtype_size(pl->kv_dtype), pl);
+                    sdpa_is_quantized(pl->kv_dtype) ? sizeof(float) : sdpa_dtype_size(pl->kv_dtype), pl);
     /* bfloat16 pairs: key tiles of whole pairs (a blocking forced by the tests may be odd) */
     if (bf16_pairs && !pl->row_mode && pl->tile_k % 2) pl->tile_k++;
     size_t off = 0;
@@ -801,7 +813,7 @@ static sdpa_status run_paged(const sdpa_problem *p, int64_t batch_count, const k
     make_plan(p, batch_count, kt, &pl);
     const sdpa_dtype kvdt = kv_dtype_of(p);
     if (pl.row_mode || !pl.bf16 || p->block_size % 2 == 0) return run_problem(p, batch_count, kt, by_name);
-    const int int8 = kvdt == SDPA_INT8;
+    const int int8 = sdpa_is_quantized(kvdt);  /* with scales to gather (bfloat16 pairs never are) */
     const size_t ke = sdpa_dtype_size(kvdt), qe = sdpa_dtype_size(p->dtype);
     const size_t ce = p->dtype == SDPA_FLOAT64 ? sizeof(double) : sizeof(float);
     const int64_t Hkv = p->num_heads / p->gqa_group, E = p->head_dim, Ev = p->head_dim_v, L = p->len_q;
@@ -908,7 +920,8 @@ const char *sdpa_status_message(sdpa_status status) {
         case SDPA_ERR_OVERFLOW: return "sizes overflow 64-bit integers";
         case SDPA_ERR_INTERRUPTED: return "interrupted";
         case SDPA_ERR_BAD_ISA: return "unknown kernel set, or not supported by this CPU";
-        case SDPA_ERR_NOT_FINITE: return "a value to quantize is NaN or infinite";
+        case SDPA_ERR_NOT_FINITE:
+            return "a value to quantize is NaN or infinite (or, for float8 without scales, beyond its largest finite value)";
         case SDPA_ERR_BAD_PAGES:
             return "paged: a block id out of range, a sequence longer than its block table, no key_lengths, "
                    "num_batch_dims not 1, a mask or weights with paged keys, or a negative or too large block size, "

@@ -37,6 +37,9 @@ static inline T FN(load)(const void *base, int64_t i, sdpa_dtype dt) {
         case SDPA_FLOAT16: return (T)sdpa_f16_to_f32(((const uint16_t *)base)[i]);
         case SDPA_FLOAT32: return (T)((const float *)base)[i];
         case SDPA_INT8: return (T)((const int8_t *)base)[i];  /* unscaled */
+        case SDPA_FP8_E4M3: return (T)sdpa_e4m3_to_f32(((const uint8_t *)base)[i]);
+        case SDPA_FP8_E5M2: return (T)sdpa_e5m2_to_f32(((const uint8_t *)base)[i]);
+        case SDPA_INT4: return (T)sdpa_quantized_value(SDPA_INT4, (const uint8_t *)base, i);
         default: return (T)((const double *)base)[i];
     }
 }
@@ -61,9 +64,10 @@ static void FN(load_scaled)(T *dst, const void *src, int64_t n, int64_t stride, 
     }
 }
 
-/* The scales of a quantized key or value view (kv_dtype SDPA_INT8). */
+/* The scales of a quantized key or value view (kv_dtype SDPA_INT8, _INT4, or
+ * a float8 type with scales). */
 typedef struct FN(kv_scales) {
-    const float *base;      /* at (batch index, key/value head); NULL: not int8 */
+    const float *base;      /* at (batch index, key/value head); NULL: none    */
     int64_t rs, cs;         /* token and group strides                         */
     int64_t group;          /* channels per scale                              */
 } FN(kv_scales);
@@ -71,7 +75,7 @@ typedef struct FN(kv_scales) {
 static FN(kv_scales) FN(kv_scales_at)(const sdpa_problem *p, const sdpa_view *view, int64_t b, int64_t hkv,
                                       int64_t cols) {
     FN(kv_scales) sc = {NULL, 0, 0, 1};
-    if (p->kv_dtype != SDPA_INT8) return sc;
+    if (!sdpa_is_quantized(p->kv_dtype) || !view->data) return sc;
     /* paged: a placeholder, replaced by each block's scales before any read */
     sc.base = p->block_size > 0 ? (const float *)view->data : (const float *)view_at(p, view, b, hkv, sizeof(float));
     sc.rs = view->row_stride;
@@ -81,8 +85,8 @@ static FN(kv_scales) FN(kv_scales_at)(const sdpa_problem *p, const sdpa_view *vi
 }
 
 /* Rows [s0, s0 + n) of a key or value view (dt elements) as T, row-major with
- * ld = cols, in buf: with a widening kernel for contiguous 16-bit rows; int8
- * rows times their scales (sc). */
+ * ld = cols, in buf: with a widening kernel for contiguous 16-bit rows;
+ * quantized rows times their scales (sc; none when sc->base is NULL). */
 static void FN(convert_rows)(const KT *kern, T *buf, const char *base, const sdpa_view *view, sdpa_dtype dt,
                              int64_t s0, int n, int64_t cols, const FN(kv_scales) *sc) {
     const size_t elem = sdpa_dtype_size(dt);
@@ -98,6 +102,23 @@ static void FN(convert_rows)(const KT *kern, T *buf, const char *base, const sdp
                     for (int64_t c = c0; c < c0 + g; c++) dst[c] = (T)((float)row[c] * f);
                 else
                     for (int64_t c = c0; c < c0 + g; c++) dst[c] = (T)((float)row[c * cs] * f);
+            }
+        }
+        return;
+    }
+    if (sdpa_is_quantized(dt)) {  /* float8 and int4 alike: each value times its scale, if any */
+        const int64_t cs = dt == SDPA_INT4 ? 1 : view->col_stride, g = sc->group;
+        for (int j = 0; j < n; j++) {
+            const uint8_t *row = (const uint8_t *)base + (s0 + j) * view->row_stride;
+            T *dst = buf + (int64_t)j * cols;
+            if (!sc->base) {
+                for (int64_t c = 0; c < cols; c++) dst[c] = (T)sdpa_quantized_value(dt, row, c * cs);
+                continue;
+            }
+            const float *srow = sc->base + (s0 + j) * sc->rs;
+            for (int64_t c0 = 0; c0 < cols; c0 += g) {
+                const float f = srow[(c0 / g) * sc->cs];
+                for (int64_t c = c0; c < c0 + g; c++) dst[c] = (T)(sdpa_quantized_value(dt, row, c * cs) * f);
             }
         }
         return;
@@ -1004,12 +1025,13 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     T *st = scratch + pl->off_s;     /* M x tile_k scores                 */
     T *kbuf = scratch + pl->off_k;   /* tile_k x E: strided or converted K rows */
     T *vbuf = scratch + pl->off_v;   /* tile_k x Ev: strided or converted V rows */
-    T *sg = scratch + pl->off_pp;    /* M x tile_k: int8, the scores or weights of one scale group */
+    T *sg = scratch + pl->off_pp;    /* M x tile_k: quantized, the scores or weights of one scale group */
     const FN(kv_scales) kscl = FN(kv_scales_at)(p, &p->key_scale, b, hkv, E);
     const FN(kv_scales) vscl = FN(kv_scales_at)(p, &p->value_scale, b, hkv, Ev);
     const int half = kvdt == SDPA_BFLOAT16 || kvdt == SDPA_FLOAT16;
-    const int k_i8 = kvdt == SDPA_INT8 && ksc == 1;
-    const int v_i8 = kvdt == SDPA_INT8 && vsc == 1;
+    const int k_q = sdpa_is_quantized(kvdt) && ksc == 1;
+    const int v_q = sdpa_is_quantized(kvdt) && vsc == 1;
+    const int nib = kvdt == SDPA_INT4;  /* int4: value c at byte c / 2 */
 
     const T scale = (T)p->scale, cap = FN(softcap_value)(p);
     for (int x = 0; x < M; x++) {
@@ -1024,6 +1046,11 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;
         const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
+        if (!paged && s0 + n < s_end && getenv("PF")) {
+            const int nn = (int)(s_end - s0 - n < tile_k ? s_end - s0 - n : tile_k);
+            FN(prefetch_rows)(k, &p->key, kve, s0 + n, nn, E, 0);
+            FN(prefetch_rows)(v, &p->value, kve, s0 + n, nn, Ev, 0);
+        }
         /* a tile is read by segments of contiguous rows: the whole tile, or
          * (paged) the part of it in each block; scores by column offset */
         const int64_t blk0 = paged ? s0 / p->block_size : 0, row0 = paged ? s0 % p->block_size : 0;
@@ -1036,16 +1063,18 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             T *sto = st + (a - s0);
             if (half && ksc == 1) {  /* 16-bit keys read in place */
                 kern->dot_half(kvdt, M, m, E, qs, E, (const uint16_t *)kt, ksr, sto, tile_k);
-            } else if (k_i8) {  /* int8 keys read in place, each scale group's dot then scaled */
-                const int8_t *kb = (const int8_t *)kt;
+            } else if (k_q) {  /* quantized keys read in place, each scale group's dot then scaled */
+                const uint8_t *kb = (const uint8_t *)kt;
                 const float *ks = ksct.base;
                 const int64_t g = kscl.group;
                 /* groups: the scales applied to each key vector in the kernel, if it can */
-                const int folded = g < E && kern->dot_i8_grouped(M, m, E, g, qs, E, kb, ksr, ks, kscl.rs, kscl.cs, sto, tile_k);
+                const int folded =
+                    !ks || (g < E && kern->dot_q_grouped(kvdt, M, m, E, g, qs, E, kb, ksr, ks, kscl.rs, kscl.cs, sto, tile_k));
+                if (!ks) kern->dot_q(kvdt, M, m, E, qs, E, kb, ksr, sto, tile_k);  /* float8 without scales */
                 for (int64_t c0 = 0; c0 < E && !folded; c0 += g) {
                     const float *kg = ks + (c0 / g) * kscl.cs;
                     T *dst = c0 == 0 ? sto : sg;
-                    kern->dot_i8(M, m, g, qs + c0, E, kb + c0, ksr, dst, tile_k);
+                    kern->dot_q(kvdt, M, m, g, qs + c0, E, kb + (nib ? c0 / 2 : c0), ksr, dst, tile_k);
                     for (int x = 0; x < M; x++) {
                         T *sx = sto + (int64_t)x * tile_k;
                         const T *gx = dst + (int64_t)x * tile_k;
@@ -1091,12 +1120,13 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             const T *sto = st + (a - s0);
             if (half && vsc == 1) {
                 kern->pv_rows_half(kvdt, M, m, Ev, sto, tile_k, (const uint16_t *)vt, vsr, acc, Ev);
-            } else if (v_i8) {  /* int8 values read in place, the weights of each scale group scaled */
-                const int8_t *vb = (const int8_t *)vt;
+            } else if (v_q) {  /* quantized values read in place, the weights of each scale group scaled */
+                const uint8_t *vb = (const uint8_t *)vt;
                 const float *vs = vsct.base;
                 const int64_t g = vscl.group;
-                const int folded =
-                    g < Ev && kern->pv_rows_i8_grouped(M, m, Ev, g, sto, tile_k, vb, vsr, vs, vscl.rs, vscl.cs, acc, Ev);
+                const int folded = !vs || (g < Ev && kern->pv_rows_q_grouped(kvdt, M, m, Ev, g, sto, tile_k, vb, vsr, vs,
+                                                                             vscl.rs, vscl.cs, acc, Ev));
+                if (!vs) kern->pv_rows_q(kvdt, M, m, Ev, sto, tile_k, vb, vsr, acc, Ev);  /* float8 without scales */
                 for (int64_t c0 = 0; c0 < Ev && !folded; c0 += g) {
                     const float *vg = vs + (c0 / g) * vscl.cs;
                     for (int x = 0; x < M; x++) {
@@ -1104,7 +1134,7 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                         T *px = sg + (int64_t)x * tile_k;
                         for (int j = 0; j < m; j++) px[j] = sx[j] * vg[j * vscl.rs];
                     }
-                    kern->pv_rows_i8(M, m, g, sg, tile_k, vb + c0, vsr, acc + c0, Ev);
+                    kern->pv_rows_q(kvdt, M, m, g, sg, tile_k, vb + (nib ? c0 / 2 : c0), vsr, acc + c0, Ev);
                 }
             } else {
                 const T *vb = (const T *)vt;

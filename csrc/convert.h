@@ -62,4 +62,78 @@ static inline uint16_t sdpa_f32_to_f16(float f) {
     return (uint16_t)(sign | (r >> 13));
 }
 
+/* float8 e4m3fn (sign, 4 exponent bits biased by 7, 3 mantissa bits; no
+ * infinities, S.1111.111 NaN; largest 448) and e5m2 (the upper byte of a
+ * float16: bias 15, 2 mantissa bits, IEEE infinities and NaN; largest finite
+ * 57344).  Widening is exact; narrowing rounds to nearest, ties to even,
+ * saturates at the largest finite value and keeps NaN a NaN. */
+static inline float sdpa_e4m3_to_f32(uint8_t b) {
+    const uint32_t sign = (uint32_t)(b & 0x80u) << 24, exp = (b >> 3) & 0xfu, mant = b & 7u;
+    uint32_t u;
+    if ((b & 0x7fu) == 0x7fu) {
+        u = sign | 0x7fc00000u;
+    } else if (exp == 0) { /* subnormal: mant * 2^-9, exact */
+        const float f = (float)mant * (1.0f / 512.0f);
+        return sign ? -f : f;
+    } else {
+        u = sign | ((exp + 120u) << 23) | (mant << 20);
+    }
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static inline float sdpa_e5m2_to_f32(uint8_t b) { return sdpa_f16_to_f32((uint16_t)((uint16_t)b << 8)); }
+
+/* round(f) for 0 <= f < 2^22, ties to even, whatever the rounding mode */
+static inline uint32_t sdpa_round_small(float f) {
+    uint32_t i = (uint32_t)f;
+    const float rest = f - (float)i;
+    if (rest > 0.5f || (rest == 0.5f && (i & 1u))) i++;
+    return i;
+}
+
+static inline uint8_t sdpa_f32_to_e4m3(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
+    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu); /* 448 and beyond */
+    if (a < 0x3c800000u) { /* below 2^-6: steps of 2^-9 */
+        float f;
+        memcpy(&f, &a, sizeof(f));
+        return (uint8_t)(sign | sdpa_round_small(f * 512.0f));
+    }
+    const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+    return (uint8_t)(sign | ((r >> 20) - (120u << 3)));
+}
+
+static inline uint8_t sdpa_f32_to_e5m2(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
+    if (a >= 0x47600000u) return (uint8_t)(sign | 0x7bu); /* 57344 and beyond */
+    if (a < 0x38800000u) { /* below 2^-14: steps of 2^-16 */
+        float f;
+        memcpy(&f, &a, sizeof(f));
+        return (uint8_t)(sign | sdpa_round_small(f * 65536.0f));
+    }
+    const uint32_t r = a + 0xfffffu + ((a >> 21) & 1u);
+    return (uint8_t)(sign | ((r >> 21) - (112u << 2)));
+}
+
+/* Value c of a quantized row (SDPA_INT8, _FP8_E4M3, _FP8_E5M2, _INT4; dt as an
+ * int, so that this header needs no sdpa.h), unscaled. */
+static inline float sdpa_quantized_value(int dt, const uint8_t *row, int64_t c) {
+    switch (dt) {
+        case 4: return (float)(int8_t)row[c];
+        case 5: return sdpa_e4m3_to_f32(row[c]);
+        case 6: return sdpa_e5m2_to_f32(row[c]);
+        default: return (float)((int)((row[c >> 1] >> ((c & 1) * 4)) & 15u) - 8);
+    }
+}
+
 #endif

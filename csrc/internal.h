@@ -66,6 +66,11 @@ static inline double sdpa_rescale_f64(double acc, double alpha) {
     return alpha > 0 && alpha < SDPA_RESCALE_SMALL ? sdpa_rescale_small_f64(acc, alpha) : acc * alpha;
 }
 
+/* Whether a key/value dtype is quantized (a byte or a nibble a value, scaled). */
+static inline int sdpa_is_quantized(sdpa_dtype dt) {
+    return dt == SDPA_INT8 || dt == SDPA_FP8_E4M3 || dt == SDPA_FP8_E5M2 || dt == SDPA_INT4;
+}
+
 /* Every scratch buffer and packed panel is aligned to this many bytes. */
 #define SDPA_ALIGN 64
 
@@ -78,7 +83,7 @@ static inline double sdpa_rescale_f64(double acc, double alpha) {
  * Kernels: single-threaded, allocation free.  Scores are kept transposed, keys
  * by query rows, so that a vector holds nr consecutive query rows and the
  * softmax statistics of nr rows are vector operations.  Contracts (T is float
- * or double; 16-bit and int8 operands widen exactly to T):
+ * or double; 16-bit and quantized operands widen exactly to T):
  *
  *   widen(dt, src, dst, n)
  *       dst[i] = src[i] as T, for n contiguous bfloat16 or float16 values.
@@ -112,14 +117,18 @@ static inline double sdpa_rescale_f64(double acc, double alpha) {
  *       *row_max and *row_sum are updated, acc[0..ev) is rescaled.
  *   dot_half, pv_rows_half: dot and pv_rows with keys / values of a 16-bit dt,
  *       the same sums as dot and pv_rows over the widened rows.
- *   dot_i8, pv_rows_i8: dot and pv_rows with int8 keys / values, unscaled (the
- *       driver applies the scales to the scores and to p).
- *   dot_i8_grouped, pv_rows_i8_grouped: the same with a float32 scale per group
+ *   dot_q, pv_rows_q: dot and pv_rows with quantized keys / values of dt
+ *       (SDPA_INT8, _FP8_E4M3, _FP8_E5M2, _INT4), unscaled (the driver applies
+ *       the scales to the scores and to p): the sums over the stored values,
+ *       widened exactly (sdpa_quantized_value).  ldk / ldv count bytes; value c
+ *       of a row is at byte c (int4: c / 2, nibble c % 2; e, ev and the group
+ *       offsets the driver passes even).
+ *   dot_q_grouped, pv_rows_q_grouped: the same with a float32 scale per group
  *       of g features, applied to each key / value vector as it is widened (row
  *       j's features c.. scale by ks[j * ksr + (c / g) * ksc]); they return 0,
  *       doing nothing, where the set's version cannot take g (the SIMD sets: g
  *       a power of two, a multiple of the vector width, dividing e / ev), and
- *       the driver then takes each group's dot_i8 / pv_rows_i8 in turn.
+ *       the driver then takes each group's dot_q / pv_rows_q in turn.
  *
  * Panel kernels (nr, the set's panel width, is passed for the portable ones,
  * which serve every width; a set's own are built for its width).  Masks on a
@@ -158,14 +167,16 @@ static inline double sdpa_rescale_f64(double acc, double alpha) {
                        int64_t ldk, T *s, int64_t lds))                                                           \
     X(void, pv_rows_half, (sdpa_dtype dt, int m, int n, int64_t ev, const T *p, int64_t ldp, const uint16_t *v,   \
                            int64_t ldv, T *acc, int64_t ldacc))                                                   \
-    X(void, dot_i8, (int m, int n, int64_t e, const T *q, int64_t ldq, const int8_t *k, int64_t ldk, T *s,        \
-                     int64_t lds))                                                                                \
-    X(void, pv_rows_i8, (int m, int n, int64_t ev, const T *p, int64_t ldp, const int8_t *v, int64_t ldv, T *acc, \
-                         int64_t ldacc))                                                                          \
-    X(int, dot_i8_grouped, (int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq, const int8_t *k,         \
-                            int64_t ldk, const float *ks, int64_t ksr, int64_t ksc, T *s, int64_t lds))           \
-    X(int, pv_rows_i8_grouped, (int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp, const int8_t *v,    \
-                                int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc, int64_t ldacc))   \
+    X(void, dot_q, (sdpa_dtype dt, int m, int n, int64_t e, const T *q, int64_t ldq, const uint8_t *k,            \
+                    int64_t ldk, T *s, int64_t lds))                                                              \
+    X(void, pv_rows_q, (sdpa_dtype dt, int m, int n, int64_t ev, const T *p, int64_t ldp, const uint8_t *v,       \
+                        int64_t ldv, T *acc, int64_t ldacc))                                                      \
+    X(int, dot_q_grouped, (sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq,            \
+                           const uint8_t *k, int64_t ldk, const float *ks, int64_t ksr, int64_t ksc, T *s,        \
+                           int64_t lds))                                                                          \
+    X(int, pv_rows_q_grouped, (sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp,       \
+                               const uint8_t *v, int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc,  \
+                               int64_t ldacc))                                                                    \
     X(void, mask_add, (T * s, int nr, int n, int rows, const T *m, int64_t m_rs))                                 \
     X(void, mask_bool, (T * s, int nr, int n, int rows, const uint8_t *m, int64_t m_rs))                          \
     X(void, pack_q, (T * panel, int nr, const T *src, int rows, int64_t rs, int64_t e, T scale))                  \

@@ -193,19 +193,30 @@ def test_16bit_cache_stores_16_bits_and_is_read_in_place(rng, dtype):
 
 @pytest.mark.parametrize("dtype", [np.int32, np.complex64, "U3", "float8", "float128"])
 def test_cache_dtype_must_be_a_float(dtype):
-    with pytest.raises(TypeError, match=r'dtype: a KV cache stores float16, bfloat16, float32, float64 or "int8"'):
+    with pytest.raises(TypeError, match=r"dtype: a KV cache stores float16, bfloat16, float32, float64, or the "
+                                        r"quantized 'int8', 'float8_e4m3fn', 'float8_e5m2', 'int4'; got"):
         sdpa.KVCache(1, 1, 4, 4, dtype=dtype)
 
 
-@pytest.mark.parametrize("name", ["float8_e5m2", "float8_e4m3fn", "int4", "uint4"])
+@pytest.mark.parametrize("name", ["uint4", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz"])
 def test_cache_refuses_the_8_and_4_bit_types_it_does_not_implement(name):
-    """ml_dtypes' float8_e5m2 is of kind "f": it used to be stored raw, without
-    scales, taking NaN, and decoded 13x slower than float32."""
+    """ml_dtypes' other 8- and 4-bit types are of kind "f" or "i": they would be
+    stored raw, without scales, taking NaN, and decoded by the slow paths."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
+    if not hasattr(ml_dtypes, name):
+        pytest.skip(f"this ml_dtypes has no {name}")
     for dtype in (getattr(ml_dtypes, name), name):
-        with pytest.raises(TypeError, match=r'dtype: a KV cache stores .* or "int8" \(quantized\), got'):
+        with pytest.raises(TypeError, match=r"dtype: a KV cache stores .* or the quantized .*; got"):
             sdpa.KVCache(1, 1, 4, 4, dtype=dtype)
         with pytest.raises(TypeError, match=r"kv_cache_dtype: a KV cache stores"):
             sdpa.MultiHeadAttention(16, 4, kv_cache_dtype=dtype)
         with pytest.raises(TypeError, match=r"dtype: expected float16, bfloat16, float32 or float64"):
             sdpa.MultiHeadAttention(16, 4, dtype=dtype)
+
+
+@pytest.mark.parametrize("name", ["float8_e5m2", "float8_e4m3fn", "int4"])
+def test_cache_takes_ml_dtypes_low_bit_types_by_type_or_name(name):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    for dtype in (getattr(ml_dtypes, name), name):
+        cache = sdpa.KVCache(1, 1, 4, 4, dtype=dtype)
+        assert cache.quantization == name and cache.dtype == np.uint8

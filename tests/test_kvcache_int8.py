@@ -185,7 +185,7 @@ def test_int8_bad_input_writes_nothing(rng):
 @pytest.mark.parametrize("args,kwargs,match", [
     ((1, 1, 4, 8), {"dtype": "int8", "group_size": 3}, "group_size: 3 must divide"),
     ((1, 1, 4, 8, 12), {"dtype": "int8", "group_size": 8}, "group_size: 8 must divide"),
-    ((1, 1, 4, 8), {"group_size": 4}, "group_size: only an int8 cache"),
+    ((1, 1, 4, 8), {"group_size": 4}, "group_size: only a quantized cache"),
     ((1, 1, 4, 8), {"dtype": "int8", "group_size": 0}, "group_size"),
 ])
 def test_int8_bad_arguments(args, kwargs, match):

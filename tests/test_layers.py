@@ -116,7 +116,7 @@ def test_layer_rejects_bad_inputs(rng):
         layer(np.zeros((1, 3, 16)), layer.new_cache(2, 8))
     with pytest.raises(TypeError, match="cache"):
         layer(np.zeros((1, 3, 16)), cache={})
-    with pytest.raises(TypeError, match=r'kv_cache_dtype: a KV cache stores .* or "int8" \(quantized\), got .float8.'):
+    with pytest.raises(TypeError, match=r"kv_cache_dtype: a KV cache stores .* or the quantized .*; got .float8."):
         sdpa.MultiHeadAttention(64, 8, kv_cache_dtype="float8")
 
 

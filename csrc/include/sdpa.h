@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define SDPA_VERSION_MAJOR 0
-#define SDPA_VERSION_MINOR 3
+#define SDPA_VERSION_MINOR 4
 #define SDPA_VERSION_PATCH 0
 
 /* Leading batch dimensions, in front of the head dimension. */
@@ -46,7 +46,9 @@ typedef enum sdpa_status {
     SDPA_ERR_BAD_ISA = 10,          /* unknown or unsupported kernel set     */
     SDPA_ERR_BAD_VARIANT = 11,      /* window, softcap or alignment offset
                                        out of range                          */
-    SDPA_ERR_NOT_FINITE = 12,       /* a value to quantize is NaN or infinite */
+    SDPA_ERR_NOT_FINITE = 12,       /* a value to quantize is NaN or infinite
+                                       (or, for float8 without scales, outside
+                                       the format's finite range)            */
     SDPA_ERR_ABI = 13,              /* *p is not this library's sdpa_problem:
                                        the caller was compiled against another
                                        sdpa.h (or did not call
@@ -73,6 +75,22 @@ typedef enum sdpa_dtype {
     SDPA_INT8 = 4,      /* kv_dtype only, with a float32 or 16-bit query:
                            int8_t, each element times its float32 scale
                            (key_scale / value_scale, kv_group_size)       */
+    SDPA_FP8_E4M3 = 5,  /* kv_dtype only, like SDPA_INT8: float8 e4m3fn in a
+                           byte (sign, 4 exponent bits biased by 7, 3
+                           mantissa bits; no infinities, S.1111.111 is NaN;
+                           largest 448), times its scale if there are scales */
+    SDPA_FP8_E5M2 = 6,  /* kv_dtype only: float8 e5m2 (sign, 5 exponent bits
+                           biased by 15, 2 mantissa bits: the upper byte of a
+                           float16; largest finite 57344), scaled likewise   */
+    SDPA_INT4 = 7,      /* kv_dtype only: 4-bit integers, two a byte, each
+                           times its float32 scale.  Value c of a row is in
+                           byte c / 2 of the row, in the low nibble for even c
+                           and the high nibble for odd c; a nibble holds the
+                           value plus 8 (0..15 for -8..7; sdpa_quantize writes
+                           -7..7).  Strides of an int4 key or value view
+                           count bytes (pairs of values); col_stride must be 1,
+                           and head_dim, head_dim_v and a nonzero
+                           kv_group_size even.                            */
     SDPA_DTYPE_OF_QUERY = -1  /* kv_dtype only: the same as dtype          */
 } sdpa_dtype;
 
@@ -111,7 +129,8 @@ typedef struct sdpa_problem {
                               default), or with a float32 or 16-bit dtype any
                               of SDPA_FLOAT32, _BFLOAT16, _FLOAT16 (a float32
                               query can attend a 16-bit cache in place) or
-                              SDPA_INT8 (a quantized cache, read in place)  */
+                              SDPA_INT8, SDPA_FP8_E4M3, SDPA_FP8_E5M2 or
+                              SDPA_INT4 (a quantized cache, read in place)  */
     int32_t num_batch_dims;                    /* 0..SDPA_MAX_BATCH_DIMS       */
     int64_t batch_shape[SDPA_MAX_BATCH_DIMS];
     int64_t num_heads;     /* query heads = output heads (Hq)                   */
@@ -175,14 +194,27 @@ typedef struct sdpa_problem {
     sdpa_view alibi;
     sdpa_view sinks;
 
-    /* Quantized keys and values (kv_dtype SDPA_INT8): the value of key element
+    /* Quantized keys and values (kv_dtype SDPA_INT8, _FP8_E4M3, _FP8_E5M2 or
+     * _INT4): the value of key element
      * (b, h, s, c) is (float)key[b, h, s, c] * key_scale[b, h, s, c / G] with
      * G = kv_group_size, or G = head_dim when kv_group_size is 0 (one scale
      * per token and head); values alike with value_scale and head_dim_v.  The
      * scale views are float32, (..., Hkv, S, E / G) and (..., Hkv, S, Ev / G),
      * any strides.  A nonzero kv_group_size divides head_dim and head_dim_v.
-     * sdpa_quantize_int8 writes such rows.  The kernels dequantize a tile at a
-     * time (in registers when decoding); the cache is never copied.       */
+     * sdpa_quantize writes such rows.  The kernels dequantize a tile at a
+     * time (in registers when decoding); the cache is never copied.  The
+     * float8 types may go without scales (key_scale.data or value_scale.data
+     * NULL: the stored values as they are); int8 and int4 need both.
+     *
+     * integer_qk (int8 and int4 keys, a float32 or 16-bit query; else ignored):
+     * nonzero computes the scores of the row path (decoding, short queries) in
+     * integers: each query row, scaled, is quantized to int8 with its own scale
+     * max|q| / 127, and each key group's dot product is an exact int32 sum of
+     * int8 x int8 (or x int4) products (AVX512-VNNI or AVX-VNNI where the CPU
+     * has them, the same sums in portable C where not), then scaled in float.
+     * It adds the query's rounding to the scores (relative error about
+     * 2^-8 of max|q| |k| per term); P V stays in float.  The tiled path (long
+     * queries) ignores it. */
     sdpa_view key_scale;
     sdpa_view value_scale;
     int64_t kv_group_size;
@@ -211,6 +243,8 @@ typedef struct sdpa_problem {
     int64_t block_table_stride;  /* entries between sequences' tables      */
     int64_t block_size;          /* 0: not paged                           */
     int64_t num_blocks;          /* blocks in the caches                   */
+
+    int32_t integer_qk;          /* see the quantized keys above; 0: float */
 } sdpa_problem;
 
 /* Fills *p with an empty problem: float32, key and value of the query's
@@ -249,6 +283,23 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_problem *p);
 SDPA_API sdpa_status sdpa_quantize_int8(const float *src, int64_t src_row_stride, int64_t rows, int64_t cols,
                                         int64_t group_size, int8_t *dst, int64_t dst_row_stride, float *scales,
                                         int64_t scale_row_stride);
+
+/* Quantizes like sdpa_quantize_int8 to any quantized dtype dt:
+ *   SDPA_INT8: as sdpa_quantize_int8 (scale max|x| / 127, values in [-127, 127]);
+ *   SDPA_INT4: scale max|x| / 7, values round(x / scale) in [-7, 7] stored plus
+ *     8, two a byte (SDPA_INT4's order); cols and a nonzero group_size even,
+ *     dst_row_stride in bytes;
+ *   SDPA_FP8_E4M3 / SDPA_FP8_E5M2: scale max|x| / 448 (/ 57344), values x /
+ *     scale rounded to nearest (ties to even) in the format, saturating at its
+ *     largest finite value.  scales NULL: no scale, the values themselves
+ *     rounded, SDPA_ERR_NOT_FINITE (nothing written) when one is larger in
+ *     magnitude than the format's largest finite value.
+ * A group of zeros (or of values so small that their scale would be
+ * subnormal) gets the scale 0.  NaN or infinite values: SDPA_ERR_NOT_FINITE,
+ * nothing written.  Any other dt: SDPA_ERR_BAD_DTYPE. */
+SDPA_API sdpa_status sdpa_quantize(sdpa_dtype dt, const float *src, int64_t src_row_stride, int64_t rows,
+                                   int64_t cols, int64_t group_size, void *dst, int64_t dst_row_stride,
+                                   float *scales, int64_t scale_row_stride);
 
 /* Scales per row of `cols` columns in groups of group_size (0: whole rows):
  * cols / group_size, 1 for group_size 0; -1 when group_size is negative or

@@ -120,6 +120,33 @@ static void widen_avx2(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n
 }
 
 /* lane i of the result = the sum of the lanes of a[i] (8 or 4 vectors) */
+/* 8 float8 e4m3fn values, widened exactly: the bits moved into a float16's
+ * (whose exponent bias is 8 more, so times 256 after), NaN for S.1111.111 */
+static inline __m256 load_e4m3_ps(const uint8_t *p) {
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    const __m128i h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(0x3f80)),
+                                   _mm_and_si128(_mm_slli_epi16(w, 8), _mm_set1_epi16((short)0x8000)));
+    const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
+    return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan)));
+}
+
+/* 8 float8 e5m2 values: the upper bytes of float16s */
+static inline __m256 load_e5m2_ps(const uint8_t *p) {
+    return _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p)), 8));
+}
+
+/* 8 int4 values from 4 bytes (low nibble first, each the value plus 8) */
+static inline __m256 load_i4_ps(const uint8_t *p) {
+    int32_t word;
+    memcpy(&word, p, sizeof word);
+    const __m128i b = _mm_cvtsi32_si128(word);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15));
+    const __m128i x = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), _mm_set1_epi8(8));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
+}
+
 static inline __m256 hsum_lanes_ps(const __m256 *a) {
     __m256 s2[4], s4[2];
     for (int i = 0; i < 4; i++)  /* [a0+a2 b0+b2 a1+a3 b1+b3] per 128-bit half */
@@ -233,8 +260,8 @@ const kernel_table sdpa_kernels_avx2 = {
             .gemm = gemm_avx2_f32, .online_softmax_update = online_softmax_update_avx2_f32, .exp = exp_avx2_f32, .softcap = softcap_avx2_f32,
             .dot = dot_avx2_f32, .pv_rows = pv_rows_avx2_f32, .row_online_softmax_update = row_online_softmax_update_avx2_f32,
             .dot_half = dot_half_avx2_f32, .pv_rows_half = pv_rows_half_avx2_f32,
-            .dot_i8 = dot_i8_avx2_f32, .pv_rows_i8 = pv_rows_i8_avx2_f32,
-            .dot_i8_grouped = dot_i8_grouped_avx2_f32, .pv_rows_i8_grouped = pv_rows_i8_grouped_avx2_f32,
+            .dot_q = dot_q_avx2_f32, .pv_rows_q = pv_rows_q_avx2_f32,
+            .dot_q_grouped = dot_q_grouped_avx2_f32, .pv_rows_q_grouped = pv_rows_q_grouped_avx2_f32,
             .mask_add = mask_add_avx2_f32, .mask_bool = mask_bool_avx2_f32,
             .pack_q = pack_q_avx2_f32, .store_rows = store_rows_avx2_f32,
             .pack_q_half = pack_q_half_avx2_f32, .store_rows_half = store_rows_half_avx2_f32,

@@ -101,6 +101,32 @@ static void widen_avx512(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t
     if (i < n) sdpa_widen_portable(dt, src + i, dst + i, n - i);
 }
 
+/* 16 float8 e4m3fn values, widened exactly: the bits moved into a float16's
+ * (whose exponent bias is 8 more, so times 256 after), NaN for S.1111.111 */
+static inline __m512 load_e4m3_ps(const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    const __m256i w = _mm256_cvtepu8_epi16(b);
+    const __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(0x3f80)),
+                                      _mm256_and_si256(_mm256_slli_epi16(w, 8), _mm256_set1_epi16((short)0x8000)));
+    const __m512 f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    const __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(b, _mm_set1_epi8(0x7f)), _mm_set1_epi8(0x7f));
+    return _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(NAN));
+}
+
+/* 16 float8 e5m2 values: the upper bytes of float16s */
+static inline __m512 load_e5m2_ps(const uint8_t *p) {
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8));
+}
+
+/* 16 int4 values from 8 bytes (low nibble first, each the value plus 8) */
+static inline __m512 load_i4_ps(const uint8_t *p) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)p);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(15));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15));
+    const __m128i x = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), _mm_set1_epi8(8));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x));
+}
+
 /* lane i of the result = the sum of the lanes of a[i]: 16 (8) horizontal sums
  * in 15 (7) adds, halving the vectors at each step */
 static inline __m512 hsum_lanes_ps(const __m512 *a) {
@@ -533,8 +559,8 @@ enum { bf16_panel_rows = BF16_NV * 16 };
     .nr = panel_rows_avx512_f32, .widen = widen_avx512, .gemm = gemm_avx512_f32, .online_softmax_update = online_softmax_update_avx512_f32, \
     .exp = exp_avx512_f32, .softcap = softcap_avx512_f32, .dot = dot_avx512_f32, .pv_rows = pv_rows_avx512_f32, \
     .row_online_softmax_update = row_online_softmax_update_avx512_f32, .dot_half = dot_half_avx512_f32,                                    \
-    .pv_rows_half = pv_rows_half_avx512_f32, .dot_i8 = dot_i8_avx512_f32, .pv_rows_i8 = pv_rows_i8_avx512_f32,  \
-    .dot_i8_grouped = dot_i8_grouped_avx512_f32, .pv_rows_i8_grouped = pv_rows_i8_grouped_avx512_f32, .mask_add = mask_add_avx512_f32,     \
+    .pv_rows_half = pv_rows_half_avx512_f32, .dot_q = dot_q_avx512_f32, .pv_rows_q = pv_rows_q_avx512_f32,  \
+    .dot_q_grouped = dot_q_grouped_avx512_f32, .pv_rows_q_grouped = pv_rows_q_grouped_avx512_f32, .mask_add = mask_add_avx512_f32,     \
     .mask_bool = mask_bool_avx512_f32, .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32,         \
     .pack_q_half = pack_q_half_avx512_f32, .store_rows_half = store_rows_half_avx512_f32,                      \
     .scale_copy = scale_copy_avx512, .scale_copy_d = scale_copy_d_avx512

@@ -33,6 +33,9 @@
 #define V_LOADU_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define V_LOADU_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define V_LOADU_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define V_LOADU_E4M3(p) load_e4m3_ps(p)
+#define V_LOADU_E5M2(p) load_e5m2_ps(p)
+#define V_LOADU_I4(p) load_i4_ps(p)
 #define V_STOREU_BF16(p, v) _mm256_storeu_si256((__m256i *)(p), f32_to_bf16_avx512(v))
 #define V_STOREU_F16(p, v) \
     _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))

@@ -141,43 +141,44 @@ static void FN(pv_rows_half)(sdpa_dtype dt, int m, int n, int64_t ev, const T *p
     }
 }
 
-static void FN(dot_i8)(int m, int n, int64_t e, const T *q, int64_t ldq, const int8_t *k, int64_t ldk, T *s,
-                       int64_t lds) {
+static void FN(dot_q)(sdpa_dtype dt, int m, int n, int64_t e, const T *q, int64_t ldq, const uint8_t *k, int64_t ldk,
+                      T *s, int64_t lds) {
     for (int x = 0; x < m; x++)
         for (int j = 0; j < n; j++) {
             const T *qx = q + x * ldq;
-            const int8_t *kj = k + j * ldk;
+            const uint8_t *kj = k + j * ldk;
             T acc = 0;
-            for (int64_t c = 0; c < e; c++) acc += qx[c] * (T)kj[c];
+            for (int64_t c = 0; c < e; c++) acc += qx[c] * (T)sdpa_quantized_value(dt, kj, c);
             s[x * lds + j] = acc;
         }
 }
 
-static void FN(pv_rows_i8)(int m, int n, int64_t ev, const T *p, int64_t ldp, const int8_t *v, int64_t ldv, T *acc,
-                           int64_t ldacc) {
+static void FN(pv_rows_q)(sdpa_dtype dt, int m, int n, int64_t ev, const T *p, int64_t ldp, const uint8_t *v,
+                          int64_t ldv, T *acc, int64_t ldacc) {
     for (int x = 0; x < m; x++) {
         T *ax = acc + x * ldacc;
         for (int j = 0; j < n; j++) {
             const T w = p[x * ldp + j];
-            const int8_t *vj = v + j * ldv;
-            for (int64_t c = 0; c < ev; c++) ax[c] += w * (T)vj[c];
+            const uint8_t *vj = v + j * ldv;
+            for (int64_t c = 0; c < ev; c++) ax[c] += w * (T)sdpa_quantized_value(dt, vj, c);
         }
     }
 }
 
 /* Each group's unscaled dot, scaled and summed group by group: the values of
- * the driver's loop over dot_i8, for any g that divides e. */
-static int FN(dot_i8_grouped)(int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq, const int8_t *k,
-                              int64_t ldk, const float *ks, int64_t ksr, int64_t ksc, T *s, int64_t lds) {
+ * the driver's loop over dot_q, for any g that divides e. */
+static int FN(dot_q_grouped)(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq,
+                             const uint8_t *k, int64_t ldk, const float *ks, int64_t ksr, int64_t ksc, T *s,
+                             int64_t lds) {
     if (g <= 0 || e % g) return 0;
     for (int x = 0; x < m; x++)
         for (int j = 0; j < n; j++) {
             const T *qx = q + x * ldq;
-            const int8_t *kj = k + j * ldk;
+            const uint8_t *kj = k + j * ldk;
             T sum = 0;
             for (int64_t c0 = 0; c0 < e; c0 += g) {
                 T acc = 0;
-                for (int64_t c = c0; c < c0 + g; c++) acc += qx[c] * (T)kj[c];
+                for (int64_t c = c0; c < c0 + g; c++) acc += qx[c] * (T)sdpa_quantized_value(dt, kj, c);
                 const T scaled = acc * (T)ks[j * ksr + (c0 / g) * ksc];
                 sum = c0 == 0 ? scaled : sum + scaled;
             }
@@ -186,18 +187,19 @@ static int FN(dot_i8_grouped)(int m, int n, int64_t e, int64_t g, const T *q, in
     return 1;
 }
 
-/* The weights scaled by each group's value scales, then that group's pv_rows_i8:
+/* The weights scaled by each group's value scales, then that group's pv_rows_q:
  * the values of the driver's loop, for any g that divides ev. */
-static int FN(pv_rows_i8_grouped)(int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp, const int8_t *v,
-                                  int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc, int64_t ldacc) {
+static int FN(pv_rows_q_grouped)(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp,
+                                 const uint8_t *v, int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc,
+                                 int64_t ldacc) {
     if (g <= 0 || ev % g) return 0;
     for (int64_t c0 = 0; c0 < ev; c0 += g)
         for (int x = 0; x < m; x++) {
             T *ax = acc + x * ldacc;
             for (int j = 0; j < n; j++) {
                 const T w = p[x * ldp + j] * (T)vs[j * vsr + (c0 / g) * vsc];
-                const int8_t *vj = v + j * ldv;
-                for (int64_t c = c0; c < c0 + g; c++) ax[c] += w * (T)vj[c];
+                const uint8_t *vj = v + j * ldv;
+                for (int64_t c = c0; c < c0 + g; c++) ax[c] += w * (T)sdpa_quantized_value(dt, vj, c);
             }
         }
     return 1;

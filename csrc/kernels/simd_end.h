@@ -29,6 +29,9 @@
 #undef V_STOREU_BF16
 #undef V_STOREU_F16
 #undef V_LOADU_I8
+#undef V_LOADU_E4M3
+#undef V_LOADU_E5M2
+#undef V_LOADU_I4
 #undef V_TRANSPOSE
 #undef V_BOOL_TO_NEGINF
 #undef V_STORE_NEGINF_WHERE

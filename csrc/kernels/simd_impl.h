@@ -364,9 +364,16 @@ static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *out, int64_t rs, const 
 #define KV_BF16 1
 #define KV_F16 2
 #define KV_I8 3
-#define KV_I8G 4 /* int8 with a float32 scale per group of features, applied to each vector (FN(gscale)) */
-/* bytes of one key or value element of a kind */
-#define KV_SIZE(kind) ((kind) == KV_T ? (int64_t)sizeof(T) : (kind) == KV_I8 || (kind) == KV_I8G ? 1 : 2)
+#define KV_E4M3 4
+#define KV_E5M2 5
+#define KV_I4 6
+#define KV_G 8 /* a flag: a float32 scale per group of features, applied to each vector (FN(gscale)) */
+#define KV_BASE(kind) ((kind) & 7)
+/* the unit of a kind's row strides: bytes of one element, and one byte (two values) for int4 */
+#define KV_SIZE(kind) \
+    (KV_BASE(kind) == KV_T ? (int64_t)sizeof(T) : KV_BASE(kind) == KV_BF16 || KV_BASE(kind) == KV_F16 ? 2 : 1)
+/* the byte offset of value c in a row */
+#define KV_COL(kind, c) (KV_BASE(kind) == KV_I4 ? (int64_t)(c) >> 1 : (int64_t)(c) * KV_SIZE(kind))
 
 /* The scales of KV_I8G rows: row j's features c .. c + LANES (one group) scale by
  * base[j * rs + (c >> shift) * cs]; groups of 1 << shift features, a multiple of LANES. */
@@ -378,7 +385,7 @@ typedef struct {
 
 static inline __attribute__((always_inline)) V FN(scaled)(V kv, const int kind, const FN(gscale) *gs, int64_t j,
                                                        int64_t c) {
-    if (kind != KV_I8G) return kv;
+    if (!(kind & KV_G)) return kv;
     return V_MUL(kv, V_SET1((T)gs->base[j * gs->rs + (c >> gs->shift) * gs->cs]));
 }
 
@@ -388,17 +395,23 @@ static inline __attribute__((always_inline)) V FN(load_kv)(const char *p, const 
     if (kind == KV_F16) return V_LOADU_F16((const uint16_t *)p);
 #endif
 #ifdef V_LOADU_I8
-    if (kind == KV_I8 || kind == KV_I8G) return V_LOADU_I8((const int8_t *)p);
+    if (KV_BASE(kind) == KV_I8) return V_LOADU_I8((const int8_t *)p);
+#endif
+#ifdef V_LOADU_I4
+    if (KV_BASE(kind) == KV_E4M3) return V_LOADU_E4M3((const uint8_t *)p);
+    if (KV_BASE(kind) == KV_E5M2) return V_LOADU_E5M2((const uint8_t *)p);
+    if (KV_BASE(kind) == KV_I4) return V_LOADU_I4((const uint8_t *)p);
 #endif
     (void)kind;
     return V_LOADU((const T *)p);
 }
 
-static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *p, const int kind) {
-    if (kind == KV_BF16) return (T)sdpa_bf16_to_f32(*(const uint16_t *)p);
-    if (kind == KV_F16) return (T)sdpa_f16_to_f32(*(const uint16_t *)p);
-    if (kind == KV_I8 || kind == KV_I8G) return (T) * (const int8_t *)p;
-    return *(const T *)p;
+/* value c of a row of a kind */
+static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *row, int64_t c, const int kind) {
+    if (kind == KV_BF16) return (T)sdpa_bf16_to_f32(((const uint16_t *)row)[c]);
+    if (kind == KV_F16) return (T)sdpa_f16_to_f32(((const uint16_t *)row)[c]);
+    if (KV_BASE(kind) >= KV_I8) return (T)sdpa_quantized_value(KV_BASE(kind) + 1, (const uint8_t *)row, c);
+    return ((const T *)row)[c];
 }
 
 /*
@@ -432,7 +445,7 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, c
             for (int64_t c = 0; c < ev; c += LANES) {
                 V kv[4];
                 for (int t = 0; t < 4; t++)
-                    kv[t] = FN(scaled)(FN(load_kv)(kj + (t * ldk + c) * es, kind), kind, gs, j + t, c);
+                    kv[t] = FN(scaled)(FN(load_kv)(kj + t * ldk * es + KV_COL(kind, c), kind), kind, gs, j + t, c);
                 for (int x = 0; x < DOT_RB; x++) {
                     V qv = V_LOADU(qx[x] + c);
                     for (int t = 0; t < 4; t++) acc[x * 4 + t] = V_FMA(qv, kv[t], acc[x * 4 + t]);
@@ -443,7 +456,7 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, c
             for (int x = 0; x < DOT_RB && x0 + x < m; x++)
                 for (int t = 0; t < 4; t++) {
                     T tail = 0;
-                    for (int64_t c = ev; c < e; c++) tail += qx[x][c] * FN(scalar_kv)(kj + (t * ldk + c) * es, kind);
+                    for (int64_t c = ev; c < e; c++) tail += qx[x][c] * FN(scalar_kv)(kj + t * ldk * es, c, kind);
                     s[(x0 + x) * lds + j + t] = ev < e ? r[x * 4 + t] + tail : r[x * 4 + t];
                 }
         }
@@ -471,14 +484,15 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
             for (int64_t c = 0; c < ev; c += LANES) {
                 V qv = V_LOADU(qx + c);
                 for (int t = 0; t < LANES; t++)
-                    acc[t] = V_FMA(qv, FN(scaled)(FN(load_kv)(kj + (t * ldk + c) * es, kind), kind, gs, j + t, c), acc[t]);
+                    acc[t] = V_FMA(qv, FN(scaled)(FN(load_kv)(kj + t * ldk * es + KV_COL(kind, c), kind), kind, gs, j + t, c),
+                                   acc[t]);
             }
             V r = V_HSUM_LANES(acc);
             if (ev < e) {
                 T tail[LANES] __attribute__((aligned(64)));
                 for (int t = 0; t < LANES; t++) {
                     T sum = 0;
-                    for (int64_t c = ev; c < e; c++) sum += qx[c] * FN(scalar_kv)(kj + (t * ldk + c) * es, kind);
+                    for (int64_t c = ev; c < e; c++) sum += qx[c] * FN(scalar_kv)(kj + t * ldk * es, c, kind);
                     tail[t] = sum;
                 }
                 r = V_ADD(r, V_LOAD(tail));
@@ -492,9 +506,9 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
             const T *qx = q + x * ldq;
             V a = V_ZERO();
             for (int64_t c = 0; c < ev; c += LANES)
-                a = V_FMA(V_LOADU(qx + c), FN(scaled)(FN(load_kv)(kj + c * es, kind), kind, gs, j, c), a);
+                a = V_FMA(V_LOADU(qx + c), FN(scaled)(FN(load_kv)(kj + KV_COL(kind, c), kind), kind, gs, j, c), a);
             T r = V_HSUM(a);
-            for (int64_t c = ev; c < e; c++) r += qx[c] * FN(scalar_kv)(kj + c * es, kind);
+            for (int64_t c = ev; c < e; c++) r += qx[c] * FN(scalar_kv)(kj, c, kind);
             s[x * lds + j] = r;
         }
     }
@@ -511,7 +525,8 @@ static inline __attribute__((always_inline)) void FN(pv_rows_block)(
     for (int j = 0; j < n; j++) {
         V vv[8];
         for (int t = 0; t < nvb; t++)
-            vv[t] = FN(scaled)(FN(load_kv)(v + ((int64_t)j * ldv + t * LANES) * es, kind), kind, gs, j, c0 + t * LANES);
+            vv[t] = FN(scaled)(FN(load_kv)(v + (int64_t)j * ldv * es + KV_COL(kind, t * LANES), kind), kind, gs, j,
+                               c0 + t * LANES);
         for (int x = 0; x < mr; x++) {
             V w = V_SET1(p[x * ldp + j]);
             for (int t = 0; t < nvb; t++) a[x][t] = V_FMA(w, vv[t], a[x][t]);
@@ -534,12 +549,12 @@ static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kin
         /* one or two rows (MHA decoding): whole V rows of 8 vectors at a time,
          * so that each V row is read once per tile */
         for (; mr <= 2 && c + 8 * LANES <= ev; c += 8 * LANES) {
-            const char *vc = v + c * es;
+            const char *vc = v + KV_COL(kind, c);
             if (mr == 1) FN(pv_rows_block)(kind, gs, c, 1, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
             else FN(pv_rows_block)(kind, gs, c, 2, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
         }
         for (; c + 4 * LANES <= ev; c += 4 * LANES) {
-            const char *vc = v + c * es;
+            const char *vc = v + KV_COL(kind, c);
             switch (mr) {
                 case 1: FN(pv_rows_block)(kind, gs, c, 1, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
                 case 2: FN(pv_rows_block)(kind, gs, c, 2, 4, n, px, ldp, vc, ldv, ax + c, ldacc); break;
@@ -548,7 +563,7 @@ static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kin
             }
         }
         for (; c + LANES <= ev; c += LANES) {
-            const char *vc = v + c * es;
+            const char *vc = v + KV_COL(kind, c);
             switch (mr) {
                 case 1: FN(pv_rows_block)(kind, gs, c, 1, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
                 case 2: FN(pv_rows_block)(kind, gs, c, 2, 1, n, px, ldp, vc, ldv, ax + c, ldacc); break;
@@ -559,7 +574,7 @@ static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kin
         for (; c < ev; c++)
             for (int x = 0; x < mr; x++) {
                 T sum = ax[x * ldacc + c];
-                for (int j = 0; j < n; j++) sum += px[x * ldp + j] * FN(scalar_kv)(v + ((int64_t)j * ldv + c) * es, kind);
+                for (int j = 0; j < n; j++) sum += px[x * ldp + j] * FN(scalar_kv)(v + (int64_t)j * ldv * es, c, kind);
                 ax[x * ldacc + c] = sum;
             }
     }
@@ -590,18 +605,76 @@ static void FN(pv_rows_half)(sdpa_dtype dt, int m, int n, int64_t ev, const T *p
 #endif
 
 #ifdef V_LOADU_I8
-static void FN(dot_i8)(int m, int n, int64_t e, const T *q, int64_t ldq, const int8_t *k, int64_t ldk, T *s,
-                       int64_t lds) {
-    FN(dot_kind)(KV_I8, NULL, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+/* The kind of a quantized dtype, with the group flag */
+static inline int FN(q_kind)(sdpa_dtype dt, int grouped) {
+    const int base = dt == SDPA_INT8 ? KV_I8 : dt == SDPA_FP8_E4M3 ? KV_E4M3 : dt == SDPA_FP8_E5M2 ? KV_E5M2 : KV_I4;
+    return base | (grouped ? KV_G : 0);
 }
 
-static void FN(pv_rows_i8)(int m, int n, int64_t ev, const T *p, int64_t ldp, const int8_t *v, int64_t ldv, T *acc,
-                           int64_t ldacc) {
-    FN(pv_rows_kind)(KV_I8, NULL, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
-}
+/* each kind its own instance of the loops (the kind is a constant in each) */
+#ifdef V_LOADU_I4
+#define Q_KINDS(X) X(KV_I8) X(KV_E4M3) X(KV_E5M2) X(KV_I4) X(KV_I8 | KV_G) X(KV_E4M3 | KV_G) X(KV_E5M2 | KV_G) \
+    X(KV_I4 | KV_G)
+#else
+#define Q_KINDS(X) X(KV_I8) X(KV_I8 | KV_G)
 #endif
 
-#ifdef V_LOADU_I8
+static void FN(dot_kinds)(int kind, const FN(gscale) *gs, int m, int n, int64_t e, const T *q, int64_t ldq,
+                          const char *k, int64_t ldk, T *s, int64_t lds) {
+    switch (kind) {
+#define DOT_CASE(K) \
+    case K: FN(dot_kind)(K, gs, m, n, e, q, ldq, k, ldk, s, lds); return;
+        Q_KINDS(DOT_CASE)
+#undef DOT_CASE
+        default: break;
+    }
+    /* a kind this set does not widen in registers: the portable sums */
+    for (int x = 0; x < m; x++)
+        for (int j = 0; j < n; j++) {
+            const char *kj = k + (int64_t)j * ldk;
+            T acc = 0, sum = 0;
+            for (int64_t c = 0; c < e; c++) {
+                acc += q[x * ldq + c] * FN(scalar_kv)(kj, c, kind);
+                if (gs && ((c + 1) & ((1 << gs->shift) - 1)) == 0) {
+                    sum += acc * (T)gs->base[j * gs->rs + (c >> gs->shift) * gs->cs];
+                    acc = 0;
+                }
+            }
+            s[x * lds + j] = gs ? sum : acc;
+        }
+}
+
+static void FN(pv_kinds)(int kind, const FN(gscale) *gs, int m, int n, int64_t ev, const T *p, int64_t ldp,
+                         const char *v, int64_t ldv, T *acc, int64_t ldacc) {
+    switch (kind) {
+#define PV_CASE(K) \
+    case K: FN(pv_rows_kind)(K, gs, m, n, ev, p, ldp, v, ldv, acc, ldacc); return;
+        Q_KINDS(PV_CASE)
+#undef PV_CASE
+        default: break;
+    }
+    for (int x = 0; x < m; x++)
+        for (int j = 0; j < n; j++) {
+            const char *vj = v + (int64_t)j * ldv;
+            for (int64_t c = 0; c < ev; c++) {
+                T w = p[x * ldp + j];
+                if (gs) w *= (T)gs->base[j * gs->rs + (c >> gs->shift) * gs->cs];
+                acc[x * ldacc + c] += w * FN(scalar_kv)(vj, c, kind);
+            }
+        }
+}
+#undef Q_KINDS
+
+static void FN(dot_q)(sdpa_dtype dt, int m, int n, int64_t e, const T *q, int64_t ldq, const uint8_t *k, int64_t ldk,
+                      T *s, int64_t lds) {
+    FN(dot_kinds)(FN(q_kind)(dt, 0), NULL, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+}
+
+static void FN(pv_rows_q)(sdpa_dtype dt, int m, int n, int64_t ev, const T *p, int64_t ldp, const uint8_t *v,
+                          int64_t ldv, T *acc, int64_t ldacc) {
+    FN(pv_kinds)(FN(q_kind)(dt, 0), NULL, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+}
+
 /* log2(g) when g is a power of two, a multiple of LANES and divides e; else -1 */
 static int FN(group_shift)(int64_t g, int64_t e) {
     int shift = 0;
@@ -609,32 +682,39 @@ static int FN(group_shift)(int64_t g, int64_t e) {
     return ((int64_t)1 << shift) == g && g % LANES == 0 && e % g == 0 ? shift : -1;
 }
 
-/* dot_i8 and pv_rows_i8 with a scale per group of g features, applied to each key
+/* dot_q and pv_rows_q with a scale per group of g features, applied to each key
  * or value vector as it is widened; 0 (nothing done) unless g is a power of two, a
  * multiple of the vector width, and divides e / ev */
-static int FN(dot_i8_grouped)(int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq, const int8_t *k, int64_t ldk,
-                       const float *ks, int64_t ksr, int64_t ksc, T *s, int64_t lds) {
+static int FN(dot_q_grouped)(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const T *q, int64_t ldq,
+                             const uint8_t *k, int64_t ldk, const float *ks, int64_t ksr, int64_t ksc, T *s,
+                             int64_t lds) {
     const FN(gscale) gs = {ks, ksr, ksc, FN(group_shift)(g, e)};
     if (gs.shift < 0) return 0;
-    FN(dot_kind)(KV_I8G, &gs, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
+    FN(dot_kinds)(FN(q_kind)(dt, 1), &gs, m, n, e, q, ldq, (const char *)k, ldk, s, lds);
     return 1;
 }
 
-static int FN(pv_rows_i8_grouped)(int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp, const int8_t *v,
-                           int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc, int64_t ldacc) {
+static int FN(pv_rows_q_grouped)(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp,
+                                 const uint8_t *v, int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc,
+                                 int64_t ldacc) {
     const FN(gscale) gs = {vs, vsr, vsc, FN(group_shift)(g, ev)};
     if (gs.shift < 0) return 0;
-    FN(pv_rows_kind)(KV_I8G, &gs, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
+    FN(pv_kinds)(FN(q_kind)(dt, 1), &gs, m, n, ev, p, ldp, (const char *)v, ldv, acc, ldacc);
     return 1;
 }
 #endif
 
 #undef KV_T
-#undef KV_I8G
 #undef KV_BF16
 #undef KV_F16
 #undef KV_I8
+#undef KV_E4M3
+#undef KV_E5M2
+#undef KV_I4
+#undef KV_G
+#undef KV_BASE
 #undef KV_SIZE
+#undef KV_COL
 
 static void FN(row_online_softmax_update)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
     const int nv = n / LANES * LANES;

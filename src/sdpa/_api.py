@@ -344,16 +344,20 @@ def _attention_general(
     value_scale: Optional[Array] = None,
     group_size: int = 0,
     diagonal: Optional[int] = None,
+    kv_dtype: Optional[int] = None,
+    integer_qk: bool = False,
 ) -> AttentionResult:
     """scaled_dot_product_attention for any arguments (the keywords of
     ``sdpa._core.attention``): converts what it can, raises with a message
     naming the argument for what it cannot, and calls the core once.  With
     ``key_scale`` and ``value_scale``, key and value are the int8 storage of a
     :class:`KVCache` (checked by it) and the query is computed in float32 (kept
-    if 16-bit).  ``diagonal``, when given, replaces ``is_causal``'s mask: row
+    if 16-bit); ``kv_dtype`` (``sdpa._core.QUANTIZED``) names another quantized
+    storage (uint8; int4 holds two values a byte), scaled or not.  ``diagonal``, when given, replaces ``is_causal``'s mask: row
     ``l`` sees keys ``s <= l + diagonal`` (a causal mask shifted by any amount,
     for one chunk of a longer key sequence)."""
-    quantized = key_scale is not None and value_scale is not None
+    code = kv_dtype  # the quantized storage's (the name is the float operands' below)
+    quantized = code is not None or (key_scale is not None and value_scale is not None)
     q = _to_array(query, "query")
     k = _to_array(key, "key")
     v = _to_array(value, "value")
@@ -370,7 +374,10 @@ def _attention_general(
     cdtype = compute_dtype(dtype)  # of weights, lse and a float mask
     q = _as_operand(q, dtype)
 
-    plan = plan_shapes(q.shape, k.shape, v.shape, enable_gqa)
+    # an int4 cache's columns hold two values each
+    width = 2 if code == _core.QUANTIZED["int4"] else 1
+    k_shape, v_shape = k.shape[:-1] + (k.shape[-1] * width,), v.shape[:-1] + (v.shape[-1] * width,)
+    plan = plan_shapes(q.shape, k_shape, v_shape, enable_gqa)
     L, S, E = plan.L, plan.S, plan.E
     batch_shape = plan.batch_shape
     out_shape, weights_shape = plan.out_shape, plan.weights_shape
@@ -434,7 +441,7 @@ def _attention_general(
     # the arrays the core reads, and the caller's own where they were converted
     operands = given + [(q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")]
     operands += [(variants.get(n), n) for n in ("alibi_slopes", "sinks")]
-    if quantized:
+    if key_scale is not None and value_scale is not None:
         operands += [(key_scale, "the key scales"), (value_scale, "the value scales")]
     result = output_array(out, out_shape, dtype, operands, shapes)
 
@@ -452,5 +459,5 @@ def _attention_general(
         scale=scale_value, enable_gqa=bool(enable_gqa), return_weights=bool(return_weights),
         return_lse=bool(return_lse), key_lengths=lengths, out=result,
         num_threads=thread_count(num_threads), diagonal=diagonal, key_scale=key_scale,
-        value_scale=value_scale, group_size=group_size, **variants,
+        value_scale=value_scale, group_size=group_size, kv_dtype=code, integer_qk=integer_qk, **variants,
     )

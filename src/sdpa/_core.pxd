@@ -19,6 +19,9 @@ cdef extern from "sdpa.h" nogil:
         SDPA_BFLOAT16
         SDPA_FLOAT16
         SDPA_INT8
+        SDPA_FP8_E4M3
+        SDPA_FP8_E5M2
+        SDPA_INT4
     ctypedef enum sdpa_mask_kind:
         SDPA_MASK_NONE
         SDPA_MASK_BOOL
@@ -71,7 +74,11 @@ cdef extern from "sdpa.h" nogil:
         int64_t block_table_stride
         int64_t block_size
         int64_t num_blocks
+        int32_t integer_qk
     void sdpa_problem_init(sdpa_problem *p)
+    sdpa_status sdpa_quantize(sdpa_dtype dt, const float *src, int64_t src_row_stride, int64_t rows,
+                              int64_t cols, int64_t group_size, void *dst, int64_t dst_row_stride,
+                              float *scales, int64_t scale_row_stride)
     sdpa_status sdpa_quantize_int8(const float *src, int64_t src_row_stride, int64_t rows, int64_t cols,
                                    int64_t group_size, int8_t *dst, int64_t dst_row_stride, float *scales,
                                    int64_t scale_row_stride)

@@ -538,36 +538,54 @@ cdef int _fill_scales(sdpa_problem *p, cnp.ndarray k_scale, cnp.ndarray v_scale,
     return 3 if _fill_view(&p.value_scale, v_scale, nb, 3, ex, False) else 0
 
 
-def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarray scales not None,
-                  int64_t group_size=0):
-    """Quantizes src (float32, (N, H, T, C)) into dst (int8, the same shape) and
-    scales (float32, (N, H, T, C / group_size, or 1 for 0)), each with
-    contiguous columns and any other strides.  ValueError for a NaN or infinite
-    value: nothing of its (N, H) slab is written, but earlier slabs may be (the
-    caller checks first)."""
+# the quantized key/value dtypes by name, and their core codes
+QUANTIZED = {"int8": SDPA_INT8, "float8_e4m3fn": SDPA_FP8_E4M3, "float8_e5m2": SDPA_FP8_E5M2, "int4": SDPA_INT4}
+
+
+def quantize(int code, cnp.ndarray src not None, cnp.ndarray dst not None, scales, int64_t group_size=0):
+    """Quantizes src (float32, (N, H, T, C)) into dst (int8 for SDPA_INT8, else
+    uint8; (N, H, T, C), or (N, H, T, C / 2) for int4) and scales (float32, (N,
+    H, T, C / group_size, or 1 for 0); None for float8 without scales), each
+    with contiguous columns and any other strides.  ValueError for a NaN or
+    infinite value (or, without scales, one beyond the float8 range): nothing
+    of its (N, H) slab is written, but earlier slabs may be (the caller checks
+    first)."""
     cdef cnp.npy_intp *sh = cnp.PyArray_DIMS(src)
-    cdef int64_t n, h, i, j, rows, cols, groups
+    cdef int64_t n, h, i, j, rows, cols, groups, width
     cdef sdpa_status st = SDPA_OK
     cdef const char *sp
     cdef char *dp
-    cdef char *cp
+    cdef char *cp = NULL
     cdef cnp.npy_intp *ss
     cdef cnp.npy_intp *ds
-    cdef cnp.npy_intp *cs
-    if cnp.PyArray_NDIM(src) != 4 or cnp.PyArray_NDIM(dst) != 4 or cnp.PyArray_NDIM(scales) != 4 \
-            or _dtype_of(src) != SDPA_FLOAT32 or cnp.PyArray_TYPE(dst) != cnp.NPY_INT8 \
-            or _dtype_of(scales) != SDPA_FLOAT32 or not cnp.PyArray_ISWRITEABLE(dst) \
-            or not cnp.PyArray_ISWRITEABLE(scales):
-        raise TypeError("sdpa._core.quantize_int8: operands of the wrong kind")
+    cdef cnp.npy_intp *cs = NULL
+    cdef cnp.ndarray sc = None
+    cdef int want = cnp.NPY_INT8 if code == SDPA_INT8 else cnp.NPY_UINT8
+    if code not in (SDPA_INT8, SDPA_FP8_E4M3, SDPA_FP8_E5M2, SDPA_INT4):
+        raise ValueError(f"sdpa._core.quantize: {code} is not a quantized dtype")
+    if scales is not None:
+        sc = <cnp.ndarray?>scales
+    elif code == SDPA_INT8 or code == SDPA_INT4:
+        raise TypeError("sdpa._core.quantize: int8 and int4 need scales")
+    if cnp.PyArray_NDIM(src) != 4 or cnp.PyArray_NDIM(dst) != 4 \
+            or _dtype_of(src) != SDPA_FLOAT32 or cnp.PyArray_TYPE(dst) != want \
+            or not cnp.PyArray_ISWRITEABLE(dst) \
+            or (sc is not None and (cnp.PyArray_NDIM(sc) != 4 or _dtype_of(sc) != SDPA_FLOAT32
+                                    or not cnp.PyArray_ISWRITEABLE(sc))):
+        raise TypeError("sdpa._core.quantize: operands of the wrong kind")
     n, h, rows, cols = sh[0], sh[1], sh[2], sh[3]
     groups = cols // group_size if group_size > 0 else 1
+    width = 2 if code == SDPA_INT4 else 1
     for i in range(4):
-        if cnp.PyArray_DIMS(dst)[i] != sh[i] or cnp.PyArray_DIMS(scales)[i] != (sh[i] if i < 3 else groups):
-            raise ValueError("sdpa._core.quantize_int8: shapes that do not fit")
-    ss, ds, cs = cnp.PyArray_STRIDES(src), cnp.PyArray_STRIDES(dst), cnp.PyArray_STRIDES(scales)
-    if (cols > 1 and (ss[3] != 4 or ds[3] != 1)) or (groups > 1 and cs[3] != 4) \
-            or ss[2] % 4 or cs[2] % 4:
-        raise ValueError("sdpa._core.quantize_int8: rows must be contiguous")
+        if cnp.PyArray_DIMS(dst)[i] != (sh[i] if i < 3 else (cols + width - 1) // width) \
+                or (sc is not None and cnp.PyArray_DIMS(sc)[i] != (sh[i] if i < 3 else groups)):
+            raise ValueError("sdpa._core.quantize: shapes that do not fit")
+    ss, ds = cnp.PyArray_STRIDES(src), cnp.PyArray_STRIDES(dst)
+    if sc is not None:
+        cs = cnp.PyArray_STRIDES(sc)
+    if (cols > width and (ss[3] != 4 or ds[3] != 1)) or (sc is not None and ((groups > 1 and cs[3] != 4)
+                                                                          or cs[2] % 4)) or ss[2] % 4:
+        raise ValueError("sdpa._core.quantize: rows must be contiguous")
     with nogil:
         for i in range(n):
             if st != SDPA_OK:
@@ -575,13 +593,20 @@ def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarra
             for j in range(h):
                 sp = cnp.PyArray_BYTES(src) + i * ss[0] + j * ss[1]
                 dp = cnp.PyArray_BYTES(dst) + i * ds[0] + j * ds[1]
-                cp = cnp.PyArray_BYTES(scales) + i * cs[0] + j * cs[1]
-                st = sdpa_quantize_int8(<const float *>sp, ss[2] // 4, rows, cols, group_size,
-                                        <int8_t *>dp, ds[2], <float *>cp, cs[2] // 4)
+                if sc is not None:
+                    cp = cnp.PyArray_BYTES(sc) + i * cs[0] + j * cs[1]
+                st = sdpa_quantize(<sdpa_dtype>code, <const float *>sp, ss[2] // 4, rows, cols, group_size,
+                                   <void *>dp, ds[2], <float *>cp, cs[2] // 4 if cs != NULL else 0)
                 if st != SDPA_OK:
                     break
     if st != SDPA_OK:
         raise ValueError("sdpa: " + sdpa_status_message(st).decode())
+
+
+def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarray scales not None,
+                  int64_t group_size=0):
+    """:func:`quantize` to int8."""
+    quantize(SDPA_INT8, src, dst, scales, group_size)
 
 
 # ---------------------------------------------------------------- the one entry
@@ -591,7 +616,7 @@ def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarra
 ARGUMENTS = ("query", "key", "value", "attn_mask", "is_causal", "scale", "enable_gqa",
              "return_weights", "return_lse", "key_lengths", "window", "softcap",
              "alibi_slopes", "sinks", "out", "num_threads", "key_scale", "value_scale",
-             "group_size", "diagonal")
+             "group_size", "diagonal", "kv_dtype", "integer_qk")
 RULES = ("is not of a type the core takes as it is",
          "has a dtype the core does not take as it is, or one that does not go with the others",
          "has a shape that does not fit the problem",
@@ -603,7 +628,8 @@ RULES = ("is not of a type the core takes as it is",
 cdef enum:
     ARG_QUERY, ARG_KEY, ARG_VALUE, ARG_MASK, ARG_CAUSAL, ARG_SCALE, ARG_GQA, ARG_WEIGHTS, \
         ARG_LSE, ARG_LENGTHS, ARG_WINDOW, ARG_SOFTCAP, ARG_ALIBI, ARG_SINKS, ARG_OUT, \
-        ARG_THREADS, ARG_KEY_SCALE, ARG_VALUE_SCALE, ARG_GROUP_SIZE, ARG_DIAGONAL
+        ARG_THREADS, ARG_KEY_SCALE, ARG_VALUE_SCALE, ARG_GROUP_SIZE, ARG_DIAGONAL, ARG_KV_DTYPE, \
+        ARG_INTEGER_QK
 cdef enum:
     RULE_TYPE, RULE_DTYPE, RULE_SHAPE, RULE_VALUE, RULE_LAYOUT, RULE_OVERLAP, RULE_MEMORY
 
@@ -726,7 +752,7 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
               enable_gqa=False, return_weights=False, return_lse=False, key_lengths=None,
               window=None, softcap=None, alibi_slopes=None, sinks=None, out=None,
               num_threads=None, key_scale=None, value_scale=None, group_size=0,
-              diagonal=None):
+              diagonal=None, kv_dtype=None, integer_qk=False):
     """The one entry into the core: ``scaled_dot_product_attention``'s arguments,
     as given.  When every one is in the form the core takes as it is, fills one
     ``sdpa_problem``, computes, and returns what that function returns (the
@@ -747,7 +773,12 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
     input's.  For a quantized cache, key and value are its int8 storage and
     ``key_scale``, ``value_scale`` (float32, (batch..., Hkv, S, E / G) and
     (..., Ev / G)) its scales, G = ``group_size`` (0: one scale a row), with a
-    float32 or 16-bit query.  ``diagonal``, an int, makes the call causal with
+    float32 or 16-bit query; ``kv_dtype`` (a value of :data:`QUANTIZED`; None:
+    int8 when there are scales) says which quantized type they hold: int8
+    storage for int8, uint8 for the others (int4: two values a byte, so E / 2
+    and Ev / 2 columns), and the float8 types may go without scales.
+    ``integer_qk`` True computes an int8 or int4 cache's scores in integers
+    (see sdpa.h).  ``diagonal``, an int, makes the call causal with
     row l seeing keys s <= l + diagonal; the window and ALiBi stay aligned by
     ``is_causal``.
 
@@ -762,6 +793,7 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
     cdef int nds[3]
     cdef int nd, nb, mn, i, j, t, dt, kvdt, cdt, why
     cdef int64_t hq, hk, hv, hkv, heads, group, L, S, E, Ev, size, n
+    cdef int64_t cw = 1  # values a stored column holds: 2 for int4
     cdef int64_t ex[MAX_DIMS]
     cdef cnp.npy_intp dims[MAX_DIMS]
     cdef sdpa_problem p
@@ -785,38 +817,55 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
     if dt < 0:
         return _why(ARG_QUERY, RULE_DTYPE)
     cdt = _compute_dtype(dt)
-    if key_scale is None and value_scale is None:
+    if kv_dtype is None and key_scale is None and value_scale is None:
         kvdt = _dtype_of(k)
         if not _pairs(dt, kvdt):
             return _why(ARG_KEY, RULE_DTYPE)
         if _dtype_of(v) != kvdt:
             return _why(ARG_VALUE, RULE_DTYPE)
     else:
-        if not cnp.PyArray_CheckExact(key_scale):
-            return _why(ARG_KEY_SCALE, RULE_TYPE)
-        if not cnp.PyArray_CheckExact(value_scale):
-            return _why(ARG_VALUE_SCALE, RULE_TYPE)
-        ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
-        # a quantized cache: int8 storage, float32 scales, a float32 or 16-bit query
+        # a quantized cache: int8 or uint8 storage, float32 scales, a float32 or 16-bit query
+        if kv_dtype is None:
+            kvdt = SDPA_INT8
+        elif type(kv_dtype) is not int:
+            return _why(ARG_KV_DTYPE, RULE_TYPE)
+        elif kv_dtype == SDPA_INT8 or kv_dtype == SDPA_FP8_E4M3 or kv_dtype == SDPA_FP8_E5M2 \
+                or kv_dtype == SDPA_INT4:
+            kvdt = kv_dtype
+        else:
+            return _why(ARG_KV_DTYPE, RULE_VALUE)
+        if key_scale is not None or value_scale is not None or kvdt == SDPA_INT8 or kvdt == SDPA_INT4:
+            if not cnp.PyArray_CheckExact(key_scale):
+                return _why(ARG_KEY_SCALE, RULE_TYPE)
+            if not cnp.PyArray_CheckExact(value_scale):
+                return _why(ARG_VALUE_SCALE, RULE_TYPE)
+            ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
+            if _dtype_of(ks) != SDPA_FLOAT32:
+                return _why(ARG_KEY_SCALE, RULE_DTYPE)
+            if _dtype_of(vs) != SDPA_FLOAT32:
+                return _why(ARG_VALUE_SCALE, RULE_DTYPE)
         if dt == SDPA_FLOAT64:
             return _why(ARG_QUERY, RULE_DTYPE)
-        if cnp.PyArray_TYPE(k) != cnp.NPY_INT8:
+        t = cnp.NPY_INT8 if kvdt == SDPA_INT8 else cnp.NPY_UINT8
+        if cnp.PyArray_TYPE(k) != t:
             return _why(ARG_KEY, RULE_DTYPE)
-        if cnp.PyArray_TYPE(v) != cnp.NPY_INT8:
+        if cnp.PyArray_TYPE(v) != t:
             return _why(ARG_VALUE, RULE_DTYPE)
-        if _dtype_of(ks) != SDPA_FLOAT32:
-            return _why(ARG_KEY_SCALE, RULE_DTYPE)
-        if _dtype_of(vs) != SDPA_FLOAT32:
-            return _why(ARG_VALUE_SCALE, RULE_DTYPE)
-        kvdt = SDPA_INT8
+        if kvdt == SDPA_INT4:
+            cw = 2
+    if integer_qk is True:
+        if kvdt != SDPA_INT8 and kvdt != SDPA_INT4:
+            return _why(ARG_INTEGER_QK, RULE_VALUE)
+    elif integer_qk is not False:
+        return _why(ARG_INTEGER_QK, RULE_TYPE)
 
     # the sizes: the one derivation in the core (sdpa._api.plan_shapes explains
     # what does not fit)
     L = shapes[0][nds[0] - 2]
     E = shapes[0][nds[0] - 1]
     S = shapes[1][nds[1] - 2]
-    Ev = shapes[2][nds[2] - 1]
-    if shapes[1][nds[1] - 1] != E:
+    Ev = shapes[2][nds[2] - 1] * cw
+    if shapes[1][nds[1] - 1] * cw != E:
         return _why(ARG_KEY, RULE_SHAPE)
     if shapes[2][nds[2] - 2] != S:
         return _why(ARG_VALUE, RULE_SHAPE)
@@ -863,6 +912,7 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
     p.len_kv = S
     p.head_dim = E
     p.head_dim_v = Ev
+    p.integer_qk = integer_qk is True
 
     # scalars
     if scale is None:
@@ -931,12 +981,19 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
     _expected(ex, p.batch_shape, nb, heads, L, E)
     if _fill_view(&p.query, q, nb, 3, ex, False):
         return _why(ARG_QUERY, RULE_SHAPE)
-    _expected(ex, p.batch_shape, nb, heads // group, S, E)
+    _expected(ex, p.batch_shape, nb, heads // group, S, E // cw)
     if _fill_view(&p.key, k, nb, 3, ex, False):
         return _why(ARG_KEY, RULE_SHAPE)
-    _expected(ex, p.batch_shape, nb, heads // group, S, Ev)
+    _expected(ex, p.batch_shape, nb, heads // group, S, Ev // cw)
     if _fill_view(&p.value, v, nb, 3, ex, False):
         return _why(ARG_VALUE, RULE_SHAPE)
+    if cw == 2 and ((E // 2 > 1 and p.key.col_stride != 1) or (Ev // 2 > 1 and p.value.col_stride != 1)):
+        return _why(ARG_KEY if E // 2 > 1 and p.key.col_stride != 1 else ARG_VALUE, RULE_LAYOUT)
+    if cw == 2:  # a single column: any stride, read as contiguous
+        p.key.col_stride = 1
+        p.value.col_stride = 1
+    if ks is None and kv_dtype is not None and group_size != 0:
+        return _why(ARG_GROUP_SIZE, RULE_VALUE)
     if ks is not None:
         if type(group_size) is not int:
             return _why(ARG_GROUP_SIZE, RULE_TYPE)
@@ -1047,7 +1104,8 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
 
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint causal, double scale,
                     window, softcap, alibi_slopes, sinks, bint return_lse, out, num_threads,
-                    key_scale, value_scale, int64_t group_size, int64_t shift):
+                    key_scale, value_scale, int64_t group_size, int64_t shift, kv_dtype=None,
+                    bint integer_qk=False):
     """Attention over paged caches, arguments checked by :func:`sdpa.paged_attention`:
     query (B, Hq, L, E) of a dtype the core takes; key_cache (N, Hkv, bs, E) and
     value_cache (N, Hkv, bs, Ev) of the cache's dtype (int8 with float32
@@ -1058,29 +1116,37 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
     dtype or None; num_threads an int >= 1 or None.  Row l of sequence b is
     at position seq_lens[b] - L + l + shift.  Returns the output, and the lse
     with return_lse.  A block id out of range where it is read, or a sequence
-    longer than its table, is a ValueError and nothing is written."""
+    longer than its table, is a ValueError and nothing is written.  ``kv_dtype``
+    (a value of :data:`QUANTIZED`) names a quantized cache's type as for
+    :func:`attention` (uint8 storage but for int8; int4 caches (N, Hkv, bs, E /
+    2)); None: int8 when there are scales."""
     cdef cnp.ndarray q = query, kc = key_cache, vc = value_cache, bt = block_tables, sl = seq_lens
     cdef cnp.ndarray o, lse = None, ks = None, vs = None
     cdef sdpa_problem p
     cdef int64_t ex[MAX_DIMS]
     cdef cnp.npy_intp dims[4]
     cdef int dt = _dtype_of(q), cdt
-    cdef int64_t B, Hq, L, E, Ev, Hkv, bs
+    cdef int64_t B, Hq, L, E, Ev, Hkv, bs, cw = 2 if kv_dtype == SDPA_INT4 else 1
     if dt < 0 or q.ndim != 4 or kc.ndim != 4 or vc.ndim != 4 or bt.ndim != 2 or sl.ndim != 1:
         raise ValueError("paged_attention: the core does not take these operands")
     cdt = _compute_dtype(dt)
     B, Hq, L, E = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
-    Hkv, bs, Ev = kc.shape[1], kc.shape[2], vc.shape[3]
+    Hkv, bs, Ev = kc.shape[1], kc.shape[2], vc.shape[3] * cw
     if Hkv < 1 or Hq % Hkv or bs < 1 or cnp.PyArray_TYPE(bt) != cnp.NPY_INT32 \
             or not cnp.PyArray_IS_C_CONTIGUOUS(bt) or bt.shape[0] != B:
         raise ValueError("paged_attention: the block table does not fit")
     sdpa_problem_init(&p)
     p.dtype = <sdpa_dtype>dt
-    if key_scale is not None or value_scale is not None:
-        if not (isinstance(key_scale, cnp.ndarray) and isinstance(value_scale, cnp.ndarray)):
-            raise ValueError("paged_attention: a quantized cache needs both scales")
-        ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
-        p.kv_dtype = SDPA_INT8
+    if kv_dtype is not None or key_scale is not None or value_scale is not None:
+        if key_scale is not None or value_scale is not None or kv_dtype is None or kv_dtype in (SDPA_INT8, SDPA_INT4):
+            if not (isinstance(key_scale, cnp.ndarray) and isinstance(value_scale, cnp.ndarray)):
+                raise ValueError("paged_attention: a quantized cache needs both scales")
+            ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
+        p.kv_dtype = SDPA_INT8 if kv_dtype is None else <sdpa_dtype>kv_dtype
+        p.integer_qk = integer_qk
+        if dt == SDPA_FLOAT64 or cnp.PyArray_TYPE(kc) != (cnp.NPY_INT8 if p.kv_dtype == SDPA_INT8 else cnp.NPY_UINT8) \
+                or cnp.PyArray_TYPE(vc) != cnp.PyArray_TYPE(kc):
+            raise ValueError("paged_attention: the caches' dtype does not go with the query's")
     else:
         p.kv_dtype = <sdpa_dtype>_dtype_of(kc)
         if not _pairs(dt, p.kv_dtype) or _dtype_of(vc) != p.kv_dtype:
@@ -1101,7 +1167,7 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
     p.block_table_stride = bt.shape[1]
     p.block_size = bs
     p.num_blocks = kc.shape[0]
-    if vc.shape[0] != kc.shape[0] or vc.shape[1] != Hkv or vc.shape[2] != bs or kc.shape[3] != E:
+    if vc.shape[0] != kc.shape[0] or vc.shape[1] != Hkv or vc.shape[2] != bs or kc.shape[3] * cw != E:
         raise ValueError("paged_attention: value_cache does not fit key_cache")
     if window is not None:
         p.window_left = min(<int64_t>window[0], WINDOW_MAX)
@@ -1114,16 +1180,20 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
     ex[0] = kc.shape[0]
     ex[1] = Hkv
     ex[2] = bs
-    ex[3] = E
+    ex[3] = E // cw
     if _fill_view(&p.key, kc, 1, 3, ex, False):
         raise ValueError("paged_attention: key_cache does not fit")
-    ex[3] = Ev
+    ex[3] = Ev // cw
     if _fill_view(&p.value, vc, 1, 3, ex, False):
         raise ValueError("paged_attention: value_cache does not fit")
+    if cw == 2:
+        if (E // 2 > 1 and p.key.col_stride != 1) or (Ev // 2 > 1 and p.value.col_stride != 1):
+            raise ValueError("paged_attention: an int4 cache's rows must be contiguous")
+        p.key.col_stride = 1
+        p.value.col_stride = 1
     if ks is not None:
-        if _dtype_of(ks) != SDPA_FLOAT32 or _dtype_of(vs) != SDPA_FLOAT32 or cnp.PyArray_TYPE(kc) != cnp.NPY_INT8 \
-                or cnp.PyArray_TYPE(vc) != cnp.NPY_INT8:
-            raise ValueError("paged_attention: a quantized cache is int8 with float32 scales")
+        if _dtype_of(ks) != SDPA_FLOAT32 or _dtype_of(vs) != SDPA_FLOAT32:
+            raise ValueError("paged_attention: a quantized cache has float32 scales")
         p.kv_group_size = group_size
         ex[3] = E // group_size if group_size else 1
         if _fill_view(&p.key_scale, ks, 1, 3, ex, False):

@@ -50,22 +50,37 @@ class KVCache:
         Features of a key (E).
     head_dim_v : int, optional
         Features of a value (Ev); defaults to ``head_dim``.
-    dtype : numpy dtype or ``"int8"``, default float32
+    dtype : numpy dtype or str, default float32
         Storage dtype: float32, float64, float16 or ``ml_dtypes.bfloat16``;
         appended arrays are converted to it.  A 16-bit cache takes half the
         memory and half the reading time of a float32 one: attention reads it
         in place (a float32 query against it gives float32 results).
-        ``"int8"`` (or ``np.int8``) quantizes each appended key and value row:
-        symmetric, round to nearest, with a float32 scale ``max|x| / 127`` per
-        (batch, head, position), or per group of ``group_size`` features.  It
-        takes about a quarter of the float32 memory and reading time; the
-        kernels dequantize as they read.  Appended values must be finite.
-        Any other dtype (8-bit floats such as ``ml_dtypes.float8_e5m2``, 4-bit
-        integers) is refused with a TypeError listing these.
+
+        Quantized caches (the kernels dequantize as they read, the cache is
+        never copied; appended values must be finite):
+
+        - ``"int8"`` (or ``np.int8``): symmetric, round to nearest, a float32
+          scale ``max|x| / 127`` per (batch, head, position), or per group of
+          ``group_size`` features; about a quarter of float32's bytes.
+        - ``"float8_e4m3fn"`` / ``"float8_e5m2"`` (or ml_dtypes' types of those
+          names): one byte a value, the scale ``max|x| / 448`` (``/ 57344``)
+          per position and head, or per group, so that the format's range is
+          used; ``scale=None`` stores the values as they are (they must then
+          fit: ``|x| <= 448`` / ``57344``).
+        - ``"int4"`` (or ``ml_dtypes.int4``): two values a byte, symmetric in
+          [-7, 7], a float32 scale ``max|x| / 7`` per group of ``group_size``
+          features (32 by default where it divides both head dims, else a whole
+          row); about an eighth of float32's bytes (plus the scales).
+
+        Any other dtype is refused with a TypeError listing these.
     group_size : int, optional
-        int8 only: features per scale, a divisor of ``head_dim`` and
-        ``head_dim_v``; by default one scale covers a whole key (or value) row.
-        Smaller groups follow outliers more closely at 4 bytes per group.
+        Quantized caches only: features per scale, a divisor of ``head_dim``
+        and ``head_dim_v`` (even for int4); by default one scale covers a whole
+        key (or value) row (int4: groups of 32 where they fit).  Smaller groups
+        follow outliers more closely at 4 bytes per group.
+    scale : ``"absmax"`` or None, default ``"absmax"``
+        float8 caches: ``None`` keeps no scales (values stored as they are);
+        every other quantized cache needs its scales.
     grow : bool, default False
         When an append does not fit: False raises :class:`KVCacheFullError`;
         True reallocates with (at least) twice the capacity, so that appends stay
@@ -109,7 +124,11 @@ class KVCache:
     capacity, head_dim // group_size, or 1); key feature ``c`` of a position is
     ``float32(key_data[..., c]) * key_scales[..., c // group_size]`` (in float32),
     and values alike.  :attr:`keys` / :attr:`values` return those dequantized
-    values as float32 copies.
+    values as float32 copies.  A float8 cache stores the format's bytes as
+    uint8 (``key_data.view(ml_dtypes.float8_e4m3fn)`` reads them), an int4
+    cache stores uint8 (batch, num_kv_heads, capacity, head_dim // 2): value
+    ``c`` in byte ``c // 2``, the low nibble for even ``c``, each nibble the
+    value plus 8; their :attr:`keys` and :attr:`values` are dequantized alike.
     """
 
     def __init__(
@@ -124,6 +143,7 @@ class KVCache:
         window: Optional[int] = None,
         group_size: Optional[int] = None,
         latent: bool = False,
+        scale: Optional[str] = "absmax",
     ) -> None:
         self._batch = count(batch, "batch", 1)
         self._heads = count(num_kv_heads, "num_kv_heads", 1)
@@ -131,17 +151,31 @@ class KVCache:
         self._e = count(head_dim, "head_dim", 1)
         self._ev = self._e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
         self._dtype = cache_dtype(dtype)
-        self._int8 = self._dtype == np.int8
-        self._group = 0  # int8: features per scale, 0 for whole rows
+        self._code = quantized_code(dtype)  # the core's code of a quantized cache, 0 for float
+        self._int8 = self._code != 0  # quantized: scales, and dequantized keys / values
+        self._width = 2 if self._code == _core.QUANTIZED["int4"] else 1  # values a stored byte holds
+        if scale not in ("absmax", None):
+            raise ValueError(f'scale: expected "absmax" or None, got {scale!r}')
+        self._scaled = self._int8 and scale is not None
+        if scale is None and self._code not in _FP8_CODES:
+            raise ValueError(f"scale: only a float8 cache may go without scales; this one is {self._name}")
+        self._group = 0  # quantized: features per scale, 0 for whole rows
         if group_size is not None:
-            if not self._int8:
-                raise ValueError(f"group_size: only an int8 cache has scales; this one is {self._dtype}")
+            if not self._scaled:
+                raise ValueError(f"group_size: only a quantized cache with scales has groups; this one is {self._name}")
             self._group = count(group_size, "group_size", 1)
-            if self._e % self._group or self._ev % self._group:
+            if self._e % self._group or self._ev % self._group or self._group % self._width:
                 raise ValueError(
                     f"group_size: {self._group} must divide head_dim ({self._e}) and "
-                    f"head_dim_v ({self._ev})"
+                    f"head_dim_v ({self._ev})" + (" and be even" if self._width == 2 else "")
                 )
+        elif self._width == 2 and self._e % 32 == 0 and self._ev % 32 == 0:
+            self._group = 32
+        if self._width == 2 and (self._e % 2 or self._ev % 2):
+            raise ValueError(
+                f"head_dim: an int4 cache holds two values a byte, so head_dim ({self._e}) and "
+                f"head_dim_v ({self._ev}) must be even"
+            )
         if not isinstance(latent, (bool, np.bool_)):
             raise TypeError(f"latent: expected a bool, got {type(latent).__name__}")
         self._latent = bool(latent)
@@ -160,13 +194,16 @@ class KVCache:
     def _storage(self, capacity: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Zeroed keys, values and (int8; else empty) their scales for capacity positions."""
         shape = (self._batch, self._heads, capacity)
-        k = np.zeros(shape + (self._e,), dtype=self._dtype)
-        gk = (self._e // self._group if self._group else 1) if self._int8 else 0
-        gv = (self._ev // self._group if self._group else 1) if self._int8 else 0
+        w = self._width
+        # zero bytes are zero values, but for int4, whose nibbles hold the value plus 8
+        fill = 0x88 if w == 2 else 0
+        k = np.full(shape + (self._e // w,), fill, dtype=self._dtype)
+        gk = (self._e // self._group if self._group else 1) if self._scaled else 0
+        gv = (self._ev // self._group if self._group else 1) if self._scaled else 0
         ks = np.zeros(shape + (gk,), np.float32)
         if self._latent:  # the values: the keys' first head_dim_v features (and their scales)
-            return k, k[..., : self._ev], ks, ks[..., :gv]
-        v = np.zeros(shape + (self._ev,), dtype=self._dtype)
+            return k, k[..., : self._ev // w], ks, ks[..., :gv]
+        v = np.full(shape + (self._ev // w,), fill, dtype=self._dtype)
         return k, v, ks, np.zeros(shape + (gv,), np.float32)
 
     # ------------------------------------------------------------------ sizes
@@ -189,14 +226,25 @@ class KVCache:
 
     @property
     def dtype(self) -> np.dtype:
-        """The storage dtype (int8 for a quantized cache)."""
+        """The storage dtype: int8 for an int8 cache, uint8 for float8 and int4
+        ones (:attr:`quantization` names them)."""
         return self._dtype
 
     @property
+    def quantization(self) -> Optional[str]:
+        """``"int8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"`` or ``"int4"`` for a
+        quantized cache; None for a float one."""
+        return _NAMES.get(self._code)
+
+    @property
     def group_size(self) -> Optional[int]:
-        """Features per scale of an int8 cache; None when one scale covers each
-        row, and for a float cache."""
+        """Features per scale of a quantized cache; None when one scale covers
+        each row, and for a float cache or a float8 one without scales."""
         return self._group or None
+
+    @property
+    def _name(self) -> str:
+        return _NAMES.get(self._code, str(self._dtype))
 
     @property
     def length(self) -> int:
@@ -258,8 +306,7 @@ class KVCache:
 
     def _filled(self, data: np.ndarray, scales: np.ndarray) -> np.ndarray:
         if self._int8:
-            width = data.shape[-1] // scales.shape[-1]
-            return data.astype(np.float32) * np.repeat(scales, width, axis=-1)
+            return dequantize(self._code, data, scales if self._scaled else None)
         data.flags.writeable = False
         return data
 
@@ -281,9 +328,10 @@ class KVCache:
 
     @property
     def key_scales(self) -> Optional[np.ndarray]:
-        """int8: the scales of the filled keys, float32 (batch, num_kv_heads, length,
-        groups), read only; None for a float cache."""
-        if not self._int8:
+        """A quantized cache's scales of the filled keys, float32 (batch,
+        num_kv_heads, length, groups), read only; None for a float cache or a
+        float8 one without scales."""
+        if not self._scaled:
             return None
         with self._lock:
             view = self._ks[:, :, : self._length]
@@ -292,8 +340,8 @@ class KVCache:
 
     @property
     def value_scales(self) -> Optional[np.ndarray]:
-        """int8: the scales of the filled values; None for a float cache."""
-        if not self._int8:
+        """The scales of the filled values, as :attr:`key_scales`."""
+        if not self._scaled:
             return None
         with self._lock:
             view = self._vs[:, :, : self._length]
@@ -387,7 +435,14 @@ class KVCache:
             v = np.require(v, np.float32, ["C", "A"])
             for a, name in ((k, "k"), (v, "v")):
                 if not np.isfinite(a).all():
-                    raise ValueError(f"{name}: an int8 cache holds finite values only; got NaN or inf")
+                    raise ValueError(f"{name}: a {self._name} cache holds finite values only; got NaN or inf")
+                if not self._scaled:
+                    top = _FP8_MAX[self._code]
+                    if a.size and float(np.abs(a).max()) > top:
+                        raise ValueError(
+                            f"{name}: a {self._name} cache without scales holds values up to {top:g} "
+                            f"in magnitude; got {float(np.abs(a).max()):g} (use scale=\"absmax\")"
+                        )
         return k, v
 
     def _append(self, k: Any, v: Any) -> int:
@@ -408,9 +463,11 @@ class KVCache:
                     )
                 self._reserve(max(end, 2 * self.capacity))
             if self._int8:
-                _core.quantize_int8(k, self._k[:, :, start:end], self._ks[:, :, start:end], self._group)
+                ks = self._ks[:, :, start:end] if self._scaled else None
+                _core.quantize(self._code, k, self._k[:, :, start:end], ks, self._group)
                 if not self._latent:
-                    _core.quantize_int8(v, self._v[:, :, start:end], self._vs[:, :, start:end], self._group)
+                    vs = self._vs[:, :, start:end] if self._scaled else None
+                    _core.quantize(self._code, v, self._v[:, :, start:end], vs, self._group)
             else:
                 np.copyto(self._k[:, :, start:end], k, casting="same_kind")
                 if not self._latent:
@@ -460,6 +517,7 @@ class KVCache:
         softcap: Optional[float] = None,
         alibi_slopes: Optional[ArrayInput] = None,
         sinks: Optional[ArrayInput] = None,
+        integer_qk: bool = False,
     ) -> AttentionResult:
         """Attention of ``query`` over the held keys and values.
 
@@ -471,11 +529,26 @@ class KVCache:
         cache's ``window`` defaults to ``(window - 1, 0)``.  An int8 cache is
         read in place, dequantized by the kernels; its query is computed in
         float32 (a 16-bit query keeps its dtype for the output, any other is
-        converted to float32).
+        converted to float32).  So are float8 and int4 caches.
+
+        ``integer_qk=True`` (int8 and int4 caches only) computes the scores of
+        decoding-size calls in integers: each scaled query row is rounded to
+        int8 with its own scale (``max|q| / 127``) and multiplied with the
+        stored keys exactly (AVX512-VNNI / AVX-VNNI where the CPU has them,
+        the same integer sums in portable C where not); the weighted sum of
+        the values stays in float.  It adds the query's rounding, about
+        ``2^-8 max|q| |k|`` per term, to the scores (docs/guarantees.md gives
+        the measured error); long queries (the tiled path) compute in float
+        whatever it says.
         """
+        if integer_qk is not False:
+            if integer_qk is not True:
+                raise TypeError(f"integer_qk: expected a bool, got {type(integer_qk).__name__}")
+            if self._code not in (_core.QUANTIZED["int8"], _core.QUANTIZED["int4"]):
+                raise ValueError(f"integer_qk: only int8 and int4 caches have integer keys; this one is {self._name}")
         return self._attend(
             query, attn_mask, is_causal, scale, return_lse, out, num_threads,
-            window, softcap, alibi_slopes, sinks,
+            window, softcap, alibi_slopes, sinks, None, integer_qk,
         )
 
     def _attend(
@@ -492,6 +565,7 @@ class KVCache:
         alibi_slopes: Optional[ArrayInput] = None,
         sinks: Optional[ArrayInput] = None,
         diagonal: Optional[int] = None,
+        integer_qk: bool = False,
     ) -> AttentionResult:
         """attend; ``diagonal`` (see ``sdpa._api._attention_general``) replaces
         ``is_causal`` when the held positions are one range of a longer sequence.
@@ -511,13 +585,14 @@ class KVCache:
         with self._lock:
             n = self._length
             k, v = self._k[:, :, :n], self._v[:, :, :n]
-            if self._int8:
+            if self._scaled:
                 ks, vs = self._ks[:, :, :n], self._vs[:, :, :n]
+        code = self._code or None
         # the core's entry by position (a decoding step's fixed cost: no keyword
         # parsing), then, if it declines, the general path by keyword
         result = _core.attention(
             query, k, v, attn_mask, is_causal, scale, gqa, False, return_lse, None, window, softcap,
-            alibi_slopes, sinks, out, num_threads, ks, vs, self._group, diagonal,
+            alibi_slopes, sinks, out, num_threads, ks, vs, self._group, diagonal, code, integer_qk,
         )
         if not isinstance(result, int):
             return result
@@ -525,7 +600,8 @@ class KVCache:
             query, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa,
             return_lse=return_lse, out=out, num_threads=num_threads, window=window,
             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, key_scale=ks,
-            value_scale=vs, group_size=self._group, diagonal=diagonal,
+            value_scale=vs, group_size=self._group, diagonal=diagonal, kv_dtype=code,
+            integer_qk=integer_qk,
         )
 
     def result_dtype(self, query_dtype: Any) -> np.dtype:
@@ -545,36 +621,88 @@ class KVCache:
         return (
             f"KVCache(batch={self._batch}, num_kv_heads={self._heads}, "
             f"length={self._length}, capacity={self.capacity}, head_dim={self._e}, "
-            f"head_dim_v={self._ev}, dtype={self._dtype}, grow={self.grow}"
+            f"head_dim_v={self._ev}, dtype={self._name}, grow={self.grow}"
             + (f", group_size={self.group_size}" if self._group else "")
+            + (", scale=None" if self._int8 and not self._scaled else "")
             + (", latent=True" if self._latent else "")
             + (f", window={self._window}, start={self._start})" if self._window is not None else ")")
         )
 
 
-CACHE_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8")
+CACHE_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "float8_e4m3fn", "float8_e5m2", "int4")
+
+# the quantized caches: the core's codes by name, names by code
+_NAMES = {code: name for name, code in _core.QUANTIZED.items()}
+_FP8_CODES = (_core.QUANTIZED["float8_e4m3fn"], _core.QUANTIZED["float8_e5m2"])
+_FP8_MAX = {_core.QUANTIZED["float8_e4m3fn"]: 448.0, _core.QUANTIZED["float8_e5m2"]: 57344.0}
+
+
+def _quantized_name(dtype: Any) -> Optional[str]:
+    """The quantized cache ``dtype`` asks for (a name, np.int8 or an ml_dtypes
+    type of those names), or None."""
+    if isinstance(dtype, str):
+        return dtype if dtype in _core.QUANTIZED else None
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        return None
+    return name if name in _core.QUANTIZED else None
+
+
+def quantized_code(dtype: Any) -> int:
+    """The core's code of the quantized cache ``dtype`` asks for; 0 for any other."""
+    name = _quantized_name(dtype)
+    return 0 if name is None else int(_core.QUANTIZED[name])
 
 
 def cache_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
-    """The storage dtype of a :class:`KVCache`: int8 (quantized), or float16,
-    bfloat16, float32 or float64.  TypeError naming ``name`` and listing those
-    otherwise (float8 and 4-bit types included: no cache stores them yet)."""
-    if _is_int8(dtype):
-        return np.dtype(np.int8)
+    """The storage dtype of a :class:`KVCache`: int8 (an int8 cache), uint8
+    (float8 and int4 caches), or float16, bfloat16, float32 or float64.
+    TypeError naming ``name`` and listing those otherwise."""
+    quantized = _quantized_name(dtype)
+    if quantized is not None:
+        return np.dtype(np.int8 if quantized == "int8" else np.uint8)
     try:
         return float_dtype(dtype, name)
     except TypeError:
         shown = repr(dtype) if isinstance(dtype, str) else getattr(dtype, "__name__", repr(dtype))
         raise TypeError(
-            f"{name}: a KV cache stores {', '.join(CACHE_DTYPES[:-1])} or \"int8\" (quantized), got {shown}"
+            f"{name}: a KV cache stores {', '.join(CACHE_DTYPES[:4])}, or the quantized "
+            f"{', '.join(repr(n) for n in CACHE_DTYPES[4:])}; got {shown}"
         ) from None
 
 
-def _is_int8(dtype: Any) -> bool:
-    """Whether ``dtype`` asks for an int8 (quantized) cache."""
-    if isinstance(dtype, str):
-        return dtype == "int8"
-    try:
-        return bool(np.dtype(dtype) == np.int8)
-    except TypeError:
-        return False
+def _fp8_table(code: int) -> np.ndarray:
+    """The float32 value of each of the 256 bytes of a float8 format."""
+    b = np.arange(256, dtype=np.uint16)
+    if code == _core.QUANTIZED["float8_e5m2"]:
+        return (b << 8).view(np.float16).astype(np.float32)
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    exp, mant = (b >> 3) & 15, (b & 7).astype(np.float64)
+    value = np.where(exp == 0, mant * 2.0**-9, (1 + mant / 8) * 2.0 ** (exp.astype(np.float64) - 7))
+    value = np.where((b & 0x7F) == 0x7F, np.nan, value)
+    return (sign * value).astype(np.float32)
+
+
+_TABLES: dict[int, np.ndarray] = {}
+
+
+def dequantize(code: int, data: np.ndarray, scales: Optional[np.ndarray]) -> np.ndarray:
+    """The float32 values of quantized storage (the core's ``code``), each times
+    its group's scale (in float32, as the kernels compute): a new array of
+    shape (..., features)."""
+    if code == _core.QUANTIZED["int8"]:
+        values = data.astype(np.float32)
+    elif code == _core.QUANTIZED["int4"]:
+        values = np.empty(data.shape[:-1] + (2 * data.shape[-1],), np.float32)
+        values[..., 0::2] = (data & 15).astype(np.float32) - 8
+        values[..., 1::2] = (data >> 4).astype(np.float32) - 8
+    else:
+        table = _TABLES.get(code)
+        if table is None:
+            table = _TABLES[code] = _fp8_table(code)
+        values = table[data]
+    if scales is None:
+        return values
+    width = values.shape[-1] // max(scales.shape[-1], 1)
+    return cast(np.ndarray, values * np.repeat(scales, width, axis=-1))
