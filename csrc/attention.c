@@ -51,6 +51,9 @@ typedef struct plan {
     int64_t num_tasks;    /* num_bh x num_qblocks                */
     int tile_q, tile_k, nr;  /* tile_q is a multiple of nr        */
     size_t off_q, off_acc, off_s, off_m, off_l, off_k, off_v, off_pp, off_vp, off_vt, off_prof;
+    size_t off_qi;        /* row mode, integer_qk: the query as int8, its scales, dot_qi's work */
+    int integer_qk;       /* row mode: the scores of int8 / int4 keys in integers (sdpa.h)  */
+    sdpa_dot_qi_f32_fn dot_qi;  /* integer_qk's kernel                                  */
     /* K and V packed once per call (tiled path): the float K and V of a 16-bit or
      * int8 cache widened, or bfloat16 V as pairs, per key/value slice, into a
      * call buffer that every query block and every query head of a slice's GQA
@@ -589,6 +592,13 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, const kernel_t
         pl->off_k = off; off += round_elems(tk * E, elem);
         pl->off_v = off; off += round_elems(tk * Ev, elem);
         pl->off_pp = off; off += round_elems(M * tk, elem);  /* int8: scores of one scale group */
+        pl->integer_qk = p->integer_qk && p->dtype != SDPA_FLOAT64 &&
+                         (pl->kv_dtype == SDPA_INT8 || pl->kv_dtype == SDPA_INT4);
+        if (pl->integer_qk) {  /* int8 rows (M x E), M float scales, then the kernel's work */
+            pl->dot_qi = sdpa_dot_qi_for(kt);
+            pl->off_qi = off;
+            off += round_elems((M * E + 3 * SDPA_ALIGN) / elem + M + SDPA_QI_WORK_BYTES(M, E) / elem + 1, elem);
+        }
     } else {
         const size_t tq = (size_t)pl->tile_q, tk = (size_t)pl->tile_k, nr = (size_t)pl->nr;
         pl->num_bh = batch_count * p->num_heads;

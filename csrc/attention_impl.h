@@ -948,6 +948,32 @@ static void FN(run_task)(const sdpa_problem *p, const plan *pl, const KT *kern, 
 }
 #undef PROF_MARK
 
+/* integer_qk: a scaled query row rounded to int8 with the scale max|x| / 127
+ * (ties to even; 0 for a row of zeros or of values so small that the scale
+ * would be subnormal); a row with a NaN or an infinity gets the scale NaN, so
+ * that its scores, and its output, are NaN. */
+static void FN(quantize_query)(const T *x, int64_t e, int8_t *q, float *qscale) {
+    float m = 0;
+    for (int64_t c = 0; c < e; c++) {
+        const float a = fabsf((float)x[c]);
+        if (!(a <= m)) m = a;  /* NaN stays */
+        if (m != m) break;
+    }
+    if (!(m <= FLT_MAX)) {  /* NaN or infinite */
+        for (int64_t c = 0; c < e; c++) q[c] = 0;
+        *qscale = NAN;
+        return;
+    }
+    const float scale = m / 127.0f >= FLT_MIN ? m / 127.0f : 0.0f;
+    const float inv = scale > 0 ? 1.0f / scale : 0.0f, magic = 12582912.0f;
+    for (int64_t c = 0; c < e; c++) {
+        float r = ((float)x[c] * inv + magic) - magic;
+        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+        q[c] = (int8_t)(int)r;
+    }
+    *qscale = scale;
+}
+
 /* The rows from a up to end of a K or V view that lie contiguous: their
  * address (*rows) and scales (sc->base, int8), and their count.  Arrays: all
  * of them, from base (the head's rows).  Paged: those in the block of the
@@ -1032,6 +1058,18 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     const int k_q = sdpa_is_quantized(kvdt) && ksc == 1;
     const int v_q = sdpa_is_quantized(kvdt) && vsc == 1;
     const int nib = kvdt == SDPA_INT4;  /* int4: value c at byte c / 2 */
+    /* integer_qk: the query rows as int8 (each with its scale) and dot_qi's work */
+    const int iqk = pl->integer_qk && k_q && kscl.base && sizeof(T) == sizeof(float);
+    int8_t *q8 = NULL;
+    float *q8s = NULL;
+    void *qi_work = NULL;
+    sdpa_dot_qi_f32_fn dot_qi = NULL;
+    if (iqk) {
+        q8 = (int8_t *)(scratch + pl->off_qi);
+        q8s = (float *)(void *)(q8 + ((size_t)M * (size_t)E + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN);
+        qi_work = (char *)q8s + ((size_t)M * sizeof(float) + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN;
+        dot_qi = pl->dot_qi;
+    }
 
     const T scale = (T)p->scale, cap = FN(softcap_value)(p);
     for (int x = 0; x < M; x++) {
@@ -1041,6 +1079,7 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             kern->scale_copy(qs + (int64_t)x * E, (const T *)qr, E, scale);
         else
             FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
+        if (iqk) FN(quantize_query)(qs + (int64_t)x * E, E, q8 + (int64_t)x * E, q8s + x);
     }
 
     for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
@@ -1063,6 +1102,12 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
             T *sto = st + (a - s0);
             if (half && ksc == 1) {  /* 16-bit keys read in place */
                 kern->dot_half(kvdt, M, m, E, qs, E, (const uint16_t *)kt, ksr, sto, tile_k);
+            } else if (iqk && (dot_qi(kvdt, M, m, E, kscl.group, q8, E, q8s, (const uint8_t *)kt, ksr, ksct.base,
+                                      kscl.rs, kscl.cs, (float *)(void *)sto, tile_k, qi_work) ||
+                               sdpa_kernels_scalar.f32.dot_qi(kvdt, M, m, E, kscl.group, q8, E, q8s,
+                                                              (const uint8_t *)kt, ksr, ksct.base, kscl.rs, kscl.cs,
+                                                              (float *)(void *)sto, tile_k, qi_work))) {
+                /* integer_qk: the scores in integers (the portable kernel where the set's declines) */
             } else if (k_q) {  /* quantized keys read in place, each scale group's dot then scaled */
                 const uint8_t *kb = (const uint8_t *)kt;
                 const float *ks = ksct.base;

@@ -159,10 +159,11 @@ static unsigned detect_features(void) {
     if (__get_cpuid_max(0, NULL) < 7) return 0;
     __cpuid_count(7, 0, a, b, c, d);
     const unsigned int max_subleaf = a;
-    const unsigned int leaf7_b = b, leaf7_d = d;
+    const unsigned int leaf7_b = b, leaf7_c = c, leaf7_d = d;
     if (((leaf7_b >> 5) & 1) && has_fma && has_f16c) f |= SDPA_FEATURE_AVX2;
     const int avx512 = ((leaf7_b >> 16) & 1) && ((leaf7_b >> 17) & 1) && ((leaf7_b >> 30) & 1) && ((leaf7_b >> 31) & 1);
     if (avx512 && (xcr0 & 0xE0) == 0xE0) f |= SDPA_FEATURE_AVX512;
+    if ((f & SDPA_FEATURE_AVX512) && ((leaf7_c >> 11) & 1)) f |= SDPA_FEATURE_AVX512_VNNI; /* VPDPBUSD */
     if (max_subleaf >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         if ((a >> 5) & 1) f |= SDPA_FEATURE_AVX512_BF16; /* VDPBF16PS, VCVTNEPS2BF16 */
@@ -185,6 +186,30 @@ static unsigned cpu_features(void) {
         sdpa_atomic_store(&features_cache, f);
     }
     return f;
+}
+
+/* ---- integer_qk's scores ---- */
+
+static SDPA_ATOMIC(int) portable_dot_qi = 0;
+
+void sdpa_testing_portable_dot_qi(int on) { sdpa_atomic_store(&portable_dot_qi, on); }
+
+#if !SDPA_HAVE_X86_KERNELS
+int (*const sdpa_dot_qi_vnni)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
+                              const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
+                              void *) = NULL;
+#endif
+
+sdpa_dot_qi_f32_fn sdpa_dot_qi_for(const kernel_table *kt) {
+    if (sdpa_dot_qi_vnni && (kt->features & SDPA_FEATURE_AVX512) && (cpu_features() & SDPA_FEATURE_AVX512_VNNI) &&
+        !sdpa_atomic_load(&portable_dot_qi))
+        return sdpa_dot_qi_vnni;
+    return kt->f32.dot_qi;
+}
+
+const char *sdpa_testing_dot_qi_kernel(void) {
+    const kernel_table *kt = sdpa_kernel_table();
+    return kt && sdpa_dot_qi_vnni && sdpa_dot_qi_for(kt) == sdpa_dot_qi_vnni ? "avx512_vnni" : "portable";
 }
 
 /* ---- the tile state ---- */

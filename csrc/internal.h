@@ -71,6 +71,16 @@ static inline int sdpa_is_quantized(sdpa_dtype dt) {
     return dt == SDPA_INT8 || dt == SDPA_FP8_E4M3 || dt == SDPA_FP8_E5M2 || dt == SDPA_INT4;
 }
 
+/* Bytes of the scratch a dot_qi kernel may use for m query rows of e features. */
+#define SDPA_QI_WORK_BYTES(m, e) ((size_t)(m) * ((size_t)(e) * 2 + 128) + 64)
+
+/* The AVX512-VNNI dot_qi (kernels/avx512.c), for the sets with AVX-512 on a CPU
+ * with VNNI; NULL where the build has none. */
+extern int (*const sdpa_dot_qi_vnni)(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const int8_t *q,
+                                     int64_t ldq, const float *qscale, const uint8_t *k, int64_t ldk,
+                                     const float *ks, int64_t ksr, int64_t ksc, float *s, int64_t lds,
+                                     void *work);
+
 /* Every scratch buffer and packed panel is aligned to this many bytes. */
 #define SDPA_ALIGN 64
 
@@ -129,6 +139,16 @@ static inline int sdpa_is_quantized(sdpa_dtype dt) {
  *       doing nothing, where the set's version cannot take g (the SIMD sets: g
  *       a power of two, a multiple of the vector width, dividing e / ev), and
  *       the driver then takes each group's dot_q / pv_rows_q in turn.
+ *   dot_qi: integer_qk's scores (sdpa.h) over int8 or int4 keys (dt), scales per
+ *       group of g features (g divides e; g = e: one a row):
+ *         s[x*lds + j] = qscale[x] * sum_{groups i} (T)(exact integer sum over the
+ *                        group of q[x*ldq + c] * key value c of row j) * ks[j*ksr + i*ksc]
+ *       the groups added in order (the portable version); q holds the query rows
+ *       rounded to int8 (each scaled by 1 / qscale[x]).  A set's faster version may
+ *       sum a group in exact partial sums, each converted and scaled, in another
+ *       order.  work: SDPA_QI_WORK_BYTES(m, e) bytes of scratch, 64-aligned.
+ *       Returns 0, doing nothing, where it cannot (the driver then runs the
+ *       portable one).
  *
  * Panel kernels (nr, the set's panel width, is passed for the portable ones,
  * which serve every width; a set's own are built for its width).  Masks on a
@@ -177,6 +197,9 @@ static inline int sdpa_is_quantized(sdpa_dtype dt) {
     X(int, pv_rows_q_grouped, (sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const T *p, int64_t ldp,       \
                                const uint8_t *v, int64_t ldv, const float *vs, int64_t vsr, int64_t vsc, T *acc,  \
                                int64_t ldacc))                                                                    \
+    X(int, dot_qi, (sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const int8_t *q, int64_t ldq,              \
+                    const T *qscale, const uint8_t *k, int64_t ldk, const float *ks, int64_t ksr, int64_t ksc,    \
+                    T *s, int64_t lds, void *work))                                                               \
     X(void, mask_add, (T * s, int nr, int n, int rows, const T *m, int64_t m_rs))                                 \
     X(void, mask_bool, (T * s, int nr, int n, int rows, const uint8_t *m, int64_t m_rs))                          \
     X(void, pack_q, (T * panel, int nr, const T *src, int rows, int64_t rs, int64_t e, T scale))                  \
@@ -253,6 +276,7 @@ enum {
     SDPA_FEATURE_AVX512_BF16 = 1 << 2, /* VDPBF16PS, VCVTNEPS2BF16 */
     SDPA_FEATURE_AMX_BF16 = 1 << 3,    /* AMX-TILE, AMX-BF16; the OS saves the tile state (XCR0), and
                                           grants it to the process at the first call that needs it */
+    SDPA_FEATURE_AVX512_VNNI = 1 << 4, /* VPDPBUSD (integer_qk's scores); no set needs it */
 };
 
 /* One kernel set: its name, the features it needs, and its kernels for each
@@ -305,6 +329,16 @@ void sdpa_reset_isa(void);
 
 /* The table of the named set, or NULL when it is unknown or not supported here. */
 const kernel_table *sdpa_kernel_table_named(const char *name);
+
+/* The dot_qi a float problem on set kt runs: the VNNI one where kt has AVX-512,
+ * the CPU has VNNI and the tests have not asked for the portable one; else kt's. */
+typedef int (*sdpa_dot_qi_f32_fn)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
+                                  const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
+                                  void *);
+sdpa_dot_qi_f32_fn sdpa_dot_qi_for(const kernel_table *kt);
+
+/* Test hook: 1 makes sdpa_dot_qi_for return the portable kernel everywhere. */
+void sdpa_testing_portable_dot_qi(int on);
 
 /* Why SDPA_ISA cannot be honoured (a static message), or NULL when it can. */
 const char *sdpa_isa_env_error(void);

@@ -554,6 +554,185 @@ enum { bf16_panel_rows = BF16_NV * 16 };
 #endif
 #endif
 
+/* ---- integer_qk's scores with AVX512-VNNI (any set with AVX-512, on a CPU with VNNI) ---- */
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma")
+#endif
+
+/* VPDPBUSD multiplies unsigned bytes by signed ones: the keys go in as
+ * unsigned, int8 as value + 128 (the byte ^ 0x80), int4 as their nibbles
+ * (value + 8), and each lane's products of the offset times the query's four
+ * bytes (qi_offsets) are taken off after.  An int4 chunk of 64 values (32
+ * bytes) unpacks by 128-bit lanes into the 16-value blocks 0, 2, 1, 3 of the
+ * chunk: the query's int4 chunks are permuted alike (QI_INT4_ORDER). */
+#define QI_INT4_ORDER _MM_SHUFFLE(3, 1, 2, 0)
+
+static inline __attribute__((always_inline)) __m512i qi_keys(const uint8_t *p, const int int4) {
+    if (!int4) return _mm512_xor_si512(_mm512_loadu_si512((const void *)p), _mm512_set1_epi8((char)0x80));
+    const __m256i b = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(15);
+    const __m256i lo = _mm256_and_si256(b, m), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_unpacklo_epi8(lo, hi)), _mm256_unpackhi_epi8(lo, hi), 1);
+}
+
+/* The scale of each lane of chunk c (64 values) of key row ks (group stride
+ * ksc), groups of g values: one for g >= 64; for g of 32 or 16, the lane's
+ * group, lane l holding values 4l.. (int8) or those of 16-value block
+ * order[l / 4] (int4). */
+static inline __attribute__((always_inline)) __m512 qi_scales(const float *ks, int64_t ksc, int64_t c, int64_t g,
+                                                              const int int4) {
+    if (g >= 64) return _mm512_set1_ps(ks[(c * 64 / g) * ksc]);
+    const float *first = ks + (c * 64 / g) * ksc;
+    if (g == 32) {
+        const __mmask16 second = int4 ? 0xF0F0 : 0xFF00;
+        return _mm512_mask_blend_ps(second, _mm512_set1_ps(first[0]), _mm512_set1_ps(first[ksc]));
+    }
+    const __m128 four = _mm_setr_ps(first[0], first[ksc], first[2 * ksc], first[3 * ksc]);
+    const __m512i idx = int4 ? _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 3)
+                             : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(four));
+}
+
+/* Up to 4 rows (mr) x 4 keys from key row kj, one group a row (g = e): the
+ * integer sums whole, then (exact in float, below 2^24) the offsets taken off,
+ * each key's scale and the row's applied as the portable kernel applies them.
+ * qp: the rows' query bytes as the keys are read (e a row); qt: each row's
+ * lane offsets summed over the chunks (16 a row). */
+static inline __attribute__((always_inline)) void qi_single4(const int int4, int mr, int64_t chunks,
+                                                             const int8_t *qp, const int32_t *qt, int64_t e,
+                                                             const float *qscale, const uint8_t *kj, int64_t ldk,
+                                                             const float *ks, int64_t ksr, float *s, int64_t lds) {
+    const int64_t cb = int4 ? 32 : 64;
+    const int8_t *qx[4];
+    for (int x = 0; x < 4; x++) qx[x] = qp + (x < mr ? x : mr - 1) * e;  /* past mr: a copy, not stored */
+    __m512i acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_si512();
+    for (int64_t c = 0; c < chunks; c++) {
+        __m512i K[4];
+        for (int t = 0; t < 4; t++) K[t] = qi_keys(kj + t * ldk + c * cb, int4);
+        for (int x = 0; x < 4; x++) {
+            const __m512i qv = _mm512_load_si512((const void *)(qx[x] + c * 64));
+            for (int t = 0; t < 4; t++) acc[x * 4 + t] = _mm512_dpbusd_epi32(acc[x * 4 + t], K[t], qv);
+        }
+    }
+    __m512 f[16];
+    for (int x = 0; x < 4; x++) {
+        const __m512i off = _mm512_load_si512((const void *)(qt + (x < mr ? x : mr - 1) * 16));
+        for (int t = 0; t < 4; t++) f[x * 4 + t] = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[x * 4 + t], off));
+    }
+    float r[16] __attribute__((aligned(64)));
+    _mm512_store_ps(r, hsum_lanes_ps(f));
+    for (int x = 0; x < mr; x++)
+        for (int t = 0; t < 4; t++) s[x * lds + t] = r[x * 4 + t] * ks[t * ksr] * qscale[x];
+}
+
+/* Up to 4 rows x nt keys (4 or 1), several groups a row: each chunk's lane
+ * sums (exact), less their offsets, converted and scaled by their group's
+ * scale, summed in float; then the row's scale.  qo: per row and chunk, each
+ * lane's offset products. */
+static inline __attribute__((always_inline)) void qi_groups(const int int4, const int nt, int mr, int64_t chunks,
+                                                            int64_t g, const int8_t *qp, const int32_t *qo,
+                                                            int64_t e, const float *qscale, const uint8_t *kj,
+                                                            int64_t ldk, const float *ks, int64_t ksr, int64_t ksc,
+                                                            float *s, int64_t lds) {
+    const int64_t cb = int4 ? 32 : 64;
+    const int8_t *qx[4];
+    const int32_t *ox[4];
+    for (int x = 0; x < 4; x++) {
+        const int xr = x < mr ? x : mr - 1;  /* past mr: a copy, not stored */
+        qx[x] = qp + xr * e;
+        ox[x] = qo + xr * chunks * 16;
+    }
+    __m512 f[16];
+    for (int i = 0; i < 16; i++) f[i] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; c++) {
+        __m512i K[4];
+        __m512 S[4];
+        for (int t = 0; t < nt; t++) {
+            K[t] = qi_keys(kj + t * ldk + c * cb, int4);
+            S[t] = qi_scales(ks + t * ksr, ksc, c, g, int4);
+        }
+        for (int x = 0; x < 4; x++) {
+            const __m512i qv = _mm512_load_si512((const void *)(qx[x] + c * 64));
+            const __m512i off = _mm512_load_si512((const void *)(ox[x] + c * 16));
+            for (int t = 0; t < nt; t++) {
+                const __m512i d = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), K[t], qv), off);
+                f[x * 4 + t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), S[t], f[x * 4 + t]);
+            }
+        }
+    }
+    if (nt == 4) {
+        float r[16] __attribute__((aligned(64)));
+        _mm512_store_ps(r, hsum_lanes_ps(f));
+        for (int x = 0; x < mr; x++)
+            for (int t = 0; t < 4; t++) s[x * lds + t] = r[x * 4 + t] * qscale[x];
+    } else {
+        for (int x = 0; x < mr; x++) s[x * lds] = _mm512_reduce_add_ps(f[x * 4]) * qscale[x];
+    }
+}
+
+static int dot_qi_avx512_vnni(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const int8_t *q, int64_t ldq,
+                              const float *qscale, const uint8_t *k, int64_t ldk, const float *ks, int64_t ksr,
+                              int64_t ksc, float *s, int64_t lds, void *work) {
+    const int int4 = dt == SDPA_INT4;
+    if ((dt != SDPA_INT8 && !int4) || e % 64 || e > 65536 || g <= 0 || e % g ||
+        (g >= 64 ? g % 64 != 0 : g != 32 && g != 16))
+        return 0;
+    const int64_t chunks = e / 64;
+    /* the query rows as the keys are read, each lane's offset products per
+     * chunk, and their sums over the chunks */
+    int8_t *qp = (int8_t *)work;
+    int32_t *qo = (int32_t *)(qp + (size_t)m * (size_t)e);
+    int32_t *qt = qo + (size_t)m * (size_t)chunks * 16;
+    const __m512i off = _mm512_set1_epi8(int4 ? 8 : (char)0x80);
+    for (int x = 0; x < m; x++) {
+        __m512i total = _mm512_setzero_si512();
+        for (int64_t c = 0; c < chunks; c++) {
+            __m512i v = _mm512_loadu_si512((const void *)(q + x * ldq + c * 64));
+            if (int4) v = _mm512_shuffle_i64x2(v, v, QI_INT4_ORDER);
+            _mm512_store_si512((void *)(qp + x * e + c * 64), v);
+            const __m512i o = _mm512_dpbusd_epi32(_mm512_setzero_si512(), off, v);
+            _mm512_store_si512((void *)(qo + (x * chunks + c) * 16), o);
+            total = _mm512_add_epi32(total, o);
+        }
+        _mm512_store_si512((void *)(qt + x * 16), total);
+    }
+    const int single = g == e;
+    for (int x0 = 0; x0 < m; x0 += 4) {
+        const int mr = m - x0 < 4 ? m - x0 : 4;
+        const int8_t *qx = qp + x0 * e;
+        float *sx = s + x0 * lds;
+        int j = 0;
+        for (; j + 4 <= n; j += 4) {
+            const uint8_t *kj = k + j * ldk;
+            const float *kss = ks + j * ksr;
+            if (single && int4) qi_single4(1, mr, chunks, qx, qt + x0 * 16, e, qscale + x0, kj, ldk, kss, ksr, sx + j, lds);
+            else if (single) qi_single4(0, mr, chunks, qx, qt + x0 * 16, e, qscale + x0, kj, ldk, kss, ksr, sx + j, lds);
+            else if (int4) qi_groups(1, 4, mr, chunks, g, qx, qo + x0 * chunks * 16, e, qscale + x0, kj, ldk, kss, ksr, ksc, sx + j, lds);
+            else qi_groups(0, 4, mr, chunks, g, qx, qo + x0 * chunks * 16, e, qscale + x0, kj, ldk, kss, ksr, ksc, sx + j, lds);
+        }
+        for (; j < n; j++)  /* the last keys: one at a time, by groups (the same values for one group) */
+            qi_groups(int4, 1, mr, chunks, single ? 64 : g, qx, qo + x0 * chunks * 16, e, qscale + x0, k + j * ldk,
+                      ldk, ks + j * ksr, ksr, single ? 0 : ksc, sx + j, lds);
+    }
+    return 1;
+}
+#undef QI_INT4_ORDER
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+int (*const sdpa_dot_qi_vnni)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
+                              const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
+                              void *) = dot_qi_avx512_vnni;
+
 /* The float32 kernels every AVX-512 set shares. */
 #define AVX512_F32_KERNELS                                                                                     \
     .nr = panel_rows_avx512_f32, .widen = widen_avx512, .gemm = gemm_avx512_f32, .online_softmax_update = online_softmax_update_avx512_f32, \

@@ -39,7 +39,7 @@ static void tiles_none(void) {}
     .exp = exp_##suf, .softcap = softcap_##suf, .dot = dot_##suf, .pv_rows = pv_rows_##suf,                    \
     .row_online_softmax_update = row_online_softmax_update_##suf, .dot_half = dot_half_##suf,                  \
     .pv_rows_half = pv_rows_half_##suf, .dot_q = dot_q_##suf, .pv_rows_q = pv_rows_q_##suf,                \
-    .dot_q_grouped = dot_q_grouped_##suf, .pv_rows_q_grouped = pv_rows_q_grouped_##suf,                    \
+    .dot_q_grouped = dot_q_grouped_##suf, .pv_rows_q_grouped = pv_rows_q_grouped_##suf, .dot_qi = dot_qi_##suf,                    \
     .mask_add = mask_add_##suf, .mask_bool = mask_bool_##suf, .pack_q = pack_q_##suf,                          \
     .store_rows = store_rows_##suf, .pack_q_half = pack_q_half_##suf, .store_rows_half = store_rows_half_##suf, \
     .scale_copy = scale_copy_##suf, .scale_copy_d = scale_copy_d_##suf

@@ -205,6 +205,33 @@ static int FN(pv_rows_q_grouped)(sdpa_dtype dt, int m, int n, int64_t ev, int64_
     return 1;
 }
 
+/* integer_qk's scores, the reference: each group's products summed exactly
+ * (in 64 bits), converted, scaled, and the groups added in order. */
+static int FN(dot_qi)(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const int8_t *q, int64_t ldq,
+                      const T *qscale, const uint8_t *k, int64_t ldk, const float *ks, int64_t ksr, int64_t ksc,
+                      T *s, int64_t lds, void *work) {
+    (void)work;
+    if (g <= 0 || e % g || (dt != SDPA_INT8 && dt != SDPA_INT4)) return 0;
+    for (int x = 0; x < m; x++)
+        for (int j = 0; j < n; j++) {
+            const int8_t *qx = q + x * ldq;
+            const uint8_t *kj = k + j * ldk;
+            T sum = 0;
+            for (int64_t c0 = 0; c0 < e; c0 += g) {
+                int64_t acc = 0;
+                if (dt == SDPA_INT8)
+                    for (int64_t c = c0; c < c0 + g; c++) acc += (int64_t)qx[c] * (int8_t)kj[c];
+                else
+                    for (int64_t c = c0; c < c0 + g; c++)
+                        acc += (int64_t)qx[c] * ((int)((kj[c >> 1] >> ((c & 1) * 4)) & 15u) - 8);
+                const T t = (T)acc * (T)ks[j * ksr + (c0 / g) * ksc];
+                sum = c0 == 0 ? t : sum + t;
+            }
+            s[x * lds + j] = sum * qscale[x];
+        }
+    return 1;
+}
+
 static void FN(mask_add)(T *s, int nr, int n, int rows, const T *m, int64_t m_rs) {
     for (int x = 0; x < rows; x++)
         for (int j = 0; j < n; j++) s[(int64_t)j * nr + x] += m[x * m_rs + j];

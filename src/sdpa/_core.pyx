@@ -237,6 +237,17 @@ def set_fold_group(min_group):
     sdpa_testing_set_fold_group(0 if min_group is None else (-1 if min_group == 0 else int(min_group)))
 
 
+def set_portable_dot_qi(bint on):
+    """integer_qk's scores by the portable kernel everywhere (True), or by the
+    fastest this CPU has (False, the default); process-wide, for tests."""
+    sdpa_testing_portable_dot_qi(on)
+
+
+def dot_qi_kernel():
+    """The kernel integer_qk's scores run on now: "avx512_vnni" or "portable"."""
+    return sdpa_testing_dot_qi_kernel().decode()
+
+
 def ask_for_tiles():
     """Asks the OS for the AMX tile state now (for tests): True when this
     process may run tile instructions; False off Linux x86 and where refused."""

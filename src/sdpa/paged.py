@@ -21,7 +21,7 @@ from ._api import call_core
 from ._checks import count, head_values, scale_of, softcap_value, window_sides
 from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
 from ._threads import thread_count
-from .kvcache import cache_dtype
+from .kvcache import cache_dtype, quantized_code
 from .merge import merge_attention
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
@@ -46,13 +46,36 @@ def _int_array(x: Any, name: str, ndim: int) -> Array:
 
 
 _STORED = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", "int8"))
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+_INT4 = int(_core.QUANTIZED["int4"])
+
+
+def _storage_code(kc: Array, vc: Array, kv_dtype: Optional[str]) -> Tuple[Array, Array, int]:
+    """The caches as the core reads them (float8 arrays of ml_dtypes as uint8)
+    and the core's code of a quantized type other than int8 (0 for the rest)."""
+    name = kc.dtype.name
+    if kv_dtype is None:
+        if name in _FP8 and vc.dtype == kc.dtype:  # ml_dtypes' float8 arrays say their format
+            return kc.view(np.uint8), vc.view(np.uint8), int(_core.QUANTIZED[name])
+        return kc, vc, 0
+    if kv_dtype not in _core.QUANTIZED:
+        raise ValueError(f"kv_dtype: expected one of {', '.join(map(repr, _core.QUANTIZED))}, got {kv_dtype!r}")
+    if kv_dtype == "int8":
+        return kc, vc, 0
+    if name in _FP8 and name == kv_dtype and vc.dtype == kc.dtype:
+        kc, vc = kc.view(np.uint8), vc.view(np.uint8)
+    for a, arg in ((kc, "key_cache"), (vc, "value_cache")):
+        if a.dtype != np.uint8:
+            raise TypeError(f"{arg}: a {kv_dtype} cache is stored as uint8, got dtype {a.dtype}")
+    return kc, vc, int(_core.QUANTIZED[kv_dtype])
 
 
 def _cache_pair(
-    key_cache: Any, value_cache: Any, key_scale: Any, value_scale: Any
-) -> Tuple[Array, Array, Optional[Array], Optional[Array], int]:
-    """The caches (and int8 scales, group size) checked: 4-dim, one dtype that
-    a KV cache stores, matching blocks, heads and block size."""
+    key_cache: Any, value_cache: Any, key_scale: Any, value_scale: Any, kv_dtype: Optional[str] = None,
+) -> Tuple[Array, Array, Optional[Array], Optional[Array], int, int]:
+    """The caches (and scales, group size, and the core's code of a float8 or
+    int4 cache, else 0) checked: 4-dim, one dtype that a KV cache stores,
+    matching blocks, heads and block size."""
     kc = _to_array(key_cache, "key_cache")
     vc = _to_array(value_cache, "value_cache")
     for a, name in ((kc, "key_cache"), (vc, "value_cache")):
@@ -60,7 +83,13 @@ def _cache_pair(
             raise ValueError(
                 f"{name}: expected shape (num_blocks, num_kv_heads, block_size, features), got {a.shape}"
             )
-        if a.dtype not in _STORED:
+    kc, vc, code = _storage_code(kc, vc, kv_dtype)
+    for a, name in ((kc, "key_cache"), (vc, "value_cache")):
+        if a.ndim != 4:
+            raise ValueError(
+                f"{name}: expected shape (num_blocks, num_kv_heads, block_size, features), got {a.shape}"
+            )
+        if a.dtype not in _STORED and not code:
             cache_dtype(a.dtype, name)
             if not a.dtype.isnative:
                 raise TypeError(f"{name}: expected native byte order, got dtype {a.dtype}")
@@ -75,16 +104,18 @@ def _cache_pair(
         )
     if kc.shape[1] < 1 or kc.shape[2] < 1:
         raise ValueError(f"key_cache: needs at least one head and a block size >= 1, got shape {kc.shape}")
-    int8 = kc.dtype == np.int8
-    if not int8:
+    quantized = kc.dtype == np.int8 or code != 0
+    kind = "int8" if not code else next(n for n, c in _core.QUANTIZED.items() if c == code)
+    if not quantized or (code and code != _INT4 and key_scale is None and value_scale is None):
         if key_scale is not None or value_scale is not None:
-            raise ValueError(f"key_scale, value_scale: only an int8 cache has scales; this one is {kc.dtype}")
-        return kc, vc, None, None, 0
+            raise ValueError(f"key_scale, value_scale: only a quantized cache has scales; this one is {kc.dtype}")
+        return kc, vc, None, None, 0, code  # float, or float8 without scales
     if key_scale is None or value_scale is None:
-        raise ValueError("key_scale, value_scale: an int8 cache needs both (float32, one per group of features)")
+        raise ValueError(f"key_scale, value_scale: an {kind} cache needs both (float32, one per group of features)")
     ks = np.asarray(key_scale)
     vs = np.asarray(value_scale)
-    E, Ev = kc.shape[3], vc.shape[3]
+    width = 2 if code == _INT4 else 1
+    E, Ev = kc.shape[3] * width, vc.shape[3] * width
     group = 0
     for a, name, cols in ((ks, "key_scale", E), (vs, "value_scale", Ev)):
         if a.dtype != np.float32 or not a.dtype.isnative or not a.flags.aligned:
@@ -95,11 +126,11 @@ def _cache_pair(
             )
     gk, gv = ks.shape[3], vs.shape[3]
     if gk == 1 and gv == 1:  # one scale a row (or one group as wide as both)
-        return kc, vc, ks, vs, 0
+        return kc, vc, ks, vs, 0, code
     group = E // gk if gk > 1 else Ev // gv
-    if E // group != gk or Ev // group != gv or E % group or Ev % group:
+    if E // group != gk or Ev // group != gv or E % group or Ev % group or group % width:
         raise ValueError(f"key_scale, value_scale: the groups differ ({E}/{gk} and {Ev}/{gv} features a scale)")
-    return kc, vc, ks, vs, group
+    return kc, vc, ks, vs, group, code
 
 
 def _tables(
@@ -203,7 +234,7 @@ def _part(
     q: Array, kc: Array, vc: Array, bt: Array, sl: Array, causal: bool, scale: float,
     window: Optional[Tuple[int, int]], softcap: Optional[float], alibi: Optional[Array],
     sinks: Optional[Array], threads: Optional[int], ks: Optional[Array], vs: Optional[Array],
-    group: int, shift: int, share: bool,
+    group: int, shift: int, share: bool, code: int = 0, iqk: bool = False,
 ) -> Tuple[Array, Array]:
     """(out, lse) of the query over positions [0, sl[b]) of each sequence, row l
     at position sl[b] - L + l + shift, reading shared leading blocks once."""
@@ -216,7 +247,7 @@ def _part(
         found = _shared_groups(bt, np.maximum(visible, 0) // bs)
     if not found:
         return _core.paged_attention(q, kc, vc, bt, sl, causal, scale, window, softcap, alibi, sinks,
-                                     True, None, threads, ks, vs, group, shift)
+                                     True, None, threads, ks, vs, group, shift, code or None, iqk)
     rest_bt = bt.copy()
     rest_sl = sl.copy()
     shared = []
@@ -233,7 +264,7 @@ def _part(
         table = np.ascontiguousarray(bt[members[0], :c][None, :])
         o, s = _core.paged_attention(np.ascontiguousarray(qg), kc, vc, table, np.array([c * bs], np.int64),
                                      False, scale, None, softcap, None, None, True, None, threads, ks, vs,
-                                     group, 0)
+                                     group, 0, code or None, iqk)
         o = o.reshape(Hkv, n, G, L, -1).transpose(1, 0, 2, 3, 4).reshape(n, Hq, L, -1)
         s = s.reshape(Hkv, n, G, L).transpose(1, 0, 2, 3).reshape(n, Hq, L)
         shared.append((members, o, s))
@@ -242,7 +273,7 @@ def _part(
         rest_bt[members, width:] = -1
         rest_sl[members] -= c * bs
     out, lse = _core.paged_attention(q, kc, vc, rest_bt, rest_sl, causal, scale, window, softcap, alibi,
-                                     sinks, True, None, threads, ks, vs, group, shift)
+                                     sinks, True, None, threads, ks, vs, group, shift, code or None, iqk)
     for members, o, s in shared:
         out[members], lse[members] = merge_attention([o, out[members]], [s, lse[members]])
     return out, lse
@@ -267,6 +298,8 @@ def paged_attention(
     num_threads: Optional[int] = None,
     key_scale: Any = None,
     value_scale: Any = None,
+    kv_dtype: Optional[str] = None,
+    integer_qk: bool = False,
 ) -> Union[Array, Tuple[Array, Array]]:
     """Attention of each sequence's last L positions over its paged keys and values.
 
@@ -278,7 +311,10 @@ def paged_attention(
         prefill or speculative verification.
     key_cache, value_cache : ndarray, shapes (num_blocks, Hkv, block_size, E) and (..., Ev)
         One dtype a :class:`~sdpa.KVCache` stores (float16, bfloat16, float32,
-        float64, or int8 with ``key_scale``/``value_scale``), read in place.
+        float64, or int8 with ``key_scale``/``value_scale``), read in place;
+        or the uint8 storage of a float8 or int4 cache, named by ``kv_dtype``
+        (int4 caches hold two values a byte: (..., E // 2) and (..., Ev // 2)).
+        ml_dtypes' float8 arrays need no ``kv_dtype``.
         Hq must be a multiple of Hkv (grouped-query attention is always on).
         ``value_cache`` may be a column view of ``key_cache`` (MLA's latent
         cache, ``key_cache[..., :Ev]``).
@@ -308,7 +344,13 @@ def paged_attention(
     key_scale, value_scale : ndarray, optional
         An int8 cache's float32 scales, (num_blocks, Hkv, block_size, E // G)
         and (..., Ev // G), G features a scale (1 column: one scale a row), as
-        :class:`PagedKVCache` keeps them.
+        :class:`PagedKVCache` keeps them.  float8 caches may go without.
+    kv_dtype : str, optional
+        ``"float8_e4m3fn"``, ``"float8_e5m2"`` or ``"int4"``: what uint8 caches
+        hold (the layouts of :class:`~sdpa.KVCache`).
+    integer_qk : bool
+        int8 and int4 caches: the scores of decoding-size calls in integers,
+        as :meth:`sdpa.KVCache.attend` computes them.
 
     Returns
     -------
@@ -349,15 +391,16 @@ def paged_attention(
         qdt = float_dtype(q.dtype, "query")
     except TypeError:
         raise TypeError(f"query: expected float16, bfloat16, float32 or float64, got dtype {q.dtype}") from None
-    kc, vc, ks, vs, group = _cache_pair(key_cache, value_cache, key_scale, value_scale)
+    kc, vc, ks, vs, group, code = _cache_pair(key_cache, value_cache, key_scale, value_scale, kv_dtype)
     B, Hq, L, E = q.shape
     num_blocks, Hkv, bs, Ek = kc.shape
-    Ev = vc.shape[3]
+    width = 2 if code == _INT4 else 1
+    Ek, Ev = Ek * width, vc.shape[3] * width
     if Ek != E:
         raise ValueError(f"key_cache: {Ek} features a key, the query has {E}")
     if Hq % Hkv:
         raise ValueError(f"query: {Hq} heads is not a multiple of the caches' {Hkv} key/value heads")
-    if (qdt == _FLOAT64) != (kc.dtype == _FLOAT64):
+    if (qdt == _FLOAT64) != (kc.dtype == _FLOAT64) or (code and qdt == _FLOAT64):
         raise TypeError(
             f"key_cache: a {qdt} query attends " + ("a float64 cache" if qdt == _FLOAT64 else
                                                     "float16, bfloat16, float32 or int8 caches")
@@ -365,6 +408,11 @@ def paged_attention(
         )
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
+    if not isinstance(integer_qk, (bool, np.bool_)):
+        raise TypeError(f"integer_qk: expected a bool, got {type(integer_qk).__name__}")
+    iqk = bool(integer_qk)
+    if iqk and not (kc.dtype == np.int8 or code == _INT4):
+        raise ValueError("integer_qk: only int8 and int4 caches have integer keys")
     bt, sl = _tables_fast(block_tables, seq_lens, B, L, num_blocks, bs)
     cdt = _FLOAT64 if qdt == _FLOAT64 else _FLOAT32
     sc = scale_of(scale, E)
@@ -406,7 +454,7 @@ def paged_attention(
     if tree is None and not share:
         try:
             return _core.paged_attention(q, kc, vc, bt, sl, bool(is_causal), sc, win, cap, alibi, sink,
-                                         bool(return_lse), out, threads, ks, vs, group, 0)
+                                         bool(return_lse), out, threads, ks, vs, group, 0, code or None, iqk)
         except ValueError:  # the core checked the table (nothing written): say where it is wrong
             _tables(block_tables, seq_lens, B, L, num_blocks, bs)
             raise
@@ -416,12 +464,12 @@ def paged_attention(
     qc = q if q.dtype == cdt else q.astype(cdt)
     if tree is None:
         o, s = _part(qc, kc, vc, bt, sl, bool(is_causal), sc, win, cap, alibi, sink, threads, ks, vs,
-                     group, 0, True)
+                     group, 0, True, code, iqk)
     else:
         # every position before the last L (the rows sit L past them), then the
         # last L under the tree
         po, ps = _part(qc, kc, vc, bt, sl - L, False, sc, win, cap, alibi, None, threads, ks, vs, group,
-                       L, True)
+                       L, True, code, iqk)
         kt, vt = _gather_tail(kc, bt, sl, L), _gather_tail(vc, bt, sl, L)
         kst = vst = None
         if ks is not None and vs is not None:
@@ -430,7 +478,7 @@ def paged_attention(
         to, ts = call_core(qc, kt, vt, attn_mask=mask, is_causal=False, scale=sc, enable_gqa=True,
                            return_lse=True, window=None if win is None else list(win), softcap=cap,
                            alibi_slopes=alibi, sinks=sink, num_threads=threads, key_scale=kst,
-                           value_scale=vst, group_size=group)
+                           value_scale=vst, group_size=group, kv_dtype=code or None, integer_qk=iqk)
         o, s = merge_attention([po, to], [ps, ts])
     if out is not None:
         np.copyto(out, o, casting="unsafe")
@@ -449,6 +497,7 @@ def paged_write(
     *,
     key_scale: Optional[Array] = None,
     value_scale: Optional[Array] = None,
+    kv_dtype: Optional[str] = None,
 ) -> None:
     """Store T tokens' keys and values into slots of paged caches.
 
@@ -456,13 +505,15 @@ def paged_write(
     ----------
     key : array_like, shape (T, Hkv, E)
     value : array_like, shape (T, Hkv, Ev), or None
-        Real numbers, converted to the caches' dtype (int8: quantized
-        symmetrically, a float32 scale per group, written to ``key_scale`` /
-        ``value_scale``).  None for a latent cache (MLA), whose
+        Real numbers, converted to the caches' dtype (int8, int4 and float8
+        with scales: quantized symmetrically, a float32 scale per group,
+        written to ``key_scale`` / ``value_scale``; float8 without scales:
+        rounded to the format, and refused beyond its range).  None for a latent cache (MLA), whose
         ``value_cache`` is a view of ``key_cache[..., :Ev]`` (and
         ``value_scale`` of ``key_scale``): the keys alone are written.
     key_cache, value_cache : ndarray, shapes (num_blocks, Hkv, block_size, E) and (..., Ev)
-        Written in place.
+        Written in place.  ``kv_dtype`` names what uint8 caches hold, as for
+        :func:`paged_attention`.
     slot_mapping : array_like of int, shape (T,)
         Token ``t`` goes to block ``slot // block_size``, row ``slot % block_size``;
         a negative slot skips the token.
@@ -474,12 +525,13 @@ def paged_write(
         do not fit, a slot past the caches, two tokens for one slot, or (int8)
         values that are NaN or infinite.
     """
-    kc, vc, ks, vs, group = _cache_pair(key_cache, value_cache, key_scale, value_scale)
+    kc, vc, ks, vs, group, code = _cache_pair(key_cache, value_cache, key_scale, value_scale, kv_dtype)
     for a, name in ((kc, "key_cache"), (vc, "value_cache"), (ks, "key_scale"), (vs, "value_scale")):
         if a is not None and not a.flags.writeable:
             raise ValueError(f"{name}: is read-only")
     num_blocks, Hkv, bs, E = kc.shape
-    Ev = vc.shape[3]
+    width = 2 if code == _INT4 else 1
+    E, Ev = E * width, vc.shape[3] * width
     latent = value is None
     if latent and not (np.shares_memory(vc, kc) and (ks is None or vs is None or np.shares_memory(vs, ks))):
         raise ValueError("value: None only for a latent cache, whose value_cache is a view of key_cache "
@@ -508,24 +560,33 @@ def paged_write(
     if np.unique(used).size != used.size:
         raise ValueError("slot_mapping: two tokens go to one slot")
     blocks, rows = used // bs, used % bs
-    if ks is not None and vs is not None:
+    if (ks is not None and vs is not None) or code:
+        kind = "int8" if not code else next(n for n, c in _core.QUANTIZED.items() if c == code)
         kf = np.require(k[keep], np.float32, ["C", "A"])
         vf = np.require(v[keep], np.float32, ["C", "A"])
+        top = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}.get(kind)
         for a, name in ((kf, "key"), (vf, "value")):
             if not np.isfinite(a).all():
-                raise ValueError(f"{name}: an int8 cache holds finite values only; got NaN or inf")
+                raise ValueError(f"{name}: a {kind} cache holds finite values only; got NaN or inf")
+            if ks is None and top is not None and a.size and float(np.abs(a).max()) > top:
+                raise ValueError(f"{name}: a {kind} cache without scales holds values up to {top:g} in "
+                                 f"magnitude; got {float(np.abs(a).max()):g}")
         n = kf.shape[0]
-        qk = np.empty((1, n, Hkv, E), np.int8)
-        qv = np.empty((1, n, Hkv, Ev), np.int8)
-        sk = np.empty((1, n, Hkv, ks.shape[3]), np.float32)
-        sv = np.empty((1, n, Hkv, vs.shape[3]), np.float32)
-        _core.quantize_int8(kf[None], qk, sk, group)
-        kc[blocks, :, rows, :] = qk[0]
-        ks[blocks, :, rows, :] = sk[0]
+        qk = np.empty((1, n, Hkv, E // width), kc.dtype)
+        qv = np.empty((1, n, Hkv, Ev // width), kc.dtype)
+        sk = None if ks is None else np.empty((1, n, Hkv, ks.shape[3]), np.float32)
+        sv = None if vs is None else np.empty((1, n, Hkv, vs.shape[3]), np.float32)
+        qcode = code or int(_core.QUANTIZED["int8"])
+        _core.quantize(qcode, kf[None], qk, sk, group)
         if not latent:
-            _core.quantize_int8(vf[None], qv, sv, group)
+            _core.quantize(qcode, vf[None], qv, sv, group)
+        kc[blocks, :, rows, :] = qk[0]
+        if ks is not None and sk is not None:
+            ks[blocks, :, rows, :] = sk[0]
+        if not latent:
             vc[blocks, :, rows, :] = qv[0]
-            vs[blocks, :, rows, :] = sv[0]
+            if vs is not None and sv is not None:
+                vs[blocks, :, rows, :] = sv[0]
         return
     kc[blocks, :, rows, :] = k[keep].astype(kc.dtype, copy=False)
     if not latent:
@@ -539,9 +600,11 @@ class PagedKVCache:
     ``value_cache`` (..., head_dim_v) hold every sequence's keys and values;
     each sequence owns a list of blocks (its block table).  Full blocks may be
     shared between sequences (:meth:`fork`); a block returns to the pool when
-    no sequence holds it.  For ``dtype="int8"`` the float32 scales are
-    ``key_scale`` / ``value_scale`` (one per ``group_size`` features, default
-    one per row).  ``latent=True`` keeps MLA's latent cache: ``value_cache`` is
+    no sequence holds it.  For the quantized dtypes of :class:`~sdpa.KVCache`
+    (``"int8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``, ``"int4"``, with the
+    same storage) the float32 scales are ``key_scale`` / ``value_scale`` (one
+    per ``group_size`` features, default one per row, and 32 for int4 where
+    it divides both head dims; a float8 cache with ``scale=None`` has none).  ``latent=True`` keeps MLA's latent cache: ``value_cache`` is
     ``key_cache[..., :head_dim_v]``, stored and read once, and :meth:`append`
     takes the keys only.
 
@@ -566,6 +629,7 @@ class PagedKVCache:
         dtype: Any = np.float32,
         group_size: Optional[int] = None,
         latent: bool = False,
+        scale: Optional[str] = "absmax",
     ) -> None:
         n = count(num_blocks, "num_blocks", 1)
         self._bs = count(block_size, "block_size", 1)
@@ -573,26 +637,43 @@ class PagedKVCache:
         e = count(head_dim, "head_dim", 1)
         ev = e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
         self._dtype = cache_dtype(dtype)
-        int8 = self._dtype == np.int8
+        code = quantized_code(dtype)
+        self._kind: Optional[str] = next((k for k, c in _core.QUANTIZED.items() if c == code), None)
+        self.kv_dtype: Optional[str] = None if self._kind in (None, "int8") else self._kind
+        width = 2 if code == _INT4 else 1
+        if scale not in ("absmax", None):
+            raise ValueError(f'scale: expected "absmax" or None, got {scale!r}')
+        if scale is None and self._kind not in _FP8:
+            raise ValueError(f"scale: only a float8 cache may go without scales; this one is {self._kind or self._dtype}")
+        scaled = code != 0 and scale is not None
         self._group = 0
         if group_size is not None:
-            if not int8:
-                raise ValueError(f"group_size: only an int8 cache has scales; this one is {self._dtype}")
+            if not scaled:
+                raise ValueError(f"group_size: only a quantized cache with scales has groups; this one is "
+                                 f"{self._kind or self._dtype}")
             self._group = count(group_size, "group_size", 1)
-            if e % self._group or ev % self._group:
-                raise ValueError(f"group_size: {self._group} must divide head_dim ({e}) and head_dim_v ({ev})")
+            if e % self._group or ev % self._group or self._group % width:
+                raise ValueError(f"group_size: {self._group} must divide head_dim ({e}) and head_dim_v ({ev})"
+                                 + (" and be even" if width == 2 else ""))
+        elif width == 2 and e % 32 == 0 and ev % 32 == 0:
+            self._group = 32
+        if width == 2 and (e % 2 or ev % 2):
+            raise ValueError(f"head_dim: an int4 cache holds two values a byte, so head_dim ({e}) and "
+                             f"head_dim_v ({ev}) must be even")
         if not isinstance(latent, (bool, np.bool_)):
             raise TypeError(f"latent: expected a bool, got {type(latent).__name__}")
         self._latent = bool(latent)
         if self._latent and ev > e:
             raise ValueError(f"head_dim_v: a latent cache's values are the first head_dim_v of the keys' {e} "
                              f"features; got {ev}")
-        self.key_cache = np.zeros((n, heads, self._bs, e), self._dtype)
-        self.value_cache = (self.key_cache[..., :ev] if self._latent
-                            else np.zeros((n, heads, self._bs, ev), self._dtype))
+        self._e, self._ev = e, ev
+        fill = 0x88 if width == 2 else 0  # int4 nibbles hold the value plus 8
+        self.key_cache = np.full((n, heads, self._bs, e // width), fill, self._dtype)
+        self.value_cache = (self.key_cache[..., :ev // width] if self._latent
+                            else np.full((n, heads, self._bs, ev // width), fill, self._dtype))
         self.key_scale: Optional[Array] = None
         self.value_scale: Optional[Array] = None
-        if int8:
+        if scaled:
             gk = e // self._group if self._group else 1
             gv = ev // self._group if self._group else 1
             self.key_scale = np.zeros((n, heads, self._bs, gk), np.float32)
@@ -664,8 +745,8 @@ class PagedKVCache:
             raise ValueError("value: a latent cache takes the keys only" if self._latent
                              else "value: expected the values (only a latent cache takes None)")
         k = _to_array(key, "key")
-        v = k[..., : self.value_cache.shape[3]] if value is None else _to_array(value, "value")
-        heads, e, ev = self.key_cache.shape[1], self.key_cache.shape[3], self.value_cache.shape[3]
+        v = k[..., : self._ev] if value is None else _to_array(value, "value")
+        heads, e, ev = self.key_cache.shape[1], self._e, self._ev
         for a, name, cols in ((k, "key", e), (v, "value", ev)):
             if a.ndim != 3 or a.shape[0] != heads or a.shape[2] != cols:
                 raise ValueError(f"{name}: expected shape ({heads}, T, {cols}), got {a.shape}")
@@ -683,7 +764,8 @@ class PagedKVCache:
                 pos = np.arange(start, start + T)
                 slots = table[pos // self._bs] * self._bs + pos % self._bs
                 paged_write(k.transpose(1, 0, 2), None if self._latent else v.transpose(1, 0, 2), self.key_cache,
-                            self.value_cache, slots, key_scale=self.key_scale, value_scale=self.value_scale)
+                            self.value_cache, slots, key_scale=self.key_scale, value_scale=self.value_scale,
+                            kv_dtype=self.kv_dtype)
             except BaseException:
                 self._refs[new] = 0
                 self._free.extend(reversed(new))  # as they were: the next blocks taken are the same
@@ -745,12 +827,12 @@ class PagedKVCache:
         with self._lock:
             bt, sl = self._tables(seq_ids)
             return paged_attention(query, self.key_cache, self.value_cache, bt, sl, key_scale=self.key_scale,
-                                   value_scale=self.value_scale, **kw)
+                                   value_scale=self.value_scale, kv_dtype=self.kv_dtype, **kw)
 
     def __repr__(self) -> str:
         return (
             f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self._bs}, "
-            f"num_kv_heads={self.key_cache.shape[1]}, head_dim={self.key_cache.shape[3]}, "
-            f"head_dim_v={self.value_cache.shape[3]}, dtype={self._dtype}, sequences={len(self._blocks)}, "
+            f"num_kv_heads={self.key_cache.shape[1]}, head_dim={self._e}, "
+            f"head_dim_v={self._ev}, dtype={self._kind or self._dtype}, sequences={len(self._blocks)}, "
             f"free_blocks={self.free_blocks})"
         )
