@@ -309,7 +309,7 @@ def bad_calls(q, kc, vc, bt, lens):
         ({"sinks": np.ones(5)}, ValueError, "sinks"),
         ({"num_threads": 0}, ValueError, "num_threads"),
         ({"is_causal": "yes"}, TypeError, "is_causal"),
-        ({"key_scale": np.ones((1,), np.float32)}, ValueError, "only an int8 cache"),
+        ({"key_scale": np.ones((1,), np.float32)}, ValueError, "only a quantized cache"),
         ({"out": np.empty((3, 8, 2, 31), np.float32)}, ValueError, "out: expected shape"),
         ({"out": q[:, :, :, :32]}, ValueError, "out: overlaps query"),
     ]

@@ -50,6 +50,11 @@ _FP8 = ("float8_e4m3fn", "float8_e5m2")
 _INT4 = int(_core.QUANTIZED["int4"])
 
 
+def _article(name: str) -> str:
+    """ "an" before "int8" and "int4", "a" before "float8_..."."""
+    return "an" if name.startswith("int") else "a"
+
+
 def _storage_code(kc: Array, vc: Array, kv_dtype: Optional[str]) -> Tuple[Array, Array, int]:
     """The caches as the core reads them (float8 arrays of ml_dtypes as uint8)
     and the core's code of a quantized type other than int8 (0 for the rest)."""
@@ -111,7 +116,8 @@ def _cache_pair(
             raise ValueError(f"key_scale, value_scale: only a quantized cache has scales; this one is {kc.dtype}")
         return kc, vc, None, None, 0, code  # float, or float8 without scales
     if key_scale is None or value_scale is None:
-        raise ValueError(f"key_scale, value_scale: an {kind} cache needs both (float32, one per group of features)")
+        raise ValueError(f"key_scale, value_scale: {_article(kind)} {kind} cache needs both (float32, one per group "
+                         "of features)")
     ks = np.asarray(key_scale)
     vs = np.asarray(value_scale)
     width = 2 if code == _INT4 else 1
@@ -567,9 +573,9 @@ def paged_write(
         top = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}.get(kind)
         for a, name in ((kf, "key"), (vf, "value")):
             if not np.isfinite(a).all():
-                raise ValueError(f"{name}: a {kind} cache holds finite values only; got NaN or inf")
+                raise ValueError(f"{name}: {_article(kind)} {kind} cache holds finite values only; got NaN or inf")
             if ks is None and top is not None and a.size and float(np.abs(a).max()) > top:
-                raise ValueError(f"{name}: a {kind} cache without scales holds values up to {top:g} in "
+                raise ValueError(f"{name}: {_article(kind)} {kind} cache without scales holds values up to {top:g} in "
                                  f"magnitude; got {float(np.abs(a).max()):g}")
         n = kf.shape[0]
         qk = np.empty((1, n, Hkv, E // width), kc.dtype)
