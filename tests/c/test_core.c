@@ -1399,6 +1399,112 @@ static void feature_cases(sdpa_dtype dt, sdpa_dtype kvdt) {
     }
 }
 
+/* Value c of a quantized row, written out from the formats' definitions. */
+static double quantized_value(sdpa_dtype dt, const uint8_t *row, int c) {
+    if (dt == SDPA_INT8) return (double)(int8_t)row[c];
+    if (dt == SDPA_INT4) return (double)((row[c / 2] >> (c % 2 * 4)) & 15) - 8;
+    const int b = row[c], sign = b & 0x80 ? -1 : 1;
+    if (dt == SDPA_FP8_E4M3) {
+        const int e = (b >> 3) & 15, m = b & 7;
+        if ((b & 0x7f) == 0x7f) return NAN;
+        return sign * (e ? ldexp(1 + m / 8.0, e - 7) : ldexp(m / 8.0, -6));
+    }
+    const int e = (b >> 2) & 31, m = b & 3;
+    if (e == 31) return m ? NAN : sign * INFINITY;
+    return sign * (e ? ldexp(1 + m / 4.0, e - 15) : ldexp(m / 4.0, -14));
+}
+
+/* Keys and values quantized to dt by sdpa_quantize (whole-row and grouped
+ * scales; float8 also without), then attention over them (row and tiled
+ * paths) on every kernel set, against a float64 loop over the dequantized
+ * values; with integer_qk, over the query rows as the core rounds them (int8,
+ * a scale each). */
+static void test_quantized_attention(sdpa_dtype dt, int integer_qk, const float *kf, const float *vf) {
+    enum { S = 300, E = 32, H = 2, G = 2 /* query heads per kv head */ };
+    const int width = dt == SDPA_INT4 ? 2 : 1, rb = E / width, fp8 = dt == SDPA_FP8_E4M3 || dt == SDPA_FP8_E5M2;
+    const char *name = dt == SDPA_INT8 ? "int8" : dt == SDPA_INT4 ? "int4" : dt == SDPA_FP8_E4M3 ? "e4m3" : "e5m2";
+    uint8_t *kq = (uint8_t *)xcalloc((size_t)H * S * rb, 1), *vq = (uint8_t *)xcalloc((size_t)H * S * rb, 1);
+    float *ks = (float *)xcalloc((size_t)H * S * E, sizeof(float)), *vs = (float *)xcalloc((size_t)H * S * E, sizeof(float));
+    const int groups[3] = {0, 8, -1}; /* -1: float8 without scales */
+    const int lens[2] = {1, 20};
+    for (int gi = 0; gi < (fp8 ? 3 : 2); gi++) {
+        const int g = groups[gi] < 0 ? 0 : groups[gi], ng = (int)sdpa_int8_scales_per_row(E, g), gw = g ? g : E;
+        float *ksp = groups[gi] < 0 ? NULL : ks, *vsp = groups[gi] < 0 ? NULL : vs;
+        int ok = sdpa_quantize(dt, kf, E, H * S, E, g, kq, rb, ksp, ng) == SDPA_OK &&
+                 sdpa_quantize(dt, vf, E, H * S, E, g, vq, rb, vsp, ng) == SDPA_OK;
+        check(ok, "%s: sdpa_quantize, group %d%s", name, g, ksp ? "" : ", no scales");
+        for (int li = 0; li < 2; li++) {
+            const int L = lens[li];
+            float *q = (float *)xcalloc((size_t)H * G * L * E, sizeof(float)), *out = (float *)xcalloc((size_t)H * G * L * E, sizeof(float));
+            double *qd = (double *)xcalloc((size_t)H * G * L * E, sizeof(double));  /* the query the scores see */
+            for (int i = 0; i < H * G * L * E; i++) q[i] = (float)((i * 37) % 101 - 50) / 50.0f;
+            const double scale = 1.0 / sqrt((double)E);
+            for (int r = 0; r < H * G * L; r++) {
+                const float *x = q + r * E;
+                if (!integer_qk || L > 1) {  /* the tiled path computes in float */
+                    for (int c = 0; c < E; c++) qd[r * E + c] = (double)x[c] * scale;
+                    continue;
+                }
+                float xs[E], mx = 0;
+                for (int c = 0; c < E; c++) xs[c] = x[c] * (float)scale, mx = fmaxf(mx, fabsf(xs[c]));
+                const float qs = mx / 127.0f, inv = 1.0f / qs;
+                for (int c = 0; c < E; c++) qd[r * E + c] = (double)nearbyintf(xs[c] * inv) * qs;
+            }
+            for (int isa = 0; isa < NUM_ISAS; isa++) {
+                if (!sdpa_isa_supported(ISAS[isa])) continue;
+                sdpa_set_isa(ISAS[isa]);
+                sdpa_problem p;
+                sdpa_problem_init(&p);
+                p.kv_dtype = dt;
+                p.integer_qk = integer_qk;
+                p.num_heads = H * G, p.gqa_group = G, p.len_q = L, p.len_kv = S, p.head_dim = E, p.head_dim_v = E;
+                p.query = (sdpa_view){.data = q, .head_stride = L * E, .row_stride = E, .col_stride = 1};
+                p.out = (sdpa_view){.data = out, .head_stride = L * E, .row_stride = E, .col_stride = 1};
+                p.key = (sdpa_view){.data = kq, .head_stride = S * rb, .row_stride = rb, .col_stride = 1};
+                p.value = (sdpa_view){.data = vq, .head_stride = S * rb, .row_stride = rb, .col_stride = 1};
+                if (ksp) {
+                    p.key_scale = (sdpa_view){.data = ks, .head_stride = S * ng, .row_stride = ng, .col_stride = 1};
+                    p.value_scale = (sdpa_view){.data = vs, .head_stride = S * ng, .row_stride = ng, .col_stride = 1};
+                }
+                p.kv_group_size = g;
+                p.scale = scale;
+                p.causal = 1, p.causal_offset = S - L;
+                const sdpa_status st = sdpa_attention(&p);
+                double err = 0;
+                for (int h = 0; h < H * G; h++)
+                    for (int l = 0; l < L; l++) {
+                        const int hk = h / G, last = S - L + l;
+                        double m = -INFINITY, sum = 0, acc[E] = {0};
+                        double *sc = (double *)xcalloc(S, sizeof(double));
+                        for (int s = 0; s <= last; s++) {
+                            double d = 0;
+                            for (int c = 0; c < E; c++) {
+                                const double f = ksp ? ks[(hk * S + s) * ng + c / gw] : 1.0;
+                                d += qd[(h * L + l) * E + c] * (double)(float)(quantized_value(dt, kq + (hk * S + s) * rb, c) * f);
+                            }
+                            sc[s] = d;
+                            m = fmax(m, sc[s]);
+                        }
+                        for (int s = 0; s <= last; s++) {
+                            const double w = exp(sc[s] - m);
+                            sum += w;
+                            for (int c = 0; c < E; c++) {
+                                const double f = vsp ? vs[(hk * S + s) * ng + c / gw] : 1.0;
+                                acc[c] += w * (double)(float)(quantized_value(dt, vq + (hk * S + s) * rb, c) * f);
+                            }
+                        }
+                        for (int c = 0; c < E; c++) err = fmax(err, fabs(acc[c] / sum - out[(h * L + l) * E + c]));
+                        free(sc);
+                    }
+                check(st == SDPA_OK && err < 2e-5, "%s%s: %s, group %d%s, L %d: max error %.2e", name,
+                      integer_qk ? " integer_qk" : "", ISAS[isa], g, ksp ? "" : " (no scales)", L, err);
+            }
+            free(q), free(out), free(qd);
+        }
+    }
+    free(kq), free(vq), free(ks), free(vs);
+}
+
 /* int8 keys and values: sdpa_quantize_int8, then attention over them (row and
  * tiled paths, whole-row and grouped scales) against a float64 loop over the
  * dequantized values, on every kernel set. */
@@ -1430,72 +1536,14 @@ static void test_int8(void) {
                   isfinite(127.0f * bs) && isfinite(-127.0f * bs) && 127.0f * bs >= FLT_MAX * (1 - 1e-6f),
               "int8: FLT_MAX quantizes to a finite value");
     }
-    const int groups[2] = {0, 8};
-    const int lens[2] = {1, 20};
-    for (int gi = 0; gi < 2; gi++) {
-        const int g = groups[gi], ng = (int)sdpa_int8_scales_per_row(E, g), gw = g ? g : E;
-        int ok = sdpa_quantize_int8(kf, E, H * S, E, g, kq, E, ks, ng) == SDPA_OK &&
-                 sdpa_quantize_int8(vf, E, H * S, E, g, vq, E, vs, ng) == SDPA_OK;
-        double qerr = 0;
-        for (int i = 0; i < H * S * E; i++) {
-            const float d = (float)kq[i] * ks[(i / E) * ng + (i % E) / gw];
-            qerr = fmax(qerr, fabs((double)d - kf[i]) / ((double)ks[(i / E) * ng + (i % E) / gw] + 1e-30));
-        }
-        check(ok && qerr <= 0.5 + 1e-4, "int8: quantize, group %d: within half a step (%.3f)", g, qerr);
-        for (int li = 0; li < 2; li++) {
-            const int L = lens[li];
-            float *q = (float *)xcalloc((size_t)H * G * L * E, sizeof(float)), *out = (float *)xcalloc((size_t)H * G * L * E, sizeof(float));
-            for (int i = 0; i < H * G * L * E; i++) q[i] = (float)((i * 37) % 101 - 50) / 50.0f;
-            for (int isa = 0; isa < NUM_ISAS; isa++) {
-                if (!sdpa_isa_supported(ISAS[isa])) continue;
-                sdpa_set_isa(ISAS[isa]);
-                sdpa_problem p;
-                sdpa_problem_init(&p);
-                p.kv_dtype = SDPA_INT8;
-                p.num_heads = H * G, p.gqa_group = G, p.len_q = L, p.len_kv = S, p.head_dim = E, p.head_dim_v = E;
-                p.query = (sdpa_view){.data = q, .head_stride = L * E, .row_stride = E, .col_stride = 1};
-                p.out = (sdpa_view){.data = out, .head_stride = L * E, .row_stride = E, .col_stride = 1};
-                p.key = (sdpa_view){.data = kq, .head_stride = S * E, .row_stride = E, .col_stride = 1};
-                p.value = (sdpa_view){.data = vq, .head_stride = S * E, .row_stride = E, .col_stride = 1};
-                p.key_scale = (sdpa_view){.data = ks, .head_stride = S * ng, .row_stride = ng, .col_stride = 1};
-                p.value_scale = (sdpa_view){.data = vs, .head_stride = S * ng, .row_stride = ng, .col_stride = 1};
-                p.kv_group_size = g;
-                p.scale = 1.0 / sqrt((double)E);
-                p.causal = 1, p.causal_offset = S - L;
-                const sdpa_status st = sdpa_attention(&p);
-                double err = 0;
-                for (int h = 0; h < H * G; h++)
-                    for (int l = 0; l < L; l++) {
-                        const int hk = h / G, last = S - L + l;
-                        double m = -INFINITY, sum = 0, acc[E] = {0};
-                        double *sc = (double *)xcalloc(S, sizeof(double));
-                        for (int s = 0; s <= last; s++) {
-                            double d = 0;
-                            for (int c = 0; c < E; c++) {
-                                const int i = (hk * S + s) * E + c;
-                                d += (double)q[(h * L + l) * E + c] * (double)((float)kq[i] * ks[(hk * S + s) * ng + c / gw]);
-                            }
-                            sc[s] = d * p.scale;
-                            m = fmax(m, sc[s]);
-                        }
-                        for (int s = 0; s <= last; s++) {
-                            const double w = exp(sc[s] - m);
-                            sum += w;
-                            for (int c = 0; c < E; c++) {
-                                const int i = (hk * S + s) * E + c;
-                                acc[c] += w * (double)((float)vq[i] * vs[(hk * S + s) * ng + c / gw]);
-                            }
-                        }
-                        for (int c = 0; c < E; c++) err = fmax(err, fabs(acc[c] / sum - out[(h * L + l) * E + c]));
-                        free(sc);
-                    }
-                check(st == SDPA_OK && err < 2e-5, "int8: %s, group %d, L %d: max error %.2e", ISAS[isa], g, L, err);
-            }
-            free(q);
-            free(out);
-        }
-    }
-    free(kf), free(vf), free(kq), free(vq), free(ks), free(vs);
+    free(kq), free(vq), free(ks), free(vs);
+    test_quantized_attention(SDPA_INT8, 0, kf, vf);
+    test_quantized_attention(SDPA_INT8, 1, kf, vf);
+    test_quantized_attention(SDPA_INT4, 0, kf, vf);
+    test_quantized_attention(SDPA_INT4, 1, kf, vf);
+    test_quantized_attention(SDPA_FP8_E4M3, 0, kf, vf);
+    test_quantized_attention(SDPA_FP8_E5M2, 0, kf, vf);
+    free(kf), free(vf);
 }
 
 /* The ABI guard: a caller compiled against 0.1's header (no struct_size: the
