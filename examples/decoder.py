@@ -12,10 +12,11 @@ Prints the throughput of prefill and decode, then checks that the cached
 decode gives what one causal pass over the whole sequence gives.  With
 ``--kv-cache``, the caches hold another dtype (several, comma-separated, are
 run one after the other): float32 gives the full pass's logits to rounding,
-16-bit and int8 caches to their own precision.
+16-bit, int8, float8 and int4 caches to their own precision; ``+iqk`` after
+int8 or int4 decodes with integer Q.K (``integer_qk=True``).
 
     python examples/decoder.py --layers 4 --tokens 32 --threads 2
-    python examples/decoder.py --prompt 2048 --kv-cache float32,bfloat16,int8
+    python examples/decoder.py --prompt 2048 --kv-cache float32,bfloat16,int8,float8_e4m3fn,int4,int4+iqk
 """
 from __future__ import annotations
 
@@ -91,11 +92,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kv-cache", default="float32",
-                    help="cache dtypes, comma-separated: float32, bfloat16, float16, int8 (default float32)")
+                    help="cache dtypes, comma-separated: float32, bfloat16, float16, int8, float8_e4m3fn, "
+                    "float8_e5m2, int4, and int8+iqk / int4+iqk for integer Q.K (default float32)")
     ap.add_argument("--no-check", action="store_true", help="skip the check against a full pass")
     args = ap.parse_args(argv)
     cache_types = [t.strip() for t in args.kv_cache.split(",") if t.strip()]
-    known: Dict[str, Any] = {"float32": np.float32, "float16": np.float16, "int8": "int8"}
+    known: Dict[str, Any] = {"float32": np.float32, "float16": np.float16, "int8": "int8", "int8+iqk": "int8",
+                             "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2", "int4": "int4",
+                             "int4+iqk": "int4"}
     try:
         import ml_dtypes
 
@@ -120,10 +124,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         f"attention threads: {threads or 'sdpa default'}"
     )
     # the largest relative difference from the full pass each cache type allows
-    tolerance = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2, "int8": 5e-2}
+    tolerance = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2, "int8": 5e-2, "int8+iqk": 5e-2,
+                 "float8_e4m3fn": 1e-1, "float8_e5m2": 2e-1, "int4": 3e-1, "int4+iqk": 3e-1}
     failed = False
     for cache_type in cache_types:
         caches = model.new_caches(args.batch, total, known[cache_type])
+        for block in model.blocks:
+            block.attn.integer_qk = cache_type.endswith("+iqk")
 
         # prefill: the whole prompt in one pass per layer; the last position predicts
         t0 = time.perf_counter()

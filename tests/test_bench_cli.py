@@ -747,7 +747,8 @@ def test_cli_masked_shapes(tmp_path, capsys):
 #: Bound on a step's max error against float64 attention over the float32 keys and
 #: values of TINY_DECODE (standard normal, E = 8), by cache dtype: the storage rounding
 #: dominates (int8: half a step of max|x| / 127 per element, up to about 0.02).
-CACHE_ERR = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 2e-3, "int8": 2e-2, "int8:4": 2e-2}
+CACHE_ERR = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 2e-3, "int8": 2e-2, "int8:4": 2e-2, "float8_e4m3fn": 6e-2,
+             "float8_e5m2:4": 1.2e-1, "int4:8": 2e-1, "int8+iqk": 4e-2, "int4:8+iqk": 2e-1}
 
 
 def test_cache_shapes_are_the_documented_ones():
@@ -755,12 +756,16 @@ def test_cache_shapes_are_the_documented_ones():
         ("decode-gqa-32k", 1, 32, 8, 1, 32768, 128),
         ("decode-gqa-4k", 1, 32, 8, 1, 4096, 128),
     ]
-    assert bench.CACHE_DTYPES == ("float32", "bfloat16", "float16", "int8")
+    assert bench.CACHE_DTYPES == ("float32", "bfloat16", "float16", "int8", "float8_e4m3fn", "float8_e5m2",
+                                  "int4:32", "int8+iqk", "int4:32+iqk")
 
 
 def test_parse_cache_dtypes():
     assert bench.parse_cache_dtypes("float32, int8:4,int8,float32") == ["float32", "int8:4", "int8"]
-    for bad in ("int4", "int8:0", "int8:x", "float32:2", "float64", " , "):
+    assert bench.parse_cache_dtypes("int4:32+iqk,float8_e5m2:16,int8+iqk") == ["int4:32+iqk", "float8_e5m2:16",
+                                                                              "int8+iqk"]
+    for bad in ("int3", "int8:0", "int8:x", "float32:2", "float64", " , ", "float8_e4m3fn+iqk", "int8+x",
+                "float32+iqk"):
         with pytest.raises(ValueError, match="cache dtype|at least one"):
             bench.parse_cache_dtypes(bad)
 
@@ -777,7 +782,8 @@ def test_alternating_loop_times_rotates_the_order():
 
 
 def test_run_cache_on_a_tiny_decode(refs):
-    specs = ["float32", "float16", "int8", "int8:4"] + ([] if _ml_dtypes_missing else ["bfloat16"])
+    specs = ["float32", "float16", "int8", "int8:4", "float8_e4m3fn", "float8_e5m2:4", "int4:8", "int8+iqk",
+             "int4:8+iqk"] + ([] if _ml_dtypes_missing else ["bfloat16"])
     rows = bench.run_cache([TINY_DECODE], threads=[1, 2], cache_dtypes=specs, references=refs, **FAST)
     assert [(r["shape"], r["threads"]) for r in rows] == [("tiny-decode", 1), ("tiny-decode", 2)]
     rows_kv = 1 * 2 * 64  # B * Hkv * S
@@ -787,6 +793,11 @@ def test_run_cache_on_a_tiny_decode(refs):
         "float16": rows_kv * 16 * 2,
         "int8": rows_kv * (16 + 2 * 4),  # one float32 scale per key row and per value row
         "int8:4": rows_kv * (16 + 4 * 4),  # two per row of 8 features each
+        "float8_e4m3fn": rows_kv * (16 + 2 * 4),
+        "float8_e5m2:4": rows_kv * (16 + 2 * 2 * 4),  # two scales a row of 8
+        "int4:8": rows_kv * (8 + 2 * 4),  # half a byte a value, one scale a row of 8
+        "int8+iqk": rows_kv * (16 + 2 * 4),
+        "int4:8+iqk": rows_kv * (8 + 2 * 4),
     }
     for row in rows:
         assert row["baseline"] == "float32" and row["dtype"] == "float32" and row["error_rows"] == 1
@@ -835,10 +846,11 @@ def test_cli_cache_dtypes(tmp_path, capsys):
     argv += ["--bandwidth-mib", "1", "--no-progress", "--json", str(path)]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
-    assert "float32 query, float32, bfloat16, float16, int8 caches" in out
+    assert "float32 query, float32, bfloat16, float16, int8, float8_e4m3fn, float8_e5m2, int4:32, int8+iqk, " \
+        "int4:32+iqk caches" in out
     assert "gemm" not in out and "read bandwidth" in out
     assert "ms: median of 1 round alternating between the caches" in out
-    assert "int8: one byte each, and their float32 scales" in out
+    assert "int8 and float8: one byte each, int4: half a byte, and their float32 scales" in out
     assert ("bfloat16 absent" in out) == _ml_dtypes_missing
     data = json.loads(path.read_text())
     settings = data["settings"]
@@ -848,7 +860,10 @@ def test_cli_cache_dtypes(tmp_path, capsys):
     assert list(row["caches"]) == list(bench.CACHE_DTYPES)
     statuses = {spec: r["status"] for spec, r in row["caches"].items()}
     bf16 = "absent" if _ml_dtypes_missing else "ok"
-    assert statuses == {"float32": "ok", "bfloat16": bf16, "float16": "ok", "int8": "ok"}
+    # groups of 32 do not fit the tiny shape's 8 features
+    want = {spec: bf16 if spec == "bfloat16" else "unsupported" if ":32" in spec else "ok"
+            for spec in bench.CACHE_DTYPES}
+    assert statuses == want
     assert row["caches"]["int8"]["bytes"] < row["caches"]["float16"]["bytes"] < row["caches"]["float32"]["bytes"]
 
 
@@ -862,8 +877,8 @@ def test_cli_cache_dtypes_quick(capsys):
 
 def test_cli_cache_dtypes_rejects(capsys):
     base = ["--no-progress", "--cache-dtypes"]
-    assert bench.main(base + ["int4"]) == 2
-    assert "cache dtype 'int4'" in capsys.readouterr().err
+    assert bench.main(base + ["int3"]) == 2
+    assert "cache dtype 'int3'" in capsys.readouterr().err
     for extra in (["--latency"], ["--impls", "sdpa"], ["--dtype", "float16"], ["--kv-dtype", "float16"]):
         assert bench.main(base + ["int8"] + extra) == 2, extra
         assert "--cache-dtypes" in capsys.readouterr().err

@@ -138,6 +138,35 @@ def test_example_decoder_runs():
     assert "tokens/s" in proc.stdout and "OK" in proc.stdout
 
 
+def test_example_decoder_low_bit_caches():
+    script = Path(__file__).parents[1] / "examples" / "decoder.py"
+    if not script.exists():
+        pytest.skip(f"{script} is missing")
+    args = [
+        "--layers", "2", "--tokens", "4", "--prompt", "6", "--embed", "64", "--heads", "2", "--kv-heads", "1",
+        "--vocab", "50", "--threads", "1", "--kv-cache", "float8_e4m3fn,float8_e5m2,int4,int8+iqk,int4+iqk",
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("-> OK") == 5 and "[int4+iqk cache" in proc.stdout
+
+
+@pytest.mark.parametrize("kv", ["int8", "int4"])
+def test_layer_decodes_with_integer_qk(rng, kv):
+    layer = sdpa.MultiHeadAttention(64, 4, 2, kv_cache_dtype=kv, integer_qk=True, rng=rng)
+    x = rng.standard_normal((1, 9, 64)).astype(np.float32)
+    full = layer(x)
+    cache = layer.new_cache(1, 16)
+    steps = [layer(x[:, :5], cache)] + [layer(x[:, t:t + 1], cache) for t in range(5, 9)]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=0.1)
+    with pytest.raises(ValueError, match="integer_qk"):
+        layer(x[:, :1], layer.new_cache(1, 4, dtype=np.float32))
+    with pytest.raises(TypeError, match="integer_qk"):
+        sdpa.MultiHeadAttention(64, 4, integer_qk="yes")
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_16bit_layer_end_to_end(rng, dtype):
     """Weights, activations, attention and cache in 16 bits; the cached decode

@@ -71,8 +71,10 @@ def config() -> Dict[str, Any]:
     per CPU, at least 8), the count a call uses now (``num_threads``, see
     :func:`get_num_threads`), the kernel set in use (``isa``; set
     ``SDPA_ISA=scalar|avx2|avx512|avx512_bf16|amx`` to force one), the kernel
-    sets this CPU supports, and the L1 data and L2 cache sizes in bytes that the
-    tiles are chosen from (``l1d_cache``, ``l2_cache``; docs/blocking.md)."""
+    sets this CPU supports, the L1 data and L2 cache sizes in bytes that the
+    tiles are chosen from (``l1d_cache``, ``l2_cache``; docs/blocking.md), and
+    the kernel ``integer_qk`` scores run on now (``integer_qk``: "avx512_vnni",
+    or "portable" on a CPU or kernel set without it)."""
     isas: List[str] = [name for name in _core.ISAS if _core.isa_supported(name)]
     l1d, l2 = _core.cache_sizes()
     return {
@@ -85,6 +87,7 @@ def config() -> Dict[str, Any]:
         "isas_supported": isas,
         "l1d_cache": l1d,
         "l2_cache": l2,
+        "integer_qk": _core.dot_qi_kernel(),
     }
 
 

@@ -353,10 +353,11 @@ def _attention_general(
     ``key_scale`` and ``value_scale``, key and value are the int8 storage of a
     :class:`KVCache` (checked by it) and the query is computed in float32 (kept
     if 16-bit); ``kv_dtype`` (``sdpa._core.QUANTIZED``) names another quantized
-    storage (uint8; int4 holds two values a byte), scaled or not.  ``diagonal``, when given, replaces ``is_causal``'s mask: row
+    storage (uint8; int4 holds two values a byte), scaled or not.  ``diagonal``, when
+    given, replaces ``is_causal``'s mask: row
     ``l`` sees keys ``s <= l + diagonal`` (a causal mask shifted by any amount,
     for one chunk of a longer key sequence)."""
-    code = kv_dtype  # the quantized storage's (the name is the float operands' below)
+    code = kv_dtype  # the quantized storage's code
     quantized = code is not None or (key_scale is not None and value_scale is not None)
     q = _to_array(query, "query")
     k = _to_array(key, "key")
@@ -369,8 +370,8 @@ def _attention_general(
     if quantized:
         dtype = (q.dtype if _single_or_half(q.dtype) else _FLOAT32).newbyteorder("=")
     else:
-        dtype, kv_dtype = operand_dtypes(q.dtype, k.dtype, v.dtype)  # dtype: the query's and the output's
-        k, v = (_as_operand(a, kv_dtype) for a in (k, v))
+        dtype, kv_float = operand_dtypes(q.dtype, k.dtype, v.dtype)  # dtype: the query's and the output's
+        k, v = (_as_operand(a, kv_float) for a in (k, v))
     cdtype = compute_dtype(dtype)  # of weights, lse and a float mask
     q = _as_operand(q, dtype)
 

@@ -435,7 +435,8 @@ class KVCache:
             v = np.require(v, np.float32, ["C", "A"])
             for a, name in ((k, "k"), (v, "v")):
                 if not np.isfinite(a).all():
-                    raise ValueError(f"{name}: {'an' if self._name.startswith('int') else 'a'} {self._name} cache holds "
+                    article = "an" if self._name.startswith("int") else "a"
+                    raise ValueError(f"{name}: {article} {self._name} cache holds "
                                      "finite values only; got NaN or inf")
                 if not self._scaled:
                     top = _FP8_MAX[self._code]

@@ -66,11 +66,15 @@ class MultiHeadAttention:
         Attention-sink logits, one per query head (gpt-oss): each joins its
         head's softmax denominator and adds no value (see
         :func:`sdpa.scaled_dot_product_attention`).  Kept in :attr:`sinks`.
-    kv_cache_dtype : numpy dtype or ``"int8"``, optional
+    kv_cache_dtype : numpy dtype or str, optional
         The storage dtype of the caches :meth:`new_cache` makes (see
         :class:`KVCache`); the layer's dtype by default.  ``"int8"`` quantizes
         the cached keys and values: a quarter of the float32 memory and of the
-        bytes each decoding step reads, at about 1e-3 of accuracy.
+        bytes each decoding step reads, at about 1e-3 of accuracy;
+        ``"float8_e4m3fn"``, ``"float8_e5m2"`` and ``"int4"`` (an eighth) too.
+    integer_qk : bool, default False
+        Decode over an int8 or int4 cache with integer Q.K (see
+        :meth:`KVCache.attend`); a float cache then raises.
 
     Attributes
     ----------
@@ -111,8 +115,12 @@ class MultiHeadAttention:
         window: Optional[int] = None,
         sinks: Any = None,
         kv_cache_dtype: Any = None,
+        integer_qk: bool = False,
     ) -> None:
         self._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype, window, sinks)
+        if not isinstance(integer_qk, (bool, np.bool_)):
+            raise TypeError(f"integer_qk: expected a bool, got {type(integer_qk).__name__}")
+        self.integer_qk = bool(integer_qk)
         if kv_cache_dtype is not None:  # checked now, not at the first new_cache
             cache_dtype(kv_cache_dtype, "kv_cache_dtype")
         self.kv_cache_dtype: Any = kv_cache_dtype
@@ -408,6 +416,7 @@ class MultiHeadAttention:
                 num_threads=num_threads,
                 window=window,
                 sinks=self.sinks,
+                integer_qk=getattr(self, "integer_qk", False),
             )
         else:
             merged = np.empty((B, T, Hq, D), dtype=result_dtype(q.dtype, k.dtype, v.dtype))

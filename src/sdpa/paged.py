@@ -610,7 +610,8 @@ class PagedKVCache:
     (``"int8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"``, ``"int4"``, with the
     same storage) the float32 scales are ``key_scale`` / ``value_scale`` (one
     per ``group_size`` features, default one per row, and 32 for int4 where
-    it divides both head dims; a float8 cache with ``scale=None`` has none).  ``latent=True`` keeps MLA's latent cache: ``value_cache`` is
+    it divides both head dims; a float8 cache with ``scale=None`` has none).
+    ``latent=True`` keeps MLA's latent cache: ``value_cache`` is
     ``key_cache[..., :head_dim_v]``, stored and read once, and :meth:`append`
     takes the keys only.
 
@@ -650,7 +651,8 @@ class PagedKVCache:
         if scale not in ("absmax", None):
             raise ValueError(f'scale: expected "absmax" or None, got {scale!r}')
         if scale is None and self._kind not in _FP8:
-            raise ValueError(f"scale: only a float8 cache may go without scales; this one is {self._kind or self._dtype}")
+            raise ValueError("scale: only a float8 cache may go without scales; this one is "
+                             f"{self._kind or self._dtype}")
         scaled = code != 0 and scale is not None
         self._group = 0
         if group_size is not None:

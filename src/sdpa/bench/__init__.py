@@ -8,7 +8,7 @@ OpenVINO on this machine.
     python -m sdpa.bench --dtype float32 --kv-dtype bfloat16   # a float32 query, a bfloat16 cache
     python -m sdpa.bench --shapes mask-dense-bool,mask-padding --impls sdpa,torch,ort-mha
     python -m sdpa.bench --latency            # microseconds per call on small problems
-    python -m sdpa.bench --cache-dtypes       # a decode step over a float32, bfloat16, float16, int8 cache
+    python -m sdpa.bench --cache-dtypes       # a decode step over float, int8, float8 and int4 caches
 
 Every implementation runs in the same process on the same inputs (and the same mask,
 on the masked shapes), and the results are reported as throughput next to ratios
@@ -25,8 +25,9 @@ own function and ONNX Runtime's Attention operator, then the greedy ``generate()
 of a tiny random-weight Llama (transformers) with and without ``sdpa.torch.patch()``.
 
 ``--cache-dtypes`` times a decoding step of a float32 query over a :class:`sdpa.KVCache`
-of each dtype (float32, bfloat16, float16, int8) holding the same keys and values, in
-alternating rounds: milliseconds, GB/s of the bytes the cache holds (int8 scales
+of each dtype (float32, bfloat16, float16, and the quantized int8, float8_e4m3fn,
+float8_e5m2 and int4, the last two also with ``integer_qk``) holding the same keys and
+values, in alternating rounds: milliseconds, GB/s of the bytes the cache holds (scales
 included) and the speed against the float32 cache.
 
 Only the standard library and NumPy are needed; PyTorch, ONNX Runtime, OpenVINO,

@@ -2,14 +2,15 @@
 
 A decode step reads the whole key/value cache once, so a cache stored in fewer bytes
 makes it faster as long as reading, not arithmetic, bounds it.  ``--cache-dtypes``
-fills a cache of each dtype asked for (float32, bfloat16, float16, int8 with one
-float32 scale per position and head, or ``int8:G`` with one per G features) with the
-same standard-normal keys and values, and times :meth:`~sdpa.KVCache.attend` of the
-same float32 query over each, in alternating rounds
-(:func:`~sdpa.bench.timing.alternating_loop_times`).  The rates count the bytes each
-cache holds for those keys and values, the int8 scales included; the errors are
-against float64 attention over the float32 keys and values, so they include what
-storing them in the cache's dtype loses.
+fills a cache of each dtype asked for (float32, bfloat16, float16; the quantized
+int8, float8_e4m3fn, float8_e5m2 and int4, with one float32 scale per position and
+head, or ``NAME:G`` with one per G features; ``+iqk`` times the same cache with
+``integer_qk=True``, int8 and int4 only) with the same standard-normal keys and
+values, and times :meth:`~sdpa.KVCache.attend` of the same float32 query over each,
+in alternating rounds (:func:`~sdpa.bench.timing.alternating_loop_times`).  The
+rates count the bytes each cache holds for those keys and values, the scales
+included; the errors are against float64 attention over the float32 keys and
+values, so they include what storing them in the cache's dtype loses.
 """
 
 from __future__ import annotations
@@ -34,35 +35,42 @@ __all__ = ["CACHE_DTYPES", "parse_cache_dtypes", "cache_bytes", "iter_cache", "r
 
 #: The cache dtypes timed unless told otherwise; the first is the one the others are
 #: compared with.
-CACHE_DTYPES = ("float32", "bfloat16", "float16", "int8")
+CACHE_DTYPES = ("float32", "bfloat16", "float16", "int8", "float8_e4m3fn", "float8_e5m2", "int4:32",
+                "int8+iqk", "int4:32+iqk")
 
 _FLOAT_CACHES = ("float32", "bfloat16", "float16")
+_QUANTIZED = ("int8", "float8_e4m3fn", "float8_e5m2", "int4")
 
 
-def _split_spec(spec: str) -> Tuple[str, Optional[int]]:
-    """``"int8:32"`` -> ``("int8", 32)``, ``"float16"`` -> ``("float16", None)``; ValueError
-    for anything else."""
-    name, sep, group = spec.partition(":")
-    if name in _FLOAT_CACHES and not sep:
-        return name, None
-    if name == "int8":
+def _split_spec(spec: str) -> Tuple[str, Optional[int], bool]:
+    """``"int8:32"`` -> ``("int8", 32, False)``, ``"int4:32+iqk"`` -> ``("int4", 32, True)``,
+    ``"float16"`` -> ``("float16", None, False)``; ValueError for anything else."""
+    body, plus, tail = spec.partition("+")
+    iqk = plus == "+"
+    name, sep, group = body.partition(":")
+    if iqk and (tail != "iqk" or name not in ("int8", "int4")):
+        name = ""  # refused below
+    if name in _FLOAT_CACHES and not sep and not iqk:
+        return name, None, False
+    if name in _QUANTIZED:
         if not sep:
-            return name, None
+            return name, None, iqk
         try:
             size = int(group)
         except ValueError:
             size = 0
         if size >= 1:
-            return name, size
+            return name, size, iqk
     raise ValueError(
-        f"cache dtype {spec!r}: expected one of {', '.join(_FLOAT_CACHES)}, int8 or int8:G "
-        "(G >= 1 features per scale)"
+        f"cache dtype {spec!r}: expected one of {', '.join(_FLOAT_CACHES + _QUANTIZED)}, a quantized "
+        "one as NAME:G (G >= 1 features per scale), and int8 or int4 with +iqk (integer_qk)"
     )
 
 
 def parse_cache_dtypes(text: str) -> List[str]:
     """The cache dtypes of ``--cache-dtypes``: comma-separated names among
-    :data:`CACHE_DTYPES`, or ``int8:G`` for int8 with one scale per G features;
+    :data:`CACHE_DTYPES`, ``NAME:G`` for a quantized cache with one scale per G
+    features, and ``+iqk`` after an int8 or int4 one for ``integer_qk=True``;
     duplicates dropped, order kept.  ValueError for anything else, or for none."""
     specs = [t.strip() for t in text.split(",") if t.strip()]
     if not specs:
@@ -81,16 +89,16 @@ def _absent_reason(spec: str) -> Optional[str]:
 
 def _make_cache(spec: str, shape: Shape, k: np.ndarray, v: np.ndarray) -> KVCache:
     """A cache of ``spec``'s dtype holding exactly k and v (capacity S)."""
-    name, group = _split_spec(spec)
-    dtype: Any = "int8" if name == "int8" else bench_dtype(name)
+    name, group, _ = _split_spec(spec)
+    dtype: Any = name if name in _QUANTIZED else bench_dtype(name)
     cache = KVCache(shape.B, shape.Hkv, shape.S, shape.E, shape.Ev, dtype=dtype, group_size=group)
     cache.append(k, v)
     return cache
 
 
 def cache_bytes(cache: KVCache) -> int:
-    """Bytes a step over ``cache`` reads: its keys and values as stored, and for an int8
-    cache their float32 scales."""
+    """Bytes a step over ``cache`` reads: its keys and values as stored, and for a
+    quantized cache their float32 scales."""
     scales = [s for s in (cache.key_scales, cache.value_scales) if s is not None]
     return int(cache.key_data.nbytes + cache.value_data.nbytes + sum(s.nbytes for s in scales))
 
@@ -129,8 +137,13 @@ def iter_cache(
             if reason is not None:
                 missing[spec] = {"status": "absent", "reason": reason}
                 continue
+            base = spec.partition("+")[0]  # a +iqk variant times the same cache
+            shared = next((c for s, c in caches.items() if s.partition("+")[0] == base), None)
+            if shared is not None:
+                caches[spec] = shared
+                continue
             if progress:
-                progress.show(f"cache {shape.name}: filling the {spec} cache")
+                progress.show(f"cache {shape.name}: filling the {base} cache")
             try:
                 caches[spec] = _make_cache(spec, shape, k, v)
             except ValueError as exc:  # a group size that does not divide E or Ev
@@ -169,8 +182,10 @@ def _measure_row(
     for spec, cache in caches.items():
         out = np.empty((shape.B, shape.Hq, shape.L, shape.E if shape.Ev is None else shape.Ev), dtype=np.float32)
 
-        def call(cache: KVCache = cache, out: np.ndarray = out) -> None:
-            cache.attend(q, is_causal=shape.causal, out=out, num_threads=threads)
+        iqk = _split_spec(spec)[2]
+
+        def call(cache: KVCache = cache, out: np.ndarray = out, iqk: bool = iqk) -> None:
+            cache.attend(q, is_causal=shape.causal, out=out, num_threads=threads, integer_qk=iqk)
 
         call()  # its output is checked here; the timing warms up on its own
         result: Dict[str, Any] = {"status": "ok", "bytes": cache_bytes(cache)}
@@ -231,8 +246,10 @@ def run_cache(
         Thread counts; defaults to ``[1, os.cpu_count()]``.
     cache_dtypes
         Among ``"float32"``, ``"bfloat16"`` (needs ml_dtypes: reported ``absent``
-        without it), ``"float16"``, ``"int8"`` (one scale per position and head) and
-        ``"int8:G"`` (one per G features); the first is the baseline of ``speedup``.
+        without it), ``"float16"``, the quantized ``"int8"``, ``"float8_e4m3fn"``,
+        ``"float8_e5m2"`` and ``"int4"`` (one scale per position and head; ``NAME:G``
+        one per G features), and ``"int8+iqk"`` / ``"int4:G+iqk"`` (the same caches
+        with ``integer_qk=True``); the first is the baseline of ``speedup``.
     min_time, repeat
         ``repeat`` rounds, each timing a loop of back-to-back calls over every cache
         in turn (the order rotated from round to round); each cache's loops last

@@ -95,8 +95,8 @@ def _build_parser() -> argparse.ArgumentParser:
         const=",".join(CACHE_DTYPES),
         metavar="LIST",
         help="instead of the suite, a decoding step of a float32 query over a KVCache of each "
-        f"dtype in LIST (default: {','.join(CACHE_DTYPES)}; int8:G for one scale per G features): "
-        "time, GB/s of the bytes read (int8 scales included) and speed against the first; on "
+        f"dtype in LIST (default: {','.join(CACHE_DTYPES)}; NAME:G for one scale per G features, "
+        "+iqk for integer_qk): time, GB/s of the bytes read (scales included) and speed against the first; on "
         + " and ".join(s.name for s in CACHE_SHAPES)
         + " unless --shapes (--quick: the second)",
     )

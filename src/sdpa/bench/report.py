@@ -303,7 +303,7 @@ def format_cache_table(rows: Sequence[Dict[str, Any]]) -> str:
     """The cache mode's results as a plain-text table, one line per (shape, threads,
     cache dtype).
 
-    ``MiB``: the bytes a step reads (keys and values as stored, int8 scales
+    ``MiB``: the bytes a step reads (keys and values as stored, their scales
     included); ``ms``: the median time of a step; ``GB/s`` and ``% bw`` (decode
     shapes): those bytes over the time, and that as a percentage of the read-bandwidth
     reference; ``vs <first>``: the first cache dtype's time over this one's (above 1x:
@@ -350,8 +350,9 @@ def cache_notes(rows: Sequence[Dict[str, Any]], error_rows: int = 0) -> List[str
         f"ms: median of {rounds} round{'s' if rounds != 1 else ''} alternating between the caches, "
         "each a loop of back-to-back KVCache.attend calls with a float32 query; "
         f"vs {baseline}: the {baseline} cache's time over this one's (above 1x: faster)",
-        "MiB, GB/s: the keys and values as the cache stores them (int8: one byte each, and "
-        "their float32 scales), read once per step",
+        "MiB, GB/s: the keys and values as the cache stores them (int8 and float8: one byte "
+        "each, int4: half a byte, and their float32 scales), read once per step; +iqk: the "
+        "same cache with integer_qk=True",
     ]
     if error_rows and any(row.get("error_rows") for row in rows):
         notes.append(
