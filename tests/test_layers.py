@@ -155,12 +155,20 @@ def test_example_decoder_low_bit_caches():
 
 @pytest.mark.parametrize("kv", ["int8", "int4"])
 def test_layer_decodes_with_integer_qk(rng, kv):
+    """The same decode as with float Q.K over the same cache dtype, to the query's rounding."""
     layer = sdpa.MultiHeadAttention(64, 4, 2, kv_cache_dtype=kv, integer_qk=True, rng=rng)
     x = rng.standard_normal((1, 9, 64)).astype(np.float32)
-    full = layer(x)
-    cache = layer.new_cache(1, 16)
-    steps = [layer(x[:, :5], cache)] + [layer(x[:, t:t + 1], cache) for t in range(5, 9)]
-    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=0.1)
+
+    def decode():
+        cache = layer.new_cache(1, 16)
+        return np.concatenate([layer(x[:, :5], cache)] + [layer(x[:, t:t + 1], cache) for t in range(5, 9)], axis=1)
+
+    integer = decode()
+    layer.integer_qk = False
+    floating = decode()
+    assert not np.array_equal(integer[:, 5:], floating[:, 5:])  # the decoding steps took the integer path
+    np.testing.assert_allclose(integer, floating, atol=2e-2 * np.abs(floating).max())
+    layer.integer_qk = True
     with pytest.raises(ValueError, match="integer_qk"):
         layer(x[:, :1], layer.new_cache(1, 4, dtype=np.float32))
     with pytest.raises(TypeError, match="integer_qk"):
