@@ -399,3 +399,47 @@ def test_paged_functions_take_the_storage_by_name_and_ml_dtypes_arrays(rng):
         sdpa.paged_attention(q, kc.astype(np.int8), vc.astype(np.int8), [[1, 2]], [10], kv_dtype="int4")
     with pytest.raises(ValueError, match="without scales holds values up to"):
         sdpa.paged_write(k * 1000, k, kc, vc, np.arange(10), kv_dtype="float8_e4m3fn")
+
+
+@pytest.mark.parametrize("name", FP8)
+def test_every_fp8_byte_widens_exactly_in_the_kernels(isa, name):
+    """One position, so that the output is its value row and the lse its score:
+    every byte but NaN, as a value and as a key feature (a one-hot query row per
+    feature), exactly; then a NaN byte in a key makes the rows that see it NaN."""
+    code = _core.QUANTIZED[name]
+    table = _fp8_table(code)
+    finite = np.flatnonzero(np.isfinite(table)).astype(np.uint8)
+    cache = sdpa.KVCache(1, 1, 1, 32, dtype=name, scale=None)
+    cache.append(np.zeros((1, 1, 1, 32), np.float32), np.zeros((1, 1, 1, 32), np.float32))
+    for start in range(0, finite.size, 32):
+        row = np.resize(finite[start:start + 32], 32)
+        cache._k[0, 0, 0] = row
+        cache._v[0, 0, 0] = row
+        for c0 in range(0, 32, 8):
+            q = np.zeros((1, 8, 1, 32), np.float32)
+            q[0, np.arange(8), 0, c0 + np.arange(8)] = 1
+            out, lse = cache.attend(q, is_causal=False, scale=1.0, return_lse=True)
+            np.testing.assert_array_equal(out[0, :, 0], np.broadcast_to(table[row], (8, 32)))
+            np.testing.assert_array_equal(lse[0, :, 0], table[row[c0:c0 + 8]])
+    nan = 0x7F if name == "float8_e4m3fn" else 0x7E
+    cache._k[0, 0, 0, 5] = nan
+    assert np.isnan(cache.attend(np.ones((1, 2, 1, 32), np.float32), is_causal=False)).all()
+
+
+def test_every_int4_byte_widens_exactly_in_the_kernels(isa):
+    """Every byte (both nibbles, -8 included) as values and key features, one
+    position with a scale of 1: the output is the row, the lse the score."""
+    cache = sdpa.KVCache(1, 1, 1, 32, dtype="int4", group_size=32)
+    cache.append(np.full((1, 1, 1, 32), 7, np.float32), np.full((1, 1, 1, 32), 7, np.float32))
+    assert cache.key_scales[0, 0, 0, 0] == 1 and cache.value_scales[0, 0, 0, 0] == 1
+    for start in range(0, 256, 16):
+        row = np.arange(start, start + 16, dtype=np.uint8)
+        cache._k[0, 0, 0] = row
+        cache._v[0, 0, 0] = row
+        values = np.stack([(row & 15).astype(np.float32) - 8, (row >> 4).astype(np.float32) - 8], axis=1).ravel()
+        for c0 in range(0, 32, 8):
+            q = np.zeros((1, 8, 1, 32), np.float32)
+            q[0, np.arange(8), 0, c0 + np.arange(8)] = 1
+            out, lse = cache.attend(q, is_causal=False, scale=1.0, return_lse=True)
+            np.testing.assert_array_equal(out[0, :, 0], np.broadcast_to(values, (8, 32)))
+            np.testing.assert_array_equal(lse[0, :, 0], values[c0:c0 + 8])

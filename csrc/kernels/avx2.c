@@ -120,14 +120,15 @@ static void widen_avx2(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n
 }
 
 /* lane i of the result = the sum of the lanes of a[i] (8 or 4 vectors) */
-/* 8 float8 e4m3fn values, widened exactly: the bits moved into a float16's
- * (whose exponent bias is 8 more, so times 256 after), NaN for S.1111.111 */
+/* 8 float8 e4m3fn values, widened exactly: the byte in a float16's upper
+ * half, shifted right by one (sign copied) and the copy cleared, is the value
+ * as a float16 whose exponent bias is 8 more (so times 256 after); S.1111.111,
+ * NaN, is the only pattern that gives 480 */
 static inline __m256 load_e4m3_ps(const uint8_t *p) {
-    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
-    const __m128i h = _mm_or_si128(_mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(0x3f80)),
-                                   _mm_and_si128(_mm_slli_epi16(w, 8), _mm_set1_epi16((short)0x8000)));
+    const __m128i w = _mm_slli_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p)), 8);
+    const __m128i h = _mm_and_si128(_mm_srai_epi16(w, 1), _mm_set1_epi16((short)0xbf80));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
     const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
-    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
     return _mm256_blendv_ps(f, _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan)));
 }
 
