@@ -195,13 +195,13 @@ static int run_input(const uint8_t *data, size_t size) {
 
     /* element type, sizes, heads */
     /* the query's dtype and the key/value dtype: float64 goes with float64 only,
-     * the others (float32, bfloat16, float16) with each other (int8 keys and
-     * values, SDPA_INT8, are tested by the Python suite: an unknown kv_dtype
-     * here starts above it) */
+     * the others (float32, bfloat16, float16) with each other (the quantized
+     * keys and values, SDPA_INT8 to SDPA_INT4, are tested by the C and Python
+     * suites: an unknown kv_dtype here starts above them) */
     p.dtype = one_in(r, 40) ? (sdpa_dtype)range(r, 4, 9) : (sdpa_dtype)range(r, 0, 3);
     if (p.dtype > SDPA_FLOAT16) valid = 0;
     if (one_in(r, 3)) {
-        p.kv_dtype = one_in(r, 40) ? (sdpa_dtype)range(r, 5, 9) : (sdpa_dtype)range(r, 0, 3);
+        p.kv_dtype = one_in(r, 40) ? (sdpa_dtype)range(r, SDPA_INT4 + 1, SDPA_INT4 + 5) : (sdpa_dtype)range(r, 0, 3);
         if (p.kv_dtype > SDPA_FLOAT16 || (p.dtype == SDPA_FLOAT64) != (p.kv_dtype == SDPA_FLOAT64)) valid = 0;
     }
     const sdpa_dtype dt = p.dtype <= SDPA_FLOAT16 ? p.dtype : SDPA_FLOAT32;

@@ -279,7 +279,8 @@ def _kv(rng, T, heads=2, e=16):
             rng.standard_normal((1, heads, T, e)).astype(np.float32))
 
 
-@pytest.mark.parametrize("dtype, group", [(np.float32, None), ("int8", None), ("int8", 8), ("bfloat16", None)])
+@pytest.mark.parametrize("dtype, group", [(np.float32, None), ("int8", None), ("int8", 8), ("bfloat16", None),
+                                          ("int4", 8), ("float8_e4m3fn", None)])
 def test_sharded_cache_equals_one_cache(client, rng, dtype, group):
     if dtype == "bfloat16":
         dtype = pytest.importorskip("ml_dtypes").bfloat16

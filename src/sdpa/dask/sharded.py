@@ -81,7 +81,8 @@ class ShardedKVCache:
     ----------
     batch, num_kv_heads, capacity, head_dim, head_dim_v, dtype, group_size
         As for :class:`sdpa.KVCache`; ``capacity`` is the total over the shards
-        (``dtype="int8"`` quantizes on the shard's worker).
+        (``dtype="int8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"`` or ``"int4"`` quantizes on the
+        shard's worker).
     client : distributed.Client, optional
         Defaults to the current client (``distributed.get_client()``).
     workers : sequence of str, optional
@@ -135,7 +136,7 @@ class ShardedKVCache:
         futures = [
             self._client.submit(
                 _Shard, s.batch, s.num_kv_heads, per_shard, s.head_dim, s.head_dim_v,
-                s.dtype, s.group_size, workers=[w], actor=True, pure=False,
+                s.quantization or s.dtype, s.group_size, workers=[w], actor=True, pure=False,
             )
             for w in self._workers
         ]
@@ -316,7 +317,7 @@ class ShardedKVCache:
         held = [i for i, n in enumerate(self._lengths) if n]
         parts = self._call(lambda sh, i: sh.contents(), held)
         s = self._spec
-        dt = np.dtype(np.float32) if s.dtype == np.int8 else s.dtype
+        dt = np.dtype(np.float32) if s.quantization else s.dtype
         if not parts:
             return (np.zeros((s.batch, s.num_kv_heads, 0, s.head_dim), dt),
                     np.zeros((s.batch, s.num_kv_heads, 0, s.head_dim_v), dt))
@@ -360,7 +361,7 @@ class ShardedKVCache:
         s = self._spec
         return (
             f"ShardedKVCache(batch={s.batch}, num_kv_heads={s.num_kv_heads}, head_dim={s.head_dim}, "
-            f"head_dim_v={s.head_dim_v}, dtype={s.dtype}, length={self.length}, "
+            f"head_dim_v={s.head_dim_v}, dtype={s.quantization or s.dtype}, length={self.length}, "
             f"capacity={self.capacity}, shards={self._lengths} on {self._workers})"
         )
 
