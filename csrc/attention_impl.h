@@ -1123,7 +1123,9 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                     for (int x = 0; x < M; x++) {
                         T *sx = sto + (int64_t)x * tile_k;
                         const T *gx = dst + (int64_t)x * tile_k;
-                        if (c0 == 0)
+                        if (c0 == 0 && kscl.rs == 1)  /* one scale a row: contiguous, vectorized */
+                            for (int j = 0; j < m; j++) sx[j] = gx[j] * kg[j];
+                        else if (c0 == 0)
                             for (int j = 0; j < m; j++) sx[j] = gx[j] * kg[j * kscl.rs];
                         else
                             for (int j = 0; j < m; j++) sx[j] += gx[j] * kg[j * kscl.rs];
@@ -1177,7 +1179,10 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
                     for (int x = 0; x < M; x++) {
                         const T *sx = sto + (int64_t)x * tile_k;
                         T *px = sg + (int64_t)x * tile_k;
-                        for (int j = 0; j < m; j++) px[j] = sx[j] * vg[j * vscl.rs];
+                        if (vscl.rs == 1)  /* one scale a row: contiguous, vectorized */
+                            for (int j = 0; j < m; j++) px[j] = sx[j] * vg[j];
+                        else
+                            for (int j = 0; j < m; j++) px[j] = sx[j] * vg[j * vscl.rs];
                     }
                     kern->pv_rows_q(kvdt, M, m, g, sg, tile_k, vb + (nib ? c0 / 2 : c0), vsr, acc + c0, Ev);
                 }
