@@ -1085,11 +1085,6 @@ static void FN(run_row_task)(const sdpa_problem *p, const plan *pl, const KT *ke
     for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
         if (should_stop(irq, tid)) return;
         const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
-        if (!paged && s0 + n < s_end && getenv("PF")) {
-            const int nn = (int)(s_end - s0 - n < tile_k ? s_end - s0 - n : tile_k);
-            FN(prefetch_rows)(k, &p->key, kve, s0 + n, nn, E, 0);
-            FN(prefetch_rows)(v, &p->value, kve, s0 + n, nn, Ev, 0);
-        }
         /* a tile is read by segments of contiguous rows: the whole tile, or
          * (paged) the part of it in each block; scores by column offset */
         const int64_t blk0 = paged ? s0 / p->block_size : 0, row0 = paged ? s0 % p->block_size : 0;
