@@ -167,6 +167,7 @@ static unsigned detect_features(void) {
     if (max_subleaf >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         if ((a >> 5) & 1) f |= SDPA_FEATURE_AVX512_BF16; /* VDPBF16PS, VCVTNEPS2BF16 */
+        if (((a >> 4) & 1) && (f & SDPA_FEATURE_AVX2)) f |= SDPA_FEATURE_AVX_VNNI;
     }
     const int has_amx = ((leaf7_d >> 24) & 1) && ((leaf7_d >> 22) & 1); /* AMX-TILE, AMX-BF16 */
     if (has_amx && (xcr0 & 0x60000ull) == 0x60000ull) f |= SDPA_FEATURE_AMX_BF16;
@@ -198,18 +199,26 @@ void sdpa_testing_portable_dot_qi(int on) { sdpa_atomic_store(&portable_dot_qi, 
 int (*const sdpa_dot_qi_vnni)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
                               const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
                               void *) = NULL;
+int (*const sdpa_dot_qi_avx_vnni)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
+                                  const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
+                                  void *) = NULL;
 #endif
 
 sdpa_dot_qi_f32_fn sdpa_dot_qi_for(const kernel_table *kt) {
-    if (sdpa_dot_qi_vnni && (kt->features & SDPA_FEATURE_AVX512) && (cpu_features() & SDPA_FEATURE_AVX512_VNNI) &&
-        !sdpa_atomic_load(&portable_dot_qi))
+    if (sdpa_atomic_load(&portable_dot_qi)) return kt->f32.dot_qi;
+    if (sdpa_dot_qi_vnni && (kt->features & SDPA_FEATURE_AVX512) && (cpu_features() & SDPA_FEATURE_AVX512_VNNI))
         return sdpa_dot_qi_vnni;
+    if (sdpa_dot_qi_avx_vnni && (kt->features & SDPA_FEATURE_AVX2) && (cpu_features() & SDPA_FEATURE_AVX_VNNI))
+        return sdpa_dot_qi_avx_vnni;
     return kt->f32.dot_qi;
 }
 
 const char *sdpa_testing_dot_qi_kernel(void) {
     const kernel_table *kt = sdpa_kernel_table();
-    return kt && sdpa_dot_qi_vnni && sdpa_dot_qi_for(kt) == sdpa_dot_qi_vnni ? "avx512_vnni" : "portable";
+    const sdpa_dot_qi_f32_fn f = kt ? sdpa_dot_qi_for(kt) : NULL;
+    if (f && f == sdpa_dot_qi_vnni) return "avx512_vnni";
+    if (f && f == sdpa_dot_qi_avx_vnni) return "avx_vnni";
+    return "portable";
 }
 
 /* ---- the tile state ---- */

@@ -75,11 +75,16 @@ static inline int sdpa_is_quantized(sdpa_dtype dt) {
 #define SDPA_QI_WORK_BYTES(m, e) ((size_t)(m) * ((size_t)(e) * 2 + 128) + 64)
 
 /* The AVX512-VNNI dot_qi (kernels/avx512.c), for the sets with AVX-512 on a CPU
- * with VNNI; NULL where the build has none. */
+ * with VNNI, and the AVX-VNNI one (kernels/avx2.c) for the avx2 set on a CPU
+ * with AVX-VNNI; NULL where the build has none. */
 extern int (*const sdpa_dot_qi_vnni)(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const int8_t *q,
                                      int64_t ldq, const float *qscale, const uint8_t *k, int64_t ldk,
                                      const float *ks, int64_t ksr, int64_t ksc, float *s, int64_t lds,
                                      void *work);
+extern int (*const sdpa_dot_qi_avx_vnni)(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const int8_t *q,
+                                         int64_t ldq, const float *qscale, const uint8_t *k, int64_t ldk,
+                                         const float *ks, int64_t ksr, int64_t ksc, float *s, int64_t lds,
+                                         void *work);
 
 /* Every scratch buffer and packed panel is aligned to this many bytes. */
 #define SDPA_ALIGN 64
@@ -277,6 +282,7 @@ enum {
     SDPA_FEATURE_AMX_BF16 = 1 << 3,    /* AMX-TILE, AMX-BF16; the OS saves the tile state (XCR0), and
                                           grants it to the process at the first call that needs it */
     SDPA_FEATURE_AVX512_VNNI = 1 << 4, /* VPDPBUSD (integer_qk's scores); no set needs it */
+    SDPA_FEATURE_AVX_VNNI = 1 << 5,    /* VEX VPDPBUSD on ymm (the same, for the avx2 set) */
 };
 
 /* One kernel set: its name, the features it needs, and its kernels for each
@@ -330,8 +336,9 @@ void sdpa_reset_isa(void);
 /* The table of the named set, or NULL when it is unknown or not supported here. */
 const kernel_table *sdpa_kernel_table_named(const char *name);
 
-/* The dot_qi a float problem on set kt runs: the VNNI one where kt has AVX-512,
- * the CPU has VNNI and the tests have not asked for the portable one; else kt's. */
+/* The dot_qi a float problem on set kt runs: the AVX512-VNNI one where kt has
+ * AVX-512 and the CPU VNNI, else the AVX-VNNI one where kt has AVX2 and the CPU
+ * AVX-VNNI, unless the tests have asked for the portable one; else kt's. */
 typedef int (*sdpa_dot_qi_f32_fn)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
                                   const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
                                   void *);

@@ -40,7 +40,8 @@ void sdpa_testing_set_packing(int mode);
  * (fold_group in attention.c): 0 the rule, n > 0 from n, -1 never. */
 void sdpa_testing_set_fold_group(int min_group);
 /* integer_qk's kernel: on nonzero, the portable one everywhere; and the name
- * of the one a float problem would run now ("avx512_vnni" or "portable"). */
+ * of the one a float problem would run now ("avx512_vnni", "avx_vnni" or
+ * "portable"). */
 void sdpa_testing_portable_dot_qi(int on);
 const char *sdpa_testing_dot_qi_kernel(void);
 

@@ -119,7 +119,6 @@ static void widen_avx2(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n
     if (i < n) sdpa_widen_portable(dt, src + i, dst + i, n - i);
 }
 
-/* lane i of the result = the sum of the lanes of a[i] (8 or 4 vectors) */
 /* 8 float8 e4m3fn values, widened exactly: the byte in a float16's upper
  * half, shifted right by one (sign copied) and the copy cleared, is the value
  * as a float16 whose exponent bias is 8 more (so times 256 after); S.1111.111,
@@ -148,6 +147,7 @@ static inline __m256 load_i4_ps(const uint8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
 }
 
+/* lane i of the result = the sum of the lanes of a[i] (8 or 4 vectors) */
 static inline __m256 hsum_lanes_ps(const __m256 *a) {
     __m256 s2[4], s4[2];
     for (int i = 0; i < 4; i++)  /* [a0+a2 b0+b2 a1+a3 b1+b3] per 128-bit half */
@@ -253,6 +253,147 @@ static void scale_copy_d_avx2(float *dst, const float *src, int64_t n, double in
 #else
 #pragma GCC pop_options
 #endif
+
+/* ---- integer_qk's scores with AVX-VNNI (the avx2 set, on a CPU with AVX-VNNI) ---- */
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avxvnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+#endif
+
+/* As dot_qi_avx512_vnni (avx512.c), 32 values a chunk: the keys as unsigned
+ * bytes (int8 + 128; int4 nibbles, value + 8, unpacked into their natural
+ * order), the offsets' products taken off per lane. */
+static inline __attribute__((always_inline)) __m256i qi_keys_avx(const uint8_t *p, const int int4) {
+    if (!int4) return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)p), _mm256_set1_epi8((char)0x80));
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+}
+
+/* the scale of each lane of chunk c (32 values) of a key: one for g >= 32,
+ * lanes 0-3 and 4-7 their own for g = 16 */
+static inline __attribute__((always_inline)) __m256 qi_scales_avx(const float *ks, int64_t ksc, int64_t c,
+                                                                  int64_t g) {
+    if (g >= 32) return _mm256_set1_ps(ks[(c * 32 / g) * ksc]);
+    const float *first = ks + (c * 2) * ksc;
+    return _mm256_blend_ps(_mm256_set1_ps(first[0]), _mm256_set1_ps(first[ksc]), 0xF0);
+}
+
+/* Up to 4 rows x nt keys (4 or 1).  single (one group a row): the integer sums
+ * whole, then converted once (exact) and scaled as the portable kernel
+ * scales them; else each chunk's lane sums converted and scaled by their
+ * group's scale.  qo: per row and chunk, the lanes' offset products; qt: per
+ * row, their sums over the chunks. */
+static inline __attribute__((always_inline)) void qi_block_avx(const int int4, const int nt, const int single,
+                                                               int mr, int64_t chunks, int64_t g,
+                                                               const int8_t *qp, const int32_t *qo,
+                                                               const int32_t *qt, int64_t e, const float *qscale,
+                                                               const uint8_t *kj, int64_t ldk, const float *ks,
+                                                               int64_t ksr, int64_t ksc, float *s, int64_t lds) {
+    const int64_t cb = int4 ? 16 : 32;
+    const int8_t *qx[4];
+    const int32_t *ox[4];
+    for (int x = 0; x < 4; x++) {
+        const int xr = x < mr ? x : mr - 1;  /* past mr: a copy, not stored */
+        qx[x] = qp + xr * e;
+        ox[x] = single ? qt + xr * 8 : qo + xr * chunks * 8;
+    }
+    __m256i acc[16];
+    __m256 f[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm256_setzero_si256(), f[i] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < chunks; c++) {
+        __m256i K[4];
+        __m256 S[4];
+        for (int t = 0; t < nt; t++) {
+            K[t] = qi_keys_avx(kj + t * ldk + c * cb, int4);
+            S[t] = single ? _mm256_setzero_ps() : qi_scales_avx(ks + t * ksr, ksc, c, g);
+        }
+        for (int x = 0; x < 4; x++) {
+            const __m256i qv = _mm256_load_si256((const __m256i *)(qx[x] + c * 32));
+            if (single) {
+                for (int t = 0; t < nt; t++) acc[x * 4 + t] = _mm256_dpbusd_avx_epi32(acc[x * 4 + t], K[t], qv);
+                continue;
+            }
+            const __m256i off = _mm256_load_si256((const __m256i *)(ox[x] + c * 8));
+            for (int t = 0; t < nt; t++) {
+                const __m256i d = _mm256_sub_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), K[t], qv), off);
+                f[x * 4 + t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), S[t], f[x * 4 + t]);
+            }
+        }
+    }
+    if (single)
+        for (int x = 0; x < 4; x++) {
+            const __m256i off = _mm256_load_si256((const __m256i *)ox[x]);
+            for (int t = 0; t < nt; t++) f[x * 4 + t] = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[x * 4 + t], off));
+        }
+    float r[16] __attribute__((aligned(32)));
+    if (nt == 4) {
+        _mm256_store_ps(r, hsum_lanes_ps(f));
+        _mm256_store_ps(r + 8, hsum_lanes_ps(f + 8));
+    } else {
+        for (int x = 0; x < 4; x++) r[x * 4] = hsum_ps(f[x * 4]);
+    }
+    for (int x = 0; x < mr; x++)
+        for (int t = 0; t < nt; t++)
+            s[x * lds + t] = single ? r[x * 4 + t] * ks[t * ksr] * qscale[x] : r[x * 4 + t] * qscale[x];
+}
+
+static int dot_qi_avx_vnni(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const int8_t *q, int64_t ldq,
+                           const float *qscale, const uint8_t *k, int64_t ldk, const float *ks, int64_t ksr,
+                           int64_t ksc, float *s, int64_t lds, void *work) {
+    const int int4 = dt == SDPA_INT4;
+    if ((dt != SDPA_INT8 && !int4) || e % 32 || e > 65536 || g <= 0 || e % g || (g >= 32 ? g % 32 != 0 : g != 16))
+        return 0;
+    const int64_t chunks = e / 32;
+    int8_t *qp = (int8_t *)work;
+    int32_t *qo = (int32_t *)(qp + (size_t)m * (size_t)e);
+    int32_t *qt = qo + (size_t)m * (size_t)chunks * 8;
+    const __m256i off = _mm256_set1_epi8(int4 ? 8 : (char)0x80);
+    for (int x = 0; x < m; x++) {
+        __m256i total = _mm256_setzero_si256();
+        for (int64_t c = 0; c < chunks; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + x * ldq + c * 32));
+            _mm256_store_si256((__m256i *)(qp + x * e + c * 32), v);
+            const __m256i o = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), off, v);
+            _mm256_store_si256((__m256i *)(qo + (x * chunks + c) * 8), o);
+            total = _mm256_add_epi32(total, o);
+        }
+        _mm256_store_si256((__m256i *)(qt + x * 8), total);
+    }
+    const int single = g == e;
+    for (int x0 = 0; x0 < m; x0 += 4) {
+        const int mr = m - x0 < 4 ? m - x0 : 4;
+        const int8_t *qx = qp + x0 * e;
+        const int32_t *ox = qo + x0 * chunks * 8, *tx = qt + x0 * 8;
+        float *sx = s + x0 * lds;
+        int j = 0;
+        for (; j + 4 <= n; j += 4) {
+            const uint8_t *kj = k + j * ldk;
+            const float *kss = ks + j * ksr;
+            if (single && int4) qi_block_avx(1, 4, 1, mr, chunks, g, qx, ox, tx, e, qscale + x0, kj, ldk, kss, ksr, ksc, sx + j, lds);
+            else if (single) qi_block_avx(0, 4, 1, mr, chunks, g, qx, ox, tx, e, qscale + x0, kj, ldk, kss, ksr, ksc, sx + j, lds);
+            else if (int4) qi_block_avx(1, 4, 0, mr, chunks, g, qx, ox, tx, e, qscale + x0, kj, ldk, kss, ksr, ksc, sx + j, lds);
+            else qi_block_avx(0, 4, 0, mr, chunks, g, qx, ox, tx, e, qscale + x0, kj, ldk, kss, ksr, ksc, sx + j, lds);
+        }
+        for (; j < n; j++)
+            qi_block_avx(int4, 1, single, mr, chunks, g, qx, ox, tx, e, qscale + x0, k + j * ldk, ldk, ks + j * ksr,
+                         ksr, ksc, sx + j, lds);
+    }
+    return 1;
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+int (*const sdpa_dot_qi_avx_vnni)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
+                                  const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
+                                  void *) = dot_qi_avx_vnni;
 
 const kernel_table sdpa_kernels_avx2 = {
     .name = "avx2",

@@ -74,7 +74,8 @@ def config() -> Dict[str, Any]:
     sets this CPU supports, the L1 data and L2 cache sizes in bytes that the
     tiles are chosen from (``l1d_cache``, ``l2_cache``; docs/blocking.md), and
     the kernel ``integer_qk`` scores run on now (``integer_qk``: "avx512_vnni",
-    or "portable" on a CPU or kernel set without it)."""
+    "avx_vnni" for the avx2 set, or "portable" on a CPU or kernel set without
+    them)."""
     isas: List[str] = [name for name in _core.ISAS if _core.isa_supported(name)]
     l1d, l2 = _core.cache_sizes()
     return {

@@ -244,7 +244,7 @@ def set_portable_dot_qi(bint on):
 
 
 def dot_qi_kernel():
-    """The kernel integer_qk's scores run on now: "avx512_vnni" or "portable"."""
+    """The kernel integer_qk's scores run on now: "avx512_vnni", "avx_vnni" or "portable"."""
     return sdpa_testing_dot_qi_kernel().decode()
 
 
