@@ -715,9 +715,21 @@ static int dot_qi_avx512_vnni(sdpa_dtype dt, int m, int n, int64_t e, int64_t g,
             else if (int4) qi_groups(1, 4, mr, chunks, g, qx, qo + x0 * chunks * 16, e, qscale + x0, kj, ldk, kss, ksr, ksc, sx + j, lds);
             else qi_groups(0, 4, mr, chunks, g, qx, qo + x0 * chunks * 16, e, qscale + x0, kj, ldk, kss, ksr, ksc, sx + j, lds);
         }
-        for (; j < n; j++)  /* the last keys: one at a time, by groups (the same values for one group) */
-            qi_groups(int4, 1, mr, chunks, single ? 64 : g, qx, qo + x0 * chunks * 16, e, qscale + x0, k + j * ldk,
-                      ldk, ks + j * ksr, ksr, single ? 0 : ksc, sx + j, lds);
+        for (; j < n; j++) {  /* the last keys, one at a time */
+            if (!single) {
+                qi_groups(int4, 1, mr, chunks, g, qx, qo + x0 * chunks * 16, e, qscale + x0, k + j * ldk, ldk,
+                          ks + j * ksr, ksr, ksc, sx + j, lds);
+                continue;
+            }
+            for (int x = 0; x < mr; x++) {  /* the whole integer sum, as in qi_single4 */
+                __m512i acc = _mm512_setzero_si512();
+                for (int64_t c = 0; c < chunks; c++)
+                    acc = _mm512_dpbusd_epi32(acc, qi_keys(k + j * ldk + c * (int4 ? 32 : 64), int4),
+                                              _mm512_load_si512((const void *)(qx + x * e + c * 64)));
+                const __m512i d = _mm512_sub_epi32(acc, _mm512_load_si512((const void *)(qt + (x0 + x) * 16)));
+                sx[x * lds + j] = (float)_mm512_reduce_add_epi32(d) * ks[j * ksr] * qscale[x0 + x];
+            }
+        }
     }
     return 1;
 }
