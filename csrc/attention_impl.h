@@ -37,9 +37,6 @@ static inline T FN(load)(const void *base, int64_t i, sdpa_dtype dt) {
         case SDPA_FLOAT16: return (T)sdpa_f16_to_f32(((const uint16_t *)base)[i]);
         case SDPA_FLOAT32: return (T)((const float *)base)[i];
         case SDPA_INT8: return (T)((const int8_t *)base)[i];  /* unscaled */
-        case SDPA_FP8_E4M3: return (T)sdpa_e4m3_to_f32(((const uint8_t *)base)[i]);
-        case SDPA_FP8_E5M2: return (T)sdpa_e5m2_to_f32(((const uint8_t *)base)[i]);
-        case SDPA_INT4: return (T)sdpa_quantized_value(SDPA_INT4, (const uint8_t *)base, i);
         default: return (T)((const double *)base)[i];
     }
 }

@@ -93,37 +93,28 @@ static inline uint32_t sdpa_round_small(float f) {
     return i;
 }
 
-static inline uint8_t sdpa_f32_to_e4m3(float x) {
+/* x as a float8 of mbits mantissa bits and exponent bias `bias`, `top` its
+ * largest finite code (the byte without its sign) */
+static inline uint8_t sdpa_f32_to_fp8(float x, unsigned mbits, unsigned bias, unsigned top) {
+    const unsigned shift = 23 - mbits;
     uint32_t u;
     memcpy(&u, &x, sizeof(u));
     const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
     const uint32_t a = u & 0x7fffffffu;
+    const uint32_t largest = (((top >> mbits) + 127u - bias) << 23) | ((top & ((1u << mbits) - 1)) << shift);
     if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
-    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu); /* 448 and beyond */
-    if (a < 0x3c800000u) { /* below 2^-6: steps of 2^-9 */
+    if (a >= largest) return (uint8_t)(sign | top); /* the largest finite value and beyond */
+    if (a < (128u - bias) << 23) { /* below the smallest normal: steps of 2^(1 - bias - mbits) */
         float f;
         memcpy(&f, &a, sizeof(f));
-        return (uint8_t)(sign | sdpa_round_small(f * 512.0f));
+        return (uint8_t)(sign | sdpa_round_small(f * (float)(1u << (bias + mbits - 1))));
     }
-    const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
-    return (uint8_t)(sign | ((r >> 20) - (120u << 3)));
+    const uint32_t r = a + (1u << (shift - 1)) - 1u + ((a >> shift) & 1u);
+    return (uint8_t)(sign | ((r >> shift) - ((127u - bias) << mbits)));
 }
 
-static inline uint8_t sdpa_f32_to_e5m2(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof(u));
-    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    const uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
-    if (a >= 0x47600000u) return (uint8_t)(sign | 0x7bu); /* 57344 and beyond */
-    if (a < 0x38800000u) { /* below 2^-14: steps of 2^-16 */
-        float f;
-        memcpy(&f, &a, sizeof(f));
-        return (uint8_t)(sign | sdpa_round_small(f * 65536.0f));
-    }
-    const uint32_t r = a + 0xfffffu + ((a >> 21) & 1u);
-    return (uint8_t)(sign | ((r >> 21) - (112u << 2)));
-}
+static inline uint8_t sdpa_f32_to_e4m3(float x) { return sdpa_f32_to_fp8(x, 3, 7, 0x7eu); }   /* largest 448 */
+static inline uint8_t sdpa_f32_to_e5m2(float x) { return sdpa_f32_to_fp8(x, 2, 15, 0x7bu); }  /* 57344 */
 
 /* Value c of a quantized row (SDPA_INT8, _FP8_E4M3, _FP8_E5M2, _INT4; dt as an
  * int, so that this header needs no sdpa.h), unscaled. */

@@ -90,6 +90,17 @@ def assert_close(actual, expected, dtype, *, head_dim=None, scale=1.0) -> None:
     np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol, equal_nan=False)
 
 
+def cache_reference(q, cache, **kw):
+    """The float64 reference over a KVCache's held keys and values as it
+    computes with them (a quantized cache's dequantized copies); GQA inferred."""
+    from sdpa import reference
+
+    hq, hkv = q.shape[-3], cache.num_kv_heads
+    return reference.scaled_dot_product_attention(
+        np.asarray(q, np.float64), cache.keys.astype(np.float64), cache.values.astype(np.float64),
+        enable_gqa=hq != hkv, **kw)
+
+
 def check_against_reference(
     query,
     key,

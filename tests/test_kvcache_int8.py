@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import sdpa
-from conftest import assert_close
+from conftest import assert_close, cache_reference as expected
 from sdpa import reference
 
 GROUPS = [None, 8, 16]
@@ -21,14 +21,6 @@ def filled(rng, batch, heads, capacity, e, ev, tokens, group=None, **kw):
     v = rng.standard_normal((batch, heads, tokens, ev)).astype(np.float32)
     cache.append(k, v)
     return cache, k, v
-
-
-def expected(q, cache, **kw):
-    """The float64 reference on the cache's dequantized keys and values."""
-    hq, hkv = q.shape[-3], cache.num_kv_heads
-    return reference.scaled_dot_product_attention(
-        np.asarray(q, np.float64), cache.keys.astype(np.float64), cache.values.astype(np.float64),
-        enable_gqa=hq != hkv, **kw)
 
 
 @pytest.mark.parametrize("group", GROUPS)

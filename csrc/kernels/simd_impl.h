@@ -611,37 +611,23 @@ static inline int FN(q_kind)(sdpa_dtype dt, int grouped) {
     return base | (grouped ? KV_G : 0);
 }
 
-/* each kind its own instance of the loops (the kind is a constant in each) */
-#ifdef V_LOADU_I4
+/* each kind its own instance of the loops (the kind is a constant in each);
+ * a set that widens int8 in registers widens float8 and int4 too */
+#ifndef V_LOADU_I4
+#error "a kernel set with V_LOADU_I8 defines V_LOADU_E4M3, V_LOADU_E5M2 and V_LOADU_I4 too"
+#endif
 #define Q_KINDS(X) X(KV_I8) X(KV_E4M3) X(KV_E5M2) X(KV_I4) X(KV_I8 | KV_G) X(KV_E4M3 | KV_G) X(KV_E5M2 | KV_G) \
     X(KV_I4 | KV_G)
-#else
-#define Q_KINDS(X) X(KV_I8) X(KV_I8 | KV_G)
-#endif
 
 static void FN(dot_kinds)(int kind, const FN(gscale) *gs, int m, int n, int64_t e, const T *q, int64_t ldq,
                           const char *k, int64_t ldk, T *s, int64_t lds) {
-    switch (kind) {
+    switch (kind) {  /* q_kind makes no other */
 #define DOT_CASE(K) \
     case K: FN(dot_kind)(K, gs, m, n, e, q, ldq, k, ldk, s, lds); return;
         Q_KINDS(DOT_CASE)
 #undef DOT_CASE
-        default: break;
+        default: return;
     }
-    /* a kind this set does not widen in registers: the portable sums */
-    for (int x = 0; x < m; x++)
-        for (int j = 0; j < n; j++) {
-            const char *kj = k + (int64_t)j * ldk;
-            T acc = 0, sum = 0;
-            for (int64_t c = 0; c < e; c++) {
-                acc += q[x * ldq + c] * FN(scalar_kv)(kj, c, kind);
-                if (gs && ((c + 1) & ((1 << gs->shift) - 1)) == 0) {
-                    sum += acc * (T)gs->base[j * gs->rs + (c >> gs->shift) * gs->cs];
-                    acc = 0;
-                }
-            }
-            s[x * lds + j] = gs ? sum : acc;
-        }
 }
 
 static void FN(pv_kinds)(int kind, const FN(gscale) *gs, int m, int n, int64_t ev, const T *p, int64_t ldp,
@@ -651,17 +637,8 @@ static void FN(pv_kinds)(int kind, const FN(gscale) *gs, int m, int n, int64_t e
     case K: FN(pv_rows_kind)(K, gs, m, n, ev, p, ldp, v, ldv, acc, ldacc); return;
         Q_KINDS(PV_CASE)
 #undef PV_CASE
-        default: break;
+        default: return;
     }
-    for (int x = 0; x < m; x++)
-        for (int j = 0; j < n; j++) {
-            const char *vj = v + (int64_t)j * ldv;
-            for (int64_t c = 0; c < ev; c++) {
-                T w = p[x * ldp + j];
-                if (gs) w *= (T)gs->base[j * gs->rs + (c >> gs->shift) * gs->cs];
-                acc[x * ldacc + c] += w * FN(scalar_kv)(vj, c, kind);
-            }
-        }
 }
 #undef Q_KINDS
 
