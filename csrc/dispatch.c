@@ -1,5 +1,6 @@
 /* Chooses the kernel table: the best kernel set whose declared features this
- * CPU (and OS) has, decided once (cpuid + xgetbv), unless SDPA_ISA names
+ * CPU (and OS) has, decided once (x86: cpuid + xgetbv; AArch64: the kernel's
+ * hardware capabilities, getauxval on Linux, sysctlbyname on macOS), unless SDPA_ISA names
  * another or sdpa_set_isa switches.  A kernel set named by SDPA_ISA that is
  * unknown, or that this CPU cannot run, is an error (every call returns
  * SDPA_ERR_BAD_ISA), never a silent fallback.  Every table the driver gets is
@@ -28,6 +29,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+#if SDPA_HAVE_NEON_KERNELS && defined(__linux__)
+#include <sys/auxv.h>
+#endif
+#if SDPA_HAVE_NEON_KERNELS && defined(__APPLE__)
+#include <sys/sysctl.h>
+#include <sys/types.h>
+#endif
 
 /* ---- the sets ---- */
 
@@ -48,14 +56,20 @@ static const kernel_set sets[] = {
     {&sdpa_kernels_avx2, 0},
     {&sdpa_kernels_amx_emulated, 1},
 #endif
+#if SDPA_HAVE_NEON_EXT_KERNELS
+    {&sdpa_kernels_neon_bf16, 0},
+#endif
+#if SDPA_HAVE_NEON_KERNELS
+    {&sdpa_kernels_neon, 0},
+#endif
     {&sdpa_kernels_scalar, 0},
 };
 #define NUM_SETS ((int)(sizeof(sets) / sizeof(sets[0])))
 
 /* The names of every set, for SDPA_ISA's message and for the names a build
  * without their code still knows (never supported there). */
-#define ALL_SET_NAMES "scalar, avx2, avx512, avx512_bf16 and amx"
-static const char *const known_names[] = {"scalar", "avx2", "avx512", "avx512_bf16", "amx"};
+#define ALL_SET_NAMES "scalar, avx2, avx512, avx512_bf16, amx, neon and neon_bf16"
+static const char *const known_names[] = {"scalar", "avx2", "avx512", "avx512_bf16", "amx", "neon", "neon_bf16"};
 
 /* ---- completion ---- */
 
@@ -173,6 +187,42 @@ static unsigned detect_features(void) {
     if (has_amx && (xcr0 & 0x60000ull) == 0x60000ull) f |= SDPA_FEATURE_AMX_BF16;
     return f;
 }
+#elif SDPA_HAVE_NEON_KERNELS
+#if defined(__linux__)
+/* the bits of <asm/hwcap.h>, which an old libc's headers may lack */
+#define SDPA_HWCAP_ASIMD (1ul << 1)
+#define SDPA_HWCAP_ASIMDDP (1ul << 20)
+#define SDPA_HWCAP2_I8MM (1ul << 13)
+#define SDPA_HWCAP2_BF16 (1ul << 14)
+
+static unsigned detect_features(void) {
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    unsigned f = 0;
+    if (!(hw & SDPA_HWCAP_ASIMD)) return 0;
+    f |= SDPA_FEATURE_NEON;
+    if (hw2 & SDPA_HWCAP2_BF16) f |= SDPA_FEATURE_NEON_BF16;
+    if (hw & SDPA_HWCAP_ASIMDDP) f |= SDPA_FEATURE_NEON_DOTPROD;
+    if (hw2 & SDPA_HWCAP2_I8MM) f |= SDPA_FEATURE_NEON_I8MM;
+    return f;
+}
+#elif defined(__APPLE__)
+static int sysctl_flag(const char *name) {
+    int v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname(name, &v, &n, NULL, 0) == 0 && v != 0;
+}
+
+static unsigned detect_features(void) {
+    unsigned f = SDPA_FEATURE_NEON; /* every Apple arm64 CPU */
+    if (sysctl_flag("hw.optional.arm.FEAT_BF16")) f |= SDPA_FEATURE_NEON_BF16;
+    if (sysctl_flag("hw.optional.arm.FEAT_DotProd")) f |= SDPA_FEATURE_NEON_DOTPROD;
+    if (sysctl_flag("hw.optional.arm.FEAT_I8MM")) f |= SDPA_FEATURE_NEON_I8MM;
+    return f;
+}
+#else
+/* Advanced SIMD is part of every AArch64 CPU; the extensions are not asked for here */
+static unsigned detect_features(void) { return SDPA_FEATURE_NEON; }
+#endif
 #else
 static unsigned detect_features(void) { return 0; }
 #endif
@@ -203,6 +253,11 @@ int (*const sdpa_dot_qi_avx_vnni)(sdpa_dtype, int, int, int64_t, int64_t, const 
                                   const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
                                   void *) = NULL;
 #endif
+#if !SDPA_HAVE_NEON_KERNELS
+int (*const sdpa_dot_qi_neon)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
+                              const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
+                              void *) = NULL;
+#endif
 
 sdpa_dot_qi_f32_fn sdpa_dot_qi_for(const kernel_table *kt) {
     if (sdpa_atomic_load(&portable_dot_qi)) return kt->f32.dot_qi;
@@ -210,6 +265,8 @@ sdpa_dot_qi_f32_fn sdpa_dot_qi_for(const kernel_table *kt) {
         return sdpa_dot_qi_vnni;
     if (sdpa_dot_qi_avx_vnni && (kt->features & SDPA_FEATURE_AVX2) && (cpu_features() & SDPA_FEATURE_AVX_VNNI))
         return sdpa_dot_qi_avx_vnni;
+    if (sdpa_dot_qi_neon && (kt->features & SDPA_FEATURE_NEON) && (cpu_features() & SDPA_FEATURE_NEON_DOTPROD))
+        return sdpa_dot_qi_neon;
     return kt->f32.dot_qi;
 }
 
@@ -218,6 +275,7 @@ const char *sdpa_testing_dot_qi_kernel(void) {
     const sdpa_dot_qi_f32_fn f = kt ? sdpa_dot_qi_for(kt) : NULL;
     if (f && f == sdpa_dot_qi_vnni) return "avx512_vnni";
     if (f && f == sdpa_dot_qi_avx_vnni) return "avx_vnni";
+    if (f && f == sdpa_dot_qi_neon) return "neon_dotprod";
     return "portable";
 }
 

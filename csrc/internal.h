@@ -15,6 +15,23 @@
 #define SDPA_HAVE_X86_KERNELS 0
 #endif
 
+/* The neon sets: AArch64 with GCC or clang.  neon_bf16 and the SDOT kernel
+ * need their intrinsics under a target attribute (arm_neon.h declares them so
+ * from GCC 10, clang 16, Apple clang 15); an older compiler builds neon alone. */
+#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#define SDPA_HAVE_NEON_KERNELS 1
+#if (defined(__clang__) && ((defined(__apple_build_version__) && __clang_major__ >= 15) || \
+                            (!defined(__apple_build_version__) && __clang_major__ >= 16))) || \
+    (!defined(__clang__) && __GNUC__ >= 10)
+#define SDPA_HAVE_NEON_EXT_KERNELS 1
+#else
+#define SDPA_HAVE_NEON_EXT_KERNELS 0
+#endif
+#else
+#define SDPA_HAVE_NEON_KERNELS 0
+#define SDPA_HAVE_NEON_EXT_KERNELS 0
+#endif
+
 /* The amx set: Linux only (the OS must grant the tile state, dispatch.c), and
  * compilers with the AMX intrinsics (GCC 11, clang 12). */
 #if SDPA_HAVE_X86_KERNELS && defined(__linux__) && \
@@ -85,6 +102,12 @@ extern int (*const sdpa_dot_qi_avx_vnni)(sdpa_dtype dt, int m, int n, int64_t e,
                                          int64_t ldq, const float *qscale, const uint8_t *k, int64_t ldk,
                                          const float *ks, int64_t ksr, int64_t ksc, float *s, int64_t lds,
                                          void *work);
+/* The SDOT dot_qi (kernels/neon.c), for the neon sets on a CPU with FEAT_DotProd;
+ * NULL where the build has none. */
+extern int (*const sdpa_dot_qi_neon)(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, const int8_t *q,
+                                     int64_t ldq, const float *qscale, const uint8_t *k, int64_t ldk,
+                                     const float *ks, int64_t ksr, int64_t ksc, float *s, int64_t lds,
+                                     void *work);
 
 /* Every scratch buffer and packed panel is aligned to this many bytes. */
 #define SDPA_ALIGN 64
@@ -283,6 +306,10 @@ enum {
                                           grants it to the process at the first call that needs it */
     SDPA_FEATURE_AVX512_VNNI = 1 << 4, /* VPDPBUSD (integer_qk's scores); no set needs it */
     SDPA_FEATURE_AVX_VNNI = 1 << 5,    /* VEX VPDPBUSD on ymm (the same, for the avx2 set) */
+    SDPA_FEATURE_NEON = 1 << 6,        /* AArch64 Advanced SIMD (every AArch64 CPU) */
+    SDPA_FEATURE_NEON_BF16 = 1 << 7,   /* FEAT_BF16: BFDOT, BFMMLA */
+    SDPA_FEATURE_NEON_DOTPROD = 1 << 8, /* FEAT_DotProd: SDOT (integer_qk's scores); no set needs it */
+    SDPA_FEATURE_NEON_I8MM = 1 << 9,   /* FEAT_I8MM: SMMLA (reported; no kernel uses it yet) */
 };
 
 /* One kernel set: its name, the features it needs, and its kernels for each
@@ -361,6 +388,12 @@ extern const kernel_table sdpa_kernels_amx_emulated;
 #endif
 #if SDPA_HAVE_AMX_KERNELS
 extern const kernel_table sdpa_kernels_amx;
+#endif
+#if SDPA_HAVE_NEON_KERNELS
+extern const kernel_table sdpa_kernels_neon;
+#endif
+#if SDPA_HAVE_NEON_EXT_KERNELS
+extern const kernel_table sdpa_kernels_neon_bf16;
 #endif
 
 /* Atomic loads and stores of shared state (the kernel choice, flags set once).
