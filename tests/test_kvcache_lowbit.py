@@ -294,12 +294,15 @@ def test_integer_qk_portable_and_vnni_agree(isa, rng, name, group):
 
 
 def test_integer_qk_kernel_is_vnni_where_the_cpu_has_it(isa):
-    """AVX512-VNNI for the sets with AVX-512, AVX-VNNI for avx2, where the CPU
-    has them (Linux: its flags); the portable kernel elsewhere."""
+    """AVX512-VNNI for the sets with AVX-512, AVX-VNNI for avx2, SDOT for the
+    neon sets, where the CPU has them (Linux: its flags; AArch64 says
+    "asimddp"); the portable kernel elsewhere."""
     path = "/proc/cpuinfo"
     flags = set(open(path).read().split()) if os.path.exists(path) else set()
     if isa in ("avx512", "avx512_bf16", "amx") and "avx512_vnni" in flags:
         want = "avx512_vnni"
+    elif isa in ("neon", "neon_bf16") and "asimddp" in flags:
+        want = "neon_dotprod"
     elif isa != "scalar" and "avx_vnni" in flags:
         want = "avx_vnni"
     else:

@@ -70,12 +70,13 @@ def config() -> Dict[str, Any]:
     (``default_num_threads``), the most threads a call uses (``max_threads``: 4
     per CPU, at least 8), the count a call uses now (``num_threads``, see
     :func:`get_num_threads`), the kernel set in use (``isa``; set
-    ``SDPA_ISA=scalar|avx2|avx512|avx512_bf16|amx`` to force one), the kernel
+    ``SDPA_ISA=scalar|avx2|avx512|avx512_bf16|amx`` on x86-64,
+    ``SDPA_ISA=scalar|neon|neon_bf16`` on AArch64, to force one), the kernel
     sets this CPU supports, the L1 data and L2 cache sizes in bytes that the
     tiles are chosen from (``l1d_cache``, ``l2_cache``; docs/blocking.md), and
     the kernel ``integer_qk`` scores run on now (``integer_qk``: "avx512_vnni",
-    "avx_vnni" for the avx2 set, or "portable" on a CPU or kernel set without
-    them)."""
+    "avx_vnni" for the avx2 set, "neon_dotprod" for the neon sets, or
+    "portable" on a CPU or kernel set without them)."""
     isas: List[str] = [name for name in _core.ISAS if _core.isa_supported(name)]
     l1d, l2 = _core.cache_sizes()
     return {

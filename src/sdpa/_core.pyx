@@ -22,7 +22,7 @@ import threading
 cnp.import_array()
 
 MAX_BATCH_DIMS = SDPA_MAX_BATCH_DIMS
-ISAS = ("scalar", "avx2", "avx512", "avx512_bf16", "amx")
+ISAS = ("scalar", "avx2", "avx512", "avx512_bf16", "amx", "neon", "neon_bf16")
 
 cdef enum:
     # dims of a full operand: batch dims, then (head, row, column)
@@ -244,7 +244,7 @@ def set_portable_dot_qi(bint on):
 
 
 def dot_qi_kernel():
-    """The kernel integer_qk's scores run on now: "avx512_vnni", "avx_vnni" or "portable"."""
+    """The kernel integer_qk's scores run on now: "avx512_vnni", "avx_vnni", "neon_dotprod" or "portable"."""
     return sdpa_testing_dot_qi_kernel().decode()
 
 

@@ -283,6 +283,14 @@ typedef struct instance {
 static const char *const ISAS[] = {"scalar", "avx2", "avx512", "avx512_bf16", "amx", "neon", "neon_bf16"};
 #define NUM_ISAS ((int)(sizeof(ISAS) / sizeof(ISAS[0])))
 
+/* The set SDPA_ISA names, if any: then the cases run on it alone (one test
+ * per set, as ctest registers them under an emulator), else on every set. */
+static const char *only_isa = NULL;
+
+static int tested(const char *isa) {
+    return sdpa_isa_supported(isa) && (!only_isa || strcmp(isa, only_isa) == 0);
+}
+
 static void instance_build(instance *in, const test_case *tc) {
     memset(in, 0, sizeof(*in));
     in->tc = tc;
@@ -571,7 +579,7 @@ static void run_case(const test_case *tc) {
     describe(tc, desc, sizeof(desc));
 
     for (int i = 0; i < NUM_ISAS; i++) {
-        if (!sdpa_isa_supported(ISAS[i])) continue;
+        if (!tested(ISAS[i])) continue;
         sdpa_set_isa(ISAS[i]);
         unsigned char *first = NULL;
         size_t first_len = 0;
@@ -1198,7 +1206,7 @@ static void variant_cases(const char *isa, sdpa_dtype dt, int64_t H, int64_t G, 
 
 static void test_variants(void) {
     for (int i = 0; i < NUM_ISAS; i++) {
-        if (!sdpa_isa_supported(ISAS[i])) continue;
+        if (!tested(ISAS[i])) continue;
         sdpa_set_isa(ISAS[i]);
         for (int d = 0; d < 2; d++) {
             const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
@@ -1451,7 +1459,7 @@ static void test_quantized_attention(sdpa_dtype dt, int integer_qk, const float 
                 for (int c = 0; c < E; c++) qd[r * E + c] = (double)nearbyintf(xs[c] * inv) * qs;
             }
             for (int isa = 0; isa < NUM_ISAS; isa++) {
-                if (!sdpa_isa_supported(ISAS[isa])) continue;
+                if (!tested(ISAS[isa])) continue;
                 sdpa_set_isa(ISAS[isa]);
                 sdpa_problem p;
                 sdpa_problem_init(&p);
@@ -1554,6 +1562,90 @@ static void test_int8(void) {
  * sdpa_problem_init and then sdpa_attention.  Its struct is allocated at its
  * own size, so that a write or read past it shows under valgrind and ASan:
  * the call returns SDPA_ERR_ABI, and the struct is left as the caller set it. */
+/* Flush-to-zero in the calling thread: x86 MXCSR FTZ + DAZ, AArch64 FPCR.FZ;
+ * 0 where there is no such mode. */
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+static int set_ftz(int on) {
+    _mm_setcsr(on ? _mm_getcsr() | 0x8040u : _mm_getcsr() & ~0x8040u);
+    return 1;
+}
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+static int set_ftz(int on) {
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    fpcr = on ? fpcr | (1ull << 24) : fpcr & ~(1ull << 24);
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr));
+    return 1;
+}
+#else
+static int set_ftz(int on) {
+    (void)on;
+    return 0;
+}
+#endif
+
+/* Every worker computes in the caller's floating-point mode: values V of a
+ * subnormal size give 0 everywhere with flush-to-zero on in the caller, for
+ * 1, 2 and 3 threads, on the row and tiled paths of every set, and their own
+ * (nonzero) weighted sums with it off, before and after. */
+static void test_fp_mode(void) {
+    enum { H = 6, S = 40, E = 16 };
+    const float tiny = FLT_MIN / 8; /* subnormal */
+    float *q = (float *)xcalloc((size_t)H * S * E, sizeof(float)), *k = (float *)xcalloc((size_t)H * S * E, sizeof(float));
+    float *v = (float *)xcalloc((size_t)H * S * E, sizeof(float)), *out = (float *)xcalloc((size_t)H * S * E, sizeof(float));
+    for (int i = 0; i < H * S * E; i++) {
+        q[i] = (float)((i * 7) % 13 - 6) / 6.0f;
+        k[i] = (float)((i * 5) % 11 - 5) / 5.0f;
+        v[i] = tiny * (float)(1 + i % 3);
+    }
+    const char *initial = sdpa_isa();
+    for (int isa = 0; isa < NUM_ISAS; isa++) {
+        if (!tested(ISAS[isa])) continue;
+        sdpa_set_isa(ISAS[isa]);
+        for (int L = 1; L <= S; L += S - 1) { /* decoding (row mode), then the tiled path */
+            for (int phase = 0; phase < 3; phase++) { /* off, on, off: the workers' modes follow both ways */
+                const int ftz = phase == 1;
+                if (!set_ftz(ftz)) {
+                    skip("[%s] no flush-to-zero mode here", ISAS[isa]);
+                    break;
+                }
+                int zeros[3] = {0}, nonzero_everywhere = 1;
+                sdpa_status st = SDPA_OK;
+                for (int t = 1; t <= 3; t++) {
+                    sdpa_problem p;
+                    sdpa_problem_init(&p);
+                    p.num_heads = H, p.gqa_group = 1, p.len_q = L, p.len_kv = S, p.head_dim = E, p.head_dim_v = E;
+                    p.num_threads = t;
+                    p.query = (sdpa_view){.data = q, .head_stride = S * E, .row_stride = E, .col_stride = 1};
+                    p.key = (sdpa_view){.data = k, .head_stride = S * E, .row_stride = E, .col_stride = 1};
+                    p.value = (sdpa_view){.data = v, .head_stride = S * E, .row_stride = E, .col_stride = 1};
+                    p.out = (sdpa_view){.data = out, .head_stride = S * E, .row_stride = E, .col_stride = 1};
+                    for (int i = 0; i < H * S * E; i++) out[i] = -1.0f;
+                    const sdpa_status s1 = sdpa_attention(&p);
+                    if (s1 != SDPA_OK) st = s1;
+                    for (int h = 0; h < H; h++)
+                        for (int i = 0; i < L * E; i++) {
+                            const float o = out[h * S * E + i];
+                            zeros[t - 1] += o == 0.0f;
+                            nonzero_everywhere &= o > 0.0f;
+                        }
+                }
+                set_ftz(0);
+                if (ftz)
+                    check(st == SDPA_OK && zeros[0] == H * L * E && zeros[1] == H * L * E && zeros[2] == H * L * E,
+                          "[%s] L=%d: flush-to-zero in the caller holds in every thread (zeros %d/%d/%d of %d)",
+                          ISAS[isa], L, zeros[0], zeros[1], zeros[2], H * L * E);
+                else
+                    check(st == SDPA_OK && nonzero_everywhere, "[%s] L=%d: without it, subnormal sums are kept",
+                          ISAS[isa], L);
+            }
+        }
+    }
+    sdpa_set_isa(initial);
+    free(q), free(k), free(v), free(out);
+}
+
 static void test_abi_guard(void) {
     typedef struct {
         sdpa_dtype dtype;
@@ -1709,7 +1801,7 @@ static void paged_case(const char *isa, sdpa_dtype dt, int64_t L, int variant, i
 static void test_paged(void) {
     const char *initial = sdpa_isa();
     for (int i = 0; i < NUM_ISAS; i++) {
-        if (!sdpa_isa_supported(ISAS[i]) || sdpa_set_isa(ISAS[i]) != SDPA_OK) continue;
+        if (!tested(ISAS[i]) || sdpa_set_isa(ISAS[i]) != SDPA_OK) continue;
         const sdpa_dtype dts[] = {SDPA_FLOAT32, SDPA_FLOAT64, SDPA_BFLOAT16};
         for (int d = 0; d < 3; d++) {
             paged_case(ISAS[i], dts[d], 1, 0, 5);
@@ -1734,11 +1826,18 @@ int main(int argc, char **argv) {
     if (env && env[0] && strcmp(env, "0") != 0) quick = 1;
 
     const char *initial_isa = sdpa_isa();
-    printf("# sdpa %s, kernels %s (supported:%s%s%s%s%s), OpenMP %s, default threads %d%s\n", sdpa_version(),
-           initial_isa, sdpa_isa_supported("scalar") ? " scalar" : "", sdpa_isa_supported("avx2") ? " avx2" : "",
-           sdpa_isa_supported("avx512") ? " avx512" : "", sdpa_isa_supported("avx512_bf16") ? " avx512_bf16" : "",
-           sdpa_isa_supported("amx") ? " amx" : "", sdpa_has_openmp() ? "yes" : "no",
-           sdpa_default_num_threads(), quick ? ", quick" : "");
+    const char *named = getenv("SDPA_ISA");
+    if (named && *named) {
+        only_isa = named;
+        check(strcmp(initial_isa, named) == 0 && sdpa_isa_supported(named), "SDPA_ISA=%s is the set in use (%s)",
+              named, initial_isa);
+    }
+    char supported[128] = "";
+    for (int i = 0; i < NUM_ISAS; i++)
+        if (sdpa_isa_supported(ISAS[i])) strcat(strcat(supported, " "), ISAS[i]);
+    printf("# sdpa %s, kernels %s (supported:%s), OpenMP %s, default threads %d%s%s%s\n", sdpa_version(), initial_isa,
+           supported, sdpa_has_openmp() ? "yes" : "no", sdpa_default_num_threads(), quick ? ", quick" : "",
+           only_isa ? ", cases on " : "", only_isa ? only_isa : "");
     for (int i = 0; i < NUM_ISAS; i++)
         if (!sdpa_isa_supported(ISAS[i])) skip("kernel set %s: not supported by this CPU or build", ISAS[i]);
 
@@ -1751,6 +1850,7 @@ int main(int argc, char **argv) {
     test_variants();
     test_int8();
     test_abi_guard();
+    test_fp_mode();
     test_paged();
     sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
