@@ -415,10 +415,11 @@ static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *row, in
 }
 
 /*
- * dot for several query rows (a GQA group): blocks of RB = LANES / 4 rows x 4
- * keys, so that each K vector is loaded (and widened) once for RB rows; the
- * LANES accumulators reduce together into one vector whose lane x*4 + t is the
- * score of row x and key t.  Returns the number of keys done (a multiple of 4).
+ * dot for several query rows (a GQA group): blocks of RB rows x 4 keys (RB =
+ * LANES / 4; 4 for 128-bit vectors), so that each K vector is loaded (and widened) once
+ * for RB rows; the RB * 4 accumulators reduce LANES at a time into vectors
+ * whose lane x*4 + t (over the whole block) is the score of row x and key t.
+ * Returns the number of keys done (a multiple of 4).
  * For 16-bit keys only: there the widening, not the loads, is the cost (with
  * float keys it measured 4-10% slower than LANES keys per row).
  * Each score is summed exactly as dot_kind's LANES-keys loop sums it (the same
@@ -426,7 +427,7 @@ static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *row, in
  * keys that loop would take, so a 16-bit problem's scores are bit for bit those
  * of the float32 problem on the same values, whatever the number of rows.
  */
-#define DOT_RB (LANES / 4)
+#define DOT_RB (LANES >= 8 ? LANES / 4 : 4)
 static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, const FN(gscale) *gs, int m, int n,
                                                             int64_t e, const T *q,
                                                             int64_t ldq, const char *k, int64_t ldk, T *s,
@@ -440,8 +441,8 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, c
         for (int x0 = 0; x0 < m; x0 += DOT_RB) {
             const T *qx[DOT_RB];
             for (int x = 0; x < DOT_RB; x++) qx[x] = q + (x0 + x < m ? x0 + x : m - 1) * ldq;  /* past m: a copy */
-            V acc[LANES];
-            for (int i = 0; i < LANES; i++) acc[i] = V_ZERO();
+            V acc[DOT_RB * 4];
+            for (int i = 0; i < DOT_RB * 4; i++) acc[i] = V_ZERO();
             for (int64_t c = 0; c < ev; c += LANES) {
                 V kv[4];
                 for (int t = 0; t < 4; t++)
@@ -451,8 +452,8 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, c
                     for (int t = 0; t < 4; t++) acc[x * 4 + t] = V_FMA(qv, kv[t], acc[x * 4 + t]);
                 }
             }
-            T r[LANES] __attribute__((aligned(64)));
-            V_STORE(r, V_HSUM_LANES(acc));
+            T r[DOT_RB * 4] __attribute__((aligned(64)));
+            for (int b = 0; b < DOT_RB * 4 / LANES; b++) V_STORE(r + b * LANES, V_HSUM_LANES(acc + b * LANES));
             for (int x = 0; x < DOT_RB && x0 + x < m; x++)
                 for (int t = 0; t < 4; t++) {
                     T tail = 0;
@@ -473,7 +474,7 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
     const int64_t es = KV_SIZE(kind);
     const int64_t ev = e / LANES * LANES;
     int j = 0;
-    if (kind != KV_T && m >= 2 && LANES >= 8) j = FN(dot_rows4)(kind, gs, m, n, e, q, ldq, k, ldk, s, lds);
+    if (kind != KV_T && m >= 2 && LANES >= 4) j = FN(dot_rows4)(kind, gs, m, n, e, q, ldq, k, ldk, s, lds);
     /* LANES keys at a time: one accumulator per key, reduced together */
     for (; j + LANES <= n; j += LANES) {
         const char *kj = k + (int64_t)j * ldk * es;

@@ -1646,6 +1646,101 @@ static void test_fp_mode(void) {
     free(q), free(k), free(v), free(out);
 }
 
+/* The NaN contract and subnormal inputs on every set, decoding and the tiled
+ * path: NaN in a query row makes that row (and its lse) NaN and changes no
+ * other bit; NaN in a K row changes nothing for the rows causality hides it
+ * from, and makes the rows of its head group that see it NaN; subnormal keys
+ * and values are computed, not flushed (float32 and float64, the caller's
+ * default mode), against a float64 loop. */
+static void test_special_values(void) {
+    enum { H = 4, G = 2, S = 70, E = 16 };
+    const char *initial = sdpa_isa();
+    const sdpa_dtype dts[] = {SDPA_FLOAT32, SDPA_FLOAT64, SDPA_BFLOAT16};
+    for (int isa = 0; isa < NUM_ISAS; isa++) {
+        if (!tested(ISAS[isa])) continue;
+        sdpa_set_isa(ISAS[isa]);
+        for (int d = 0; d < 3; d++)
+            for (int L = 1; L <= 64; L += 63) {
+                const sdpa_dtype dt = dts[d], ct = compute_dtype(dt);
+                const size_t es = dtype_size(dt), rowb = (size_t)E * es;
+                const int64_t off = L == 1 ? S - 11 : S - L; /* the last row sees keys 0 .. off + L - 1 */
+                void *q = xcalloc((size_t)H * L * E, es), *k = xcalloc((size_t)(H / G) * S * E, es);
+                void *v = xcalloc((size_t)(H / G) * S * E, es);
+                void *out0 = xcalloc((size_t)H * L * E, es), *out1 = xcalloc((size_t)H * L * E, es);
+                void *lse0 = xcalloc((size_t)H * L, dtype_size(ct)), *lse1 = xcalloc((size_t)H * L, dtype_size(ct));
+                for (int64_t i = 0; i < H * L * E; i++) store(q, dt, i, 2 * rng_uniform() - 1);
+                for (int64_t i = 0; i < (H / G) * S * E; i++) store(k, dt, i, 2 * rng_uniform() - 1), store(v, dt, i, 2 * rng_uniform() - 1);
+                sdpa_problem p;
+                sdpa_problem_init(&p);
+                p.dtype = dt;
+                p.num_heads = H, p.gqa_group = G, p.len_q = L, p.len_kv = S, p.head_dim = E, p.head_dim_v = E;
+                p.causal = 1, p.causal_offset = off;
+                p.query = dense_view(q, L, E), p.key = dense_view(k, S, E), p.value = dense_view(v, S, E);
+                p.lse = dense_view(lse0, L, 1), p.out = dense_view(out0, L, E);
+                sdpa_status st = sdpa_attention(&p);
+                p.lse = dense_view(lse1, L, 1), p.out = dense_view(out1, L, E);
+                char what[96];
+                snprintf(what, sizeof what, "[%s] %s L=%d", ISAS[isa], dtype_name(dt), L);
+                /* NaN in query row (head 1, row L - 1) */
+                const int64_t qr = 1 * L + (L - 1);
+                const double saved = load(q, dt, qr * E + 3);
+                store(q, dt, qr * E + 3, NAN);
+                st |= sdpa_attention(&p);
+                store(q, dt, qr * E + 3, saved);
+                int ok = st == SDPA_OK && isnan(load(lse1, ct, qr));
+                for (int64_t r = 0; r < H * L; r++) {
+                    if (r == qr) {
+                        for (int c = 0; c < E; c++) ok &= isnan(load(out1, dt, r * E + c));
+                        continue;
+                    }
+                    ok &= memcmp((char *)out0 + r * rowb, (char *)out1 + r * rowb, rowb) == 0 &&
+                          load(lse0, ct, r) == load(lse1, ct, r);
+                }
+                check(ok, "%s: NaN in a query row makes that row NaN and changes no other bit", what);
+                /* NaN in K row j of kv head 0: rows l see it when j <= off + l */
+                const int64_t j = L == 1 ? S - 5 : off + L / 2;
+                const double kept = load(k, dt, j * E + 2);
+                store(k, dt, j * E + 2, NAN);
+                st = sdpa_attention(&p);
+                store(k, dt, j * E + 2, kept);
+                ok = st == SDPA_OK;
+                for (int64_t h = 0; h < H; h++)
+                    for (int64_t l = 0; l < L; l++) {
+                        const int64_t r = h * L + l;
+                        if (h < G && j <= off + l) {
+                            ok &= isnan(load(out1, dt, r * E)) && isnan(load(lse1, ct, r));
+                            continue;
+                        }
+                        ok &= memcmp((char *)out0 + r * rowb, (char *)out1 + r * rowb, rowb) == 0;
+                    }
+                check(ok, "%s: NaN in a K row reaches only the rows that see it", what);
+                /* subnormal keys and values */
+                if (dt != SDPA_BFLOAT16) {
+                    const double tiny = dt == SDPA_FLOAT32 ? FLT_MIN / 8 : DBL_MIN / 8;
+                    for (int64_t i = 0; i < (H / G) * S * E; i++)
+                        store(k, dt, i, tiny * (1 + rng_uniform())), store(v, dt, i, tiny * (1 + rng_uniform()));
+                    p.lse = (sdpa_view){0};
+                    st = sdpa_attention(&p);
+                    double worst = 0;
+                    for (int64_t h = 0; h < H; h++)
+                        for (int64_t l = 0; l < L; l++)
+                            for (int c = 0; c < E; c++) { /* scores of ~tiny^2: equal weights over the keys seen */
+                                double sum = 0;
+                                const int64_t seen = off + l + 1;
+                                for (int64_t s2 = 0; s2 < seen; s2++) sum += load(v, dt, ((h / G) * S + s2) * E + c);
+                                const double want = sum / (double)seen, got = load(out1, dt, (h * L + l) * E + c);
+                                const double e = fabs(got - want) / want;
+                                if (!(e <= worst)) worst = e;
+                            }
+                    check(st == SDPA_OK && worst < 1e-4, "%s: subnormal keys and values computed (relative error %.1e)",
+                          what, worst);
+                }
+                free(q), free(k), free(v), free(out0), free(out1), free(lse0), free(lse1);
+            }
+    }
+    sdpa_set_isa(initial);
+}
+
 static void test_abi_guard(void) {
     typedef struct {
         sdpa_dtype dtype;
@@ -1851,6 +1946,7 @@ int main(int argc, char **argv) {
     test_int8();
     test_abi_guard();
     test_fp_mode();
+    test_special_values();
     test_paged();
     sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
