@@ -5,8 +5,9 @@ where pytest is not at hand): ``python tests/arm_smoke.py``.
 It shows the configuration, checks that an AArch64 build has the neon sets,
 and on every kernel set this CPU runs compares attention (float32, float64
 and float16; decoding and the tiled path; GQA; causal) and an int8 KV cache's
-decoding step against the float64 reference, and the outputs of 1 and 2
-threads bit for bit.  Exits 1 on any failure."""
+decoding step against the float64 reference, the outputs of 1 and 2 threads
+bit for bit, and integer_qk's kernel against the portable one.  Exits 1 on
+any failure."""
 
 from __future__ import annotations
 
@@ -58,7 +59,25 @@ def main() -> int:
         if not err <= 2e-5:
             failures.append(f"[{isa}] int8 cache decoding: max error {err:.2e}")
         checked += 1
-        print(f"{isa}: {checked} cases")
+        # integer_qk: the set's kernel against the portable one (the same integer
+        # sums, so the same bits, unless a VNNI kernel takes groups in parts)
+        for name, group in (("int8", None), ("int4", 32)):
+            cache = sdpa.KVCache(1, 2, 512, 64, dtype=name, group_size=group)
+            cache.append(rng.standard_normal((1, 2, 301, 64)).astype(np.float32),
+                         rng.standard_normal((1, 2, 301, 64)).astype(np.float32))
+            fast = cache.attend(q, integer_qk=True)
+            kernel = _core.dot_qi_kernel()
+            _core.set_portable_dot_qi(True)
+            try:
+                slow = cache.attend(q, integer_qk=True)
+            finally:
+                _core.set_portable_dot_qi(False)
+            same = np.array_equal(fast, slow) if kernel in ("portable", "neon_dotprod") or group is None \
+                else np.allclose(fast, slow, rtol=1e-5, atol=1e-6)
+            if not same:
+                failures.append(f"[{isa}] integer_qk over {name}: the {kernel} kernel differs from the portable one")
+            checked += 1
+        print(f"{isa}: {checked} cases (integer_qk: {_core.dot_qi_kernel()})")
     _core.set_isa(None)
     for f in failures:
         print("FAIL", f)
