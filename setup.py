@@ -119,6 +119,10 @@ class BuildExt(build_ext):
 
 
 def c_sources():
+    """Every C file of csrc/: the kernels of each architecture are selected by
+    the target compiler's own macros (internal.h: the x86 sets' files compile to
+    nothing for aarch64, neon.c to nothing for x86-64), so that a cross build,
+    or a macOS universal2 one, gets the target's kernels."""
     srcs = sorted(str(p.relative_to(HERE)) for p in (HERE / CSRC).rglob("*.c"))
     return [s.replace(os.sep, "/") for s in srcs]
 

@@ -420,7 +420,7 @@ static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *row, in
  * for RB rows; the RB * 4 accumulators reduce LANES at a time into vectors
  * whose lane x*4 + t (over the whole block) is the score of row x and key t.
  * Returns the number of keys done (a multiple of 4).
- * For 16-bit keys only: there the widening, not the loads, is the cost (with
+ * For 16-bit and quantized keys only: there the widening, not the loads, is the cost (with
  * float keys it measured 4-10% slower than LANES keys per row).
  * Each score is summed exactly as dot_kind's LANES-keys loop sums it (the same
  * lanes, the same reduction tree, the feature tail added last), and only the
