@@ -312,7 +312,7 @@ SDPA_API const char *sdpa_status_message(sdpa_status status);
 
 /* Kernel sets ("isa"): "scalar" (portable C), "avx2" (AVX2 + FMA + F16C),
  * "avx512" (AVX-512 F/BW/DQ/VL), "avx512_bf16" (that and AVX512_BF16) and "amx" (that and AMX-TILE + AMX-BF16,
- * Linux only).  The best one this CPU supports is chosen at first use, unless the environment variable SDPA_ISA
+ * Linux only) on x86-64; "neon" (Advanced SIMD) and "neon_bf16" (that and FEAT_BF16) on AArch64.  The best one this CPU supports is chosen at first use, unless the environment variable SDPA_ISA
  * names another.  "amx" is asked of the OS (arch_prctl) once, by the first call that would run a tile instruction (a
  * bfloat16 problem on the tiled path); if refused, the default runs as "avx512_bf16" and, with "amx" named, such
  * calls return SDPA_ERR_BAD_ISA.
