@@ -15,10 +15,11 @@
 #define SDPA_HAVE_X86_KERNELS 0
 #endif
 
-/* The neon sets: AArch64 with GCC or clang.  neon_bf16 and the SDOT kernel
+/* The neon sets: little-endian AArch64 with GCC or clang (the kernels assemble
+ * some vectors from bytes in memory order).  neon_bf16 and the SDOT kernel
  * need their intrinsics under a target attribute (arm_neon.h declares them so
  * from GCC 10, clang 16, Apple clang 15); an older compiler builds neon alone. */
-#if defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__aarch64__) && !defined(__AARCH64EB__) && (defined(__GNUC__) || defined(__clang__))
 #define SDPA_HAVE_NEON_KERNELS 1
 #if (defined(__clang__) && ((defined(__apple_build_version__) && __clang_major__ >= 15) || \
                             (!defined(__apple_build_version__) && __clang_major__ >= 16))) || \
