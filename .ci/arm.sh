@@ -46,7 +46,7 @@ echo "== cross-compile for aarch64 ($BUILD)"
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_TOOLCHAIN_FILE="$ROOT/cmake/aarch64-linux-gnu.cmake" \
     -DCMAKE_BUILD_TYPE=Release -DSDPA_REQUIRE_OPENMP=ON -DSDPA_BUILD_TESTS=ON -DSDPA_BUILD_EXAMPLES=ON >/dev/null
 cmake --build "$BUILD" --parallel "$JOBS" >/dev/null
-file "$BUILD/sdpa_test_core" 2>/dev/null | grep -q aarch64 || { echo "not an aarch64 build"; exit 1; }
+aarch64-linux-gnu-readelf -h "$BUILD/sdpa_test_core" | grep -q AArch64 || { echo "not an aarch64 build"; exit 1; }
 
 echo "== ctest under qemu -cpu max (every set; each set alone; fuzz harness; examples)"
 # c_core, the long sweep, is left to Arm hardware: it takes tens of minutes emulated
