@@ -18,12 +18,12 @@
 /* The neon sets: little-endian AArch64 with GCC or clang (the kernels assemble
  * some vectors from bytes in memory order).  neon_bf16 and the SDOT kernel
  * need their intrinsics under a target attribute (arm_neon.h declares them so
- * from GCC 10, clang 16, Apple clang 15); an older compiler builds neon alone. */
+ * from GCC 11, clang 16, Apple clang 15); an older compiler builds neon alone. */
 #if defined(__aarch64__) && !defined(__AARCH64EB__) && (defined(__GNUC__) || defined(__clang__))
 #define SDPA_HAVE_NEON_KERNELS 1
 #if (defined(__clang__) && ((defined(__apple_build_version__) && __clang_major__ >= 15) || \
                             (!defined(__apple_build_version__) && __clang_major__ >= 16))) || \
-    (!defined(__clang__) && __GNUC__ >= 10)
+    (!defined(__clang__) && __GNUC__ >= 11)
 #define SDPA_HAVE_NEON_EXT_KERNELS 1
 #else
 #define SDPA_HAVE_NEON_EXT_KERNELS 0
@@ -247,7 +247,8 @@ extern int (*const sdpa_dot_qi_neon)(sdpa_dtype dt, int m, int n, int64_t e, int
  * half), c is float:
  *   gemm_bf16: c[r*ldc + x] (=, or += when accumulate)
  *              sum_{p < kpairs} dot2(a[r*a_rs + p*a_ks], b[p*ldb + x])   r < m, x < nr
- * The tiled path around it (the panel is nr = 32 rows):
+ * The tiled path around it (the panel is the set's nr rows: 32 for avx512_bf16
+ * and amx, 16 for neon_bf16):
  *   pack_q_pairs:  panel[p*nr + x] = the 32-bit word p of row x, i.e. the pair
  *                  (src[x*rs + 2p], src[x*rs + 2p + 1]), x < rows, p < e2; 0 for
  *                  the rows in [rows, nr).  Rows of 2*e2 contiguous values.

@@ -1,14 +1,16 @@
 /* The kernels of neon.c that need an extension the base AArch64 set does not
- * have, compiled for it whatever the build flags (dispatch.c selects them only
- * on a CPU that has it): BFDOT (FEAT_BF16) for the "neon_bf16" set's
- * bfloat16 products, SDOT (FEAT_DotProd) for integer_qk's scores.  Included
- * by neon.c, after its helpers. */
+ * have, each compiled for its extension alone whatever the build flags
+ * (dispatch.c selects them only on a CPU that has it): BFDOT (FEAT_BF16) for
+ * the "neon_bf16" set's bfloat16 products, SDOT (FEAT_DotProd) for
+ * integer_qk's scores.  Included by neon.c, after its helpers. */
+
+/* ---- bfloat16 products (FEAT_BF16: the neon_bf16 set alone) ---- */
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("bf16,dotprod"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("bf16"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("arch=armv8.2-a+bf16+dotprod")
+#pragma GCC target("arch=armv8.2-a+bf16")
 #endif
 
 /* ---- bfloat16 products (internal.h's kernels_bf16), panels of 16 rows ---- */
@@ -164,7 +166,21 @@ static void online_softmax_pairs_neon(const float *s, int n, float scale, float 
 #undef BF16_NV
 #undef BF16_MR
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
 /* ---- integer_qk's scores with SDOT (signed x signed: no offsets) ---- */
+
+/* FEAT_DotProd alone: this kernel runs on CPUs without BF16 too */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("dotprod"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("arch=armv8.2-a+dotprod")
+#endif
 
 /* 16 key values from feature c (a multiple of 16) of a row, as int8: int8
  * rows as they are, int4 nibbles (value + 8) unpacked into their order */
@@ -186,7 +202,7 @@ static inline __attribute__((always_inline)) void qi_block_neon(const int int4, 
                                                                 int64_t lds) {
     const int8_t *qx[4];
     for (int x = 0; x < 4; x++) qx[x] = q + (x < mr ? x : mr - 1) * ldq;
-    float sum[4][4];
+    float sum[4][4] = {{0}};
     for (int64_t c0 = 0; c0 < e; c0 += g) {
         int32x4_t acc[4][4];
         for (int x = 0; x < 4; x++)

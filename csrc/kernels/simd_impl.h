@@ -474,7 +474,9 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
     const int64_t es = KV_SIZE(kind);
     const int64_t ev = e / LANES * LANES;
     int j = 0;
-    if (kind != KV_T && m >= 2 && LANES >= 4) j = FN(dot_rows4)(kind, gs, m, n, e, q, ldq, k, ldk, s, lds);
+    /* 128-bit vectors: blocks of 4 rows from 4 rows up (2 or 3 would be half
+     * or a quarter copies) */
+    if (kind != KV_T && m >= (LANES >= 8 ? 2 : 4)) j = FN(dot_rows4)(kind, gs, m, n, e, q, ldq, k, ldk, s, lds);
     /* LANES keys at a time: one accumulator per key, reduced together */
     for (; j + LANES <= n; j += LANES) {
         const char *kj = k + (int64_t)j * ldk * es;
