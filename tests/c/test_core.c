@@ -1599,6 +1599,18 @@ static void test_fp_mode(void) {
         k[i] = (float)((i * 5) % 11 - 5) / 5.0f;
         v[i] = tiny * (float)(1 + i % 3);
     }
+    /* the mode must work in this thread first: valgrind, for one, computes
+     * subnormals whatever MXCSR says */
+    volatile float probe = tiny;
+    const int have_ftz = set_ftz(1);
+    const int works = have_ftz && probe * 1.5f == 0.0f;
+    set_ftz(0);
+    if (!works) {
+        skip(have_ftz ? "flush-to-zero: not honoured by this CPU or emulator (valgrind), so not tested"
+                      : "flush-to-zero: no such mode here");
+        free(q), free(k), free(v), free(out);
+        return;
+    }
     const char *initial = sdpa_isa();
     for (int isa = 0; isa < NUM_ISAS; isa++) {
         if (!tested(ISAS[isa])) continue;
@@ -1606,10 +1618,7 @@ static void test_fp_mode(void) {
         for (int L = 1; L <= S; L += S - 1) { /* decoding (row mode), then the tiled path */
             for (int phase = 0; phase < 3; phase++) { /* off, on, off: the workers' modes follow both ways */
                 const int ftz = phase == 1;
-                if (!set_ftz(ftz)) {
-                    skip("[%s] no flush-to-zero mode here", ISAS[isa]);
-                    break;
-                }
+                set_ftz(ftz);
                 int zeros[3] = {0}, nonzero_everywhere = 1;
                 sdpa_status st = SDPA_OK;
                 for (int t = 1; t <= 3; t++) {
