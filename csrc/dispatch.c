@@ -192,7 +192,6 @@ static unsigned detect_features(void) {
 /* the bits of <asm/hwcap.h>, which an old libc's headers may lack */
 #define SDPA_HWCAP_ASIMD (1ul << 1)
 #define SDPA_HWCAP_ASIMDDP (1ul << 20)
-#define SDPA_HWCAP2_I8MM (1ul << 13)
 #define SDPA_HWCAP2_BF16 (1ul << 14)
 
 static unsigned detect_features(void) {
@@ -202,7 +201,6 @@ static unsigned detect_features(void) {
     f |= SDPA_FEATURE_NEON;
     if (hw2 & SDPA_HWCAP2_BF16) f |= SDPA_FEATURE_NEON_BF16;
     if (hw & SDPA_HWCAP_ASIMDDP) f |= SDPA_FEATURE_NEON_DOTPROD;
-    if (hw2 & SDPA_HWCAP2_I8MM) f |= SDPA_FEATURE_NEON_I8MM;
     return f;
 }
 #elif defined(__APPLE__)
@@ -216,7 +214,6 @@ static unsigned detect_features(void) {
     unsigned f = SDPA_FEATURE_NEON; /* every Apple arm64 CPU */
     if (sysctl_flag("hw.optional.arm.FEAT_BF16")) f |= SDPA_FEATURE_NEON_BF16;
     if (sysctl_flag("hw.optional.arm.FEAT_DotProd")) f |= SDPA_FEATURE_NEON_DOTPROD;
-    if (sysctl_flag("hw.optional.arm.FEAT_I8MM")) f |= SDPA_FEATURE_NEON_I8MM;
     return f;
 }
 #else

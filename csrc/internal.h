@@ -311,7 +311,6 @@ enum {
     SDPA_FEATURE_NEON = 1 << 6,        /* AArch64 Advanced SIMD (every AArch64 CPU) */
     SDPA_FEATURE_NEON_BF16 = 1 << 7,   /* FEAT_BF16: BFDOT, BFMMLA */
     SDPA_FEATURE_NEON_DOTPROD = 1 << 8, /* FEAT_DotProd: SDOT (integer_qk's scores); no set needs it */
-    SDPA_FEATURE_NEON_I8MM = 1 << 9,   /* FEAT_I8MM: SMMLA (reported; no kernel uses it yet) */
 };
 
 /* One kernel set: its name, the features it needs, and its kernels for each
