@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define SDPA_VERSION_MAJOR 0
-#define SDPA_VERSION_MINOR 4
+#define SDPA_VERSION_MINOR 5
 #define SDPA_VERSION_PATCH 0
 
 /* Leading batch dimensions, in front of the head dimension. */
@@ -53,12 +53,20 @@ typedef enum sdpa_status {
                                        the caller was compiled against another
                                        sdpa.h (or did not call
                                        sdpa_problem_init)                    */
-    SDPA_ERR_BAD_PAGES = 14         /* paged: a block id out of range where it
+    SDPA_ERR_BAD_PAGES = 14,        /* paged: a block id out of range where it
                                        is read, a sequence longer than its
                                        table, no key_lengths, num_batch_dims
-                                       not 1, a mask or weights, or a negative
-                                       or too large block_size, num_blocks or
-                                       block_table_stride                    */
+                                       not 1, weights, a mask that is not a
+                                       bool tree over the last positions, or a
+                                       negative or too large block_size,
+                                       num_blocks or block_table_stride      */
+    SDPA_ERR_BAD_RAGGED = 15        /* ragged: cu_seqlens_q or cu_seqlens_k not
+                                       prefix sums from 0 to len_q / len_kv,
+                                       num_batch_dims not 1, a mask or weights,
+                                       key_lengths with cu_seqlens_k, a paged
+                                       sequence with more query rows than
+                                       positions, or offsets_from_end without
+                                       cu_seqlens                            */
 } sdpa_status;
 
 /*
@@ -233,7 +241,14 @@ typedef struct sdpa_problem {
      *   query row l of sequence b is position S_b - L + l: causal_offset and
      *     align_offset are added to S_b - L (0, 0: each sequence's last L
      *     positions, bottom-right aligned; the causal flag as usual);
-     *   no mask and no weights (SDPA_ERR_BAD_PAGES).
+     *   no weights; a mask only as a tree over the last positions: a bool
+     *     mask (b, h, l, j), j < L, decides whether row l sees position
+     *     S_b - L + j, every earlier position is seen (speculative tree
+     *     verification; causal must be 0, and cu_seqlens_q NULL);
+     *   sequences whose tables start with the same block ids, wholly visible
+     *     to each of their rows (forks of one prompt, a common system prompt),
+     *     have those blocks read once for the rows of all of them, at each
+     *     level of sharing, the parts merged exactly (no window or ALiBi).
      * The blocks are read where they lie, by the part of each tile in each
      * block: decoding and float products on blocks of 64 or more positions in
      * place; shorter blocks and 16-bit or int8 caches copied or widened a tile
@@ -245,6 +260,26 @@ typedef struct sdpa_problem {
     int64_t num_blocks;          /* blocks in the caches                   */
 
     int32_t integer_qk;          /* see the quantized keys above; 0: float */
+
+    /* Ragged batches (0.5): B = batch_shape[0] sequences of different lengths
+     * in one call (num_batch_dims 1), planned and run together.
+     *   cu_seqlens_q: NULL, or B + 1 prefix sums from 0, never decreasing,
+     *     ending at len_q: query, out and lse are packed, row l of sequence b
+     *     is row cu_seqlens_q[b] + l of their views (batch_strides[0] is not
+     *     used), and sequence b has L_b = cu_seqlens_q[b + 1] - cu_seqlens_q[b]
+     *     rows (0 allowed).  Paged, these are vLLM's query_start_loc: sequence
+     *     b's rows are its last L_b positions, L_b <= key_lengths[b].
+     *   cu_seqlens_k: NULL, or (not paged) B + 1 prefix sums ending at len_kv:
+     *     key, value and their scales are packed the same way, key s of
+     *     sequence b at row cu_seqlens_k[b] + s, S_b keys.  Without it the keys
+     *     are those of batch index b (key_lengths clip them as usual).
+     *   offsets_from_end: nonzero: causal_offset and align_offset count from
+     *     each sequence's S_b - L_b (bottom-right alignment per sequence); paged
+     *     problems always count so.
+     * Ragged problems take no mask and no weights (SDPA_ERR_BAD_RAGGED). */
+    const int64_t *cu_seqlens_q;
+    const int64_t *cu_seqlens_k;
+    int32_t offsets_from_end;
 } sdpa_problem;
 
 /* Fills *p with an empty problem: float32, key and value of the query's

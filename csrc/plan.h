@@ -1,0 +1,174 @@
+/* The plan of a call: the planner (planner.c) writes it once from the problem,
+ * the executor (exec.c) runs it in one parallel region.  Internal.
+ *
+ * A call is cut into parts.  A part is a problem in canonical form -- offsets
+ * clamped, each paged or ragged sequence's positions resolved, views pointing
+ * at its own rows -- with its own plan (path, blocking, scratch).  A dense call
+ * is one part; a ragged or paged call one part per sequence; a shared prefix
+ * one part for the rows of every sequence that shares it; a tree mask's last
+ * positions one part over a copy of their keys.  Each part's tasks form one
+ * range of the call's work list.  A sequence whose keys are split among parts
+ * has its parts write staged rows (output in the compute type, and the lse),
+ * which a merge combines in key order and writes; every other part writes the
+ * caller's output itself.
+ */
+#ifndef SDPA_PLAN_H
+#define SDPA_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+/* The plan of one part: which path computes it, its blocking, and the named
+ * regions of a thread's scratch (offsets in elements of the compute type). */
+typedef struct plan {
+    struct {
+        sdpa_dtype kv_dtype;   /* of key and value, resolved                     */
+        sdpa_dtype out_dtype;  /* of out: the query's, or the compute type when staged */
+        int row_mode;          /* the row path (few query rows per key/value head) */
+        int convert_kv;        /* tiled: float K and V widened or copied into scratch */
+        int integer_qk;        /* row path: the scores of int8 / int4 keys in integers */
+        sdpa_dot_qi_f32_fn dot_qi;
+        int nr;                /* the kernel set's panel width                   */
+    } path;
+    struct {
+        int tile_q, tile_k;    /* tile_q a multiple of nr; tile_k sets the order of sums */
+        int64_t chunk_len;     /* keys per row-path task (not thread-dependent) */
+    } blocking;
+    struct {                   /* tiled with bfloat16 pairs and gemm_bf16 */
+        int on;
+        int64_t e2p;           /* pairs of a K row and of a query panel column block,
+                                  ceil(E/2) or, K packed, up to whole tiles of the product */
+        int64_t vp_ld;         /* V pairs packed by feature: pairs per feature row */
+    } bf16;
+    struct {                   /* the tiled path's tasks: (batch, head, query block) */
+        int64_t num_bh, num_qblocks;
+    } tiled;
+    struct {                   /* the row path's tasks: (batch, key/value head, key chunk) */
+        int rows;              /* query rows per group: gqa_group x L */
+        int64_t num_groups, num_chunks;
+        size_t partial_elems;  /* per task: max, sum and output of each row */
+    } row;
+    struct {                   /* K and V packed once per call, per key/value slice */
+        int on;
+        int64_t chunk, units;  /* packed by units of chunk keys before the tasks */
+        size_t slice_k;        /* the K part of a slice (0: K not packed)       */
+        size_t slice_elems, buffer_elems;
+    } pack;
+    struct {                   /* a thread's scratch for this part's tasks */
+        size_t q, acc, s, m, l, k, v, pp, vp, vt, qi;
+        size_t total;          /* a multiple of SDPA_ALIGN bytes */
+    } scratch;
+    int64_t num_tasks;
+} plan;
+
+/* Where a region of the call's block is, in bytes from its start; NO_REGION: none. */
+#define NO_REGION ((size_t)-1)
+
+typedef struct part {
+    sdpa_problem p;          /* canonical; views of gathered or staged rows are set by the executor */
+    int64_t batch_count;
+    int64_t key_length;      /* one sequence's: p.key_lengths points here */
+    int64_t seq;             /* the call's sequence it serves, -1 for a whole batch */
+    int staged;              /* writes staged rows for a merge (out and lse of the compute type) */
+    int copies_kv;           /* reads a copy of its keys and values (a tree's last positions) */
+    plan pl;
+    /* regions of the call's block: row-path partials, K/V packed once, the
+     * query rows gathered for a shared prefix, staged out and lse, and keys
+     * and values (with scales) copied from their blocks */
+    size_t partial_at, packed_at, query_at, out_at, lse_at;
+    size_t kv_at[4];         /* key, value, key_scale, value_scale */
+    int64_t members_at, num_members;  /* a shared prefix's sequences (call_plan.members) */
+    int64_t rows_total;      /* a shared prefix's query rows per key/value head */
+    int64_t copy_row0;       /* keys copied from the sequence's positions [copy_row0, + len_kv) */
+    double task_cost;        /* the estimated cost of its largest task */
+} part;
+
+/* A sequence's part: where its row (h, l) lies in the part's staged rows,
+ * (h / G) * head_block + (h % G) * L_b + l + offset. */
+typedef struct contribution {
+    int32_t part;
+    int64_t head_block, offset;
+} contribution;
+
+/* The staged parts of one sequence, merged in key order into its rows. */
+typedef struct merge_group {
+    int64_t seq;
+    int64_t first, count;    /* in call_plan.contributions */
+} merge_group;
+
+/* A copy before the tasks: part's gathered query rows (of one key/value head)
+ * or keys and values (of one key/value head). */
+typedef struct copy_job {
+    int32_t part;
+    int32_t kind;            /* COPY_QUERY or COPY_KV */
+    int64_t hkv;
+} copy_job;
+enum { COPY_QUERY = 0, COPY_KV = 1 };
+
+typedef struct call_plan {
+    const sdpa_problem *call;   /* the canonical call: views of the caller's arrays */
+    part *parts;
+    int32_t num_parts;
+    int32_t *order;             /* parts in the order their tasks run (costliest first) */
+    /* prefix sums over `order`: the first work item, packing unit and row merge
+     * of each part, num_parts + 1 entries each */
+    int64_t *item_start, *unit_start, *rmerge_start;
+    copy_job *copies;
+    int64_t num_copies;
+    merge_group *merges;
+    int64_t num_merges;
+    contribution *contributions;
+    int64_t *members;
+    size_t scratch_elems;       /* per thread: the largest part's */
+    size_t block_bytes;         /* partials, packed K/V, gathered and staged rows */
+    size_t packed_bytes;        /* of which packed K/V, at the end (dropped when memory is short) */
+    size_t merge_bytes;         /* per thread: a merged row's accumulator */
+    int num_threads;
+    int profile;                /* phase timers on */
+    int bf16;                   /* some part multiplies bfloat16 pairs (tiles may be needed) */
+    void *arena;                /* what the planner allocated */
+    part single;                /* the one part of a dense call, without allocation */
+    int32_t single_order;
+    int64_t single_starts[6];
+} call_plan;
+
+/* Whether the phase timers are on, and whether this process is a child forked
+ * after a call used threads (exec.c: it then computes on one thread). */
+int sdpa_profile_on(void);
+int sdpa_forked_after_openmp(void);
+
+/* Plans the validated call *p (offsets clamped) for kernel table kt with
+ * `threads` threads (0: the problem's own rule); frees nothing on failure. */
+sdpa_status sdpa_plan_call(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt, int threads,
+                           call_plan *cp);
+void sdpa_plan_free(call_plan *cp);
+
+/* Runs a plan (its staged and gathered views are set here). */
+sdpa_status sdpa_run_call(call_plan *cp, const kernel_table *kt);
+
+/* The estimated cost of the task at work-list position i (planner.c's model, in
+ * nanoseconds on one core); for the balance report. */
+double sdpa_plan_item_cost(const call_plan *cp, int64_t i);
+
+/* The position k in `order` of the part that holds the i-th entry of a list
+ * whose parts' entries start at starts[k] (prefix sums), and i's index within
+ * that part. */
+static inline int32_t plan_find(const int64_t *starts, int32_t num_parts, int64_t i, int64_t *local) {
+    int32_t lo = 0, hi = num_parts - 1;
+    while (lo < hi) {  /* the last part whose first entry is <= i (parts with none are passed) */
+        const int32_t mid = (lo + hi + 1) / 2;
+        if (starts[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    *local = i - starts[lo];
+    return lo;
+}
+
+/* The part and task of work item i. */
+static inline part *plan_item(const call_plan *cp, int64_t i, int64_t *task) {
+    return &cp->parts[cp->order[plan_find(cp->item_start, cp->num_parts, i, task)]];
+}
+
+#endif

@@ -1,0 +1,101 @@
+/* Reading a problem: where an operand's rows lie, which keys a row sees.
+ * Shared by the planner (planner.c) and the executor (exec.c); internal. */
+#ifndef SDPA_PROBLEM_H
+#define SDPA_PROBLEM_H
+
+#include <stdint.h>
+
+#include "internal.h"
+
+/* Longer key sequences, larger offsets and window sides are refused, so that
+ * positions keep far from int64 overflow (sdpa.h says 2^61). */
+#define SDPA_MAX_POSITION ((int64_t)1 << 61)
+
+/* key and value's dtype, SDPA_DTYPE_OF_QUERY resolved */
+static inline sdpa_dtype kv_dtype_of(const sdpa_problem *p) {
+    return p->kv_dtype == SDPA_DTYPE_OF_QUERY ? p->dtype : p->kv_dtype;
+}
+
+/* Bytes of one element of the compute type (weights, lse, masks, slopes). */
+static inline size_t compute_size(const sdpa_problem *p) {
+    return p->dtype == SDPA_FLOAT64 ? sizeof(double) : sizeof(float);
+}
+
+/* Offset (elements) of batch index b, counted over batch_shape, for these
+ * batch strides. */
+static inline int64_t batch_offset_of(const sdpa_problem *p, const int64_t *batch_strides, int64_t b) {
+    int64_t off = 0;
+    for (int d = p->num_batch_dims - 1; d >= 0; d--) {
+        int64_t n = p->batch_shape[d];
+        off += (b % n) * batch_strides[d];
+        b /= n;
+    }
+    return off;
+}
+
+/* The address of (batch index b, head h) in a view of elem-byte elements. */
+static inline void *view_at(const sdpa_problem *p, const sdpa_view *view, int64_t b, int64_t h, size_t elem) {
+    int64_t off = batch_offset_of(p, view->batch_strides, b) + h * view->head_stride;
+    return (char *)view->data + off * (int64_t)elem;
+}
+
+/* Keys visible to batch index b: S, or its key length clipped to [0, S]. */
+static inline int64_t key_limit(const sdpa_problem *p, int64_t b) {
+    if (!p->key_lengths) return p->len_kv;
+    int64_t len = p->key_lengths[batch_offset_of(p, p->key_lengths_strides, b)];
+    return len < 0 ? 0 : (len < p->len_kv ? len : p->len_kv);
+}
+
+/* Paged: the address of row `row` of sequence b's block number j (its table's
+ * entry j), head h, in a view of elem-byte elements whose batch stride is the
+ * stride between blocks. */
+static inline const char *paged_block_row(const sdpa_problem *p, const sdpa_view *view, int64_t b, int64_t h,
+                                          int64_t j, int64_t row, size_t elem) {
+    const int64_t block = p->block_table[b * p->block_table_stride + j];
+    const int64_t off = block * view->batch_strides[0] + h * view->head_stride + row * view->row_stride;
+    return (const char *)view->data + off * (int64_t)elem;
+}
+
+/* Whether the window bounds a side. */
+static inline int has_window(const sdpa_problem *p) { return p->window_left >= 0 || p->window_right >= 0; }
+
+/* The first key the window lets row l see (0 when unbounded on the left);
+ * may be past every key. */
+static inline int64_t window_first(const sdpa_problem *p, int64_t l) {
+    if (p->window_left < 0) return 0;
+    int64_t first = l + p->align_offset - p->window_left;
+    return first < 0 ? 0 : first;
+}
+
+/* One past the last key the window lets row l see (len_kv when unbounded on
+ * the right); may be below window_first. */
+static inline int64_t window_end(const sdpa_problem *p, int64_t l) {
+    if (p->window_right < 0) return p->len_kv;
+    int64_t end = l + p->align_offset + p->window_right + 1;
+    return end < 0 ? 0 : (end > p->len_kv ? p->len_kv : end);
+}
+
+/* The tiled path reads paged float K and V in place from blocks of this many
+ * positions; shorter ones are copied a tile (or a call) at a time */
+#define SDPA_PAGED_MIN_IN_PLACE 64
+
+/* Paged bfloat16 keys the products can read as pairs where they lie: blocks
+ * of at least SDPA_PAGED_MIN_IN_PLACE positions, rows of whole pairs, 32-bit
+ * aligned (else they are paired a tile or a call at a time). */
+static inline int paged_pairs_in_place(const sdpa_problem *p) {
+    return p->block_size >= SDPA_PAGED_MIN_IN_PLACE && p->head_dim % 2 == 0 && p->key.col_stride == 1 &&
+           p->key.row_stride % 2 == 0 && p->key.head_stride % 2 == 0 && p->key.batch_strides[0] % 2 == 0 &&
+           ((uintptr_t)p->key.data & 3) == 0;
+}
+
+/* Query rows of sequence (batch index) b: len_q, or its share of a packed query. */
+static inline int64_t seq_rows(const sdpa_problem *c, int64_t b) {
+    return c->cu_seqlens_q ? c->cu_seqlens_q[b + 1] - c->cu_seqlens_q[b] : c->len_q;
+}
+
+/* The scale view of a key or value view. */
+static inline const sdpa_view *scales_of(const sdpa_problem *p, const sdpa_view *view) {
+    return view == &p->key ? &p->key_scale : &p->value_scale;
+}
+
+#endif

@@ -1,0 +1,229 @@
+/* The row path for one compute type T (included by exec_impl.h): few query
+ * rows per key/value head (decoding, short queries).  One task = (batch
+ * index, key/value head, chunk of keys) of a part: the G x L rows of the head
+ * group against each key tile, each key (and value) read once for all of
+ * them, the keys walked by segments (kv_source).  Each task keeps its rows'
+ * max, sum and output in its partial; merge_rows combines a group's chunks in
+ * chunk order. */
+
+/* integer_qk: a scaled query row rounded to int8 with the scale max|x| / 127
+ * (ties to even; 0 for a row of zeros or of values so small that the scale
+ * would be subnormal); a row with a NaN or an infinity gets the scale NaN, so
+ * that its scores, and its output, are NaN. */
+static void FN(quantize_query)(const T *x, int64_t e, int8_t *q, float *qscale) {
+    float m = 0;
+    for (int64_t c = 0; c < e; c++) {
+        const float a = fabsf((float)x[c]);
+        if (!(a <= m)) m = a;  /* NaN stays */
+        if (m != m) break;
+    }
+    if (!(m <= FLT_MAX)) {  /* NaN or infinite */
+        for (int64_t c = 0; c < e; c++) q[c] = 0;
+        *qscale = NAN;
+        return;
+    }
+    const float scale = m / 127.0f >= FLT_MIN ? m / 127.0f : 0.0f;
+    const float inv = scale > 0 ? 1.0f / scale : 0.0f, magic = 12582912.0f;
+    for (int64_t c = 0; c < e; c++) {
+        float r = ((float)x[c] * inv + magic) - magic;
+        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+        q[c] = (int8_t)(int)r;
+    }
+    *qscale = scale;
+}
+
+/* The scores of one segment of m keys (rows kt, scales ksct) into sto (row
+ * stride tile_k), for every row: 16-bit keys in place, integer_qk, quantized
+ * keys in place (a group at a time where the kernel cannot fold the scales),
+ * or float keys (converted first when strided or of another type). */
+static void FN(row_scores)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch, const T *qs,
+                           const char *kt, const kv_scales *ksct, const kv_scales *kscl, int m, T *sto) {
+    const int64_t E = p->head_dim;
+    const int M = pl->row.rows, tile_k = pl->blocking.tile_k;
+    const sdpa_dtype kvdt = pl->path.kv_dtype;
+    const int64_t ksr = p->key.row_stride, ksc = p->key.col_stride;
+    const int half = kvdt == SDPA_BFLOAT16 || kvdt == SDPA_FLOAT16;
+    const int k_q = sdpa_is_quantized(kvdt) && ksc == 1;
+    const int nib = kvdt == SDPA_INT4;  /* int4: value c at byte c / 2 */
+    if (half && ksc == 1) {  /* 16-bit keys read in place */
+        kern->dot_half(kvdt, M, m, E, qs, E, (const uint16_t *)kt, ksr, sto, tile_k);
+        return;
+    }
+    if (pl->path.integer_qk && k_q && ksct->base && sizeof(T) == sizeof(float)) {
+        /* the query rows as int8 (each with its scale) and dot_qi's work */
+        const int8_t *q8 = (const int8_t *)(scratch + pl->scratch.qi);
+        const float *q8s = (const float *)(const void *)(q8 + ((size_t)M * (size_t)E + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN);
+        void *qi_work = (char *)(uintptr_t)q8s + ((size_t)M * sizeof(float) + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN;
+        /* the set's kernel, or the portable one where it declines */
+        if (pl->path.dot_qi(kvdt, M, m, E, kscl->group, q8, E, q8s, (const uint8_t *)kt, ksr, ksct->base, kscl->rs,
+                            kscl->cs, (float *)(void *)sto, tile_k, qi_work) ||
+            sdpa_kernels_scalar.f32.dot_qi(kvdt, M, m, E, kscl->group, q8, E, q8s, (const uint8_t *)kt, ksr,
+                                           ksct->base, kscl->rs, kscl->cs, (float *)(void *)sto, tile_k, qi_work))
+            return;
+    }
+    if (k_q) {  /* quantized keys read in place, each scale group's dot then scaled */
+        T *sg = scratch + pl->scratch.pp;  /* M x tile_k: the scores of one scale group */
+        const uint8_t *kb = (const uint8_t *)kt;
+        const float *ks = ksct->base;
+        const int64_t g = kscl->group;
+        /* groups: the scales applied to each key vector in the kernel, if it can */
+        const int folded =
+            !ks || (g < E && kern->dot_q_grouped(kvdt, M, m, E, g, qs, E, kb, ksr, ks, kscl->rs, kscl->cs, sto, tile_k));
+        if (!ks) kern->dot_q(kvdt, M, m, E, qs, E, kb, ksr, sto, tile_k);  /* float8 without scales */
+        for (int64_t c0 = 0; c0 < E && !folded; c0 += g) {
+            const float *kg = ks + (c0 / g) * kscl->cs;
+            T *dst = c0 == 0 ? sto : sg;
+            kern->dot_q(kvdt, M, m, g, qs + c0, E, kb + (nib ? c0 / 2 : c0), ksr, dst, tile_k);
+            for (int x = 0; x < M; x++) {
+                T *sx = sto + (int64_t)x * tile_k;
+                const T *gx = dst + (int64_t)x * tile_k;
+                if (c0 == 0 && kscl->rs == 1)  /* one scale a row: contiguous, vectorized */
+                    for (int j = 0; j < m; j++) sx[j] = gx[j] * kg[j];
+                else if (c0 == 0)
+                    for (int j = 0; j < m; j++) sx[j] = gx[j] * kg[j * kscl->rs];
+                else
+                    for (int j = 0; j < m; j++) sx[j] += gx[j] * kg[j * kscl->rs];
+            }
+        }
+        return;
+    }
+    const T *kb = (const T *)kt;
+    int64_t ldk = ksr;
+    if (ksc != 1 || kvdt != TDT) {
+        T *kbuf = scratch + pl->scratch.k;  /* tile_k x E: strided or converted K rows */
+        FN(convert_rows)(kern, kbuf, kt, &p->key, kvdt, m, E, ksct);
+        kb = kbuf;
+        ldk = E;
+    }
+    kern->dot(M, m, E, qs, E, kb, ldk, sto, tile_k);
+}
+
+/* acc += the weights of one segment of m values (rows vt, scales vsct) times
+ * them, for every row: 16-bit values in place, quantized values in place (the
+ * weights of each scale group scaled, where the kernel cannot fold the
+ * scales), or float values (converted first when strided or of another type). */
+static void FN(row_values)(const sdpa_problem *p, const plan *pl, const KT *kern, T *scratch, const T *sto,
+                           const char *vt, const kv_scales *vsct, const kv_scales *vscl, int m, T *acc) {
+    const int64_t Ev = p->head_dim_v;
+    const int M = pl->row.rows, tile_k = pl->blocking.tile_k;
+    const sdpa_dtype kvdt = pl->path.kv_dtype;
+    const int64_t vsr = p->value.row_stride, vsc = p->value.col_stride;
+    const int half = kvdt == SDPA_BFLOAT16 || kvdt == SDPA_FLOAT16;
+    const int v_q = sdpa_is_quantized(kvdt) && vsc == 1;
+    const int nib = kvdt == SDPA_INT4;
+    if (half && vsc == 1) {
+        kern->pv_rows_half(kvdt, M, m, Ev, sto, tile_k, (const uint16_t *)vt, vsr, acc, Ev);
+        return;
+    }
+    if (v_q) {
+        T *sg = scratch + pl->scratch.pp;
+        const uint8_t *vb = (const uint8_t *)vt;
+        const float *vs = vsct->base;
+        const int64_t g = vscl->group;
+        const int folded = !vs || (g < Ev && kern->pv_rows_q_grouped(kvdt, M, m, Ev, g, sto, tile_k, vb, vsr, vs,
+                                                                     vscl->rs, vscl->cs, acc, Ev));
+        if (!vs) kern->pv_rows_q(kvdt, M, m, Ev, sto, tile_k, vb, vsr, acc, Ev);  /* float8 without scales */
+        for (int64_t c0 = 0; c0 < Ev && !folded; c0 += g) {
+            const float *vg = vs + (c0 / g) * vscl->cs;
+            for (int x = 0; x < M; x++) {
+                const T *sx = sto + (int64_t)x * tile_k;
+                T *px = sg + (int64_t)x * tile_k;
+                if (vscl->rs == 1)  /* one scale a row: contiguous, vectorized */
+                    for (int j = 0; j < m; j++) px[j] = sx[j] * vg[j];
+                else
+                    for (int j = 0; j < m; j++) px[j] = sx[j] * vg[j * vscl->rs];
+            }
+            kern->pv_rows_q(kvdt, M, m, g, sg, tile_k, vb + (nib ? c0 / 2 : c0), vsr, acc + c0, Ev);
+        }
+        return;
+    }
+    const T *vb = (const T *)vt;
+    int64_t ldv = vsr;
+    if (vsc != 1 || kvdt != TDT) {
+        T *vbuf = scratch + pl->scratch.v;  /* tile_k x Ev: strided or converted V rows */
+        FN(convert_rows)(kern, vbuf, vt, &p->value, kvdt, m, Ev, vsct);
+        vb = vbuf;
+        ldv = Ev;
+    }
+    kern->pv_rows(M, m, Ev, sto, tile_k, vb, ldv, acc, Ev);
+}
+
+static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *partial, int64_t task,
+                             interrupt_state *irq, int tid) {
+    const sdpa_problem *p = &pt->p;
+    const plan *pl = &pt->pl;
+    const int64_t L = p->len_q, E = p->head_dim, Ev = p->head_dim_v, group = p->gqa_group;
+    const int M = pl->row.rows, tile_k = pl->blocking.tile_k;
+    const int64_t Hkv = p->num_heads / group;
+    const int64_t g = task / pl->row.num_chunks, chunk = task % pl->row.num_chunks;
+    const int64_t b = g / Hkv, hkv = g % Hkv;
+
+    T *pmax = partial + task * pl->row.partial_elems;
+    T *psum = pmax + M;
+    T *acc = psum + M;
+    for (int x = 0; x < M; x++) {
+        pmax[x] = -(T)INFINITY;
+        psum[x] = 0;
+    }
+    for (int64_t i = 0; i < (int64_t)M * Ev; i++) acc[i] = 0;
+
+    /* the keys of this chunk that some row can see */
+    const int64_t S_b = key_limit(p, b);
+    int64_t s_begin = chunk * pl->blocking.chunk_len, s_end = s_begin + pl->blocking.chunk_len;
+    if (s_end > S_b) s_end = S_b;
+    if (p->causal && L - 1 + p->causal_offset + 1 < s_end) s_end = L + p->causal_offset;
+    if (has_window(p)) {  /* the rows' positions are 0..L-1 */
+        const int64_t wf = window_first(p, 0), we = window_end(p, L - 1);
+        if (wf > s_begin) s_begin = wf;
+        if (we < s_end) s_end = we;
+    }
+    if (s_begin >= s_end) return;
+
+    const sdpa_dtype qdt = p->dtype, kvdt = pl->path.kv_dtype;
+    const size_t qe = sdpa_dtype_size(qdt);
+    const kv_source ksrc = kv_source_of(p, 0, kvdt, b, hkv, E), vsrc = kv_source_of(p, 1, kvdt, b, hkv, Ev);
+    T *qs = scratch + pl->scratch.q;  /* M x E, scaled   */
+    T *st = scratch + pl->scratch.s;  /* M x tile_k scores */
+    const int iqk = pl->path.integer_qk && sdpa_is_quantized(kvdt) && p->key.col_stride == 1 && ksrc.scale_view &&
+                    sizeof(T) == sizeof(float);
+    int8_t *q8 = iqk ? (int8_t *)(scratch + pl->scratch.qi) : NULL;
+    float *q8s = iqk ? (float *)(void *)(q8 + ((size_t)M * (size_t)E + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN) : NULL;
+
+    const T scale = (T)p->scale, cap = FN(softcap_value)(p);
+    for (int x = 0; x < M; x++) {
+        const int64_t h = hkv * group + x / L, l = x % L;
+        const char *qr = (const char *)view_at(p, &p->query, b, h, qe) + l * p->query.row_stride * (int64_t)qe;
+        if (qdt == TDT && p->query.col_stride == 1)
+            kern->scale_copy(qs + (int64_t)x * E, (const T *)qr, E, scale);
+        else
+            FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
+        if (iqk) FN(quantize_query)(qs + (int64_t)x * E, E, q8 + (int64_t)x * E, q8s + x);
+    }
+
+    for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {
+        if (should_stop(irq, tid)) return;
+        const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
+        /* a tile is read by segments of contiguous rows: the whole tile, or
+         * (paged) the part of it in each block; scores by column offset */
+        kv_cursor cur = kv_walk(&ksrc, s0, s0 + n);
+        const char *rows;
+        kv_scales sc;
+        for (int64_t a = s0, m; (m = kv_next(&ksrc, &cur, &rows, &sc, 1)) > 0; a += m)
+            FN(row_scores)(p, pl, kern, scratch, qs, rows, &sc, &ksrc.sc, (int)m, st + (a - s0));
+        for (int x = 0; x < M; x++) {
+            const int64_t h = hkv * group + x / L, l = x % L;
+            T *sr = st + (int64_t)x * tile_k;
+            const int64_t lim = p->causal ? l + p->causal_offset + 1 : s_end;
+            const void *mask = FN(mask_at)(p, b, h);
+            const T slope = p->alibi.data ? FN(head_value)(p, &p->alibi, b, h) : 0;
+            FN(apply_row_modifiers)(p, kern, sr, l, s0, n, lim, mask ? FN(mask_row_of)(p, mask, l) : NULL, slope, cap);
+            if (p->weights.data)
+                FN(store_raw_scores)(p, (T *)view_at(p, &p->weights, b, h, sizeof(T)) + l * p->weights.row_stride, sr,
+                                     1, s0, n);
+            kern->row_online_softmax_update(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
+        }
+        cur = kv_walk(&vsrc, s0, s0 + n);
+        for (int64_t a = s0, m; (m = kv_next(&vsrc, &cur, &rows, &sc, 1)) > 0; a += m)
+            FN(row_values)(p, pl, kern, scratch, st + (a - s0), rows, &sc, &vsrc.sc, (int)m, acc);
+    }
+}

@@ -1,0 +1,455 @@
+/* The tiled path for one compute type T (included by exec_impl.h).
+ *
+ * One task = (batch index, query head, block of query rows) of a part.  The
+ * block is cut into panels of nr rows, kept transposed (Q^T, and the
+ * accumulator (P V)^T), so that one vector spans nr query rows.  For each
+ * visible key block and panel: scores^T = K (scale Q)^T, the modifiers,
+ * online softmax (running max and sum, the accumulator rescaled when the max
+ * grows), acc^T += V^T P^T.  The output is acc / sum.  K and V are read in
+ * place (by the segments of a tile in each block when paged), converted a
+ * tile at a time, or taken from the part's packed buffer.  Tasks are
+ * independent and each is computed in a fixed order by one thread, so the
+ * result does not depend on the number of threads. */
+
+/* Panel pn of a task's query rows from l0 on, scaled, as Q^T (E x nr) in panel. */
+static void FN(pack_panel)(const sdpa_problem *p, const KT *kern, T *panel, const char *q, int64_t l0, int pn) {
+    const int64_t L = p->len_q, E = p->head_dim;
+    const int nr = kern->nr;
+    const int64_t r0 = l0 + (int64_t)pn * nr;
+    const int prows = (int)(L - r0 < nr ? L - r0 : nr);
+    const sdpa_dtype qdt = p->dtype;
+    const size_t qe = sdpa_dtype_size(qdt);
+    const char *q0 = q + r0 * p->query.row_stride * (int64_t)qe;
+    const T scale = (T)p->scale;
+    if (qdt == TDT && p->query.col_stride == 1) {
+        kern->pack_q(panel, nr, (const T *)q0, prows, p->query.row_stride, E, scale);
+        return;
+    }
+    if (qdt != TDT && p->query.col_stride == 1) {  /* 16-bit, widened */
+        kern->pack_q_half(qdt, panel, nr, (const uint16_t *)q0, prows, p->query.row_stride, E, scale);
+        return;
+    }
+    for (int64_t c = 0; c < E; c++) {  /* contiguous stores, strided loads */
+        T *pc = panel + c * nr;
+        FN(load_scaled)(pc, q0 + c * p->query.col_stride * (int64_t)qe, prows, p->query.row_stride, qdt, scale);
+        for (int x = prows; x < nr; x++) pc[x] = 0;
+    }
+}
+
+/* Asks for the cache lines of rows [r0, r0 + n) of a view with contiguous rows
+ * of `cols` elements of size elem (for writing when `write`), so that they
+ * arrive while the caller computes. */
+static void FN(prefetch_rows)(const char *base, const sdpa_view *view, size_t elem, int64_t r0, int64_t n,
+                              int64_t cols, int write) {
+    if (view->col_stride != 1) return;
+    const int64_t bytes = cols * (int64_t)elem;
+    for (int64_t x = 0; x < n; x++) {
+        const char *row = base + (r0 + x) * view->row_stride * (int64_t)elem;
+        for (int64_t o = 0; o < bytes; o += 64) {
+            if (write)
+                __builtin_prefetch(row + o, 1, 3);
+            else
+                __builtin_prefetch(row + o, 0, 2);
+        }
+    }
+}
+
+/* The query block and (batch, head) index of a task of the tiled path.  The
+ * tasks of one key/value slice are consecutive, so that its K and V stay in
+ * cache from one task to the next: per slice, the query blocks from the last
+ * (with causality the longest: the tail of the loop is then the short ones)
+ * and, per query block, the query heads of the slice's GQA group. */
+static void FN(task_coords)(const sdpa_problem *p, const plan *pl, int64_t task, int64_t *qb, int64_t *bh) {
+    const int64_t G = p->gqa_group, per_slice = pl->tiled.num_qblocks * G;
+    const int64_t slice = task / per_slice, rem = task % per_slice;
+    *qb = pl->tiled.num_qblocks - 1 - rem / G;
+    *bh = slice * G + rem % G;  /* (b, hkv) -> b * H + hkv * G + member */
+}
+
+/* Piece `piece` of `pieces` of what a task reads first, its query rows and first
+ * key and value tile: asked for while an earlier task computes, so that a run
+ * of short tasks (few keys each) does not wait on memory at each start. */
+static void FN(prefetch_task)(const sdpa_problem *p, const plan *pl, int64_t task, int piece, int pieces) {
+    if (task >= pl->num_tasks) return;
+    int64_t qb, bh;
+    FN(task_coords)(p, pl, task, &qb, &bh);
+    const int64_t b = bh / p->num_heads, h = bh % p->num_heads, hkv = h / p->gqa_group;
+    const size_t qe = sdpa_dtype_size(p->dtype), kve = sdpa_dtype_size(pl->path.kv_dtype);
+    const int64_t l0 = qb * pl->blocking.tile_q;
+    const int64_t rows = p->len_q - l0 < pl->blocking.tile_q ? p->len_q - l0 : pl->blocking.tile_q;
+    const int64_t S_b = key_limit(p, b);
+    const int64_t keys = S_b < pl->blocking.tile_k ? S_b : pl->blocking.tile_k;
+    const int64_t q0 = rows * piece / pieces, q1 = rows * (piece + 1) / pieces;
+    const int64_t k0 = keys * piece / pieces, k1 = keys * (piece + 1) / pieces;
+    FN(prefetch_rows)((const char *)view_at(p, &p->query, b, h, qe), &p->query, qe, l0 + q0, q1 - q0,
+                      p->head_dim, 0);
+    if (p->block_size > 0) return;  /* paged: the first block's rows would need its table */
+    FN(prefetch_rows)((const char *)view_at(p, &p->key, b, hkv, kve), &p->key, kve, k0, k1 - k0, p->head_dim, 0);
+    FN(prefetch_rows)((const char *)view_at(p, &p->value, b, hkv, kve), &p->value, kve, k0, k1 - k0,
+                      p->head_dim_v, 0);
+}
+
+#if HAS_BF16
+/* Panel pn of a task's query rows from l0 on as bfloat16 pairs, [E2][nr],
+ * unscaled (the scale is applied to the float scores: rounding a scaled query
+ * to bfloat16 would add error). */
+static void bf16_pack_panel(const sdpa_problem *p, const kernels_f32 *kern, uint32_t *panel, const uint16_t *q,
+                            int64_t l0, int pn, int64_t E2p) {
+    const int64_t L = p->len_q, E = p->head_dim, E2 = (E + 1) / 2;
+    const int nr = kern->nr;
+    const int64_t r0 = l0 + (int64_t)pn * nr;
+    const int prows = (int)(L - r0 < nr ? L - r0 : nr);
+    const int64_t rs = p->query.row_stride, cs = p->query.col_stride;
+    memset(panel + E2 * nr, 0, (size_t)(E2p - E2) * nr * 4);  /* pairs padded to whole tiles: zeros */
+    if (E % 2 == 0 && cs == 1) {
+        kern->bf16.pack_q_pairs(panel, q + r0 * rs, prows, rs, E2);
+        return;
+    }
+    for (int64_t pr = 0; pr < E2; pr++) {
+        uint32_t *pc = panel + pr * nr;
+        for (int x = 0; x < prows; x++) {
+            const uint16_t *qr = q + (r0 + x) * rs;
+            pc[x] = bf16_pair(qr[2 * pr * cs], 2 * pr + 1 < E ? qr[(2 * pr + 1) * cs] : 0);
+        }
+        for (int x = prows; x < nr; x++) pc[x] = 0;
+    }
+}
+
+/* acc (P V)^T += the products of the nk keys' P pairs (pp) and V pairs (a at
+ * v_rs, v_ks).  With an odd nk the last pair's second key is one the panel
+ * does not see (past its causal limit, its window or the keys): its P is 0,
+ * but its V may be inf or NaN, and 0 x NaN is NaN.  So the pairs from the last
+ * whole block of 16 on go through a copy (vtail, [Ev][16]) whose last pair's
+ * second value is 0; the products are summed in the same order as in one call. */
+static void FN(pv_pairs)(const kernels_f32 *kern, int Ev, int nk, const uint32_t *v, int64_t v_rs, int64_t v_ks,
+                         const uint32_t *pp, int nr, float *acc, uint32_t *vtail) {
+    const int64_t kp = (nk + 1) / 2;
+    if (nk % 2 == 0) {
+        kern->bf16.gemm_bf16(Ev, kp, v, v_rs, v_ks, pp, nr, acc, nr, 1);
+        return;
+    }
+    const int64_t head = (kp - 1) / 16 * 16, rest = kp - head;
+    if (head) kern->bf16.gemm_bf16(Ev, head, v, v_rs, v_ks, pp, nr, acc, nr, 1);
+    for (int c = 0; c < Ev; c++)
+        for (int64_t q = 0; q < rest; q++) {
+            const uint32_t w = v[c * v_rs + (head + q) * v_ks];
+            vtail[c * 16 + q] = q == rest - 1 ? (w & 0xFFFFu) : w;
+        }
+    kern->bf16.gemm_bf16(Ev, rest, vtail, 16, 1, pp + head * nr, nr, acc, nr, 1);
+}
+#endif
+
+/* Phase timers of the tiled path (sdpa_profile_*): a task adds the time since
+ * its last mark to a phase, when the call is profiled. */
+#define PROF_MARK(ph)                                  \
+    do {                                               \
+        if (prof) {                                    \
+            const uint64_t t_ = prof_ticks();          \
+            prof[ph] += t_ - prof_t;                   \
+            prof_t = t_;                               \
+        }                                              \
+    } while (0)
+
+static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *packed, int64_t task,
+                         interrupt_state *irq, int tid, uint64_t *prof, int nthreads) {
+    const sdpa_problem *p = &pt->p;
+    const plan *pl = &pt->pl;
+    const int64_t H = p->num_heads, L = p->len_q;
+    const int64_t E = p->head_dim, Ev = p->head_dim_v;
+    const int tile_q = pl->blocking.tile_q, tile_k = pl->blocking.tile_k, nr = pl->path.nr;
+    uint64_t prof_t = prof ? prof_ticks() : 0;
+
+    int64_t qb, bh;
+    FN(task_coords)(p, pl, task, &qb, &bh);
+    const int64_t b = bh / H, h = bh % H, hkv = h / p->gqa_group;
+    /* paged: float K and V of the compute type are read in place, by the
+     * segments of a tile in each block as the products read them; other K/V are
+     * widened or paired by segments too (K pairs never in place) */
+    const int paged = p->block_size > 0;
+    const sdpa_dtype qdt = p->dtype, kvdt = pl->path.kv_dtype, odt = pl->path.out_dtype;
+    const char *q = (const char *)view_at(p, &p->query, b, h, sdpa_dtype_size(qdt));
+    const kv_source ksrc = kv_source_of(p, 0, kvdt, b, hkv, E), vsrc = kv_source_of(p, 1, kvdt, b, hkv, Ev);
+    const char *k = ksrc.base, *v = vsrc.base;
+    char *out = (char *)view_at(p, &p->out, b, h, sdpa_dtype_size(odt));
+    const void *mask = FN(mask_at)(p, b, h);
+    T *weights = p->weights.data ? (T *)view_at(p, &p->weights, b, h, sizeof(T)) : NULL;
+    /* this task's key/value slice in the part's packed buffer */
+    const T *slice = packed ? packed + (b * (H / p->gqa_group) + hkv) * (int64_t)pl->pack.slice_elems : NULL;
+#if HAS_BF16
+    const int bf16 = pl->bf16.on;  /* bfloat16 pairs and gemm_bf16 (float instance only) */
+#endif
+    /* float K and V: in place (T elements), from the packed buffer, or converted
+     * (or, paged, copied) a tile at a time (make_plan) */
+    const int convert_kv = pl->path.convert_kv;
+    const int64_t ksr = convert_kv ? E : p->key.row_stride, ksc = convert_kv ? 1 : p->key.col_stride;
+    const int64_t vsr = convert_kv ? Ev : p->value.row_stride, vsc = convert_kv ? 1 : p->value.col_stride;
+    const int paged_products = paged && !slice && !convert_kv;  /* the products read the blocks */
+    T *kbuf = scratch + pl->scratch.k;   /* a K tile as T, tile_k x E (convert_kv, not packed) */
+    T *vbuf = scratch + pl->scratch.v;   /* a V tile as T, tile_k x Ev                         */
+
+    T *qt = scratch + pl->scratch.q;     /* panels of Q^T, each E x nr, scaled (bf16: E2 x nr pairs) */
+    T *acc = scratch + pl->scratch.acc;  /* panels of (P V)^T, each Ev x nr      */
+    T *st = scratch + pl->scratch.s;     /* one score tile, keys x nr            */
+    T *row_m = scratch + pl->scratch.m;
+    T *row_l = scratch + pl->scratch.l;
+#if HAS_BF16
+    const T scale = (T)p->scale;
+    const int64_t E2 = pl->bf16.e2p;  /* pairs of a K row and a panel column block, padded to whole tiles */
+    const int64_t qpanel = bf16 ? E2 : E;  /* elements of a panel column block */
+    uint32_t *pp = (uint32_t *)(scratch + pl->scratch.pp);  /* P^T pairs, [tile_k / 2][nr] */
+    uint32_t *vp = (uint32_t *)(scratch + pl->scratch.vp);  /* V pairs of a tile, when not packed */
+    uint32_t *kp = (uint32_t *)(scratch + pl->scratch.k);   /* K pairs of a tile when not in place, [tile_k][E2] */
+    uint32_t *vtail = (uint32_t *)(scratch + pl->scratch.vt);  /* the last V pairs of an odd key count, [Ev][16] */
+    /* K read in place when its rows are whole pairs, 32-bit aligned */
+    const int k_in_place = paged ? 2 * E2 == E && paged_pairs_in_place(p)
+                                 : E % 2 == 0 && 2 * E2 == E && p->key.col_stride == 1 &&
+                                       p->key.row_stride % 2 == 0 && ((uintptr_t)k & 3) == 0;
+    /* feature c's pair p at vbase[c * vp_rs + p * vp_ks]: P V's a, in its kernel's layout */
+    const int byf = bf16 && kern->bf16.values_by_feature;
+    const int64_t vp_ld = slice ? (byf ? pl->bf16.vp_ld : Ev) : (byf ? (tile_k + 1) / 2 : Ev);
+    const int64_t vp_rs = byf ? vp_ld : 1, vp_ks = byf ? 1 : Ev;
+    /* the scale folded into the softmax: it must come before a softcap, ALiBi, an
+     * additive mask or raw weights, and a bool mask, causality and windows put
+     * -inf, which any scale > 0 keeps */
+    const int fold = bf16 && scale > 0 && scale < (T)INFINITY && p->softcap == 0 && !p->alibi.data &&
+                     p->mask_kind != SDPA_MASK_ADDITIVE && !weights;
+#else
+    const int64_t qpanel = E;
+#endif
+
+    const int64_t l0 = qb * tile_q;
+    const int rows = (int)(L - l0 < tile_q ? L - l0 : tile_q);
+    const int panels = (rows + nr - 1) / nr;
+
+    for (int x = 0; x < panels * nr; x++) {
+        row_m[x] = -(T)INFINITY;
+        row_l[x] = 0;
+    }
+    for (int64_t x = 0; x < (int64_t)panels * nr * Ev; x++) acc[x] = 0;
+
+    /* keys past kv_end are masked for every row of the task: never visited */
+    const int64_t S_b = key_limit(p, b);
+    int64_t kv_end = S_b;
+    if (p->causal) {
+        int64_t last = l0 + rows + p->causal_offset;  /* exclusive */
+        kv_end = last < 0 ? 0 : (last < S_b ? last : S_b);
+    }
+    /* keys a window shows no row of the task are never visited either; the
+     * tiles stay on the grid of tile_k keys */
+    const int win = has_window(p);
+    int64_t kv_begin = 0;
+    if (win) {
+        const int64_t we = window_end(p, l0 + rows - 1);
+        if (we < kv_end) kv_end = we;
+        kv_begin = window_first(p, l0) / tile_k * tile_k;
+    }
+    const T slope = p->alibi.data ? FN(head_value)(p, &p->alibi, b, h) : 0;
+    const T cap = FN(softcap_value)(p);
+    T *lse = p->lse.data ? (T *)view_at(p, &p->lse, b, h, sizeof(T)) : NULL;
+    const int rows_vec = p->out.col_stride == 1;
+    int packed_q = 0;  /* panels of Q packed so far */
+    int64_t scores = 0;  /* computed, for the profile */
+
+#if HAS_BF16
+    unsigned callbacks = tid == 0 ? irq->callbacks : 0;
+#endif
+    for (int64_t s0 = kv_begin; s0 < kv_end; s0 += tile_k) {
+        if (should_stop(irq, tid)) return;  /* the output is unspecified then */
+#if HAS_BF16
+        if (bf16 && tid == 0 && irq->callbacks != callbacks) {
+            /* the interrupt callback ran (Python code: it may have used the tiles) */
+            callbacks = irq->callbacks;
+            kern->bf16.tiles_begin();
+        }
+#endif
+        const int n = (int)(kv_end - s0 < tile_k ? kv_end - s0 : tile_k);
+        const T *kt = paged ? NULL : (const T *)k + s0 * ksr, *vt = paged ? NULL : (const T *)v + s0 * vsr;
+#if HAS_BF16
+        const uint32_t *kpt = NULL, *vpt = NULL;
+        int64_t k_rs = E2;
+        if (bf16) {
+            if (slice && pl->pack.slice_k) {  /* packed for the call */
+                kpt = (const uint32_t *)slice + s0 * E2;
+            } else if (k_in_place) {  /* paged: by block segments in the product */
+                kpt = paged ? NULL : (const uint32_t *)((const uint16_t *)k + s0 * p->key.row_stride);
+                k_rs = p->key.row_stride / 2;
+            } else {
+                bf16_pack_key_range(kp, E2, &ksrc, s0, n, E);
+                kpt = kp;
+            }
+            if (slice) {
+                vpt = (const uint32_t *)slice + pl->pack.slice_k + (byf ? s0 / 2 : s0 / 2 * Ev);
+            } else {
+                bf16_pack_value_range(kern, vp, vp_ld, &vsrc, s0, n, Ev);
+                vpt = vp;
+            }
+        } else
+#endif
+        if (slice) {  /* converted once for the call */
+            kt = slice + s0 * E;
+            vt = slice + pl->pack.slice_k + s0 * Ev;
+        } else if (convert_kv) {  /* once per tile, for every panel */
+            FN(convert_range)(kern, kbuf, &ksrc, kvdt, s0, n, E);
+            FN(convert_range)(kern, vbuf, &vsrc, kvdt, s0, n, Ev);
+            kt = kbuf, vt = vbuf;
+        }
+        PROF_MARK(PH_PACK);
+        for (int pn = 0; pn < panels; pn++) {
+            const int64_t r0 = l0 + (int64_t)pn * nr;
+            const int prows = (int)(L - r0 < nr ? L - r0 : nr);
+            int np = n;
+            if (p->causal) {  /* the panel's last row sees keys < lim */
+                int64_t lim = r0 + prows + p->causal_offset;
+                if (lim <= s0) continue;
+                if (lim - s0 < np) np = (int)(lim - s0);
+            }
+            int win_edge = 0, j0 = 0;  /* the panel computes keys [s0 + j0, s0 + np) of the tile */
+            if (win) {  /* the panel's window: keys [first of its first row, end of its last) */
+                const int64_t pf = window_first(p, r0), pe = window_end(p, r0 + prows - 1);
+                if (s0 >= pe || s0 + np <= pf) continue;
+                if (pe - s0 < np) np = (int)(pe - s0);
+                if (pf > s0) j0 = (int)((pf - s0) / 16 * 16);  /* from the window's start, in steps of 16 keys */
+                win_edge = !(s0 + j0 >= window_first(p, r0 + prows - 1) && s0 + np <= window_end(p, r0));
+            }
+            const int64_t sp = s0 + j0;  /* the panel's first key, and its number of keys */
+            const int nk = np - j0;
+            T *pmax = row_m + (int64_t)pn * nr, *psum = row_l + (int64_t)pn * nr;
+            T *pacc = acc + (int64_t)pn * Ev * nr;
+            const void *tile_mask = mask;
+            if (mask) {
+                const int cls = FN(mask_tile_class)(p, mask, r0, prows, sp, nk);
+                if (cls == TILE_NONE_VISIBLE) {  /* adds nothing to any row */
+                    if (weights) FN(hide_in_weights)(p, weights, r0, prows, sp, nk);
+                    continue;
+                }
+                if (cls == TILE_ALL_VISIBLE) tile_mask = NULL;
+            }
+
+            if (pn >= packed_q) {  /* Q is packed a panel at a time, the next one on its way */
+                for (; packed_q <= pn; packed_q++) {
+                    T *panel = qt + (int64_t)packed_q * qpanel * nr;
+#if HAS_BF16
+                    if (bf16) {
+                        bf16_pack_panel(p, kern, (uint32_t *)panel, (const uint16_t *)q, l0, packed_q, E2);
+                        continue;
+                    }
+#endif
+                    FN(pack_panel)(p, kern, panel, q, l0, packed_q);
+                }
+                if (packed_q < panels) {
+                    const int64_t rn = l0 + (int64_t)packed_q * nr;
+                    FN(prefetch_rows)(q, &p->query, sdpa_dtype_size(qdt), rn, (int)(L - rn < nr ? L - rn : nr), E, 0);
+                }
+                PROF_MARK(PH_PACK);
+            }
+            if (mask) {  /* the next panel's mask, or the next tile's first */
+                const int64_t rn = pn + 1 < panels ? r0 + nr : l0, sn = pn + 1 < panels ? s0 : s0 + tile_k;
+                const int64_t kn = kv_end - sn < tile_k ? kv_end - sn : tile_k;
+                FN(prefetch_mask)(p, mask, rn, L - rn < nr ? L - rn : nr, sn, kn);
+            }
+            if (s0 + tile_k >= kv_end) {  /* the last tile: this panel's output rows and the next task */
+                if (rows_vec) FN(prefetch_rows)(out, &p->out, sdpa_dtype_size(odt), r0, prows, Ev, 1);
+                FN(prefetch_task)(p, pl, task + nthreads, pn, panels);
+            }
+#if HAS_BF16
+            if (bf16) {
+                const uint32_t *qp = (const uint32_t *)qt + (int64_t)pn * E2 * nr;
+                if (!kpt) {  /* paged keys in place, segment by segment */
+                    kv_cursor cur = kv_walk(&ksrc, sp, sp + nk);
+                    const char *ka;
+                    kv_scales none;
+                    for (int64_t a = sp, m; (m = kv_next(&ksrc, &cur, &ka, &none, 0)) > 0; a += m)
+                        kern->bf16.gemm_bf16((int)m, E2, (const uint32_t *)ka, k_rs, 1, qp, nr, st + (a - sp) * nr, nr, 0);
+                } else {
+                    kern->bf16.gemm_bf16(nk, E2, kpt + j0 * k_rs, k_rs, 1, qp, nr, st, nr, 0);
+                }
+                PROF_MARK(PH_QK);
+                if (!fold) {  /* the scaled scores, for what comes next */
+                    kern->scale_copy(st, st, (int64_t)nk * nr, scale);
+                }
+            } else
+#endif
+            if (paged_products) {
+                kv_cursor cur = kv_walk(&ksrc, sp, sp + nk);
+                const char *ka;
+                kv_scales none;
+                for (int64_t a = sp, m; (m = kv_next(&ksrc, &cur, &ka, &none, 0)) > 0; a += m)
+                    kern->gemm((int)m, E, (const T *)ka, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st + (a - sp) * nr,
+                               nr, 0);
+                PROF_MARK(PH_QK);
+            } else {
+                kern->gemm(nk, E, kt + j0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
+                PROF_MARK(PH_QK);
+            }
+            const int diagonal = p->causal && sp + nk - 1 > r0 + p->causal_offset;
+            FN(apply_tile_modifiers)(p, kern, st, nr, r0, prows, sp, nk, kv_end, tile_mask, diagonal || win_edge,
+                                     slope, cap);
+            if (weights)
+                for (int x = 0; x < prows; x++)
+                    FN(store_raw_scores)(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, sp, nk);
+            PROF_MARK(PH_MASK);
+            scores += (int64_t)nk * prows;
+
+#if HAS_BF16
+            if (bf16) {
+                kern->bf16.online_softmax_pairs(st, nk, fold ? scale : 1, pmax, psum, pacc, Ev, pp);
+                PROF_MARK(PH_SOFTMAX);
+                FN(pv_pairs)(kern, (int)Ev, nk, vpt + (byf ? j0 / 2 : j0 / 2 * Ev), vp_rs, vp_ks, pp, nr, pacc, vtail);
+                PROF_MARK(PH_PV);
+                continue;
+            }
+#endif
+            kern->online_softmax_update(st, nk, pmax, psum, pacc, Ev);
+            PROF_MARK(PH_SOFTMAX);
+            if (paged_products) {
+                kv_cursor cur = kv_walk(&vsrc, sp, sp + nk);
+                const char *va;
+                kv_scales none;
+                for (int64_t a = sp, m; (m = kv_next(&vsrc, &cur, &va, &none, 0)) > 0; a += m)
+                    kern->gemm((int)Ev, (int)m, (const T *)va, vsc, vsr, st + (a - sp) * nr, nr, pacc, nr, 1);
+            } else {
+                kern->gemm((int)Ev, nk, vt + j0 * vsr, vsc, vsr, st, nr, pacc, nr, 1);
+            }
+            PROF_MARK(PH_PV);
+        }
+    }
+
+    const T *sink = p->sinks.data ? (const T *)view_at(p, &p->sinks, b, h, sizeof(T)) : NULL;
+    if (sink && *sink == -(T)INFINITY) sink = NULL;  /* no sink: the same bits as without */
+    if (lse || sink)
+        for (int x = 0; x < rows; x++) {
+            const T l = row_l[x], m = row_m[x];
+            if (lse) lse[(l0 + x) * p->lse.row_stride] = sink ? FN(log_sum_exp_sink)(m, l, *sink) : FN(log_sum_exp)(m, l);
+            if (sink && l != 0) row_l[x] = l + EXP(*sink - m);  /* the sink joins the denominator */
+        }
+    if (rows_vec)  /* the same values as the loop below, a panel at a time */
+        for (int pn = 0; pn < panels; pn++) {
+            const int x0 = pn * nr, prows = rows - x0 < nr ? rows - x0 : nr;
+            const int64_t off = (l0 + x0) * p->out.row_stride;
+            if (odt == TDT)
+                kern->store_rows((T *)out + off, p->out.row_stride, acc + (int64_t)pn * Ev * nr, nr, row_l + x0,
+                                 prows, Ev);
+            else
+                kern->store_rows_half(odt, (uint16_t *)out + off, p->out.row_stride, acc + (int64_t)pn * Ev * nr, nr,
+                                      row_l + x0, prows, Ev);
+        }
+    for (int x = 0; x < rows; x++) {
+        const int64_t row = l0 + x;
+        const T l = row_l[x], m = row_m[x];
+        const T *ax = acc + (int64_t)(x / nr) * Ev * nr + x % nr;
+        const int64_t o0 = row * p->out.row_stride, oc = p->out.col_stride;
+        /* a row with no visible key gives zeros (even if a V row it multiplied by
+         * a zero weight held NaN); NaN in l passes through */
+        const T inv = l == 0 ? 0 : 1 / l;
+        if (!rows_vec && odt == TDT) {
+            T *orow = (T *)out + o0;
+            for (int64_t c = 0; c < Ev; c++) orow[c * oc] = l == 0 ? 0 : ax[c * nr] * inv;
+        } else if (!rows_vec) {
+            for (int64_t c = 0; c < Ev; c++) FN(store)(out, o0 + c * oc, odt, l == 0 ? 0 : ax[c * nr] * inv);
+        }
+        if (weights) FN(normalize_weights)(p, weights + row * p->weights.row_stride, row, S_b, m, l);
+    }
+    PROF_MARK(PH_EPILOGUE);
+    if (prof) prof[PH_SCORES] += (uint64_t)scores;
+}
+#undef PROF_MARK
