@@ -69,7 +69,7 @@ static sdpa_status validate_ragged(const sdpa_problem *p, int64_t count) {
     return SDPA_OK;
 }
 
-static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count) {
+sdpa_status sdpa_validate(const sdpa_problem *p, int64_t *batch_count) {
     const sdpa_dtype kvdt = kv_dtype_of(p);
     const int quantized = sdpa_is_quantized(kvdt);
     /* int8 and int4 need both scales; float8 either may be missing (no scale) */
@@ -182,7 +182,7 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
     if (!p) return SDPA_ERR_NULL_POINTER;
     if (p->struct_size != sizeof(*p)) return SDPA_ERR_ABI;  /* before reading anything else */
     int64_t batch_count = 0;
-    sdpa_status st = validate(p, &batch_count);
+    sdpa_status st = sdpa_validate(p, &batch_count);
     if (st != SDPA_OK) return st;
     if (batch_count * p->num_heads * p->len_q == 0) return SDPA_OK;  /* empty output */
 

@@ -118,6 +118,12 @@ extern int (*const sdpa_dot_qi_neon)(sdpa_dtype dt, int m, int n, int64_t e, int
  * (flops): waking a thread costs tens of microseconds. */
 #define SDPA_MIN_FLOPS_PER_THREAD 4e6
 
+/* The thread count of calls with num_threads 0, set for the process by the
+ * Python layer (sdpa.set_num_threads); 0: the OpenMP default.  Either way a
+ * call takes no more threads than its work gives SDPA_MIN_FLOPS_PER_THREAD. */
+void sdpa_set_threads_setting(int n);
+int sdpa_threads_setting(void);
+
 /*
  * Kernels: single-threaded, allocation free.  Scores are kept transposed, keys
  * by query rows, so that a vector holds nr consecutive query rows and the

@@ -139,6 +139,10 @@ typedef struct call_plan {
 int sdpa_profile_on(void);
 int sdpa_forked_after_openmp(void);
 
+/* Checks a problem against sdpa.h's rules (attention.c); *batch_count is the
+ * product of its batch dims. */
+sdpa_status sdpa_validate(const sdpa_problem *p, int64_t *batch_count);
+
 /* Plans the validated call *p (offsets clamped) for kernel table kt with
  * `threads` threads (0: the problem's own rule); frees nothing on failure. */
 sdpa_status sdpa_plan_call(const sdpa_problem *p, int64_t batch_count, const kernel_table *kt, int threads,

@@ -38,6 +38,20 @@
 #define SDPA_SHARED_PART_KEYS 4096
 /* Thread counts are capped at this many per CPU (and at least this many). */
 
+/* ---- the process's thread setting (internal.h) ---- */
+
+static SDPA_ATOMIC(int) threads_setting = 0;
+
+void sdpa_set_threads_setting(int n) { sdpa_atomic_store(&threads_setting, n > 0 ? n : 0); }
+
+int sdpa_threads_setting(void) { return sdpa_atomic_load(&threads_setting); }
+
+/* The threads of a call with num_threads 0, before its work caps them. */
+static int default_threads(void) {
+    const int n = sdpa_atomic_load(&threads_setting);
+    return n > 0 ? n : sdpa_default_num_threads();
+}
+
 /* ---- what the test suite may force ---- */
 
 /* Blocking forced by the test suite (sdpa_testing_set_blocking); 0: the rule. */
@@ -746,7 +760,7 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
     order_and_count(cp);
 
     int nthreads = threads_asked ? threads_asked : c->num_threads;
-    if (nthreads == 0) nthreads = sdpa_default_num_threads();
+    if (nthreads == 0) nthreads = default_threads();
     if (!threads_asked && nthreads > sdpa_max_threads()) nthreads = sdpa_max_threads();
     if (nthreads < 1) nthreads = 1;
     if ((int64_t)nthreads > units) nthreads = (int)(units > 0 ? units : 1);
@@ -775,7 +789,7 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
     cp->profile = profile;
     const int sim_threads = threads > 0 ? threads : 0;
     const int plan_threads = threads > 0 ? threads
-                                         : (user->num_threads > 0 ? user->num_threads : sdpa_default_num_threads());
+                                         : (user->num_threads > 0 ? user->num_threads : default_threads());
     sdpa_problem *c = (sdpa_problem *)malloc(sizeof(sdpa_problem) + (size_t)batch_count * sizeof(int64_t));
     if (!c) return SDPA_ERR_NO_MEMORY;
     *c = *user;
@@ -1011,4 +1025,36 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
 void sdpa_plan_free(call_plan *cp) {
     free(cp->arena);
     cp->arena = NULL;
+}
+
+sdpa_status sdpa_testing_plan(const sdpa_problem *p, int threads, sdpa_part_info *parts, int64_t max_parts,
+                              int64_t *num_parts, double *costs, int64_t max_items, int64_t *num_items,
+                              int *num_threads, int64_t *num_merges) {
+    if (!p) return SDPA_ERR_NULL_POINTER;
+    if (p->struct_size != sizeof(*p)) return SDPA_ERR_ABI;
+    int64_t batch_count = 0;
+    sdpa_status st = sdpa_validate(p, &batch_count);
+    if (st != SDPA_OK) return st;
+    *num_parts = *num_items = *num_merges = 0;
+    *num_threads = 0;
+    if (batch_count * p->num_heads * p->len_q == 0) return SDPA_OK;
+    const kernel_table *kt = sdpa_kernel_table();
+    if (!kt) return SDPA_ERR_BAD_ISA;
+    call_plan cp;
+    st = sdpa_plan_call(p, batch_count, kt, threads, &cp);
+    if (st != SDPA_OK) return st;
+    for (int32_t k = 0; k < cp.num_parts && k < max_parts; k++) {
+        const part *pt = &cp.parts[cp.order[k]];
+        const sdpa_problem *q = &pt->p;
+        parts[k] = (sdpa_part_info){pt->seq, pt->num_members, q->num_heads, q->len_q, q->len_kv, pt->pl.num_tasks,
+                                    pt->pl.path.row_mode, pt->staged, pt->copies_kv, pt->pl.pack.on, pt->task_cost};
+    }
+    const int64_t items = cp.item_start[cp.num_parts];
+    for (int64_t i = 0; i < items && i < max_items; i++) costs[i] = sdpa_plan_item_cost(&cp, i);
+    *num_parts = cp.num_parts;
+    *num_items = items;
+    *num_threads = cp.num_threads;
+    *num_merges = cp.num_merges;
+    sdpa_plan_free(&cp);
+    return SDPA_OK;
 }

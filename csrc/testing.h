@@ -109,4 +109,30 @@ void sdpa_profile_start(void);
 int sdpa_profile_read(double *ns, int n, double *scores);
 void sdpa_profile_stop(void);
 
+/* What the planner made of a problem (planner.c), for the tests and the
+ * balance report: one entry per part, in the order its tasks run. */
+typedef struct sdpa_part_info {
+    int64_t seq;        /* the sequence (batch index) it serves; -1: a whole batch or a shared prefix */
+    int64_t members;    /* a shared prefix: the sequences that share it; else 0 */
+    int64_t heads;      /* query heads, rows per head, keys */
+    int64_t rows;
+    int64_t keys;
+    int64_t tasks;
+    int32_t row_mode;   /* the row path; else tiled */
+    int32_t staged;     /* its rows are merged with other parts' */
+    int32_t tree;       /* over a copy of a tree's last positions */
+    int32_t packed;     /* K/V packed once for its tasks */
+    double cost;        /* the estimated cost of its largest task (ns on one core) */
+} sdpa_part_info;
+
+/* Plans problem p for `threads` threads (> 0, any number, more than this
+ * machine has; 0: as a call would) without computing anything: the parts (up
+ * to max_parts of them into parts), each work item's estimated cost in the
+ * order the list runs (up to max_items into costs), the numbers of parts and
+ * items, the threads the call would start, and the merges.  A status for a
+ * problem sdpa_attention would refuse. */
+sdpa_status sdpa_testing_plan(const sdpa_problem *p, int threads, sdpa_part_info *parts, int64_t max_parts,
+                              int64_t *num_parts, double *costs, int64_t max_items, int64_t *num_items,
+                              int *num_threads, int64_t *num_merges);
+
 #endif

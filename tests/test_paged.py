@@ -12,7 +12,7 @@ import pytest
 import sdpa
 from conftest import tolerance
 from sdpa import _core, reference
-from sdpa.paged import _shared_groups
+from sdpa.paged import paged_plan
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -227,10 +227,17 @@ def test_shared_prefix_is_read_once_and_gives_the_same_result(isa, rng, L, dtype
         out = cache.attend(ids, q)
     finally:
         _core.set_observer(None)
-    rows = 4 * 2 * L  # 4 forks, 2 query heads per key/value head
-    shared = (1, 2 * rows, 1, 16) if rows <= 16 else (1, 2, rows, 16)
-    assert [shape for shape, _ in seen] == [shared, (5, 4, L, 16)]
+    assert [shape for shape, _ in seen] == [(5, 4, L, 16)]  # one core call
     assert seen[0][1] is cache.key_cache  # read in place
+    # the plan: one part for the 5 shared blocks, for the rows of the 4 forks;
+    # each sequence's own keys; the forks' rows merged
+    bt, lens = cache.tables(ids)
+    plan = paged_plan(q, cache.key_cache, cache.value_cache, bt, lens, key_scale=cache.key_scale,
+                      value_scale=cache.value_scale)
+    shared = [p for p in plan["parts"] if p["members"]]
+    assert len(shared) == 1 and shared[0]["members"] == 4 and shared[0]["keys"] == 40
+    assert sorted(p["seq"] for p in plan["parts"] if not p["members"]) == [0, 1, 2, 3, 4]
+    assert plan["merges"] == 4
 
     # the same sequences with every block private: no sharing
     private = np.arange(bt.size, dtype=np.int32).reshape(bt.shape)
@@ -240,7 +247,7 @@ def test_shared_prefix_is_read_once_and_gives_the_same_result(isa, rng, L, dtype
     if cache.key_scale is not None:
         kw = {"key_scale": cache.key_scale[np.maximum(bt, 0)].reshape((-1,) + cache.key_scale.shape[1:]),
               "value_scale": cache.value_scale[np.maximum(bt, 0)].reshape((-1,) + cache.value_scale.shape[1:])}
-    assert not _shared_groups(private, lens // 8)
+    assert not any(p["members"] for p in paged_plan(q, kc, vc, private, lens, **kw)["parts"])
     alone = sdpa.paged_attention(q, kc, vc, private, lens, **kw)
     tol = 2e-3 if qdt == np.float16 else 3e-6
     np.testing.assert_allclose(out.astype(np.float32), alone.astype(np.float32), rtol=tol, atol=tol)
@@ -337,11 +344,11 @@ def test_the_core_refuses_a_block_id_it_would_read(rng):
     out = np.full((3, 8, 1, 32), 7.0, np.float32)
     with pytest.raises(ValueError, match="paged: a block id out of range"):
         _core.paged_attention(q, kc, vc, bt, lens, True, 0.2, None, None, None, None, False, out, None,
-                              None, None, 0, 0)
+                              None, None, 0)
     assert (out == 7.0).all()
     with pytest.raises(ValueError, match="paged"):
         _core.paged_attention(q, kc, vc, bt[:, :1], lens, True, 0.2, None, None, None, None, False, out,
-                              None, None, None, 0, 0)
+                              None, None, None, 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BF16, "int8"])
@@ -626,7 +633,11 @@ def test_tree_masks_over_forks_of_one_prompt(rng):
         out = cache.attend(ids, q, tree_mask=tree, softcap=5.0)
     finally:
         _core.set_observer(None)
-    assert seen[0] == (1, 2, 3 * 2 * L, 16)  # the prompt's blocks, once for the 3 forks' rows
+    assert seen == [(3, 4, L, 16)]  # one core call
     bt, lens = cache.tables(ids)
+    plan = paged_plan(q, cache.key_cache, cache.value_cache, bt, lens, tree_mask=tree, softcap=5.0)
+    shared = [p for p in plan["parts"] if p["members"]]
+    assert len(shared) == 1 and shared[0]["members"] == 3 and shared[0]["rows"] == 3 * 2 * L
+    assert sum(p["tree"] for p in plan["parts"]) == 3 and plan["merges"] == 3
     ref, _ = reference_of(q, cache.key_cache, cache.value_cache, bt, lens, tree=tree, softcap=5.0)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)

@@ -13,6 +13,8 @@ cdef extern from "sdpa.h" nogil:
         SDPA_ERR_INTERRUPTED
         SDPA_ERR_BAD_ISA
         SDPA_ERR_NOT_FINITE
+        SDPA_ERR_BAD_PAGES
+        SDPA_ERR_BAD_RAGGED
     ctypedef enum sdpa_dtype:
         SDPA_FLOAT32
         SDPA_FLOAT64
@@ -75,6 +77,9 @@ cdef extern from "sdpa.h" nogil:
         int64_t block_size
         int64_t num_blocks
         int32_t integer_qk
+        const int64_t *cu_seqlens_q
+        const int64_t *cu_seqlens_k
+        int32_t offsets_from_end
     void sdpa_problem_init(sdpa_problem *p)
     sdpa_status sdpa_quantize(sdpa_dtype dt, const float *src, int64_t src_row_stride, int64_t rows,
                               int64_t cols, int64_t group_size, void *dst, int64_t dst_row_stride,
@@ -95,6 +100,8 @@ cdef extern from "sdpa.h" nogil:
 
 cdef extern from "internal.h" nogil:
     double SDPA_MIN_FLOPS_PER_THREAD
+    void sdpa_set_threads_setting(int n)
+    int sdpa_threads_setting()
     const char *sdpa_isa_named()
     void sdpa_reset_isa()
 
@@ -122,6 +129,21 @@ cdef extern from "testing.h" nogil:
     int sdpa_testing_have_amx_kernels()
     sdpa_status sdpa_testing_use_kernels(const char *name)
     int sdpa_testing_table_complete(const char *name, int declared)
+    ctypedef struct sdpa_part_info:
+        int64_t seq
+        int64_t members
+        int64_t heads
+        int64_t rows
+        int64_t keys
+        int64_t tasks
+        int32_t row_mode
+        int32_t staged
+        int32_t tree
+        int32_t packed
+        double cost
+    sdpa_status sdpa_testing_plan(const sdpa_problem *p, int threads, sdpa_part_info *parts, int64_t max_parts,
+                                  int64_t *num_parts, double *costs, int64_t max_items, int64_t *num_items,
+                                  int *num_threads, int64_t *num_merges)
     sdpa_status sdpa_testing_gemm_bf16(const char *name, int m, int64_t kpairs, const uint32_t *a, int64_t a_rs,
                                        int64_t a_ks, const uint32_t *b, int64_t ldb, float *c, int64_t ldc,
                                        int accumulate, long repeat)

@@ -91,37 +91,15 @@ def cache_sizes():
     return int(l1d), int(l2)
 
 
-# Set by sdpa.set_num_threads(); 0: the OpenMP default.  Process-wide.
-cdef int _threads_setting = 0
-
-
-cdef int32_t _setting_for(const sdpa_problem *p) noexcept nogil:
-    """The thread count of a call without num_threads=: the setting, but, as
-    the core does with the OpenMP default, no more threads than
-    SDPA_MIN_FLOPS_PER_THREAD of work each (0 where there is no setting)."""
-    cdef int32_t n = _threads_setting
-    cdef double flops = 2.0 * <double>p.num_heads * <double>p.len_q * <double>p.len_kv \
-        * <double>(p.head_dim + p.head_dim_v)
-    cdef int i
-    if n <= 1:
-        return n
-    for i in range(p.num_batch_dims):
-        flops *= <double>p.batch_shape[i]
-    flops /= SDPA_MIN_FLOPS_PER_THREAD
-    if flops < n:
-        return 1 if flops < 1 else <int32_t>flops
-    return n
-
-
 def set_threads_setting(int n):
-    """The thread count calls use when not given one (0: the OpenMP default);
-    sdpa._api validates it first."""
-    global _threads_setting
-    _threads_setting = n
+    """The thread count calls use when not given one (0: the OpenMP default),
+    kept by the core, which caps it by each call's work as it does the OpenMP
+    default; sdpa._api validates it first."""
+    sdpa_set_threads_setting(n)
 
 
 def threads_setting():
-    return _threads_setting
+    return sdpa_threads_setting()
 
 
 # ---------------------------------------------------------------- test hooks
@@ -485,14 +463,21 @@ cdef int _fill_lengths(sdpa_problem *p, cnp.ndarray kl) noexcept:
     return 0
 
 
+cdef int _planned_threads(const sdpa_problem *p):
+    cdef int64_t parts = 0, items = 0, merges = 0
+    cdef int threads = 0
+    sdpa_testing_plan(p, 0, NULL, 0, &parts, NULL, 0, &items, &threads, &merges)
+    return threads
+
+
 cdef object _execute(sdpa_problem *p, bint interruptible, dict arrays):
     """Runs the problem without the GIL; raises on failure."""
     cdef sdpa_status status
     cdef _call_state call
     cdef object pending = None
     call.pending = NULL
-    if _observer is not None:
-        arrays["num_threads"] = p.num_threads
+    if _observer is not None:  # the threads the call runs with, as the planner decides them
+        arrays["num_threads"] = _planned_threads(p)
         _observer(arrays)
     if interruptible:
         p.interrupt = _poll_signals
@@ -953,7 +938,7 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
         p.causal = 1
         p.causal_offset = diagonal
     if num_threads is None:
-        p.num_threads = -1  # the setting, capped by the work once the sizes are known
+        p.num_threads = 0  # the setting (or the OpenMP default), capped by the work in the core
     elif type(num_threads) is not int:
         return _why(ARG_THREADS, RULE_TYPE)
     elif num_threads >= 1:
@@ -1098,8 +1083,6 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
 
     if cnp.PyArray_SIZE(o) or (w is not None and cnp.PyArray_SIZE(w)) \
             or (lse is not None and cnp.PyArray_SIZE(lse)):
-        if p.num_threads < 0:
-            p.num_threads = _setting_for(&p)
         arrays = None
         if _observer is not None:
             arrays = {"q": q, "k": k, "v": v, "mask": m}
@@ -1113,38 +1096,193 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
     return o, w, lse
 
 
+# ---------------------------------------------------------------- ragged and paged calls
+
+# the layout of sdpa_part_info (testing.h), for plan()
+_PART_FIELDS = ("seq", "members", "heads", "rows", "keys", "tasks", "row_mode", "staged", "tree", "packed",
+                "cost")
+
+
+cdef object _plan_of(sdpa_problem *p, int threads):
+    """What the planner makes of p for `threads` threads (0: as a call would):
+    the parts in the order their tasks run, each work item's estimated cost,
+    the threads a call would start and the sequences merged from parts."""
+    cdef int64_t num_parts = 0, num_items = 0, num_merges = 0
+    cdef int num_threads = 0
+    cdef sdpa_status st = sdpa_testing_plan(p, threads, NULL, 0, &num_parts, NULL, 0, &num_items, &num_threads,
+                                            &num_merges)
+    if st != SDPA_OK:
+        raise ValueError("sdpa: " + sdpa_status_message(st).decode())
+    cdef cnp.npy_intp n_costs[1]
+    cdef cnp.npy_intp n_raw[1]
+    n_costs[0] = num_items
+    n_raw[0] = max(num_parts, 1) * sizeof(sdpa_part_info)
+    cdef cnp.ndarray costs = cnp.PyArray_EMPTY(1, n_costs, cnp.NPY_FLOAT64, 0)
+    cdef cnp.ndarray raw = cnp.PyArray_EMPTY(1, n_raw, cnp.NPY_UINT8, 0)
+    cdef sdpa_part_info *info = <sdpa_part_info *>cnp.PyArray_DATA(raw)
+    st = sdpa_testing_plan(p, threads, info, num_parts, &num_parts, <double *>cnp.PyArray_DATA(costs), num_items,
+                           &num_items, &num_threads, &num_merges)
+    if st != SDPA_OK:
+        raise ValueError("sdpa: " + sdpa_status_message(st).decode())
+    parts = []
+    cdef int64_t i
+    for i in range(num_parts):
+        parts.append({"seq": info[i].seq, "members": info[i].members, "heads": info[i].heads,
+                      "rows": info[i].rows, "keys": info[i].keys, "tasks": info[i].tasks,
+                      "row_mode": bool(info[i].row_mode), "staged": bool(info[i].staged),
+                      "tree": bool(info[i].tree), "packed": bool(info[i].packed), "cost": info[i].cost})
+    return {"threads": num_threads, "merges": num_merges, "parts": parts, "costs": costs}
+
+
+cdef object _finish_call(sdpa_problem *p, int plan_threads, q, k, v, mask, cnp.ndarray o, cnp.ndarray lse,
+                         bint return_lse):
+    """Computes p (or, plan_threads >= 0, describes its plan) and returns the
+    output, with the lse when asked; the observer sees q, k, v and mask."""
+    if plan_threads >= 0:
+        return _plan_of(p, plan_threads)
+    if cnp.PyArray_SIZE(o) or (lse is not None and cnp.PyArray_SIZE(lse)):
+        _execute(p, _interruptible(), {"q": q, "k": k, "v": v, "mask": mask} if _observer is not None else None)
+    return (o, lse) if return_lse else o
+
+
+cdef int _fill_packed(sdpa_view *view, cnp.ndarray a, int64_t heads, int64_t rows, int64_t cols, bint output):
+    """A packed (rows, heads, cols) operand (or (rows, heads), cols -1: an
+    lse) as a view of (head, row, column): the rows of every sequence one
+    after the other.  Returns 0, or 1 when it does not fit."""
+    cdef int64_t ex[3]
+    ex[0], ex[1], ex[2] = heads, rows, cols
+    if cols < 0:
+        return _fill_view(view, a.T, 0, 2, ex, output)
+    return _fill_view(view, a.transpose(1, 0, 2), 0, 3, ex, output)
+
+
+cdef int _fill_prefix_sums(const int64_t **dst, cnp.ndarray a, int64_t n):
+    """n + 1 native int64 prefix sums, C-contiguous (checked in sdpa.varlen / sdpa.paged)."""
+    if cnp.PyArray_TYPE(a) != cnp.NPY_INT64 or cnp.PyArray_NDIM(a) != 1 or a.shape[0] != n + 1 \
+            or not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISNOTSWAPPED(a):
+        return 1
+    dst[0] = <const int64_t *>cnp.PyArray_DATA(a)
+    return 0
+
+
+cdef void _fill_variants(sdpa_problem *p, window, softcap):
+    if window is not None:
+        p.window_left = min(<int64_t>window[0], WINDOW_MAX)
+        p.window_right = min(<int64_t>window[1], WINDOW_MAX)
+    if softcap is not None:
+        p.softcap = softcap
+
+
+def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, bint causal, bint from_end, double scale, window,
+           softcap, alibi_slopes, sinks, bint return_lse, out, num_threads, int plan_threads=-1):
+    """Packed sequences in one call, arguments checked by
+    :func:`sdpa.varlen_attention`: query (T, Hq, E), key (Tk, Hkv, E) and value
+    (Tk, Hkv, Ev) of dtypes the core takes as they are; cu_seqlens_q and
+    cu_seqlens_k native, C-contiguous int64 prefix sums (n + 1); causal with
+    the diagonal, and with the window and ALiBi, counted from each sequence's
+    end when from_end (bottom-right), else from its start; alibi_slopes and
+    sinks (n, Hq) of the compute type or None; window a pair of ints or None;
+    softcap a float or None; out (T, Hq, Ev) of the query's dtype or None;
+    num_threads an int >= 1 or None.  Returns the output, and the lse (T, Hq)
+    with return_lse.  With plan_threads >= 0 nothing is computed: it returns
+    what the planner makes of the call for that many threads (0: this
+    machine's), a dict."""
+    cdef cnp.ndarray q = query, k = key, v = value, o, lse = None
+    cdef sdpa_problem p
+    cdef int64_t ex[2]
+    cdef cnp.npy_intp dims[3]
+    cdef int dt = _dtype_of(q), kvdt = _dtype_of(k), cdt
+    cdef int64_t T, Hq, E, Tk, Hkv, Ev, n
+    if dt < 0 or q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or not _pairs(dt, kvdt) or _dtype_of(v) != kvdt:
+        raise ValueError("varlen: the core does not take these operands")
+    cdt = _compute_dtype(dt)
+    T, Hq, E = q.shape[0], q.shape[1], q.shape[2]
+    Tk, Hkv, Ev = k.shape[0], k.shape[1], v.shape[2]
+    n = cu_seqlens_q.shape[0] - 1
+    if Hkv < 1 or Hq % Hkv or k.shape[2] != E or v.shape[0] != Tk or v.shape[1] != Hkv or n < 0:
+        raise ValueError("varlen: the shapes do not fit")
+    sdpa_problem_init(&p)
+    p.dtype = <sdpa_dtype>dt
+    if kvdt != dt:
+        p.kv_dtype = <sdpa_dtype>kvdt
+    p.num_batch_dims = 1
+    p.batch_shape[0] = n
+    p.num_heads = Hq
+    p.gqa_group = Hq // Hkv
+    p.len_q = T
+    p.len_kv = Tk
+    p.head_dim = E
+    p.head_dim_v = Ev
+    p.scale = scale
+    p.causal = causal
+    p.offsets_from_end = from_end
+    _fill_variants(&p, window, softcap)
+    if _fill_prefix_sums(&p.cu_seqlens_q, cu_seqlens_q, n) or _fill_prefix_sums(&p.cu_seqlens_k, cu_seqlens_k, n):
+        raise ValueError("varlen: the prefix sums do not fit")
+    if _fill_packed(&p.query, q, Hq, T, E, False):
+        raise ValueError("varlen: query does not fit")
+    if _fill_packed(&p.key, k, Hkv, Tk, E, False) or _fill_packed(&p.value, v, Hkv, Tk, Ev, False):
+        raise ValueError("varlen: key or value does not fit")
+    ex[0], ex[1] = n, Hq
+    if alibi_slopes is not None and _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, 1, ex):
+        raise ValueError("varlen: alibi_slopes does not fit")
+    if sinks is not None and _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, 1, ex):
+        raise ValueError("varlen: sinks does not fit")
+    dims[0], dims[1], dims[2] = T, Hq, Ev
+    o = cnp.PyArray_EMPTY(3, dims, cnp.PyArray_TYPE(q), 0) if out is None else <cnp.ndarray>out
+    if _dtype_of(o) != dt or not cnp.PyArray_ISWRITEABLE(o) or _fill_packed(&p.out, o, Hq, T, Ev, True):
+        raise ValueError("varlen: out does not fit")
+    if return_lse:
+        lse = cnp.PyArray_EMPTY(2, dims, _typenum_of(cdt), 0)
+        _fill_packed(&p.lse, lse, Hq, T, -1, True)
+    p.num_threads = 0 if num_threads is None else min(<int>num_threads, MAX_THREADS)
+    return _finish_call(&p, plan_threads, q, k, v, None, o, lse, return_lse)
+
+
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint causal, double scale,
                     window, softcap, alibi_slopes, sinks, bint return_lse, out, num_threads,
-                    key_scale, value_scale, int64_t group_size, int64_t shift, kv_dtype=None,
-                    bint integer_qk=False):
+                    key_scale, value_scale, int64_t group_size, kv_dtype=None, bint integer_qk=False,
+                    query_start_loc=None, tree_mask=None, int plan_threads=-1):
     """Attention over paged caches, arguments checked by :func:`sdpa.paged_attention`:
-    query (B, Hq, L, E) of a dtype the core takes; key_cache (N, Hkv, bs, E) and
-    value_cache (N, Hkv, bs, Ev) of the cache's dtype (int8 with float32
-    key_scale / value_scale (N, Hkv, bs, E / G or 1), G = group_size); int32
-    block_tables (B, max_blocks) and int64 seq_lens (B,), both C-contiguous;
-    alibi_slopes and sinks (B, Hq) of the compute type or None; window a pair
-    of ints or None; softcap a float or None; out (B, Hq, L, Ev) of the query's
-    dtype or None; num_threads an int >= 1 or None.  Row l of sequence b is
-    at position seq_lens[b] - L + l + shift.  Returns the output, and the lse
-    with return_lse.  A block id out of range where it is read, or a sequence
-    longer than its table, is a ValueError and nothing is written.  ``kv_dtype``
-    (a value of :data:`QUANTIZED`) names a quantized cache's type as for
-    :func:`attention` (uint8 storage but for int8; int4 caches (N, Hkv, bs, E /
-    2)); None: int8 when there are scales."""
+    query (B, Hq, L, E) of a dtype the core takes, or packed (T, Hq, E) with
+    query_start_loc (native, C-contiguous int64 prefix sums, B + 1);
+    key_cache (N, Hkv, bs, E) and value_cache (N, Hkv, bs, Ev) of the cache's
+    dtype (int8 with float32 key_scale / value_scale (N, Hkv, bs, E / G or 1),
+    G = group_size); int32 block_tables (B, max_blocks) and int64 seq_lens
+    (B,), both C-contiguous; alibi_slopes and sinks (B, Hq) of the compute
+    type or None; window a pair of ints or None; softcap a float or None;
+    tree_mask a bool (B or 1, L, L) or None (causal then False); out of the
+    output's shape, (B, Hq, L, Ev) or (T, Hq, Ev), and the query's dtype, or
+    None; num_threads an int >= 1 or None.  Row l of sequence b is at position
+    seq_lens[b] - L_b + l.  Returns the output, and the lse ((B, Hq, L) or
+    (T, Hq)) with return_lse.  A block id out of range where it is read, or a
+    sequence longer than its table, is a ValueError and nothing is written.
+    ``kv_dtype`` (a value of :data:`QUANTIZED`) names a quantized cache's type
+    as for :func:`attention` (uint8 storage but for int8; int4 caches (N, Hkv,
+    bs, E / 2)); None: int8 when there are scales.  plan_threads as for
+    :func:`varlen`."""
     cdef cnp.ndarray q = query, kc = key_cache, vc = value_cache, bt = block_tables, sl = seq_lens
-    cdef cnp.ndarray o, lse = None, ks = None, vs = None
+    cdef cnp.ndarray o, lse = None, ks = None, vs = None, tm = None
     cdef sdpa_problem p
     cdef int64_t ex[MAX_DIMS]
     cdef cnp.npy_intp dims[4]
     cdef int dt = _dtype_of(q), cdt
-    cdef int64_t B, Hq, L, E, Ev, Hkv, bs, cw = 2 if kv_dtype == SDPA_INT4 else 1
-    if dt < 0 or q.ndim != 4 or kc.ndim != 4 or vc.ndim != 4 or bt.ndim != 2 or sl.ndim != 1:
+    cdef bint packed = query_start_loc is not None
+    cdef int64_t B, Hq, L, T, E, Ev, Hkv, bs, cw = 2 if kv_dtype == SDPA_INT4 else 1
+    if dt < 0 or q.ndim != (3 if packed else 4) or kc.ndim != 4 or vc.ndim != 4 or bt.ndim != 2 or sl.ndim != 1:
         raise ValueError("paged_attention: the core does not take these operands")
     cdt = _compute_dtype(dt)
-    B, Hq, L, E = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+    B = bt.shape[0]
+    if packed:
+        T, Hq, E = q.shape[0], q.shape[1], q.shape[2]
+        L = T
+    else:
+        Hq, L, E = q.shape[1], q.shape[2], q.shape[3]
+        if q.shape[0] != B:
+            raise ValueError("paged_attention: the block table does not fit")
     Hkv, bs, Ev = kc.shape[1], kc.shape[2], vc.shape[3] * cw
     if Hkv < 1 or Hq % Hkv or bs < 1 or cnp.PyArray_TYPE(bt) != cnp.NPY_INT32 \
-            or not cnp.PyArray_IS_C_CONTIGUOUS(bt) or bt.shape[0] != B:
+            or not cnp.PyArray_IS_C_CONTIGUOUS(bt):
         raise ValueError("paged_attention: the block table does not fit")
     sdpa_problem_init(&p)
     p.dtype = <sdpa_dtype>dt
@@ -1172,22 +1310,20 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
     p.head_dim_v = Ev
     p.scale = scale
     p.causal = causal
-    p.causal_offset = shift
-    p.align_offset = shift
     p.block_table = <const int32_t *>cnp.PyArray_DATA(bt)
     p.block_table_stride = bt.shape[1]
     p.block_size = bs
     p.num_blocks = kc.shape[0]
     if vc.shape[0] != kc.shape[0] or vc.shape[1] != Hkv or vc.shape[2] != bs or kc.shape[3] * cw != E:
         raise ValueError("paged_attention: value_cache does not fit key_cache")
-    if window is not None:
-        p.window_left = min(<int64_t>window[0], WINDOW_MAX)
-        p.window_right = min(<int64_t>window[1], WINDOW_MAX)
-    if softcap is not None:
-        p.softcap = softcap
-    _expected(ex, p.batch_shape, 1, Hq, L, E)
-    if _fill_view(&p.query, q, 1, 3, ex, False):
-        raise ValueError("paged_attention: query does not fit")
+    _fill_variants(&p, window, softcap)
+    if packed:
+        if _fill_prefix_sums(&p.cu_seqlens_q, query_start_loc, B) or _fill_packed(&p.query, q, Hq, T, E, False):
+            raise ValueError("paged_attention: query does not fit")
+    else:
+        _expected(ex, p.batch_shape, 1, Hq, L, E)
+        if _fill_view(&p.query, q, 1, 3, ex, False):
+            raise ValueError("paged_attention: query does not fit")
     ex[0] = kc.shape[0]
     ex[1] = Hkv
     ex[2] = bs
@@ -1212,33 +1348,40 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
         ex[3] = Ev // group_size if group_size else 1
         if _fill_view(&p.value_scale, vs, 1, 3, ex, False):
             raise ValueError("paged_attention: value_scale does not fit")
-    _expected(ex, p.batch_shape, 1, Hq, L, Ev)
+    ex[0], ex[1] = B, Hq
     if alibi_slopes is not None and _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, 1, ex):
         raise ValueError("paged_attention: alibi_slopes does not fit")
     if sinks is not None and _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, 1, ex):
         raise ValueError("paged_attention: sinks does not fit")
+    if tree_mask is not None:
+        tm = <cnp.ndarray>tree_mask
+        _expected(ex, p.batch_shape, 1, 1, L, L)
+        ex[1] = Hq
+        if packed or causal or cnp.PyArray_TYPE(tm) != cnp.NPY_BOOL or _fill_view(&p.mask, tm[:, None], 1, 3, ex, False):
+            raise ValueError("paged_attention: tree_mask does not fit")
+        p.mask_kind = SDPA_MASK_BOOL
     if cnp.PyArray_TYPE(sl) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(sl) or sl.shape[0] != B:
         raise ValueError("paged_attention: seq_lens does not fit")
     p.key_lengths = <const int64_t *>cnp.PyArray_DATA(sl)
     p.key_lengths_strides[0] = 1
-    dims[0], dims[1], dims[2], dims[3] = B, Hq, L, Ev
+    if packed:
+        dims[0], dims[1], dims[2] = T, Hq, Ev
+    else:
+        dims[0], dims[1], dims[2], dims[3] = B, Hq, L, Ev
     if out is None:
-        o = cnp.PyArray_EMPTY(4, dims, cnp.PyArray_TYPE(q), 0)
+        o = cnp.PyArray_EMPTY(3 if packed else 4, dims, cnp.PyArray_TYPE(q), 0)
     else:
         o = <cnp.ndarray>out
         if _dtype_of(o) != dt or not cnp.PyArray_ISWRITEABLE(o):
             raise ValueError("paged_attention: out does not fit")
-    if _fill_view(&p.out, o, 1, 3, ex, True):
+    _expected(ex, p.batch_shape, 1, Hq, L, Ev)
+    if (_fill_packed(&p.out, o, Hq, T, Ev, True) if packed else _fill_view(&p.out, o, 1, 3, ex, True)):
         raise ValueError("paged_attention: out does not fit")
     if return_lse:
-        lse = cnp.PyArray_EMPTY(3, dims, _typenum_of(cdt), 0)
-        _fill_view(&p.lse, lse, 1, 2, ex, True)
-    p.num_threads = -1 if num_threads is None else min(<int>num_threads, MAX_THREADS)
-    if cnp.PyArray_SIZE(o):
-        if p.num_threads < 0:
-            p.num_threads = _setting_for(&p)
-        arrays = None
-        if _observer is not None:
-            arrays = {"q": q, "k": kc, "v": vc, "mask": None}
-        _execute(&p, _interruptible(), arrays)
-    return (o, lse) if return_lse else o
+        lse = cnp.PyArray_EMPTY(2 if packed else 3, dims, _typenum_of(cdt), 0)
+        if packed:
+            _fill_packed(&p.lse, lse, Hq, T, -1, True)
+        else:
+            _fill_view(&p.lse, lse, 1, 2, ex, True)
+    p.num_threads = 0 if num_threads is None else min(<int>num_threads, MAX_THREADS)
+    return _finish_call(&p, plan_threads, q, kc, vc, tm, o, lse, return_lse)

@@ -17,24 +17,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _core
-from ._api import call_core
 from ._checks import count, head_values, scale_of, softcap_value, window_sides
 from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
 from ._threads import thread_count
 from .kvcache import cache_dtype, quantized_code
-from .merge import merge_attention
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
 
 Array = np.ndarray
-
-#: Sequences that share at least this many leading blocks in one call have
-#: them read once for all (see :func:`paged_attention`).
-SHARED_PREFIX_MIN_BLOCKS = 1
-#: Up to this many query rows per key/value head attend shared blocks as one
-#: GQA group (the row path); more as the rows of one head (the tiled path).
-SHARED_ROW_MODE_ROWS = 16
-
 
 def _int_array(x: Any, name: str, ndim: int) -> Array:
     a = _to_array(x, name)
@@ -140,11 +130,13 @@ def _cache_pair(
 
 
 def _tables(
-    block_tables: Any, seq_lens: Any, B: int, L: int, num_blocks: int, block_size: int
+    block_tables: Any, seq_lens: Any, B: int, rows: Any, num_blocks: int, block_size: int,
+    rows_name: str = "query",
 ) -> Tuple[Array, Array]:
     """block_tables as C-contiguous int32 and seq_lens as int64, checked: every
     entry a sequence reads is a block id, every length fits its table and
-    holds the queries."""
+    holds the sequence's query rows (`rows`: one count for all, or one per
+    sequence, given by `rows_name`)."""
     bt = _int_array(block_tables, "block_tables", 2)
     sl = _int_array(seq_lens, "seq_lens", 1)
     if bt.shape[0] != B:
@@ -153,11 +145,17 @@ def _tables(
         raise ValueError(f"seq_lens: expected shape ({B},), one length per sequence, got {sl.shape}")
     sl = sl.astype(np.int64, copy=False)
     cap = bt.shape[1] * block_size
-    short = sl < L
+    need = np.broadcast_to(np.asarray(rows, np.int64), (B,))
+    short = sl < need
     if short.any():
         b = int(np.argmax(short))
+        if rows_name == "query_start_loc":
+            raise ValueError(
+                f"query_start_loc: sequence {b} has {int(need[b])} query rows, more than its {int(sl[b])} "
+                "positions (seq_lens)"
+            )
         raise ValueError(
-            f"seq_lens: sequence {b} has {int(sl[b])} positions, fewer than the {L} query rows it must hold"
+            f"seq_lens: sequence {b} has {int(sl[b])} positions, fewer than the {int(need[b])} query rows it must hold"
         )
     long = sl > cap
     if long.any():
@@ -200,89 +198,124 @@ def _tables_fast(
     return bt.copy(), sl.copy()  # the core reads them without the GIL: another thread may write the caller's
 
 
-def _gather_tail(
-    cache: Array, bt: Array, sl: Array, L: int
-) -> Array:
-    """The last L positions of each sequence from a paged cache: (B, Hkv, L, C)."""
-    bs = cache.shape[2]
-    pos = sl[:, None] - L + np.arange(L)[None, :]  # (B, L)
-    blocks = np.take_along_axis(bt, pos // bs, axis=1)
-    return np.ascontiguousarray(cache[blocks, :, pos % bs, :].transpose(0, 2, 1, 3))
+def _query_start_loc(value: Any, T: int) -> Array:
+    """vLLM's query_start_loc: B + 1 int prefix sums from 0, never decreasing, ending at T."""
+    a = _int_array(value, "query_start_loc", 1)
+    if a.shape[0] < 1:
+        raise ValueError("query_start_loc: expected (number of sequences + 1) prefix sums, got an empty array")
+    c = a.astype(np.int64)  # a copy: the core reads it without the GIL
+    if c[0] != 0:
+        raise ValueError(f"query_start_loc: must start at 0, got {int(c[0])}")
+    if np.any(np.diff(c) < 0):
+        raise ValueError("query_start_loc: must be non-decreasing (prefix sums of the query rows)")
+    if c[-1] != T:
+        raise ValueError(f"query_start_loc: ends at {int(c[-1])}, but the packed query holds {T} rows")
+    return c
 
 
-def _shared_groups(bt: Array, full: Array) -> List[Tuple[Array, int]]:
-    """Groups of two or more sequences whose first ``c`` table entries agree
-    (the same blocks at the same positions), with c of them wholly visible to
-    every query row of each member (``full[b]`` blocks): (members, c)."""
-    if bt.shape[1] == 0:
-        return []
-    groups: Dict[int, List[int]] = {}
-    for b, (first, n) in enumerate(zip(bt[:, 0].tolist(), full.tolist())):
-        if n >= SHARED_PREFIX_MIN_BLOCKS:
-            groups.setdefault(first, []).append(b)
-    if len(groups) == sum(map(len, groups.values())):  # no two share a first block
-        return []
-    found = []
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        idx = np.array(members)
-        m = int(full[idx].min())
-        rows = bt[idx, :m]
-        same = (rows == rows[0]).all(axis=0)
-        c = m if same.all() else int(np.argmin(same))
-        if c >= SHARED_PREFIX_MIN_BLOCKS:
-            found.append((idx, c))
-    return found
-
-
-def _part(
-    q: Array, kc: Array, vc: Array, bt: Array, sl: Array, causal: bool, scale: float,
-    window: Optional[Tuple[int, int]], softcap: Optional[float], alibi: Optional[Array],
-    sinks: Optional[Array], threads: Optional[int], ks: Optional[Array], vs: Optional[Array],
-    group: int, shift: int, share: bool, code: int = 0, iqk: bool = False,
-) -> Tuple[Array, Array]:
-    """(out, lse) of the query over positions [0, sl[b]) of each sequence, row l
-    at position sl[b] - L + l + shift, reading shared leading blocks once."""
-    B, Hq, L, E = q.shape
-    Hkv, bs = kc.shape[1], kc.shape[2]
-    found: List[Tuple[Array, int]] = []
-    if share and window is None and alibi is None and B > 1:
-        # the blocks every query row of a sequence sees whole
-        visible = np.minimum(sl, sl - L + shift + 1) if causal else sl
-        found = _shared_groups(bt, np.maximum(visible, 0) // bs)
-    if not found:
-        return _core.paged_attention(q, kc, vc, bt, sl, causal, scale, window, softcap, alibi, sinks,
-                                     True, None, threads, ks, vs, group, shift, code or None, iqk)
-    rest_bt = bt.copy()
-    rest_sl = sl.copy()
-    shared = []
-    G = Hq // Hkv
-    for members, c in found:
-        n = len(members)
-        # the members' rows of each key/value head together: one GQA group of n*G*L heads
-        # (1, Hkv * n*G*L, 1, E), which decodes on the row path, or, for more rows than that
-        # serves well, n*G*L rows of one head (1, Hkv, n*G*L, E) for the tiled path; the same
-        # memory either way, and every row sees every shared key
-        rows = n * G * L
-        qg = q[members].reshape(n, Hkv, G, L, E).transpose(1, 0, 2, 3, 4)
-        qg = qg.reshape((1, Hkv * rows, 1, E) if rows <= SHARED_ROW_MODE_ROWS else (1, Hkv, rows, E))
-        table = np.ascontiguousarray(bt[members[0], :c][None, :])
-        o, s = _core.paged_attention(np.ascontiguousarray(qg), kc, vc, table, np.array([c * bs], np.int64),
-                                     False, scale, None, softcap, None, None, True, None, threads, ks, vs,
-                                     group, 0, code or None, iqk)
-        o = o.reshape(Hkv, n, G, L, -1).transpose(1, 0, 2, 3, 4).reshape(n, Hq, L, -1)
-        s = s.reshape(Hkv, n, G, L).transpose(1, 0, 2, 3).reshape(n, Hq, L)
-        shared.append((members, o, s))
-        width = bt.shape[1] - c
-        rest_bt[members, :width] = bt[members, c:]
-        rest_bt[members, width:] = -1
-        rest_sl[members] -= c * bs
-    out, lse = _core.paged_attention(q, kc, vc, rest_bt, rest_sl, causal, scale, window, softcap, alibi,
-                                     sinks, True, None, threads, ks, vs, group, shift, code or None, iqk)
-    for members, o, s in shared:
-        out[members], lse[members] = merge_attention([o, out[members]], [s, lse[members]])
-    return out, lse
+def _paged_call(
+    query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, *,
+    is_causal: bool = True, scale: Optional[float] = None, window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None, alibi_slopes: Any = None, sinks: Any = None, tree_mask: Any = None,
+    return_lse: bool = False, out: Optional[Array] = None, num_threads: Optional[int] = None,
+    key_scale: Any = None, value_scale: Any = None, kv_dtype: Optional[str] = None, integer_qk: bool = False,
+    query_start_loc: Any = None,
+) -> Tuple[Tuple[Any, ...], Dict[str, Any], Tuple[Any, ...]]:
+    """:func:`paged_attention`'s arguments checked and in the core's form: the
+    positional and keyword arguments of ``_core.paged_attention``, and what
+    explains a table the core refuses (the arguments of :func:`_tables`)."""
+    q = _to_array(query, "query")
+    packed = query_start_loc is not None
+    if q.ndim != (3 if packed else 4):
+        raise ValueError("query: expected shape (T, Hq, E), packed by query_start_loc, got " + str(q.shape)
+                         if packed else f"query: expected shape (B, Hq, L, E), got {q.shape}")
+    try:
+        qdt = float_dtype(q.dtype, "query")
+    except TypeError:
+        raise TypeError(f"query: expected float16, bfloat16, float32 or float64, got dtype {q.dtype}") from None
+    kc, vc, ks, vs, group, code = _cache_pair(key_cache, value_cache, key_scale, value_scale, kv_dtype)
+    bt0 = _to_array(block_tables, "block_tables")
+    if packed:
+        T, Hq, E = q.shape
+        B = bt0.shape[0] if bt0.ndim == 2 else 0
+        qsl = _query_start_loc(query_start_loc, T)
+        if qsl.shape[0] != B + 1:
+            raise ValueError(f"query_start_loc: expected {B + 1} prefix sums, one more than the block tables' "
+                             f"{B} rows, got {qsl.shape[0]}")
+        rows: Any = np.diff(qsl)
+        L = int(rows.max()) if B else 0
+        out_shape: Tuple[int, ...] = (T, Hq)
+    else:
+        B, Hq, L, E = q.shape
+        qsl = None
+        rows = L
+        out_shape = (B, Hq, L)
+    num_blocks, Hkv, bs, Ek = kc.shape
+    width = 2 if code == _INT4 else 1
+    Ek, Ev = Ek * width, vc.shape[3] * width
+    if Ek != E:
+        raise ValueError(f"key_cache: {Ek} features a key, the query has {E}")
+    if Hq % Hkv:
+        raise ValueError(f"query: {Hq} heads is not a multiple of the caches' {Hkv} key/value heads")
+    if (qdt == _FLOAT64) != (kc.dtype == _FLOAT64) or (code and qdt == _FLOAT64):
+        raise TypeError(
+            f"key_cache: a {qdt} query attends " + ("a float64 cache" if qdt == _FLOAT64 else
+                                                    "float16, bfloat16, float32 or int8 caches")
+            + f", got {kc.dtype}"
+        )
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
+    if not isinstance(integer_qk, (bool, np.bool_)):
+        raise TypeError(f"integer_qk: expected a bool, got {type(integer_qk).__name__}")
+    iqk = bool(integer_qk)
+    if iqk and not (kc.dtype == np.int8 or code == _INT4):
+        raise ValueError("integer_qk: only int8 and int4 caches have integer keys")
+    if packed:
+        bt, sl = _tables(block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc")
+    else:
+        bt, sl = _tables_fast(block_tables, seq_lens, B, L, num_blocks, bs)
+    cdt = _FLOAT64 if qdt == _FLOAT64 else _FLOAT32
+    sc = scale_of(scale, E)
+    win = None if window is None else window_sides(window)
+    cap = None if softcap is None else softcap_value(softcap)
+    alibi = None if alibi_slopes is None else np.ascontiguousarray(
+        np.broadcast_to(head_values(alibi_slopes, "alibi_slopes", (B,), Hq, cdt), (B, Hq)))
+    sink = None if sinks is None else np.ascontiguousarray(
+        np.broadcast_to(head_values(sinks, "sinks", (B,), Hq, cdt), (B, Hq)))
+    tree = None
+    if tree_mask is not None:
+        if packed:
+            raise ValueError("tree_mask: not with query_start_loc (a tree needs the same L rows in every sequence)")
+        tree = _to_array(tree_mask, "tree_mask")
+        if tree.dtype != np.bool_:
+            raise TypeError(f"tree_mask: expected bool, got dtype {tree.dtype}")
+        if tree.shape not in ((L, L), (B, L, L)):
+            raise ValueError(f"tree_mask: expected shape ({L}, {L}) or ({B}, {L}, {L}), got {tree.shape}")
+        tree = np.ascontiguousarray(tree.reshape((-1, L, L)))  # a copy the caller cannot change mid-call
+    threads = thread_count(num_threads)
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    full_shape = out_shape + (Ev,)
+    if out is not None:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
+        if out.shape != full_shape or out.dtype != qdt:
+            raise ValueError(f"out: expected shape {full_shape} and dtype {qdt}, got {out.shape} {out.dtype}")
+        if not out.flags.writeable:
+            raise ValueError("out: is read-only")
+        for a, name in ((q, "query"), (kc, "key_cache"), (vc, "value_cache"), (ks, "key_scale"),
+                        (vs, "value_scale"), (block_tables, "block_tables"), (seq_lens, "seq_lens"),
+                        (alibi_slopes, "alibi_slopes"), (sinks, "sinks"), (tree_mask, "tree_mask"),
+                        (query_start_loc, "query_start_loc")):
+            if isinstance(a, np.ndarray) and np.shares_memory(out, a):
+                raise ValueError(f"out: overlaps {name}")
+    if q.dtype != qdt or not q.flags.aligned:
+        q = np.require(q, qdt, ["A"])
+    causal = bool(is_causal) and tree is None  # under a tree, the tree decides the last L positions
+    args = (q, kc, vc, bt, sl, causal, sc, win, cap, alibi, sink, bool(return_lse), out, threads, ks, vs, group,
+            code or None, iqk)
+    return args, {"query_start_loc": qsl, "tree_mask": tree}, (block_tables, seq_lens, B, rows, num_blocks, bs,
+                                                                "query_start_loc" if packed else "query")
 
 
 def paged_attention(
@@ -306,12 +339,17 @@ def paged_attention(
     value_scale: Any = None,
     kv_dtype: Optional[str] = None,
     integer_qk: bool = False,
+    query_start_loc: Any = None,
 ) -> Union[Array, Tuple[Array, Array]]:
-    """Attention of each sequence's last L positions over its paged keys and values.
+    """Attention of each sequence's last positions over its paged keys and values.
+
+    One call serves a whole batch: decoding steps, chunked prefills, speculative
+    trees, and (with ``query_start_loc``) a mixed batch of them, planned together
+    and computed in one parallel region.
 
     Parameters
     ----------
-    query : array_like, shape (B, Hq, L, E)
+    query : array_like, shape (B, Hq, L, E), or (T, Hq, E) with ``query_start_loc``
         float16, bfloat16, float32 or float64.  Row ``i`` of sequence ``b`` is
         position ``seq_lens[b] - L + i``.  L = 1 is decoding; L > 1 chunked
         prefill or speculative verification.
@@ -341,10 +379,10 @@ def paged_attention(
         sees position ``seq_lens[b] - L + j`` only where ``tree_mask[..., i, j]``
         (``is_causal`` does not apply there); it sees every earlier position.
     return_lse : bool
-        Also return the log-sum-exp of each row, (B, Hq, L), float32 (float64
-        for a float64 query).
+        Also return the log-sum-exp of each row, (B, Hq, L) or (T, Hq),
+        float32 (float64 for a float64 query).
     out : ndarray, optional
-        (B, Hq, L, Ev) of the query's dtype, written with the result.
+        (B, Hq, L, Ev), or (T, Hq, Ev), of the query's dtype, written with the result.
     num_threads : int, optional
         Threads for this call (default: :func:`sdpa.get_num_threads`).
     key_scale, value_scale : ndarray, optional
@@ -357,24 +395,34 @@ def paged_attention(
     integer_qk : bool
         int8 and int4 caches: the scores of decoding-size calls in integers,
         as :meth:`sdpa.KVCache.attend` computes them.
+    query_start_loc : array_like of int, shape (B + 1,), optional
+        A mixed batch (vLLM's layout): the query is packed, sequence ``b``'s
+        rows are ``query[query_start_loc[b]:query_start_loc[b + 1]]``, its last
+        ``L_b`` positions (``L_b`` may be 0, and differs between sequences:
+        chunks of prefill beside single-token decodes).  The output is packed
+        the same way, (T, Hq, Ev), and the lse is (T, Hq).  Not with
+        ``tree_mask``.
 
     Returns
     -------
-    out : ndarray, shape (B, Hq, L, Ev), of the query's dtype
-    lse : ndarray, shape (B, Hq, L), with ``return_lse``
+    out : ndarray, shape (B, Hq, L, Ev), or (T, Hq, Ev), of the query's dtype
+    lse : ndarray, shape (B, Hq, L), or (T, Hq), with ``return_lse``
 
     Sequences that share leading blocks (the same block ids at the same table
     positions: forks of one prompt, a common system prompt) have those blocks
-    read once for all of them: their query rows attend the shared blocks as
-    one group, and the parts are merged exactly (:func:`sdpa.merge_attention`).
-    That needs no window nor ALiBi, whose terms depend on each row's position.
+    read once for the rows of all of them, at each level of sharing (a system
+    prompt, then the forks of each conversation); the parts are merged exactly
+    in the same call.  That needs no window nor ALiBi, whose terms depend on
+    each row's position.
 
     Raises
     ------
     ValueError, TypeError
         Naming the argument, before anything is computed or written: a block id
         outside [0, num_blocks) where it would be read, a ``seq_lens[b]`` above
-        ``max_blocks * block_size`` or below L, shapes or dtypes that do not match.
+        ``max_blocks * block_size`` or below its query rows (with
+        ``query_start_loc``, named there), prefix sums that do not start at 0,
+        decrease or miss the query's rows, shapes or dtypes that do not match.
 
     Examples
     --------
@@ -389,109 +437,39 @@ def paged_attention(
     >>> ref = sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     >>> bool(np.allclose(out, ref, atol=1e-6))
     True
+
+    A mixed batch: sequence 0 prefills 3 rows at positions 5-7, sequence 1
+    decodes its position 9.
+
+    >>> qp = rng.standard_normal((4, 4, 8)).astype(np.float32)       # (T, Hq, E)
+    >>> out = sdpa.paged_attention(qp, kc, vc, [[0], [1]], [8, 10], query_start_loc=[0, 3, 4])
+    >>> out.shape
+    (4, 4, 8)
     """
-    q = _to_array(query, "query")
-    if q.ndim != 4:
-        raise ValueError(f"query: expected shape (B, Hq, L, E), got {q.shape}")
+    args, kw, tables = _paged_call(
+        query, key_cache, value_cache, block_tables, seq_lens, is_causal=is_causal, scale=scale, window=window,
+        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, tree_mask=tree_mask, return_lse=return_lse,
+        out=out, num_threads=num_threads, key_scale=key_scale, value_scale=value_scale, kv_dtype=kv_dtype,
+        integer_qk=integer_qk, query_start_loc=query_start_loc)
     try:
-        qdt = float_dtype(q.dtype, "query")
-    except TypeError:
-        raise TypeError(f"query: expected float16, bfloat16, float32 or float64, got dtype {q.dtype}") from None
-    kc, vc, ks, vs, group, code = _cache_pair(key_cache, value_cache, key_scale, value_scale, kv_dtype)
-    B, Hq, L, E = q.shape
-    num_blocks, Hkv, bs, Ek = kc.shape
-    width = 2 if code == _INT4 else 1
-    Ek, Ev = Ek * width, vc.shape[3] * width
-    if Ek != E:
-        raise ValueError(f"key_cache: {Ek} features a key, the query has {E}")
-    if Hq % Hkv:
-        raise ValueError(f"query: {Hq} heads is not a multiple of the caches' {Hkv} key/value heads")
-    if (qdt == _FLOAT64) != (kc.dtype == _FLOAT64) or (code and qdt == _FLOAT64):
-        raise TypeError(
-            f"key_cache: a {qdt} query attends " + ("a float64 cache" if qdt == _FLOAT64 else
-                                                    "float16, bfloat16, float32 or int8 caches")
-            + f", got {kc.dtype}"
-        )
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
-    if not isinstance(integer_qk, (bool, np.bool_)):
-        raise TypeError(f"integer_qk: expected a bool, got {type(integer_qk).__name__}")
-    iqk = bool(integer_qk)
-    if iqk and not (kc.dtype == np.int8 or code == _INT4):
-        raise ValueError("integer_qk: only int8 and int4 caches have integer keys")
-    bt, sl = _tables_fast(block_tables, seq_lens, B, L, num_blocks, bs)
-    cdt = _FLOAT64 if qdt == _FLOAT64 else _FLOAT32
-    sc = scale_of(scale, E)
-    win = None if window is None else window_sides(window)
-    cap = None if softcap is None else softcap_value(softcap)
-    alibi = None if alibi_slopes is None else np.ascontiguousarray(
-        np.broadcast_to(head_values(alibi_slopes, "alibi_slopes", (B,), Hq, cdt), (B, Hq)))
-    sink = None if sinks is None else np.ascontiguousarray(
-        np.broadcast_to(head_values(sinks, "sinks", (B,), Hq, cdt), (B, Hq)))
-    tree = None
-    if tree_mask is not None:
-        tree = _to_array(tree_mask, "tree_mask")
-        if tree.dtype != np.bool_:
-            raise TypeError(f"tree_mask: expected bool, got dtype {tree.dtype}")
-        if tree.shape not in ((L, L), (B, L, L)):
-            raise ValueError(f"tree_mask: expected shape ({L}, {L}) or ({B}, {L}, {L}), got {tree.shape}")
-    threads = thread_count(num_threads)
-    if not isinstance(return_lse, (bool, np.bool_)):
-        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
-    if out is not None:
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
-        if out.shape != (B, Hq, L, Ev) or out.dtype != qdt:
-            raise ValueError(f"out: expected shape {(B, Hq, L, Ev)} and dtype {qdt}, got {out.shape} {out.dtype}")
-        if not out.flags.writeable:
-            raise ValueError("out: is read-only")
-        for a, name in ((q, "query"), (kc, "key_cache"), (vc, "value_cache"), (ks, "key_scale"),
-                        (vs, "value_scale"), (block_tables, "block_tables"), (seq_lens, "seq_lens"),
-                        (alibi_slopes, "alibi_slopes"), (sinks, "sinks"), (tree_mask, "tree_mask")):
-            if isinstance(a, np.ndarray) and np.shares_memory(out, a):
-                raise ValueError(f"out: overlaps {name}")
-    if q.dtype != qdt or not q.flags.aligned:
-        q = np.require(q, qdt, ["A"])
+        return _core.paged_attention(*args, **kw)
+    except ValueError:  # the core checked the table (nothing written): say where it is wrong
+        _tables(*tables)
+        raise
 
-    share = False
-    if tree is None and B > 1 and win is None and alibi is None:
-        visible = np.minimum(sl, sl - L + 1) if is_causal else sl
-        share = bool(_shared_groups(bt, visible // bs))
-    if tree is None and not share:
-        try:
-            return _core.paged_attention(q, kc, vc, bt, sl, bool(is_causal), sc, win, cap, alibi, sink,
-                                         bool(return_lse), out, threads, ks, vs, group, 0, code or None, iqk)
-        except ValueError:  # the core checked the table (nothing written): say where it is wrong
-            _tables(block_tables, seq_lens, B, L, num_blocks, bs)
-            raise
-    _tables(block_tables, seq_lens, B, L, num_blocks, bs)  # before any part is computed
 
-    # in parts, merged exactly: computed in the compute type
-    qc = q if q.dtype == cdt else q.astype(cdt)
-    if tree is None:
-        o, s = _part(qc, kc, vc, bt, sl, bool(is_causal), sc, win, cap, alibi, sink, threads, ks, vs,
-                     group, 0, True, code, iqk)
-    else:
-        # every position before the last L (the rows sit L past them), then the
-        # last L under the tree
-        po, ps = _part(qc, kc, vc, bt, sl - L, False, sc, win, cap, alibi, None, threads, ks, vs, group,
-                       L, True, code, iqk)
-        kt, vt = _gather_tail(kc, bt, sl, L), _gather_tail(vc, bt, sl, L)
-        kst = vst = None
-        if ks is not None and vs is not None:
-            kst, vst = _gather_tail(ks, bt, sl, L), _gather_tail(vs, bt, sl, L)
-        mask = tree.reshape((-1, 1, L, L))
-        to, ts = call_core(qc, kt, vt, attn_mask=mask, is_causal=False, scale=sc, enable_gqa=True,
-                           return_lse=True, window=None if win is None else list(win), softcap=cap,
-                           alibi_slopes=alibi, sinks=sink, num_threads=threads, key_scale=kst,
-                           value_scale=vst, group_size=group, kv_dtype=code or None, integer_qk=iqk)
-        o, s = merge_attention([po, to], [ps, ts])
-    if out is not None:
-        np.copyto(out, o, casting="unsafe")
-        o = out
-    else:
-        o = o.astype(qdt, copy=False)
-    return (o, s) if return_lse else o
+def paged_plan(query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, *,
+               threads: int = 0, **kw: Any) -> Dict[str, Any]:
+    """What the planner makes of a :func:`paged_attention` call (same arguments)
+    for ``threads`` threads (0: as the call would run here), computing nothing:
+    ``{"threads", "merges", "parts": [...], "costs": array}``, the parts in the
+    order their tasks run (a shared prefix's has ``members`` > 0) and each work
+    item's estimated cost (ns on one core).  For the tests and
+    ``python -m sdpa.bench --plan``."""
+    args, ckw, _ = _paged_call(query, key_cache, value_cache, block_tables, seq_lens, **kw)
+    ckw["plan_threads"] = count(threads, "threads")
+    plan: Dict[str, Any] = _core.paged_attention(*args, **ckw)
+    return plan
 
 
 def paged_write(

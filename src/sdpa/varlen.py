@@ -10,6 +10,7 @@ from typing import Any, Dict, Literal, Optional, Tuple, Union, overload
 
 import numpy as np
 
+from . import _core
 from ._api import (
     Array,
     ArrayInput,
@@ -18,7 +19,6 @@ from ._api import (
     _causal_offset,
     _check_real,
     _to_array,
-    call_core,
     compute_dtype,
     head_values,
     operand_dtypes,
@@ -28,8 +28,9 @@ from ._api import (
     thread_count,
     window_sides,
 )
+from ._checks import count
 
-__all__ = ["varlen_attention"]
+__all__ = ["varlen_attention", "varlen_plan"]
 
 
 def _cu_seqlens(value: Any, name: str, total: int) -> np.ndarray:
@@ -129,7 +130,9 @@ def varlen_attention(
     out : numpy.ndarray, shape (total_q, Hq, Ev), optional
         Written in place; must not overlap the inputs.
     num_threads : int, optional
-        Threads for each sequence's call (see :func:`sdpa.set_num_threads`).
+        Threads for the call (see :func:`sdpa.set_num_threads`).  The
+        sequences are planned together and computed in one parallel region,
+        each row exactly as a call of its sequence alone computes it.
 
     Returns
     -------
@@ -145,6 +148,39 @@ def varlen_attention(
     TypeError
         Unsupported dtypes or argument types.
     """
+    args, no_heads = _varlen_call(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal, scale=scale,
+                                  window=window, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                                  return_lse=return_lse, out=out, num_threads=num_threads)
+    result = args[13]
+    if no_heads:
+        return (result, np.empty((result.shape[0], 0), dtype=compute_dtype(result.dtype))) if return_lse else result
+    # one core call: the sequences are planned and computed together
+    got = _core.varlen(*args)
+    return got if return_lse else result
+
+
+def varlen_plan(query: ArrayInput, key: ArrayInput, value: ArrayInput, cu_seqlens_q: ArrayInput,
+                cu_seqlens_k: ArrayInput, *, threads: int = 0, **kw: Any) -> Dict[str, Any]:
+    """What the planner makes of a :func:`varlen_attention` call (same
+    arguments) for ``threads`` threads (0: as the call would run here),
+    computing nothing: ``{"threads", "merges", "parts": [...], "costs":
+    array}``, one part per sequence in the order their tasks run, and each work
+    item's estimated cost (ns on one core).  For the tests and
+    ``python -m sdpa.bench --plan``."""
+    args, _ = _varlen_call(query, key, value, cu_seqlens_q, cu_seqlens_k, **kw)
+    planning: Dict[str, Any] = {"plan_threads": count(threads, "threads")}
+    plan: Dict[str, Any] = _core.varlen(*args, **planning)
+    return plan
+
+
+def _varlen_call(
+    query: ArrayInput, key: ArrayInput, value: ArrayInput, cu_seqlens_q: ArrayInput, cu_seqlens_k: ArrayInput, *,
+    is_causal: Union[bool, str] = False, scale: Optional[float] = None, window: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None, sinks: Optional[ArrayInput] = None,
+    return_lse: bool = False, out: Optional[Array] = None, num_threads: Optional[int] = None,
+) -> Tuple[Tuple[Any, ...], bool]:
+    """:func:`varlen_attention`'s arguments checked and in the form of
+    ``_core.varlen``'s, and whether there are no query heads (no call then)."""
     q = _to_array(query, "query")
     k = _to_array(key, "key")
     v = _to_array(value, "value")
@@ -179,14 +215,13 @@ def varlen_attention(
 
     scale_value = scale_of(scale, E)
     causal, _ = _causal_offset(is_causal, 0, 0)  # checked; the core aligns each sequence
+    # the diagonal, the window and ALiBi count from each sequence's end unless
+    # the call is causal from the top left (True, "top_left")
+    from_end = not causal or is_causal == "bottom_right"
     threads = thread_count(num_threads)
-
-    kw: Dict[str, Any] = {"is_causal": "bottom_right" if is_causal == "bottom_right" else causal}
-    if window is not None:
-        kw["window"] = window_sides(window)
-    if softcap is not None:
-        kw["softcap"] = softcap_value(softcap)
-    per_seq: Dict[str, Array] = {}
+    win = None if window is None else window_sides(window)
+    cap = None if softcap is None else softcap_value(softcap)
+    per_seq: Dict[str, Optional[Array]] = {"alibi_slopes": None, "sinks": None}
     for values, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
         if values is not None:
             original = _to_array(values, name)
@@ -195,21 +230,6 @@ def varlen_attention(
 
     operands = given + [(q, "query"), (k, "key"), (v, "value")]
     result = output_array(out, (total_q, Hq, Ev), dtype, operands, shapes)
-    lse = np.empty((total_q, Hq), dtype=cdtype) if return_lse else None
-
-    # one core call per sequence, on (heads, rows, features) views of the packed arrays
-    for i in range(n):
-        q0, q1, k0, k1 = int(cq[i]), int(cq[i + 1]), int(ck[i]), int(ck[i + 1])
-        if q1 == q0 or Hq == 0 or (Ev == 0 and lse is None):
-            continue
-        seq_kw: Dict[str, Any] = dict(kw)
-        for name, values in per_seq.items():
-            seq_kw[name] = values[i]
-        part = call_core(
-            q[q0:q1].transpose(1, 0, 2), k[k0:k1].transpose(1, 0, 2), v[k0:k1].transpose(1, 0, 2),
-            out=result[q0:q1].transpose(1, 0, 2), return_lse=lse is not None,
-            scale=scale_value, enable_gqa=True, num_threads=threads, **seq_kw,
-        )
-        if lse is not None:
-            lse[q0:q1] = part[1].T
-    return (result, lse) if lse is not None else result
+    args = (q, k, v, cq, ck, bool(causal), from_end, scale_value, win, cap, per_seq["alibi_slopes"],
+            per_seq["sinks"], bool(return_lse), result, threads)
+    return args, Hq == 0
