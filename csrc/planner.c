@@ -135,6 +135,12 @@ static void choose_blocking(const sdpa_problem *p, int64_t units, int threads, s
     pl->blocking.chunk_len = chunk;
 }
 
+/* Whether integer_qk applies: int8 or int4 keys with a float32 or 16-bit query. */
+static int integer_scores(const sdpa_problem *p) {
+    const sdpa_dtype kvdt = kv_dtype_of(p);
+    return p->integer_qk && p->dtype != SDPA_FLOAT64 && (kvdt == SDPA_INT8 || kvdt == SDPA_INT4);
+}
+
 /* Plans one part: p canonical, batch_count its batch, `units` the call's
  * (sequence, head) pairs, `staged` whether its output is staged for a merge. */
 static void make_plan(const sdpa_problem *p, int64_t batch_count, int64_t units, const kernel_table *kt,
@@ -151,7 +157,9 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, int64_t units,
     const int bf16_pairs = p->dtype == SDPA_BFLOAT16 && pl->path.kv_dtype == SDPA_BFLOAT16 && kt->bf16_products &&
                            (p->block_size <= 0 || p->block_size % 2 == 0);
     const int64_t max_l = bf16_pairs ? SDPA_ROW_MODE_MAX_L_BF16 : SDPA_ROW_MODE_MAX_L;
-    pl->path.row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS || (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS);
+    /* integer_qk is computed by the row path: decoding rows stay there however many share a head */
+    pl->path.row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS || (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS) ||
+                        (p->len_q == 1 && integer_scores(p));
     /* quantized tiles are dequantized into float scratch: blocked as float */
     choose_blocking(p, units, threads, elem,
                     sdpa_is_quantized(pl->path.kv_dtype) ? sizeof(float) : sdpa_dtype_size(pl->path.kv_dtype), pl);
@@ -170,8 +178,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, int64_t units,
         pl->scratch.k = off; off += round_elems(tk * E, elem);
         pl->scratch.v = off; off += round_elems(tk * Ev, elem);
         pl->scratch.pp = off; off += round_elems(M * tk, elem);  /* quantized: the scores of one scale group */
-        pl->path.integer_qk = p->integer_qk && p->dtype != SDPA_FLOAT64 &&
-                              (pl->path.kv_dtype == SDPA_INT8 || pl->path.kv_dtype == SDPA_INT4);
+        pl->path.integer_qk = integer_scores(p);
         if (pl->path.integer_qk) {  /* int8 rows (M x E), M float scales, then the kernel's work */
             pl->path.dot_qi = sdpa_dot_qi_for(kt);
             pl->scratch.qi = off;
@@ -298,7 +305,7 @@ static void fold_group(sdpa_problem *q, const kernel_table *kt) {
     const int64_t rule = pairs ? SDPA_FOLD_MIN_GROUP_BF16 : SDPA_FOLD_MIN_GROUP;
     const int64_t min_group = forced > 0 ? forced : forced < 0 ? INT64_MAX : rule;
     if (q->len_q != 1 || q->gqa_group < min_group || q->mask_kind != SDPA_MASK_NONE || q->weights.data ||
-        has_window(q) || q->alibi.data || q->sinks.data)
+        has_window(q) || q->alibi.data || q->sinks.data || integer_scores(q))  /* integer_qk: the row path */
         return;
     if (q->causal && q->causal_offset < q->len_kv - 1) return;  /* the row's last visible key */
     const int64_t G = q->gqa_group;
@@ -577,7 +584,7 @@ static void shared_part(part *pt, const sdpa_problem *c, const share_node *node,
     sdpa_problem *p = &pt->p;
     *p = *c;
     const int64_t Hkv = c->num_heads / c->gqa_group, E = c->head_dim;
-    const int row_layout = rows <= SDPA_SHARED_ROW_MODE_ROWS;
+    const int row_layout = rows <= SDPA_SHARED_ROW_MODE_ROWS || integer_scores(c);  /* integer_qk: the row path */
     memset(&p->query, 0, sizeof(p->query));
     p->query.col_stride = 1;
     if (row_layout) {  /* (1, Hkv * rows, 1, E), gqa rows */

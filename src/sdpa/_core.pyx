@@ -1268,7 +1268,7 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
     cdef cnp.npy_intp dims[4]
     cdef int dt = _dtype_of(q), cdt
     cdef bint packed = query_start_loc is not None
-    cdef int64_t B, Hq, L, T, E, Ev, Hkv, bs, cw = 2 if kv_dtype == SDPA_INT4 else 1
+    cdef int64_t B, Hq, L, T = 0, E, Ev, Hkv, bs, cw = 2 if kv_dtype == SDPA_INT4 else 1
     if dt < 0 or q.ndim != (3 if packed else 4) or kc.ndim != 4 or vc.ndim != 4 or bt.ndim != 2 or sl.ndim != 1:
         raise ValueError("paged_attention: the core does not take these operands")
     cdt = _compute_dtype(dt)

@@ -1918,6 +1918,178 @@ static void test_paged(void) {
     sdpa_set_isa(initial);
 }
 
+/* Ragged batches (C API 0.5).  Packed sequences (cu_seqlens_q / _k, 0-row
+ * sequences among them) give, sequence by sequence, the bits of a call on that
+ * sequence alone, causal from the top left or from each end; a paged mixed
+ * batch (cu_seqlens_q over block tables) likewise against a paged call per
+ * sequence; then the refusals (SDPA_ERR_BAD_RAGGED), nothing written. */
+static void ragged_case(const char *isa, sdpa_dtype dt, int from_end) {
+    enum { RB = 5, RH = 4, RG = 2, RE = 24 };
+    const int64_t rows[RB] = {7, 0, 33, 1, 16}, keys[RB] = {7, 5, 40, 9, 16};
+    const int64_t Hkv = RH / RG;
+    int64_t cq[RB + 1] = {0}, ck[RB + 1] = {0};
+    for (int b = 0; b < RB; b++) cq[b + 1] = cq[b] + rows[b], ck[b + 1] = ck[b] + keys[b];
+    const int64_t T = cq[RB], TK = ck[RB];
+    const size_t es = dtype_size(dt), ce = dtype_size(compute_dtype(dt));
+    void *q = xcalloc((size_t)(T * RH * RE), es), *k = xcalloc((size_t)(TK * Hkv * RE), es);
+    void *v = xcalloc((size_t)(TK * Hkv * RE), es), *out = xcalloc((size_t)(T * RH * RE), es);
+    void *lse = xcalloc((size_t)(T * RH), ce);
+    for (int64_t i = 0; i < T * RH * RE; i++) store(q, dt, i, 2 * rng_uniform() - 1);
+    for (int64_t i = 0; i < TK * Hkv * RE; i++) store(k, dt, i, 2 * rng_uniform() - 1), store(v, dt, i, 2 * rng_uniform() - 1);
+    /* packed: (T, H, E), row stride H * E, head stride E */
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.dtype = dt;
+    p.num_batch_dims = 1, p.batch_shape[0] = RB;
+    p.num_heads = RH, p.gqa_group = RG, p.len_q = T, p.len_kv = TK, p.head_dim = p.head_dim_v = RE;
+    const sdpa_view qv = {q, {0}, RE, RH * RE, 1}, kv = {k, {0}, RE, Hkv * RE, 1};
+    p.query = qv, p.key = kv, p.value = kv, p.value.data = v, p.out = qv, p.out.data = out;
+    p.lse = (sdpa_view){lse, {0}, 1, RH, 1};
+    p.scale = 0.25, p.causal = 1, p.offsets_from_end = from_end;
+    p.window_left = 20, p.window_right = from_end ? 0 : 3;
+    p.cu_seqlens_q = cq, p.cu_seqlens_k = ck;
+    sdpa_status st = sdpa_attention(&p);
+    int same = st == SDPA_OK;
+    for (int b = 0; b < RB && same; b++) {  /* each sequence alone */
+        const int64_t L = rows[b], S = keys[b];
+        if (L == 0) continue;
+        void *o1 = xcalloc((size_t)(L * RH * RE), es), *l1 = xcalloc((size_t)(L * RH), ce);
+        sdpa_problem s1 = p;
+        s1.num_batch_dims = 0;
+        s1.len_q = L, s1.len_kv = S;
+        s1.cu_seqlens_q = s1.cu_seqlens_k = NULL, s1.offsets_from_end = 0;
+        s1.query.data = (char *)q + (size_t)(cq[b] * RH * RE) * es;
+        s1.key.data = (char *)k + (size_t)(ck[b] * Hkv * RE) * es;
+        s1.value.data = (char *)v + (size_t)(ck[b] * Hkv * RE) * es;
+        s1.out.data = o1, s1.lse.data = l1;
+        s1.causal_offset = s1.align_offset = from_end ? S - L : 0;
+        same = sdpa_attention(&s1) == SDPA_OK && memcmp(o1, (char *)out + (size_t)(cq[b] * RH * RE) * es,
+                                                        (size_t)(L * RH * RE) * es) == 0 &&
+               memcmp(l1, (char *)lse + (size_t)(cq[b] * RH) * ce, (size_t)(L * RH) * ce) == 0;
+        free(o1), free(l1);
+    }
+    check(same, "ragged %s %s%s: each sequence's bits as alone", isa, dtype_name(dt), from_end ? " from the end" : "");
+
+    /* refusals: nothing written */
+    store(out, dt, 0, 123.0);
+    cq[0] = 1;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_RAGGED, "ragged: cu_seqlens_q not from 0");
+    cq[0] = 0, cq[2] = cq[3] + 1;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_RAGGED, "ragged: cu_seqlens_q decreasing");
+    cq[2] = cq[1] + rows[1];
+    p.len_kv = TK - 1;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_RAGGED, "ragged: cu_seqlens_k not ending at len_kv");
+    p.len_kv = TK;
+    p.mask_kind = SDPA_MASK_BOOL, p.mask = dense_view(out, 1, 1);
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_RAGGED, "ragged: a mask");
+    p.mask_kind = SDPA_MASK_NONE, p.mask.data = NULL;
+    p.key_lengths = keys;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_RAGGED, "ragged: key_lengths with cu_seqlens_k");
+    p.key_lengths = NULL;
+    p.num_batch_dims = 2, p.batch_shape[1] = 1;
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_RAGGED, "ragged: two batch dims");
+    p.num_batch_dims = 1;
+    p.cu_seqlens_q = p.cu_seqlens_k = NULL, p.len_q = 1, p.len_kv = 1, p.batch_shape[0] = 1;
+    check_status(sdpa_attention(&p), from_end ? SDPA_ERR_BAD_RAGGED : SDPA_OK, "offsets_from_end without ragged");
+    check(load(out, dt, 0) == 123.0 || !from_end, "ragged refusals write nothing");
+    free(q), free(k), free(v), free(out), free(lse);
+}
+
+/* A paged mixed batch: sequences of 5, 0, 1 and 12 rows over block tables (the
+ * first and the third sharing their first two blocks, read once for both and
+ * merged), each sequence against a paged call of it alone: the same bits, or
+ * within rounding for the two that share; a sequence with more rows than
+ * positions, and a tree with a packed query, refused. */
+static void paged_mixed_case(const char *isa, sdpa_dtype dt) {
+    enum { PB = 4, PH = 4, PG = 2, PE = 16, BS = 4, NB = 40, MAXB = 10 };
+    const int64_t lens[PB] = {21, 13, 30, 12}, rows[PB] = {5, 0, 1, 12};
+    const int64_t Hkv = PH / PG;
+    int64_t cq[PB + 1] = {0};
+    for (int b = 0; b < PB; b++) cq[b + 1] = cq[b] + rows[b];
+    const int64_t T = cq[PB];
+    const size_t es = dtype_size(dt), ce = dtype_size(compute_dtype(dt));
+    void *kc = xcalloc((size_t)(NB * Hkv * BS * PE), es), *vc = xcalloc((size_t)(NB * Hkv * BS * PE), es);
+    void *q = xcalloc((size_t)(T * PH * PE), es), *out = xcalloc((size_t)(T * PH * PE), es);
+    void *lse = xcalloc((size_t)(T * PH), ce);
+    int32_t table[PB][MAXB];
+    for (int64_t i = 0; i < NB * Hkv * BS * PE; i++) store(kc, dt, i, 2 * rng_uniform() - 1), store(vc, dt, i, 2 * rng_uniform() - 1);
+    for (int64_t i = 0; i < T * PH * PE; i++) store(q, dt, i, 2 * rng_uniform() - 1);
+    for (int b = 0; b < PB; b++)
+        for (int j = 0; j < MAXB; j++)
+            table[b][j] = j < (lens[b] + BS - 1) / BS ? (int32_t)(b == 2 && j < 2 ? table[0][j] : (7 * (b * MAXB + j) + 3) % NB) : -1;
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.dtype = dt;
+    p.num_batch_dims = 1, p.batch_shape[0] = PB;
+    p.num_heads = PH, p.gqa_group = PG, p.len_q = T, p.len_kv = MAXB * BS, p.head_dim = p.head_dim_v = PE;
+    p.query = (sdpa_view){q, {0}, PE, PH * PE, 1};
+    p.out = p.query, p.out.data = out;
+    p.lse = (sdpa_view){lse, {0}, 1, PH, 1};
+    p.key = dense_view(kc, BS, PE);
+    p.key.batch_strides[0] = Hkv * BS * PE;
+    p.value = p.key, p.value.data = vc;
+    p.scale = 0.3, p.causal = 1;
+    p.key_lengths = lens, p.key_lengths_strides[0] = 1;
+    p.block_table = &table[0][0], p.block_table_stride = MAXB, p.block_size = BS, p.num_blocks = NB;
+    p.cu_seqlens_q = cq;
+    int same = sdpa_attention(&p) == SDPA_OK;
+    double worst = 0;  /* the sequences that share blocks */
+    for (int b = 0; b < PB && same; b++) {
+        const int64_t L = rows[b];
+        const int shares = b == 0 || b == 2;
+        if (L == 0) continue;
+        void *o1 = xcalloc((size_t)(L * PH * PE), es), *l1 = xcalloc((size_t)(L * PH), ce);
+        sdpa_problem s1 = p;
+        s1.batch_shape[0] = 1, s1.len_q = L, s1.cu_seqlens_q = NULL;
+        s1.query = dense_view((char *)q + (size_t)(cq[b] * PH * PE) * es, L, PE);  /* (H, L, E) from (L, H, E) */
+        s1.query.head_stride = PE, s1.query.row_stride = PH * PE;
+        s1.out = dense_view(o1, L, PE);
+        s1.lse = dense_view(l1, L, 1);
+        s1.key_lengths = &lens[b], s1.block_table = &table[b][0];
+        same = sdpa_attention(&s1) == SDPA_OK;
+        for (int64_t h = 0; h < PH && same && shares; h++)
+            for (int64_t l = 0; l < L; l++) {
+                for (int64_t c = 0; c < PE; c++)
+                    worst = fmax(worst, rel_err(load(out, dt, ((cq[b] + l) * PH + h) * PE + c), load(o1, dt, (h * L + l) * PE + c)));
+                worst = fmax(worst, rel_err(load(lse, compute_dtype(dt), (cq[b] + l) * PH + h),
+                                            load(l1, compute_dtype(dt), h * L + l)));
+            }
+        for (int64_t h = 0; h < PH && same && !shares; h++)
+            for (int64_t l = 0; l < L && same; l++)
+                same = memcmp((char *)o1 + (size_t)((h * L + l) * PE) * es,
+                              (char *)out + (size_t)(((cq[b] + l) * PH + h) * PE) * es, (size_t)PE * es) == 0 &&
+                       memcmp((char *)l1 + (size_t)(h * L + l) * ce, (char *)lse + (size_t)((cq[b] + l) * PH + h) * ce,
+                              ce) == 0;
+        free(o1), free(l1);
+    }
+    const double tol = dt == SDPA_FLOAT64 ? 1e-12 : dt == SDPA_FLOAT32 ? 1e-5 : 1e-2;
+    check(same && worst <= tol, "paged mixed batch %s %s: each sequence's bits as alone, or within %.3g when it "
+          "shares blocks (%.3g)", isa, dtype_name(dt), tol, worst);
+    store(out, dt, 0, 123.0);
+    const int64_t kept = cq[4];
+    cq[4] = cq[3] + lens[3] + 1, p.len_q = cq[4];
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_RAGGED, "paged mixed batch: more rows than positions");
+    cq[4] = kept, p.len_q = T;
+    p.mask_kind = SDPA_MASK_BOOL, p.mask = dense_view(out, 1, 1);
+    check_status(sdpa_attention(&p), SDPA_ERR_BAD_PAGES, "paged mixed batch: a tree");
+    check(load(out, dt, 0) == 123.0, "paged mixed refusals write nothing");
+    free(kc), free(vc), free(q), free(out), free(lse);
+}
+
+static void test_ragged(void) {
+    const char *initial = sdpa_isa();
+    for (int i = 0; i < NUM_ISAS; i++) {
+        if (!tested(ISAS[i]) || sdpa_set_isa(ISAS[i]) != SDPA_OK) continue;
+        const sdpa_dtype dts[] = {SDPA_FLOAT32, SDPA_FLOAT64, SDPA_BFLOAT16};
+        for (int d = 0; d < 3; d++) {
+            ragged_case(ISAS[i], dts[d], 0);
+            ragged_case(ISAS[i], dts[d], 1);
+            paged_mixed_case(ISAS[i], dts[d]);
+        }
+    }
+    sdpa_set_isa(initial);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
@@ -1957,6 +2129,7 @@ int main(int argc, char **argv) {
     test_fp_mode();
     test_special_values();
     test_paged();
+    test_ragged();
     sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
         const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
