@@ -219,7 +219,7 @@ static void FN(run_copy)(const call_plan *cp, const copy_job *job) {
     for (int i = 0; i < 4; i++) {
         if (!views[i]->data) continue;
         const int which = i % 2;
-        kv_source src = kv_source_of(c, which, kvdt, pt->seq, hkv, views[i]->row_stride);
+        kv_source src = kv_source_of(c, which, kvdt, pt->seq, hkv, 0);
         size_t elem = src.elem;
         if (i >= 2) {  /* the scales, walked as a view of their own */
             src.view = src.scale_view;
@@ -227,7 +227,7 @@ static void FN(run_copy)(const call_plan *cp, const copy_job *job) {
             src.elem = elem = sizeof(float);
             src.base = NULL;
         }
-        const int64_t cols = views[i]->row_stride;  /* elements (int4: bytes) a row */
+        const int64_t cols = src.cols = views[i]->row_stride;  /* elements (int4: bytes) a row */
         char *dst = (char *)views[i]->data + (size_t)(hkv * views[i]->head_stride) * elem;
         kv_cursor cur = kv_walk(&src, pt->copy_row0, pt->copy_row0 + n);
         const char *rows;

@@ -219,7 +219,13 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, int64_t units,
          * SDPA_PACK_BUDGET bytes; else a tile at a time in each task */
         const int64_t reuse = pl->tiled.num_qblocks * p->gqa_group;
         const int packing = sdpa_atomic_load(&forced_packing);
-        if ((bf16_pairs || convert) && (reuse >= 2 || packing == 2) && packing != 1 && p->len_kv > 0) {
+        /* float K and V of short paged blocks are only copied a tile at a time: a
+         * copy of the whole slice per call costs more than the copies it saves
+         * (a mixed batch's chunks of 256 rows over blocks of 16: 0.85x the
+         * contiguous call packed, 1.0x a tile at a time) */
+        const int copy_only = convert && pl->path.kv_dtype == (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32);
+        if ((bf16_pairs || (convert && (!copy_only || packing == 2))) && (reuse >= 2 || packing == 2) && packing != 1 &&
+            p->len_kv > 0) {
             const int64_t S = p->len_kv, slices = batch_count * (p->num_heads / p->gqa_group);
             int64_t e2p = pl->bf16.e2p;
             size_t per;

@@ -182,6 +182,8 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *part
     const sdpa_dtype qdt = p->dtype, kvdt = pl->path.kv_dtype;
     const size_t qe = sdpa_dtype_size(qdt);
     const kv_source ksrc = kv_source_of(p, 0, kvdt, b, hkv, E), vsrc = kv_source_of(p, 1, kvdt, b, hkv, Ev);
+    /* keys and values in steps, the next one asked for ahead (kv_source.h) */
+    const int64_t kstep = kv_step_rows(E), vstep = kv_step_rows(Ev);
     T *qs = scratch + pl->scratch.q;  /* M x E, scaled   */
     T *st = scratch + pl->scratch.s;  /* M x tile_k scores */
     const int iqk = pl->path.integer_qk && sdpa_is_quantized(kvdt) && p->key.col_stride == 1 && ksrc.scale_view &&
@@ -208,7 +210,7 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *part
         kv_cursor cur = kv_walk(&ksrc, s0, s0 + n);
         const char *rows;
         kv_scales sc;
-        for (int64_t a = s0, m; (m = kv_next(&ksrc, &cur, &rows, &sc, 1)) > 0; a += m)
+        for (int64_t a = s0, m; (m = kv_next(&ksrc, &cur, &rows, &sc, kstep)) > 0; a += m)
             FN(row_scores)(p, pl, kern, scratch, qs, rows, &sc, &ksrc.sc, (int)m, st + (a - s0));
         for (int x = 0; x < M; x++) {
             const int64_t h = hkv * group + x / L, l = x % L;
@@ -223,7 +225,7 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *part
             kern->row_online_softmax_update(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
         }
         cur = kv_walk(&vsrc, s0, s0 + n);
-        for (int64_t a = s0, m; (m = kv_next(&vsrc, &cur, &rows, &sc, 1)) > 0; a += m)
+        for (int64_t a = s0, m; (m = kv_next(&vsrc, &cur, &rows, &sc, vstep)) > 0; a += m)
             FN(row_values)(p, pl, kern, scratch, st + (a - s0), rows, &sc, &vsrc.sc, (int)m, acc);
     }
 }

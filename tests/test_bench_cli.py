@@ -933,3 +933,40 @@ def test_cli_paged_smoke(tmp_path, capsys, monkeypatch):
     speeds = {r["case"]: r["speed"] for r in rows}
     assert "duplicated" in speeds["shared-prefix"] and "contiguous" in speeds["decode-f32-bs16"]
     assert bench.main(["--paged", "--latency"]) == 2
+
+
+def test_cli_serving_smoke(tmp_path, capsys, monkeypatch):
+    """--serving at a tiny size: the cases asked for run, each against its
+    other ways, the JSON has a row per case."""
+    from sdpa.bench import serving
+
+    monkeypatch.setattr(serving, "_QUICK", {"varlen": 64, "context": 64, "prompt": 512, "decode": 256})
+    path = tmp_path / "serving.json"
+    rc = bench.main(["--serving", "--quick", "--threads", "1", "--min-time", "0", "--repeat", "1", "--no-progress",
+                     "--cases", "dense,varlen-short,mixed,chunks,shared,decode-scalar", "--json", str(path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    rows = json.loads(path.read_text())["results"]
+    names = [r["case"] for r in rows]
+    assert names[:5] == ["dense", "varlen-short", "mixed", "chunks", "shared"]
+    assert all(n.startswith("decode-scalar-") for n in names[5:]) and len(names) > 5
+    speeds = {r["case"]: r["speed"] for r in rows}
+    assert "per-sequence" in speeds["varlen-short"] and "separate" in speeds["mixed"]
+    assert "contiguous" in speeds["chunks"] and "copied-ids" in speeds["shared"]
+    assert all(r["gflops"] > 0 for r in rows)
+    assert "of dense" in out
+    assert bench.main(["--serving", "--latency"]) == 2
+
+
+def test_cli_plan_balance(capsys):
+    """--plan: every serving case planned for the thread counts asked, its
+    balance simulated (a ratio in (0, 1])."""
+    from sdpa.bench.plan import PLAN_CASES, balance
+
+    assert bench.main(["--plan", "--threads", "4,64", "--cases", "varlen-long,mixed"]) == 0
+    out = capsys.readouterr().out
+    assert "varlen-long" in out and "mixed" in out and "varlen-short" not in out
+    # the costliest task last: one thread runs it after two of the others (6 against the ideal 4)
+    assert balance([1.0] * 8, 4) == 1.0 and balance([1.0, 1.0, 1.0, 1.0, 4.0], 2) == pytest.approx(4 / 6)
+    assert [name for name, _ in PLAN_CASES] == ["varlen-short", "varlen-long", "mixed", "shared"]
+    assert bench.main(["--plan", "--cases", "nonsense"]) == 2

@@ -27,6 +27,7 @@ from .peers import (
     is_implementation,
     kernel_set_of,
 )
+from .plan import PLAN_CASES, format_plan_table, iter_plan
 from .plot import plot_results
 from .profile import format_profile_table, iter_profile, profile_notes
 from .report import (
@@ -40,6 +41,7 @@ from .report import (
     suite_notes,
     write_json,
 )
+from .serving import SERVING_CASES, case_count as serving_case_count, format_serving_table, iter_serving
 from .shapes import (
     CACHE_SHAPES,
     DTYPES,
@@ -106,6 +108,25 @@ def _build_parser() -> argparse.ArgumentParser:
         help="instead of the suite, paged_attention over block-table caches against the contiguous "
         "call and torch: decoding (blocks of 16 and 128, float32 and bfloat16), chunked prefill, "
         "shared prefixes read once, and MLA's latent cache (--quick: shorter sequences)",
+    )
+    p.add_argument(
+        "--serving",
+        action="store_true",
+        help="instead of the suite, ragged serving calls in one call against the ways they are done "
+        "otherwise: packed sequences (vs a call per sequence, and as a share of a dense call's rate), a "
+        "mixed batch of chunked prefills and decodes (vs separate calls; its chunks vs contiguous calls), "
+        "shared prefixes (vs copied ids), and paged decoding on every kernel set (vs the contiguous call)",
+    )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="instead of timing, the balance of the serving calls' work lists as planned for 16, 64 and "
+        "128 threads (or --threads) and simulated with the planner's cost model",
+    )
+    p.add_argument(
+        "--cases",
+        help="with --serving or --plan: comma-separated case names (a prefix such as decode-avx512 "
+        "selects the cases it starts)",
     )
     p.add_argument(
         "--profile",
@@ -204,6 +225,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
 
     cache_mode = args.cache_dtypes is not None
+    if args.plan:
+        return _run_plan(args)
+    if args.serving:
+        if args.latency or cache_mode or args.profile or args.impls or args.plot or args.shapes or args.paged:
+            print("error: --serving is a mode of its own: no --latency, --cache-dtypes, --profile, --paged, "
+                  "--impls, --shapes or --plot", file=sys.stderr)
+            return 2
+        args.min_time = _TIMING[0] if args.min_time is None else args.min_time
+        args.repeat = _TIMING[1] if args.repeat is None else args.repeat
+        return _run_serving(args)
     if args.paged:
         if args.latency or cache_mode or args.profile or args.impls or args.plot or args.shapes:
             print("error: --paged is a mode of its own: no --latency, --cache-dtypes, --profile, --impls, "
@@ -467,6 +498,68 @@ def _run_paged(args: argparse.Namespace) -> int:
         payload = {"machine": info, "settings": {"mode": "paged", "threads": threads, "quick": args.quick,
                                                  "min_time": args.min_time, "repeat": args.repeat},
                    "references": references, "results": rows}
+        write_json(args.json, payload)
+    return 130 if interrupted else 0
+
+
+def _cases_asked(args: argparse.Namespace) -> List[str]:
+    return [c.strip() for c in (args.cases or "").split(",") if c.strip()]
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    """``--plan``: the balance table of the serving calls' plans; the exit status."""
+    threads = args.threads or [16, 64, 128]
+    try:
+        rows = list(iter_plan(threads, _cases_asked(args)))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"sdpa {_core.version()}: the serving calls' work lists as planned for {', '.join(map(str, threads))} "
+          "threads, each thread taking the next task of the list as it comes free (the planner's cost model)")
+    print()
+    print(format_plan_table(rows))
+    print("  balance: the ideal time (the costs' sum over the threads) over the simulated makespan; "
+          "largest task / ideal above 1 caps it")
+    shown = {r["case"] for r in rows}
+    for name, what in PLAN_CASES:
+        if name in shown:
+            print(f"  {name}: {what}")
+    if args.json:
+        write_json(args.json, {"machine": machine_info(), "settings": {"mode": "plan", "threads": threads},
+                               "results": rows})
+    return 0
+
+
+def _run_serving(args: argparse.Namespace) -> int:
+    """``--serving``: the serving table; the exit status."""
+    threads = args.threads or default_threads()
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    progress = Progress(serving_case_count(args.quick) * len(threads), enabled=show)
+    info = machine_info()
+    rows: List[Dict[str, Any]] = []
+    interrupted = False
+    try:
+        for row in iter_serving(threads, min_time=args.min_time, repeat=args.repeat, seed=args.seed,
+                                quick=args.quick, progress=progress, cases=_cases_asked(args)):
+            rows.append(row)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+    _print_header(info, "serving calls")
+    print()
+    print(format_serving_table(rows))
+    print("  against: the other way's time / sdpa's (above 1: sdpa's one call is faster); of dense: GFLOP/s over "
+          "the dense call's in the same run")
+    for name, what in SERVING_CASES:
+        print(f"  {name}: {what}")
+    print("  decode-SET-DTYPE-bsN: paged decoding (B 8, Hq32/8, E128) on kernel set SET vs the contiguous call")
+    if interrupted:
+        print("(interrupted: partial results)")
+    if args.json:
+        payload = {"machine": info, "settings": {"mode": "serving", "threads": threads, "quick": args.quick,
+                                                 "min_time": args.min_time, "repeat": args.repeat},
+                   "results": rows}
         write_json(args.json, payload)
     return 130 if interrupted else 0
 
