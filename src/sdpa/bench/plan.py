@@ -110,7 +110,11 @@ def plan_case(name: str, threads: int, seed: int = 0) -> Dict[str, Any]:
 
 
 def iter_plan(threads: Sequence[int] = (16, 64, 128), cases: Sequence[str] = ()) -> Iterable[Dict[str, Any]]:
-    """A row per case and thread count: tasks, parts, the balance."""
+    """A row per case and thread count: tasks, parts, the balance (ValueError
+    for a case name that is not one of :data:`PLAN_CASES`)."""
+    unknown = [c for c in cases if c not in dict(PLAN_CASES)]
+    if unknown:
+        raise ValueError(f"--cases: unknown {', '.join(unknown)}; known: {', '.join(x for x, _ in PLAN_CASES)}")
     for name, what in PLAN_CASES:
         if cases and name not in cases:
             continue
@@ -126,7 +130,7 @@ def format_plan_table(rows: Sequence[Dict[str, Any]]) -> str:
     header = ("case", "threads", "tasks", "parts", "merges", "balance", "largest task / ideal")
     lines = [(r["case"], str(r["threads"]), str(r["tasks"]), str(r["parts"]), str(r["merges"]),
               f"{r['balance']:.3f}", f"{r['largest_share']:.3f}") for r in rows]
-    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(header)]
+    widths = [max([len(h)] + [len(x[i]) for x in lines]) for i, h in enumerate(header)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     out += ["  ".join(x.ljust(w) for x, w in zip(line, widths)) for line in lines]
     return "\n".join(out)
