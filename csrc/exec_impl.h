@@ -35,18 +35,20 @@ static void FN(do_task)(const call_plan *cp, const KT *kern, T *scratch, char *b
     const part *pt = plan_item(cp, item, &t);
     const plan *pl = &pt->pl;
     if (pl->path.row_mode) {
-        T *partial = (T *)(void *)(block + pt->partial_at);
-        FN(run_row_task)(pt, kern, scratch, partial, t, irq, tid);
-        if (pl->row.num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(pt, kern, partial, t);
+        /* one chunk: the partial in scratch, merged (finished) at once */
+        T *slot = pl->row.num_chunks == 1 ? scratch + pl->scratch.partial
+                                          : (T *)(void *)(block + pt->partial_at) + t * pl->row.partial_elems;
+        FN(run_row_task)(pt, kern, scratch, slot, t, irq, tid);
+        if (pl->row.num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(pt, kern, slot, t);
         return;
     }
     const T *packed = packing && pl->pack.on ? (const T *)(const void *)(block + pt->packed_at) : NULL;
 #if HAS_BF16
     if (pl->bf16.on) kern->bf16.tiles_begin();
-    FN(run_task)(pt, kern, scratch, packed, t, irq, tid, prof, cp->num_threads);
+    FN(run_task)(cp, item, pt, kern, scratch, packed, t, irq, tid, prof);
     if (pl->bf16.on) kern->bf16.tiles_end();
 #else
-    FN(run_task)(pt, kern, scratch, packed, t, irq, tid, prof, cp->num_threads);
+    FN(run_task)(cp, item, pt, kern, scratch, packed, t, irq, tid, prof);
 #endif
 }
 
@@ -65,7 +67,8 @@ static void FN(do_pack)(const call_plan *cp, const KT *kern, char *block, int64_
 static void FN(do_row_merge)(const call_plan *cp, const KT *kern, char *block, int64_t r) {
     int64_t g;
     const part *pt = &cp->parts[cp->order[plan_find(cp->rmerge_start, cp->num_parts, r, &g)]];
-    FN(merge_rows)(pt, kern, (T *)(void *)(block + pt->partial_at), g);
+    const plan *pl = &pt->pl;
+    FN(merge_rows)(pt, kern, (T *)(void *)(block + pt->partial_at) + g * pl->row.num_chunks * pl->row.partial_elems, g);
 }
 
 static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {

@@ -110,6 +110,10 @@ extern int (*const sdpa_dot_qi_neon)(sdpa_dtype dt, int m, int n, int64_t e, int
                                      const float *ks, int64_t ksr, int64_t ksc, float *s, int64_t lds,
                                      void *work);
 
+/* The widest panel of any kernel set (nr: AVX-512 float32 and the bfloat16
+ * pairs take 32 query rows): the driver's tables of a panel's rows. */
+#define SDPA_MAX_PANEL 32
+
 /* Every scratch buffer and packed panel is aligned to this many bytes. */
 #define SDPA_ALIGN 64
 
@@ -190,11 +194,12 @@ int sdpa_threads_setting(void);
  * transposed score tile s (n keys x nr rows) for its first `rows` rows, the
  * element of row x and key j at m[x*m_rs + j]:
  *   mask_add:  s[j*nr + x] += m[...];   mask_bool: s[j*nr + x] = -inf where m[...] == 0
- * Query panels and finished rows, for contiguous rows:
- *   pack_q:     panel[c*nr + x] = scale * src[x*rs + c], x < rows, c < e; 0 for
- *               the rows in [rows, nr)
- *   store_rows: out[x*rs + c] = l == 0 ? 0 : acc[c*nr + x] * (1 / l), l = row_l[x],
- *               x < rows, c < ev
+ * Query panels and finished rows, for rows of contiguous elements anywhere
+ * (a table of n <= nr row pointers: one head's rows, or a GQA group's packed):
+ *   pack_q:     panel[c*nr + x] = scale * rows[x][c], x < n, c < e; 0 for
+ *               the rows in [n, nr)
+ *   store_rows: rows[x][c] = l == 0 ? 0 : acc[c*nr + x] * (1 / l), l = row_l[x],
+ *               x < n, c < ev
  *   pack_q_half, store_rows_half: the same over rows of a 16-bit dt, the query
  *               widened exactly, the output rounded once as convert.h rounds.
  * Row-mode copies of contiguous rows:
@@ -237,12 +242,12 @@ int sdpa_threads_setting(void);
                     T *s, int64_t lds, void *work))                                                               \
     X(void, mask_add, (T * s, int nr, int n, int rows, const T *m, int64_t m_rs))                                 \
     X(void, mask_bool, (T * s, int nr, int n, int rows, const uint8_t *m, int64_t m_rs))                          \
-    X(void, pack_q, (T * panel, int nr, const T *src, int rows, int64_t rs, int64_t e, T scale))                  \
-    X(void, store_rows, (T * out, int64_t rs, const T *acc, int nr, const T *row_l, int rows, int64_t ev))        \
-    X(void, pack_q_half, (sdpa_dtype dt, T *panel, int nr, const uint16_t *src, int rows, int64_t rs, int64_t e,  \
+    X(void, pack_q, (T * panel, int nr, const T *const *rows, int n, int64_t e, T scale))                        \
+    X(void, store_rows, (T *const *rows, const T *acc, int nr, const T *row_l, int n, int64_t ev))               \
+    X(void, pack_q_half, (sdpa_dtype dt, T *panel, int nr, const uint16_t *const *rows, int n, int64_t e,        \
                           T scale))                                                                               \
-    X(void, store_rows_half, (sdpa_dtype dt, uint16_t *out, int64_t rs, const T *acc, int nr, const T *row_l,     \
-                              int rows, int64_t ev))                                                              \
+    X(void, store_rows_half, (sdpa_dtype dt, uint16_t *const *rows, const T *acc, int nr, const T *row_l, int n, \
+                              int64_t ev))                                                                        \
     X(void, scale_copy, (T * dst, const T *src, int64_t n, T scale))                                              \
     X(void, scale_copy_d, (T * dst, const T *src, int64_t n, double inv))
 
@@ -256,8 +261,8 @@ int sdpa_threads_setting(void);
  * The tiled path around it (the panel is the set's nr rows: 32 for avx512_bf16
  * and amx, 16 for neon_bf16):
  *   pack_q_pairs:  panel[p*nr + x] = the 32-bit word p of row x, i.e. the pair
- *                  (src[x*rs + 2p], src[x*rs + 2p + 1]), x < rows, p < e2; 0 for
- *                  the rows in [rows, nr).  Rows of 2*e2 contiguous values.
+ *                  (rows[x][2p], rows[x][2p + 1]), x < n, p < e2; 0 for the rows
+ *                  in [n, nr).  Rows of 2*e2 contiguous values.
  *   pack_v_pairs:  n rows of V (row stride rs, ev contiguous values each) as
  *                  pairs along the keys, the row past an odd n zero: by_feature
  *                  1: dst[c*ld + p], 0: dst[p*ld + c]; p < ceil(n/2), c < ev
@@ -284,7 +289,7 @@ typedef struct kernels_bf16 {
      * then padded with zero pairs to whole blocks where K is packed (0 or 1:
      * any count is as fast) */
     int pairs_block;
-    void (*pack_q_pairs)(uint32_t *panel, const uint16_t *src, int rows, int64_t rs, int64_t e2);
+    void (*pack_q_pairs)(uint32_t *panel, const uint16_t *const *rows, int n, int64_t e2);
     void (*pack_v_pairs)(int by_feature, uint32_t *dst, int64_t ld, const uint16_t *src, int64_t rs, int n,
                          int64_t ev);
     void (*online_softmax_pairs)(const float *s, int n, float scale, float *row_max, float *row_sum, float *acc,

@@ -47,9 +47,9 @@ static void FN(normalize_weights)(const sdpa_problem *p, T *wr, int64_t row, int
     for (int64_t j = row_end; j < S; j++) wr[j * ws] = 0;
 }
 
-/* Combines the chunks of the row path's group g of a part in chunk order and
- * writes its rows. */
-static void FN(merge_rows)(const part *pt, const KT *kern, T *partial, int64_t g) {
+/* Combines the chunks of the row path's group g of a part in chunk order (their
+ * partials one after the other from `first`) and writes its rows. */
+static void FN(merge_rows)(const part *pt, const KT *kern, T *first, int64_t g) {
     const sdpa_problem *p = &pt->p;
     const plan *pl = &pt->pl;
     const int64_t L = p->len_q, Ev = p->head_dim_v, group = p->gqa_group;
@@ -57,7 +57,6 @@ static void FN(merge_rows)(const part *pt, const KT *kern, T *partial, int64_t g
     const int64_t Hkv = p->num_heads / group, chunks = pl->row.num_chunks;
     const int64_t b = g / Hkv, hkv = g % Hkv;
     const int64_t S_b = key_limit(p, b);
-    T *first = partial + g * chunks * pl->row.partial_elems;
     const sdpa_dtype odt = pl->path.out_dtype;
     const size_t oe = sdpa_dtype_size(odt);
 

@@ -42,8 +42,10 @@ typedef struct plan {
                                   ceil(E/2) or, K packed, up to whole tiles of the product */
         int64_t vp_ld;         /* V pairs packed by feature: pairs per feature row */
     } bf16;
-    struct {                   /* the tiled path's tasks: (batch, head, query block) */
+    struct {                   /* the tiled path's tasks: (batch, unit, query block) */
         int64_t num_bh, num_qblocks;
+        int64_t pack_g;        /* rows a position: 1 (a unit is a head), or G: a GQA
+                                  group's heads packed into the rows, position-major */
     } tiled;
     struct {                   /* the row path's tasks: (batch, key/value head, key chunk) */
         int rows;              /* query rows per group: gqa_group x L */
@@ -57,7 +59,7 @@ typedef struct plan {
         size_t slice_elems, buffer_elems;
     } pack;
     struct {                   /* a thread's scratch for this part's tasks */
-        size_t q, acc, s, m, l, k, v, pp, vp, vt, qi;
+        size_t q, acc, s, m, l, k, v, pp, vp, vt, qi, partial;
         size_t total;          /* a multiple of SDPA_ALIGN bytes */
     } scratch;
     int64_t num_tasks;
@@ -107,6 +109,12 @@ typedef struct copy_job {
 } copy_job;
 enum { COPY_QUERY = 0, COPY_KV = 1 };
 
+/* A task of the work list: its part (an index into call_plan.parts) and the task. */
+typedef struct work_item {
+    int32_t part;
+    int64_t task;
+} work_item;
+
 typedef struct call_plan {
     const sdpa_problem *call;   /* the canonical call: views of the caller's arrays */
     part *parts;
@@ -115,6 +123,8 @@ typedef struct call_plan {
     /* prefix sums over `order`: the first work item, packing unit and row merge
      * of each part, num_parts + 1 entries each */
     int64_t *item_start, *unit_start, *rmerge_start;
+    work_item *items;           /* NULL: the work list is each part's tasks in `order`; else this
+                                   list (every task, the costliest first: for many threads) */
     copy_job *copies;
     int64_t num_copies;
     merge_group *merges;
@@ -172,6 +182,10 @@ static inline int32_t plan_find(const int64_t *starts, int32_t num_parts, int64_
 
 /* The part and task of work item i. */
 static inline part *plan_item(const call_plan *cp, int64_t i, int64_t *task) {
+    if (cp->items) {
+        *task = cp->items[i].task;
+        return &cp->parts[cp->items[i].part];
+    }
     return &cp->parts[cp->order[plan_find(cp->item_start, cp->num_parts, i, task)]];
 }
 

@@ -20,6 +20,11 @@
 #define SDPA_ROW_MODE_MAX_L_BF16 12 /* bfloat16 query and keys with AVX512-BF16: 81-87
                                       * against 76-80 GFLOP/s at L = 16 on the tiled path */
 #define SDPA_ROW_MODE_WIDE_ROWS 128
+/* ... except where a GQA group packs into the tiled path's rows (pack_group):
+ * from this many rows a key/value head the tiled path is ahead (2 threads,
+ * Hq 16 / Hkv 4, E 128: L = 6 1.1x, L = 8 1.3-1.5x, L = 16 1.5-1.7x over
+ * S = 16-4,096; L = 4 0.7-1.0x) */
+#define SDPA_PACKED_MIN_ROWS 24
 /* Decoding with at least this many query heads per key/value head runs them
  * as the rows of one query (fold_group); bfloat16 with bfloat16 products from 16 */
 #define SDPA_FOLD_MIN_GROUP 32
@@ -36,7 +41,14 @@
 /* A shared prefix is read in parts of at most this many keys (whole blocks), so
  * that a long one gives tasks to many threads */
 #define SDPA_SHARED_PART_KEYS 4096
-/* Thread counts are capped at this many per CPU (and at least this many). */
+/* From this many threads on, a call of several parts runs its tasks sorted by
+ * their estimated cost, costliest first (with fewer, the parts' order is as
+ * good, and sorting would only add to the call's fixed cost) */
+#define SDPA_SORTED_LIST_THREADS 8
+/* No tiled task takes more than the call's work over this many per thread:
+ * the greedy schedule of the work list (costliest parts first) then ends
+ * within a few percent of the ideal (python -m sdpa.bench --plan) */
+#define SDPA_TASKS_PER_THREAD 4.0
 
 /* ---- the process's thread setting (internal.h) ---- */
 
@@ -80,6 +92,8 @@ static size_t round_elems(size_t n, size_t elem) {
 
 static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; }
 
+static double most_keys(const sdpa_problem *p);
+
 /*
  * The blocking, from the cache sizes and the shape (docs/blocking.md):
  *   tile_k  keys per tile, tiled path: as many as have their K and V rows
@@ -100,8 +114,7 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo :
  * machine and the shape only, never on the thread count; tile_q does not
  * change a bit of the result.
  */
-static void choose_blocking(const sdpa_problem *p, int64_t units, int threads, size_t elem, size_t kv_elem,
-                            plan *pl) {
+static void choose_blocking(const sdpa_problem *p, double task_flops, size_t elem, size_t kv_elem, plan *pl) {
     int64_t l1, l2;
     sdpa_cache_sizes(&l1, &l2);
     const int64_t E = p->head_dim, Ev = p->head_dim_v, nr = pl->path.nr, el = (int64_t)elem;
@@ -109,6 +122,7 @@ static void choose_blocking(const sdpa_problem *p, int64_t units, int threads, s
     int64_t tk, tq = nr;
     if (pl->path.row_mode) {
         const int64_t rows = p->gqa_group * p->len_q > 0 ? p->gqa_group * p->len_q : 1;
+        (void)task_flops;
         tk = 128;
         while (tk < 1024 && 2 * tk * rows * el <= l1 / 2) tk *= 2;
     } else {
@@ -116,12 +130,14 @@ static void choose_blocking(const sdpa_problem *p, int64_t units, int threads, s
         const int64_t all_keys = (p->len_kv + 15) / 16 * 16;  /* nor for keys */
         if (all_keys < tk) tk = all_keys < 32 ? 32 : all_keys;
         tq = clamp64(l2 / 2 / (width * el) / nr * nr, nr, 512);
-        const int64_t all_rows = (p->len_q + nr - 1) / nr * nr;  /* no room for rows that are not there */
+        const int64_t R = p->len_q * pl->tiled.pack_g;  /* a unit's rows */
+        const int64_t all_rows = (R + nr - 1) / nr * nr;  /* no room for rows that are not there */
         if (all_rows < tq) tq = all_rows < nr ? nr : all_rows;
-        if (units > 0 && units < 2 * (int64_t)threads) {  /* split the query rows instead */
-            const int64_t blocks = (2 * (int64_t)threads + units - 1) / units;
-            const int64_t fit = ((p->len_q + blocks - 1) / blocks + nr - 1) / nr * nr;
-            if (fit < tq) tq = fit < nr ? nr : fit;
+        /* no task past its share of the call (SDPA_TASKS_PER_THREAD) */
+        const double row_flops = 2.0 * (double)width * most_keys(p);  /* the last rows' (causal: the most) */
+        if (task_flops > 0 && row_flops > 0 && (double)tq * row_flops > task_flops) {
+            const double fit = task_flops / row_flops;
+            tq = fit < (double)nr ? nr : (int64_t)fit / nr * nr;
         }
     }
     int64_t chunk = SDPA_ROW_MODE_CHUNK;
@@ -141,10 +157,27 @@ static int integer_scores(const sdpa_problem *p) {
     return p->integer_qk && p->dtype != SDPA_FLOAT64 && (kvdt == SDPA_INT8 || kvdt == SDPA_INT4);
 }
 
-/* Plans one part: p canonical, batch_count its batch, `units` the call's
- * (sequence, head) pairs, `staged` whether its output is staged for a merge. */
-static void make_plan(const sdpa_problem *p, int64_t batch_count, int64_t units, const kernel_table *kt,
-                      int threads, int staged, plan *pl) {
+/* Forced packing of GQA groups into the tiled path's rows (tests): 0 the
+ * rule, 1 never, 2 whenever allowed. */
+static SDPA_ATOMIC(int) forced_pack_group = 0;
+void sdpa_testing_set_pack_group(int mode) { sdpa_atomic_store(&forced_pack_group, mode == 1 || mode == 2 ? mode : 0); }
+
+/* Whether a tiled problem's GQA groups may be packed into its rows: several
+ * query heads a key/value head, nothing per head but the rows themselves (no
+ * mask, ALiBi or weights). */
+static int pack_group(const sdpa_problem *p) {
+    const int forced = sdpa_atomic_load(&forced_pack_group);
+    if (p->gqa_group < 2 || p->gqa_group > SDPA_MAX_PANEL || p->mask_kind != SDPA_MASK_NONE || p->alibi.data ||
+        p->weights.data || forced == 1)
+        return 0;
+    return 1;
+}
+
+/* Plans one part: p canonical, batch_count its batch, task_flops the most
+ * work a tiled task may take (0: any), `staged` whether its output is staged
+ * for a merge. */
+static void make_plan(const sdpa_problem *p, int64_t batch_count, double task_flops, const kernel_table *kt,
+                      int staged, plan *pl) {
     size_t elem = compute_size(p);
     memset(pl, 0, sizeof(*pl));
     pl->path.kv_dtype = kv_dtype_of(p);
@@ -157,11 +190,22 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, int64_t units,
     const int bf16_pairs = p->dtype == SDPA_BFLOAT16 && pl->path.kv_dtype == SDPA_BFLOAT16 && kt->bf16_products &&
                            (p->block_size <= 0 || p->block_size % 2 == 0);
     const int64_t max_l = bf16_pairs ? SDPA_ROW_MODE_MAX_L_BF16 : SDPA_ROW_MODE_MAX_L;
-    /* integer_qk is computed by the row path: decoding rows stay there however many share a head */
-    pl->path.row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS || (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS) ||
+    /* a short query whose GQA group packs into the tiled path's rows goes there
+     * from SDPA_PACKED_MIN_ROWS rows (decoding, one row a head, stays on the
+     * row path; so does integer_qk, which only the row path computes, for
+     * decoding rows however many share a head; and bfloat16 pairs, whose
+     * products round P, keep their own rule) */
+    const int packs = p->len_q >= 2 && !bf16_pairs && pack_group(p) && !integer_scores(p);
+    pl->path.row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS ||
+                        (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS && !(packs && rows >= SDPA_PACKED_MIN_ROWS)) ||
                         (p->len_q == 1 && integer_scores(p));
+    /* the tiled path packs a GQA group's heads into the rows of one task where
+     * nothing depends on the head but the output (no mask, ALiBi or weights):
+     * position-major, a causal panel's diagonal wastes little, and each K and V
+     * tile serves the whole group */
+    pl->tiled.pack_g = !pl->path.row_mode && pack_group(p) ? p->gqa_group : 1;
     /* quantized tiles are dequantized into float scratch: blocked as float */
-    choose_blocking(p, units, threads, elem,
+    choose_blocking(p, task_flops, elem,
                     sdpa_is_quantized(pl->path.kv_dtype) ? sizeof(float) : sdpa_dtype_size(pl->path.kv_dtype), pl);
     /* bfloat16 pairs: key tiles of whole pairs (a blocking forced by the tests may be odd) */
     if (bf16_pairs && !pl->path.row_mode && pl->blocking.tile_k % 2) pl->blocking.tile_k++;
@@ -173,6 +217,10 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, int64_t units,
         pl->row.num_chunks = p->len_kv > 0 ? (p->len_kv + pl->blocking.chunk_len - 1) / pl->blocking.chunk_len : 1;
         pl->num_tasks = pl->row.num_groups * pl->row.num_chunks;
         pl->row.partial_elems = round_elems(M * (2 + Ev), elem);
+        if (pl->row.num_chunks == 1) {  /* a group's only partial: the thread's, finished by its task */
+            pl->scratch.partial = off;
+            off += pl->row.partial_elems;
+        }
         pl->scratch.q = off; off += round_elems(M * E, elem);
         pl->scratch.s = off; off += round_elems(M * tk, elem);
         pl->scratch.k = off; off += round_elems(tk * E, elem);
@@ -186,8 +234,8 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, int64_t units,
         }
     } else {
         const size_t tq = (size_t)pl->blocking.tile_q, tk = (size_t)pl->blocking.tile_k, nr = (size_t)pl->path.nr;
-        pl->tiled.num_bh = batch_count * p->num_heads;
-        pl->tiled.num_qblocks = (p->len_q + pl->blocking.tile_q - 1) / pl->blocking.tile_q;
+        pl->tiled.num_bh = batch_count * p->num_heads / pl->tiled.pack_g;
+        pl->tiled.num_qblocks = (p->len_q * pl->tiled.pack_g + pl->blocking.tile_q - 1) / pl->blocking.tile_q;
         pl->num_tasks = pl->tiled.num_bh * pl->tiled.num_qblocks;
         pl->scratch.q = off;   off += round_elems(tq * E, elem);
         pl->scratch.acc = off; off += round_elems(tq * Ev, elem);
@@ -217,7 +265,7 @@ static void make_plan(const sdpa_problem *p, int64_t batch_count, int64_t units,
         /* K/V packed once per call where a slice is read by two or more tasks
          * (query blocks, query heads of a GQA group) and the buffer stays within
          * SDPA_PACK_BUDGET bytes; else a tile at a time in each task */
-        const int64_t reuse = pl->tiled.num_qblocks * p->gqa_group;
+        const int64_t reuse = pl->tiled.num_qblocks * p->gqa_group / pl->tiled.pack_g;
         const int packing = sdpa_atomic_load(&forced_packing);
         /* float K and V of short paged blocks are only copied a tile at a time: a
          * copy of the whole slice per call costs more than the copies it saves
@@ -360,6 +408,25 @@ static double visible_keys(const sdpa_problem *p, int64_t b, int64_t l0, int64_t
     return S > first ? (double)(S - first) : 0.0;
 }
 
+/* The keys a row of p sees on average (of batch index 0: the parts of a
+ * ragged call have one; a batch's lengths are taken as its first's). */
+static double row_keys(const sdpa_problem *p) {
+    if (p->len_q <= 0) return 0;
+    return 0.5 * (visible_keys(p, 0, 0, 1) + visible_keys(p, 0, p->len_q - 1, p->len_q));
+}
+
+/* The keys the last row of p sees (of batch index 0), the most a row does. */
+static double most_keys(const sdpa_problem *p) {
+    return p->len_q > 0 ? visible_keys(p, 0, p->len_q - 1, p->len_q) : 0;
+}
+
+/* A part's work: 2 (E + Ev) multiply-adds for every score its rows see. */
+static double part_flops(const part *pt) {
+    const sdpa_problem *p = &pt->p;
+    return 2.0 * (double)(p->head_dim + p->head_dim_v) * (double)pt->batch_count * (double)p->num_heads *
+           (double)p->len_q * row_keys(p);
+}
+
 static double kv_bytes(const sdpa_problem *p) {
     const sdpa_dtype dt = kv_dtype_of(p);
     return dt == SDPA_INT4 ? 0.5 : (double)sdpa_dtype_size(dt);
@@ -380,13 +447,14 @@ static double task_cost(const part *pt, int64_t t) {
         const double ns = flops / COST_ROW_FLOPS_PER_NS, ns_mem = bytes / COST_BYTES_PER_NS;
         return COST_TASK_NS + (ns > ns_mem ? ns : ns_mem);
     }
-    const int64_t per = pl->tiled.num_qblocks;
-    const int64_t qb = pl->tiled.num_qblocks - 1 - (t % (per * p->gqa_group)) / p->gqa_group;
-    const int64_t b = t / (per * p->num_heads);
-    const int64_t l0 = qb * pl->blocking.tile_q;
-    const int64_t l1 = l0 + pl->blocking.tile_q < p->len_q ? l0 + pl->blocking.tile_q : p->len_q;
+    const int64_t pg = pl->tiled.pack_g, U = p->gqa_group / pg, per = pl->tiled.num_qblocks;
+    const int64_t qb = per - 1 - (t % (per * U)) / U;
+    const int64_t b = t / (per * (p->num_heads / pg));
+    const int64_t r0 = qb * pl->blocking.tile_q, R = p->len_q * pg;
+    const int64_t r1 = r0 + pl->blocking.tile_q < R ? r0 + pl->blocking.tile_q : R;
+    const int64_t l0 = r0 / pg, l1 = (r1 - 1) / pg + 1;  /* the task's positions */
     /* rows pay whole panels, against their part of the keys (half, causal) */
-    const double panels = (double)((l1 - l0 + pl->path.nr - 1) / pl->path.nr) * pl->path.nr;
+    const double panels = (double)((r1 - r0 + pl->path.nr - 1) / pl->path.nr) * pl->path.nr;
     double keys = visible_keys(p, b, l0, l1);
     if (p->causal && keys > 0) {
         const double first = visible_keys(p, b, l0, l0 + 1);
@@ -704,6 +772,41 @@ static void order_and_count(call_plan *cp) {
     }
 }
 
+/* The work list sorted by the tasks' estimated costs, costliest first
+ * (counting sort into buckets of an eighth of an octave; ties in the parts'
+ * order); left as it is when memory is short (the same results). */
+static void sort_items(call_plan *cp) {
+    enum { BUCKETS = 8 * 64 };
+    const int64_t n = cp->item_start[cp->num_parts];
+    work_item *items = (work_item *)malloc((size_t)(n > 0 ? n : 1) * sizeof(work_item));
+    uint16_t *key = (uint16_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
+    int64_t *start = (int64_t *)calloc(BUCKETS + 1, sizeof(int64_t));
+    if (!items || !key || !start) {
+        free(items);
+        free(key);
+        free(start);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t t;
+        const part *pt = plan_item(cp, i, &t);
+        const double c = task_cost(pt, t);  /* at least COST_TASK_NS: a positive log */
+        int k = (int)(8.0 * log2(c > 1 ? c : 1));
+        k = k < 0 ? 0 : k >= BUCKETS ? BUCKETS - 1 : k;
+        key[i] = (uint16_t)(BUCKETS - 1 - k);  /* costliest first */
+        start[key[i] + 1]++;
+    }
+    for (int b = 0; b < BUCKETS; b++) start[b + 1] += start[b];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t t;
+        const part *pt = plan_item(cp, i, &t);
+        items[start[key[i]]++] = (work_item){(int32_t)(pt - cp->parts), t};
+    }
+    free(key);
+    free(start);
+    cp->items = items;
+}
+
 static size_t take(size_t *at, size_t bytes) {
     const size_t here = *at;
     *at += (bytes + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN;
@@ -721,7 +824,8 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
         part *pt = &cp->parts[i];
         const plan *pl = &pt->pl;
         if (pl->scratch.total > scratch) scratch = pl->scratch.total;
-        if (pl->path.row_mode) pt->partial_at = take(&at, (size_t)pl->num_tasks * pl->row.partial_elems * ce);
+        if (pl->path.row_mode && pl->row.num_chunks > 1)  /* merged after every chunk is done */
+            pt->partial_at = take(&at, (size_t)pl->num_tasks * pl->row.partial_elems * ce);
         if (pl->bf16.on) cp->bf16 = 1;
         double worst = 0;
         if (pl->path.row_mode) {
@@ -787,6 +891,7 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
 #endif
     if (!threads_asked && sdpa_forked_after_openmp()) nthreads = 1;
     cp->num_threads = nthreads;
+    if (nthreads >= SDPA_SORTED_LIST_THREADS && cp->num_parts > 1) sort_items(cp);
     (void)kt;
 }
 
@@ -831,7 +936,7 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
         pt->seq = -1;
         pt->partial_at = pt->packed_at = pt->query_at = pt->out_at = pt->lse_at = NO_REGION;
         for (int i = 0; i < 4; i++) pt->kv_at[i] = NO_REGION;
-        make_plan(&pt->p, batch_count, batch_count * pt->p.num_heads, kt, plan_threads, 0, &pt->pl);
+        make_plan(&pt->p, batch_count, part_flops(pt) / (SDPA_TASKS_PER_THREAD * plan_threads), kt, 0, &pt->pl);
         cp->parts = pt;
         cp->num_parts = 1;
         cp->order = &cp->single_order;
@@ -947,8 +1052,6 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
     if (sh.members.count) memcpy(cp->members, mem, sh.members.count * sizeof(int64_t));
 
     const int64_t G = c->gqa_group;
-    int64_t units = 0;
-    for (int64_t b = 0; b < B; b++) units += seq_rows(c, b) > 0 ? c->num_heads : 0;
     int32_t np = 0;
     int64_t nc = 0, ncopy = 0;
     /* where each shared node's first part and row offsets are: parts of a node
@@ -965,7 +1068,6 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
             part *pt = &cp->parts[np];
             shared_part(pt, c, &nodes[i], d0, d1, rows, cp->members + nodes[i].members_at);
             pt->members_at = nodes[i].members_at;
-            make_plan(&pt->p, 1, units, kt, plan_threads, 1, &pt->pl);
             for (int64_t h = 0; h < Hkv; h++) cp->copies[ncopy++] = (copy_job){np, COPY_QUERY, h};
             np++;
         }
@@ -1009,20 +1111,23 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
             stage_views(pt, c->num_heads, L);
             cp->contributions[nc++] = (contribution){np, G * L, 0};
         }
-        make_plan(&pt->p, 1, units, kt, plan_threads, split, &pt->pl);
         np++;
         if (tree) {
             part *tp = &cp->parts[np];
             tree_part(tp, c, b);
             stage_views(tp, c->num_heads, L);
             tp->p.causal = 0;
-            make_plan(&tp->p, 1, units, kt, plan_threads, 1, &tp->pl);
             cp->contributions[nc++] = (contribution){np, G * L, 0};
             for (int64_t h = 0; h < Hkv; h++) cp->copies[ncopy++] = (copy_job){np, COPY_KV, h};
             np++;
         }
         if (mg) mg->count = nc - mg->first;
     }
+    /* each part planned with its share of the call's work as the most a task takes */
+    double total = 0;
+    for (int32_t i = 0; i < np; i++) total += part_flops(&cp->parts[i]);
+    for (int32_t i = 0; i < np; i++)
+        make_plan(&cp->parts[i].p, 1, total / (SDPA_TASKS_PER_THREAD * plan_threads), kt, cp->parts[i].staged, &cp->parts[i].pl);
     cp->num_parts = np;
     cp->num_merges = ng;
     cp->num_copies = ncopy;
@@ -1036,6 +1141,8 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
 }
 
 void sdpa_plan_free(call_plan *cp) {
+    free(cp->items);
+    cp->items = NULL;
     free(cp->arena);
     cp->arena = NULL;
 }

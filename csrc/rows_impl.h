@@ -3,8 +3,9 @@
  * index, key/value head, chunk of keys) of a part: the G x L rows of the head
  * group against each key tile, each key (and value) read once for all of
  * them, the keys walked by segments (kv_source).  Each task keeps its rows'
- * max, sum and output in its partial; merge_rows combines a group's chunks in
- * chunk order. */
+ * max, sum and output in its partial (in the call's block when its group has
+ * several chunks, else in the thread's scratch); merge_rows combines a group's
+ * chunks in chunk order. */
 
 /* integer_qk: a scaled query row rounded to int8 with the scale max|x| / 127
  * (ties to even; 0 for a row of zeros or of values so small that the scale
@@ -148,7 +149,7 @@ static void FN(row_values)(const sdpa_problem *p, const plan *pl, const KT *kern
     kern->pv_rows(M, m, Ev, sto, tile_k, vb, ldv, acc, Ev);
 }
 
-static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *partial, int64_t task,
+static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *slot, int64_t task,
                              interrupt_state *irq, int tid) {
     const sdpa_problem *p = &pt->p;
     const plan *pl = &pt->pl;
@@ -158,7 +159,7 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *part
     const int64_t g = task / pl->row.num_chunks, chunk = task % pl->row.num_chunks;
     const int64_t b = g / Hkv, hkv = g % Hkv;
 
-    T *pmax = partial + task * pl->row.partial_elems;
+    T *pmax = slot;  /* the task's partial: max, sum and output of its rows */
     T *psum = pmax + M;
     T *acc = psum + M;
     for (int x = 0; x < M; x++) {

@@ -107,47 +107,51 @@ static int FN(mask_tile_class)(const sdpa_problem *p, const void *mask, int64_t 
     return all ? TILE_ALL_VISIBLE : none ? TILE_NONE_VISIBLE : TILE_MIXED;
 }
 
-/* The mask of rows r0..r0+prows on the transposed tile st (n keys x nr rows,
- * keys from s0), then causality and the window: with a kernel a block at a
- * time where the mask's keys are contiguous, else element by element. */
-static void FN(mask_tile)(const sdpa_problem *p, const KT *kern, const void *mask, T *st, int nr, int64_t r0, int prows,
-                          int64_t s0, int n, int64_t kv_end) {
+/* The mask of a panel's rows on the transposed tile st (n keys x nr rows,
+ * keys from s0), then causality and the window.  Row x of the panel is
+ * position p0 + (phase + x) / g: g = 1 (phase 0) for one head's rows, rows
+ * p0..p0+prows; g > 1 for a packed GQA group (no mask then).  The mask goes
+ * a block at a time where its keys are contiguous, else element by element. */
+static void FN(mask_tile)(const sdpa_problem *p, const KT *kern, const void *mask, T *st, int nr, int64_t p0, int g,
+                          int phase, int prows, int64_t s0, int n, int64_t kv_end) {
     if (mask) {
         const int64_t rs = p->mask.row_stride;
         if (p->mask.col_stride == 1 && p->mask_kind == SDPA_MASK_BOOL) {
-            kern->mask_bool(st, nr, n, prows, (const uint8_t *)FN(mask_row_of)(p, mask, r0) + s0, rs);
+            kern->mask_bool(st, nr, n, prows, (const uint8_t *)FN(mask_row_of)(p, mask, p0) + s0, rs);
         } else if (p->mask.col_stride == 1 && p->mask_kind == SDPA_MASK_ADDITIVE) {
-            kern->mask_add(st, nr, n, prows, (const T *)FN(mask_row_of)(p, mask, r0) + s0, rs);
+            kern->mask_add(st, nr, n, prows, (const T *)FN(mask_row_of)(p, mask, p0) + s0, rs);
         } else {
             for (int x = 0; x < prows; x++)
-                FN(mask_scores)(p, FN(mask_row_of)(p, mask, r0 + x), st + x, nr, s0, n, kv_end);
+                FN(mask_scores)(p, FN(mask_row_of)(p, mask, p0 + x), st + x, nr, s0, n, kv_end);
         }
     }
-    if (p->causal) {  /* key s0 + j is hidden from the rows x < s0 + j - r0 - offset */
-        const int64_t first = s0 - r0 - p->causal_offset;
+    /* the rows before position t are rows x < g * (t - p0) - phase */
+    if (p->causal) {  /* key s0 + j is hidden from the rows before position s0 + j - offset */
+        const int64_t first = s0 - p0 - p->causal_offset;
         for (int j = 0; j < n; j++) {
-            int64_t hidden = first + j;
+            int64_t hidden = g * (first + j) - phase;
             if (hidden <= 0) continue;
             if (hidden > prows) hidden = prows;
             for (int64_t x = 0; x < hidden; x++) st[(int64_t)j * nr + x] = -(T)INFINITY;
         }
     }
-    if (has_window(p)) {  /* key s is seen by the rows l in [s - o - right, s - o + left] */
+    if (has_window(p)) {  /* key s is seen by the positions l in [s - o - right, s - o + left] */
         const int64_t o = p->align_offset;
-        if (p->window_right >= 0) {  /* rows x < s - o - right - r0 are hidden: keys past r0 + o + right */
-            int64_t j = r0 + o + p->window_right + 1 - s0;
+        const int64_t p1 = p0 + (phase + prows - 1) / g;  /* the panel's last position */
+        if (p->window_right >= 0) {  /* rows before position s - o - right are hidden: keys past p0 + o + right */
+            int64_t j = p0 + o + p->window_right + 1 - s0;
             for (j = j < 0 ? 0 : j; j < n; j++) {
-                int64_t below = s0 + j - o - p->window_right - r0;
+                int64_t below = g * (s0 + j - o - p->window_right - p0) - phase;
                 if (below > prows) below = prows;
                 T *sj = st + j * nr;
                 for (int64_t x = 0; x < below; x++) sj[x] = -(T)INFINITY;
             }
         }
-        if (p->window_left >= 0) {  /* rows x >= s - o + left - r0 + 1 are hidden: keys before r0 + prows - 1 + o - left */
-            int64_t end = r0 + prows - 1 + o - p->window_left - s0;
+        if (p->window_left >= 0) {  /* rows from position s - o + left + 1 on are hidden: keys before p1 + o - left */
+            int64_t end = p1 + o - p->window_left - s0;
             if (end > n) end = n;
             for (int64_t j = 0; j < end; j++) {
-                int64_t above = s0 + j - o + p->window_left - r0 + 1;
+                int64_t above = g * (s0 + j - o + p->window_left - p0 + 1) - phase;
                 if (above < 0) above = 0;
                 T *sj = st + j * nr;
                 for (int64_t x = above; x < prows; x++) sj[x] = -(T)INFINITY;
@@ -156,14 +160,17 @@ static void FN(mask_tile)(const sdpa_problem *p, const KT *kern, const void *mas
     }
 }
 
-/* Every modifier on a transposed score tile (tiled path): rows r0..r0+prows,
- * keys [s0, s0 + n); `edges` when causality or the window cut the tile (else
- * they are not looked at), `mask` NULL when the mask changes nothing there. */
-static void FN(apply_tile_modifiers)(const sdpa_problem *p, const KT *kern, T *st, int nr, int64_t r0, int prows,
-                                     int64_t s0, int n, int64_t kv_end, const void *mask, int edges, T slope, T cap) {
+/* Every modifier on a transposed score tile (tiled path): a panel's prows
+ * rows from position p0 (g rows a position from the phase-th, mask_tile), keys
+ * [s0, s0 + n); `edges` when causality or the window cut the tile (else they
+ * are not looked at), `mask` NULL when the mask changes nothing there.  ALiBi
+ * and masks only with one head's rows (g = 1). */
+static void FN(apply_tile_modifiers)(const sdpa_problem *p, const KT *kern, T *st, int nr, int64_t p0, int g,
+                                     int phase, int prows, int64_t s0, int n, int64_t kv_end, const void *mask,
+                                     int edges, T slope, T cap) {
     if (p->softcap > 0) kern->softcap(st, (int64_t)n * nr, cap);
-    if (p->alibi.data) FN(add_alibi_tile)(p, st, nr, r0, prows, s0, n, slope);
-    if (mask || edges) FN(mask_tile)(p, kern, mask, st, nr, r0, prows, s0, n, kv_end);
+    if (p->alibi.data) FN(add_alibi_tile)(p, st, nr, p0, prows, s0, n, slope);
+    if (mask || edges) FN(mask_tile)(p, kern, mask, st, nr, p0, g, phase, prows, s0, n, kv_end);
 }
 
 /* Every modifier on the n scores of query row l from key s0 (row path): keys

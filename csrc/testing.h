@@ -36,6 +36,10 @@ void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk);
  * (16-bit or int8 K/V, bfloat16 V pairs), whatever the reuse and the budget;
  * 0 restores the rule. */
 void sdpa_testing_set_packing(int mode);
+/* Packing of a GQA group's heads into the tiled path's rows (planner.c's
+ * pack_group): 0 the rule, 1 never, 2 wherever it is allowed. */
+void sdpa_testing_set_pack_group(int mode);
+
 /* The smallest GQA group whose decoding rows are folded into one query
  * (fold_group in attention.c): 0 the rule, n > 0 from n, -1 never. */
 void sdpa_testing_set_fold_group(int min_group);

@@ -1,7 +1,8 @@
 /* The tiled path for one compute type T (included by exec_impl.h).
  *
- * One task = (batch index, query head, block of query rows) of a part.  The
- * block is cut into panels of nr rows, kept transposed (Q^T, and the
+ * One task = (batch index, unit, block of rows) of a part: a unit is a query
+ * head (its rows the positions), or the heads of a GQA group packed (rows
+ * position-major, task_coords).  The block is cut into panels of nr rows, kept transposed (Q^T, and the
  * accumulator (P V)^T), so that one vector spans nr query rows.  For each
  * visible key block and panel: scores^T = K (scale Q)^T, the modifiers,
  * online softmax (running max and sum, the accumulator rescaled when the max
@@ -10,31 +11,6 @@
  * tile at a time, or taken from the part's packed buffer.  Tasks are
  * independent and each is computed in a fixed order by one thread, so the
  * result does not depend on the number of threads. */
-
-/* Panel pn of a task's query rows from l0 on, scaled, as Q^T (E x nr) in panel. */
-static void FN(pack_panel)(const sdpa_problem *p, const KT *kern, T *panel, const char *q, int64_t l0, int pn) {
-    const int64_t L = p->len_q, E = p->head_dim;
-    const int nr = kern->nr;
-    const int64_t r0 = l0 + (int64_t)pn * nr;
-    const int prows = (int)(L - r0 < nr ? L - r0 : nr);
-    const sdpa_dtype qdt = p->dtype;
-    const size_t qe = sdpa_dtype_size(qdt);
-    const char *q0 = q + r0 * p->query.row_stride * (int64_t)qe;
-    const T scale = (T)p->scale;
-    if (qdt == TDT && p->query.col_stride == 1) {
-        kern->pack_q(panel, nr, (const T *)q0, prows, p->query.row_stride, E, scale);
-        return;
-    }
-    if (qdt != TDT && p->query.col_stride == 1) {  /* 16-bit, widened */
-        kern->pack_q_half(qdt, panel, nr, (const uint16_t *)q0, prows, p->query.row_stride, E, scale);
-        return;
-    }
-    for (int64_t c = 0; c < E; c++) {  /* contiguous stores, strided loads */
-        T *pc = panel + c * nr;
-        FN(load_scaled)(pc, q0 + c * p->query.col_stride * (int64_t)qe, prows, p->query.row_stride, qdt, scale);
-        for (int x = prows; x < nr; x++) pc[x] = 0;
-    }
-}
 
 /* Asks for the cache lines of rows [r0, r0 + n) of a view with contiguous rows
  * of `cols` elements of size elem (for writing when `write`), so that they
@@ -54,35 +30,108 @@ static void FN(prefetch_rows)(const char *base, const sdpa_view *view, size_t el
     }
 }
 
-/* The query block and (batch, head) index of a task of the tiled path.  The
- * tasks of one key/value slice are consecutive, so that its K and V stay in
- * cache from one task to the next: per slice, the query blocks from the last
- * (with causality the longest: the tail of the loop is then the short ones)
- * and, per query block, the query heads of the slice's GQA group. */
-static void FN(task_coords)(const sdpa_problem *p, const plan *pl, int64_t task, int64_t *qb, int64_t *bh) {
-    const int64_t G = p->gqa_group, per_slice = pl->tiled.num_qblocks * G;
+/* The query block and unit of a task of the tiled path.  A unit is a (batch
+ * index, query head), or, with the heads of a GQA group packed into the rows
+ * (plan.tiled.pack_g = G), a (batch index, key/value head) whose rows are
+ * position-major: row r is position r / G of head h0 + r % G.  The tasks of
+ * one key/value slice are consecutive, so that its K and V stay in cache from
+ * one task to the next: per slice, the query blocks from the last (with
+ * causality the longest: the tail of the loop is then the short ones) and, per
+ * query block, the units of the slice.  *b, *h0: the batch index and the
+ * unit's first query head. */
+static void FN(task_coords)(const sdpa_problem *p, const plan *pl, int64_t task, int64_t *qb, int64_t *b,
+                            int64_t *h0) {
+    const int64_t pg = pl->tiled.pack_g, U = p->gqa_group / pg, per_slice = pl->tiled.num_qblocks * U;
     const int64_t slice = task / per_slice, rem = task % per_slice;
-    *qb = pl->tiled.num_qblocks - 1 - rem / G;
-    *bh = slice * G + rem % G;  /* (b, hkv) -> b * H + hkv * G + member */
+    const int64_t unit = slice * U + rem % U, units = p->num_heads / pg;  /* (b, hkv) -> b * H + hkv * G + member */
+    *qb = pl->tiled.num_qblocks - 1 - rem / U;
+    *b = unit / units;
+    *h0 = unit % units * pg;
 }
 
-/* Piece `piece` of `pieces` of what a task reads first, its query rows and first
- * key and value tile: asked for while an earlier task computes, so that a run
- * of short tasks (few keys each) does not wait on memory at each start. */
-static void FN(prefetch_task)(const sdpa_problem *p, const plan *pl, int64_t task, int piece, int pieces) {
-    if (task >= pl->num_tasks) return;
-    int64_t qb, bh;
-    FN(task_coords)(p, pl, task, &qb, &bh);
-    const int64_t b = bh / p->num_heads, h = bh % p->num_heads, hkv = h / p->gqa_group;
+/* The position of row r of a task's unit (pack_g rows a position). */
+static inline int64_t FN(row_position)(const plan *pl, int64_t r) { return r / pl->tiled.pack_g; }
+
+/* ptrs[x] = row r0 + x of a unit (pack_g heads from h0, rows position-major;
+ * one head when pack_g is 1) in a view of elem-byte elements, batch index b. */
+static void FN(unit_rows)(const sdpa_problem *p, const plan *pl, const sdpa_view *view, int64_t b, int64_t h0,
+                          int64_t r0, int n, size_t elem, char **ptrs) {
+    const int64_t pg = pl->tiled.pack_g, rs = view->row_stride * (int64_t)elem;
+    if (pg == 1) {
+        char *base = (char *)view_at(p, view, b, h0, elem) + r0 * rs;
+        for (int x = 0; x < n; x++) ptrs[x] = base + x * rs;
+        return;
+    }
+    char *head[SDPA_MAX_PANEL];  /* the group's heads at position 0 */
+    char *base = (char *)view_at(p, view, b, h0, elem);
+    for (int64_t i = 0; i < pg; i++) head[i] = base + i * view->head_stride * (int64_t)elem;
+    int64_t g = r0 % pg, off = r0 / pg * rs;  /* the row's head in the group, its position's offset */
+    for (int x = 0; x < n; x++) {
+        ptrs[x] = head[g] + off;
+        if (++g == pg) {
+            g = 0;
+            off += rs;
+        }
+    }
+}
+
+/* Panel pn of a task's rows (from row l0 of the unit at (b, h0)), scaled, as
+ * Q^T (E x nr) in panel: a kernel reads rows of contiguous elements from their
+ * pointers, strided ones are read element by element. */
+static void FN(pack_panel)(const sdpa_problem *p, const plan *pl, const KT *kern, T *panel, int64_t b, int64_t h0,
+                           int64_t l0, int pn, int prows) {
+    const int nr = kern->nr;
+    const int64_t E = p->head_dim, cs = p->query.col_stride;
+    const sdpa_dtype qdt = p->dtype;
+    const size_t qe = sdpa_dtype_size(qdt);
+    const T scale = (T)p->scale;
+    char *rows[SDPA_MAX_PANEL];
+    FN(unit_rows)(p, pl, &p->query, b, h0, l0 + (int64_t)pn * nr, prows, qe, rows);
+    if (cs == 1 && qdt == TDT) {
+        kern->pack_q(panel, nr, (const T *const *)rows, prows, E, scale);
+    } else if (cs == 1) {  /* 16-bit, widened */
+        kern->pack_q_half(qdt, panel, nr, (const uint16_t *const *)rows, prows, E, scale);
+    } else {
+        for (int64_t c = 0; c < E; c++) {
+            T *pc = panel + c * nr;
+            for (int x = 0; x < prows; x++) pc[x] = scale * FN(load)(rows[x], c * cs, qdt);
+            for (int x = prows; x < nr; x++) pc[x] = 0;
+        }
+    }
+}
+
+/* Piece `piece` of `pieces` of what work item `item` reads first, its query
+ * rows and first key and value tile: asked for while an earlier task
+ * computes, so that a run of short tasks (few keys each) does not wait on
+ * memory at each start.  The item a thread takes next is about its last one
+ * plus the threads (the loop is dynamic). */
+static void FN(prefetch_task)(const call_plan *cp, int64_t item, int piece, int pieces) {
+    if (item >= cp->item_start[cp->num_parts]) return;
+    int64_t task;
+    const part *pt = plan_item(cp, item, &task);
+    const sdpa_problem *p = &pt->p;
+    const plan *pl = &pt->pl;
+    if (pl->path.row_mode) return;
+    int64_t qb, b, h;
+    FN(task_coords)(p, pl, task, &qb, &b, &h);
+    const int64_t hkv = h / p->gqa_group, R = p->len_q * pl->tiled.pack_g;
     const size_t qe = sdpa_dtype_size(p->dtype), kve = sdpa_dtype_size(pl->path.kv_dtype);
     const int64_t l0 = qb * pl->blocking.tile_q;
-    const int64_t rows = p->len_q - l0 < pl->blocking.tile_q ? p->len_q - l0 : pl->blocking.tile_q;
+    const int64_t rows = R - l0 < pl->blocking.tile_q ? R - l0 : pl->blocking.tile_q;
     const int64_t S_b = key_limit(p, b);
     const int64_t keys = S_b < pl->blocking.tile_k ? S_b : pl->blocking.tile_k;
     const int64_t q0 = rows * piece / pieces, q1 = rows * (piece + 1) / pieces;
     const int64_t k0 = keys * piece / pieces, k1 = keys * (piece + 1) / pieces;
-    FN(prefetch_rows)((const char *)view_at(p, &p->query, b, h, qe), &p->query, qe, l0 + q0, q1 - q0,
-                      p->head_dim, 0);
+    if (p->query.col_stride == 1) {
+        const int64_t bytes = p->head_dim * (int64_t)qe;
+        for (int64_t r = l0 + q0; r < l0 + q1; r += SDPA_MAX_PANEL) {
+            char *ptrs[SDPA_MAX_PANEL];
+            const int n = (int)(l0 + q1 - r < SDPA_MAX_PANEL ? l0 + q1 - r : SDPA_MAX_PANEL);
+            FN(unit_rows)(p, pl, &p->query, b, h, r, n, qe, ptrs);
+            for (int x = 0; x < n; x++)
+                for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(ptrs[x] + o, 0, 2);
+        }
+    }
     if (p->block_size > 0) return;  /* paged: the first block's rows would need its table */
     FN(prefetch_rows)((const char *)view_at(p, &p->key, b, hkv, kve), &p->key, kve, k0, k1 - k0, p->head_dim, 0);
     FN(prefetch_rows)((const char *)view_at(p, &p->value, b, hkv, kve), &p->value, kve, k0, k1 - k0,
@@ -90,25 +139,24 @@ static void FN(prefetch_task)(const sdpa_problem *p, const plan *pl, int64_t tas
 }
 
 #if HAS_BF16
-/* Panel pn of a task's query rows from l0 on as bfloat16 pairs, [E2][nr],
- * unscaled (the scale is applied to the float scores: rounding a scaled query
- * to bfloat16 would add error). */
-static void bf16_pack_panel(const sdpa_problem *p, const kernels_f32 *kern, uint32_t *panel, const uint16_t *q,
-                            int64_t l0, int pn, int64_t E2p) {
-    const int64_t L = p->len_q, E = p->head_dim, E2 = (E + 1) / 2;
+/* Panel pn of a task's rows as bfloat16 pairs, [E2p][nr], unscaled (the
+ * scale is applied to the float scores: rounding a scaled query to bfloat16
+ * would add error); the pairs past E's are zeros. */
+static void bf16_pack_panel(const sdpa_problem *p, const plan *pl, const kernels_f32 *kern, uint32_t *panel,
+                            int64_t b, int64_t h0, int64_t l0, int pn, int prows, int64_t E2p) {
+    const int64_t E = p->head_dim, E2 = (E + 1) / 2, cs = p->query.col_stride;
     const int nr = kern->nr;
-    const int64_t r0 = l0 + (int64_t)pn * nr;
-    const int prows = (int)(L - r0 < nr ? L - r0 : nr);
-    const int64_t rs = p->query.row_stride, cs = p->query.col_stride;
+    char *rows[SDPA_MAX_PANEL];
+    FN(unit_rows)(p, pl, &p->query, b, h0, l0 + (int64_t)pn * nr, prows, 2, rows);
     memset(panel + E2 * nr, 0, (size_t)(E2p - E2) * nr * 4);  /* pairs padded to whole tiles: zeros */
     if (E % 2 == 0 && cs == 1) {
-        kern->bf16.pack_q_pairs(panel, q + r0 * rs, prows, rs, E2);
+        kern->bf16.pack_q_pairs(panel, (const uint16_t *const *)rows, prows, E2);
         return;
     }
     for (int64_t pr = 0; pr < E2; pr++) {
         uint32_t *pc = panel + pr * nr;
         for (int x = 0; x < prows; x++) {
-            const uint16_t *qr = q + (r0 + x) * rs;
+            const uint16_t *qr = (const uint16_t *)(const void *)rows[x];
             pc[x] = bf16_pair(qr[2 * pr * cs], 2 * pr + 1 < E ? qr[(2 * pr + 1) * cs] : 0);
         }
         for (int x = prows; x < nr; x++) pc[x] = 0;
@@ -139,6 +187,48 @@ static void FN(pv_pairs)(const kernels_f32 *kern, int Ev, int nk, const uint32_t
 }
 #endif
 
+/* A task's rows [l0, l0 + rows) of the unit at (b, h0) finished: their lse
+ * (with the sink joining the denominator), output rows (acc / l, stored a
+ * panel at a time through their pointers) and weights (one head's rows only). */
+static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *kern, int64_t b, int64_t h0, int64_t l0,
+                            int rows, T *acc, T *row_m, T *row_l, T *weights, int64_t S_b) {
+    const int64_t Ev = p->head_dim_v, pg = pl->tiled.pack_g, oc = p->out.col_stride;
+    const int nr = pl->path.nr;
+    const sdpa_dtype odt = pl->path.out_dtype;
+    const size_t oe = sdpa_dtype_size(odt);
+    for (int x = 0; x < rows; x++) {
+        const int64_t r = l0 + x, h = h0 + r % pg, pos = r / pg;
+        const T *sink = p->sinks.data ? (const T *)view_at(p, &p->sinks, b, h, sizeof(T)) : NULL;
+        if (sink && *sink == -(T)INFINITY) sink = NULL;  /* no sink: the same bits as without */
+        const T l = row_l[x], m = row_m[x];
+        if (p->lse.data)
+            ((T *)view_at(p, &p->lse, b, h, sizeof(T)))[pos * p->lse.row_stride] =
+                sink ? FN(log_sum_exp_sink)(m, l, *sink) : FN(log_sum_exp)(m, l);
+        if (sink && l != 0) row_l[x] = l + EXP(*sink - m);  /* the sink joins the denominator */
+    }
+    for (int pn = 0; pn * nr < rows; pn++) {
+        const int x0 = pn * nr, prows = rows - x0 < nr ? rows - x0 : nr;
+        const T *pacc = acc + (int64_t)pn * Ev * nr;
+        char *out[SDPA_MAX_PANEL];
+        FN(unit_rows)(p, pl, &p->out, b, h0, l0 + x0, prows, oe, out);
+        if (oc == 1 && odt == TDT) {
+            kern->store_rows((T *const *)out, pacc, nr, row_l + x0, prows, Ev);
+        } else if (oc == 1) {
+            kern->store_rows_half(odt, (uint16_t *const *)out, pacc, nr, row_l + x0, prows, Ev);
+        } else {  /* strided: element by element, the same values */
+            for (int x = 0; x < prows; x++) {
+                const T l = row_l[x0 + x], inv = l == 0 ? 0 : 1 / l;
+                /* a row with no visible key gives zeros (even if a V row it multiplied
+                 * by a zero weight held NaN); NaN in l passes through */
+                for (int64_t c = 0; c < Ev; c++) FN(store)(out[x], c * oc, odt, l == 0 ? 0 : pacc[c * nr + x] * inv);
+            }
+        }
+    }
+    if (weights)
+        for (int x = 0; x < rows; x++)
+            FN(normalize_weights)(p, weights + (l0 + x) * p->weights.row_stride, l0 + x, S_b, row_m[x], row_l[x]);
+}
+
 /* Phase timers of the tiled path (sdpa_profile_*): a task adds the time since
  * its last mark to a phase, when the call is profiled. */
 #define PROF_MARK(ph)                                  \
@@ -150,8 +240,8 @@ static void FN(pv_pairs)(const kernels_f32 *kern, int Ev, int nk, const uint32_t
         }                                              \
     } while (0)
 
-static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *packed, int64_t task,
-                         interrupt_state *irq, int tid, uint64_t *prof, int nthreads) {
+static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, const KT *kern, T *scratch,
+                         const T *packed, int64_t task, interrupt_state *irq, int tid, uint64_t *prof) {
     const sdpa_problem *p = &pt->p;
     const plan *pl = &pt->pl;
     const int64_t H = p->num_heads, L = p->len_q;
@@ -159,9 +249,11 @@ static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *pa
     const int tile_q = pl->blocking.tile_q, tile_k = pl->blocking.tile_k, nr = pl->path.nr;
     uint64_t prof_t = prof ? prof_ticks() : 0;
 
-    int64_t qb, bh;
-    FN(task_coords)(p, pl, task, &qb, &bh);
-    const int64_t b = bh / H, h = bh % H, hkv = h / p->gqa_group;
+    int64_t qb, b, h;
+    FN(task_coords)(p, pl, task, &qb, &b, &h);
+    const int64_t hkv = h / p->gqa_group;
+    /* the unit's rows: pg a position (a packed GQA group's heads), R in all */
+    const int64_t pg = pl->tiled.pack_g, R = L * pg;
     /* paged: float K and V of the compute type are read in place, by the
      * segments of a tile in each block as the products read them; other K/V are
      * widened or paired by segments too (K pairs never in place) */
@@ -170,7 +262,6 @@ static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *pa
     const char *q = (const char *)view_at(p, &p->query, b, h, sdpa_dtype_size(qdt));
     const kv_source ksrc = kv_source_of(p, 0, kvdt, b, hkv, E), vsrc = kv_source_of(p, 1, kvdt, b, hkv, Ev);
     const char *k = ksrc.base, *v = vsrc.base;
-    char *out = (char *)view_at(p, &p->out, b, h, sdpa_dtype_size(odt));
     const void *mask = FN(mask_at)(p, b, h);
     T *weights = p->weights.data ? (T *)view_at(p, &p->weights, b, h, sizeof(T)) : NULL;
     /* this task's key/value slice in the part's packed buffer */
@@ -217,9 +308,10 @@ static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *pa
     const int64_t qpanel = E;
 #endif
 
-    const int64_t l0 = qb * tile_q;
-    const int rows = (int)(L - l0 < tile_q ? L - l0 : tile_q);
+    const int64_t l0 = qb * tile_q;  /* the task's first row */
+    const int rows = (int)(R - l0 < tile_q ? R - l0 : tile_q);
     const int panels = (rows + nr - 1) / nr;
+    const int64_t pos_first = FN(row_position)(pl, l0), pos_last = FN(row_position)(pl, l0 + rows - 1);
 
     for (int x = 0; x < panels * nr; x++) {
         row_m[x] = -(T)INFINITY;
@@ -231,7 +323,7 @@ static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *pa
     const int64_t S_b = key_limit(p, b);
     int64_t kv_end = S_b;
     if (p->causal) {
-        int64_t last = l0 + rows + p->causal_offset;  /* exclusive */
+        int64_t last = pos_last + 1 + p->causal_offset;  /* exclusive */
         kv_end = last < 0 ? 0 : (last < S_b ? last : S_b);
     }
     /* keys a window shows no row of the task are never visited either; the
@@ -239,13 +331,12 @@ static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *pa
     const int win = has_window(p);
     int64_t kv_begin = 0;
     if (win) {
-        const int64_t we = window_end(p, l0 + rows - 1);
+        const int64_t we = window_end(p, pos_last);
         if (we < kv_end) kv_end = we;
-        kv_begin = window_first(p, l0) / tile_k * tile_k;
+        kv_begin = window_first(p, pos_first) / tile_k * tile_k;
     }
     const T slope = p->alibi.data ? FN(head_value)(p, &p->alibi, b, h) : 0;
     const T cap = FN(softcap_value)(p);
-    T *lse = p->lse.data ? (T *)view_at(p, &p->lse, b, h, sizeof(T)) : NULL;
     const int rows_vec = p->out.col_stride == 1;
     int packed_q = 0;  /* panels of Q packed so far */
     int64_t scores = 0;  /* computed, for the profile */
@@ -296,20 +387,23 @@ static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *pa
         PROF_MARK(PH_PACK);
         for (int pn = 0; pn < panels; pn++) {
             const int64_t r0 = l0 + (int64_t)pn * nr;
-            const int prows = (int)(L - r0 < nr ? L - r0 : nr);
+            const int prows = (int)(R - r0 < nr ? R - r0 : nr);
+            /* the panel's first and last positions, and its first row's place in its position */
+            const int64_t p0 = FN(row_position)(pl, r0), p1 = FN(row_position)(pl, r0 + prows - 1);
+            const int phase = (int)(r0 % pg);
             int np = n;
             if (p->causal) {  /* the panel's last row sees keys < lim */
-                int64_t lim = r0 + prows + p->causal_offset;
+                int64_t lim = p1 + 1 + p->causal_offset;
                 if (lim <= s0) continue;
                 if (lim - s0 < np) np = (int)(lim - s0);
             }
             int win_edge = 0, j0 = 0;  /* the panel computes keys [s0 + j0, s0 + np) of the tile */
             if (win) {  /* the panel's window: keys [first of its first row, end of its last) */
-                const int64_t pf = window_first(p, r0), pe = window_end(p, r0 + prows - 1);
+                const int64_t pf = window_first(p, p0), pe = window_end(p, p1);
                 if (s0 >= pe || s0 + np <= pf) continue;
                 if (pe - s0 < np) np = (int)(pe - s0);
                 if (pf > s0) j0 = (int)((pf - s0) / 16 * 16);  /* from the window's start, in steps of 16 keys */
-                win_edge = !(s0 + j0 >= window_first(p, r0 + prows - 1) && s0 + np <= window_end(p, r0));
+                win_edge = !(s0 + j0 >= window_first(p, p1) && s0 + np <= window_end(p, p0));
             }
             const int64_t sp = s0 + j0;  /* the panel's first key, and its number of keys */
             const int nk = np - j0;
@@ -328,15 +422,17 @@ static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *pa
             if (pn >= packed_q) {  /* Q is packed a panel at a time, the next one on its way */
                 for (; packed_q <= pn; packed_q++) {
                     T *panel = qt + (int64_t)packed_q * qpanel * nr;
+                    const int64_t g0 = l0 + (int64_t)packed_q * nr;
+                    const int gn = (int)(R - g0 < nr ? R - g0 : nr);
 #if HAS_BF16
                     if (bf16) {
-                        bf16_pack_panel(p, kern, (uint32_t *)panel, (const uint16_t *)q, l0, packed_q, E2);
+                        bf16_pack_panel(p, pl, kern, (uint32_t *)panel, b, h, l0, packed_q, gn, E2);
                         continue;
                     }
 #endif
-                    FN(pack_panel)(p, kern, panel, q, l0, packed_q);
+                    FN(pack_panel)(p, pl, kern, panel, b, h, l0, packed_q, gn);
                 }
-                if (packed_q < panels) {
+                if (packed_q < panels && pg == 1) {
                     const int64_t rn = l0 + (int64_t)packed_q * nr;
                     FN(prefetch_rows)(q, &p->query, sdpa_dtype_size(qdt), rn, (int)(L - rn < nr ? L - rn : nr), E, 0);
                 }
@@ -348,8 +444,15 @@ static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *pa
                 FN(prefetch_mask)(p, mask, rn, L - rn < nr ? L - rn : nr, sn, kn);
             }
             if (s0 + tile_k >= kv_end) {  /* the last tile: this panel's output rows and the next task */
-                if (rows_vec) FN(prefetch_rows)(out, &p->out, sdpa_dtype_size(odt), r0, prows, Ev, 1);
-                FN(prefetch_task)(p, pl, task + nthreads, pn, panels);
+                if (rows_vec) {  /* the panel's output rows, for writing */
+                    char *orows[SDPA_MAX_PANEL];
+                    const int64_t bytes = Ev * (int64_t)sdpa_dtype_size(odt);
+                    FN(unit_rows)(p, pl, &p->out, b, h, r0, prows, sdpa_dtype_size(odt), orows);
+                    for (int x = 0; x < prows; x++)
+                        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(orows[x] + o, 1, 3);
+                }
+                /* (a packed group's next task: its rows are many short streams, and measured no faster) */
+                if (pg == 1) FN(prefetch_task)(cp, item + cp->num_threads, pn, panels);
             }
 #if HAS_BF16
             if (bf16) {
@@ -381,9 +484,9 @@ static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *pa
                 kern->gemm(nk, E, kt + j0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
                 PROF_MARK(PH_QK);
             }
-            const int diagonal = p->causal && sp + nk - 1 > r0 + p->causal_offset;
-            FN(apply_tile_modifiers)(p, kern, st, nr, r0, prows, sp, nk, kv_end, tile_mask, diagonal || win_edge,
-                                     slope, cap);
+            const int diagonal = p->causal && sp + nk - 1 > p0 + p->causal_offset;
+            FN(apply_tile_modifiers)(p, kern, st, nr, p0, (int)pg, phase, prows, sp, nk, kv_end, tile_mask,
+                                     diagonal || win_edge, slope, cap);
             if (weights)
                 for (int x = 0; x < prows; x++)
                     FN(store_raw_scores)(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, sp, nk);
@@ -414,41 +517,7 @@ static void FN(run_task)(const part *pt, const KT *kern, T *scratch, const T *pa
         }
     }
 
-    const T *sink = p->sinks.data ? (const T *)view_at(p, &p->sinks, b, h, sizeof(T)) : NULL;
-    if (sink && *sink == -(T)INFINITY) sink = NULL;  /* no sink: the same bits as without */
-    if (lse || sink)
-        for (int x = 0; x < rows; x++) {
-            const T l = row_l[x], m = row_m[x];
-            if (lse) lse[(l0 + x) * p->lse.row_stride] = sink ? FN(log_sum_exp_sink)(m, l, *sink) : FN(log_sum_exp)(m, l);
-            if (sink && l != 0) row_l[x] = l + EXP(*sink - m);  /* the sink joins the denominator */
-        }
-    if (rows_vec)  /* the same values as the loop below, a panel at a time */
-        for (int pn = 0; pn < panels; pn++) {
-            const int x0 = pn * nr, prows = rows - x0 < nr ? rows - x0 : nr;
-            const int64_t off = (l0 + x0) * p->out.row_stride;
-            if (odt == TDT)
-                kern->store_rows((T *)out + off, p->out.row_stride, acc + (int64_t)pn * Ev * nr, nr, row_l + x0,
-                                 prows, Ev);
-            else
-                kern->store_rows_half(odt, (uint16_t *)out + off, p->out.row_stride, acc + (int64_t)pn * Ev * nr, nr,
-                                      row_l + x0, prows, Ev);
-        }
-    for (int x = 0; x < rows; x++) {
-        const int64_t row = l0 + x;
-        const T l = row_l[x], m = row_m[x];
-        const T *ax = acc + (int64_t)(x / nr) * Ev * nr + x % nr;
-        const int64_t o0 = row * p->out.row_stride, oc = p->out.col_stride;
-        /* a row with no visible key gives zeros (even if a V row it multiplied by
-         * a zero weight held NaN); NaN in l passes through */
-        const T inv = l == 0 ? 0 : 1 / l;
-        if (!rows_vec && odt == TDT) {
-            T *orow = (T *)out + o0;
-            for (int64_t c = 0; c < Ev; c++) orow[c * oc] = l == 0 ? 0 : ax[c * nr] * inv;
-        } else if (!rows_vec) {
-            for (int64_t c = 0; c < Ev; c++) FN(store)(out, o0 + c * oc, odt, l == 0 ? 0 : ax[c * nr] * inv);
-        }
-        if (weights) FN(normalize_weights)(p, weights + row * p->weights.row_stride, row, S_b, m, l);
-    }
+    FN(finish_rows)(p, pl, kern, b, h, l0, rows, acc, row_m, row_l, weights, S_b);
     PROF_MARK(PH_EPILOGUE);
     if (prof) prof[PH_SCORES] += (uint64_t)scores;
 }

@@ -115,13 +115,14 @@ def test_16bit_is_float32_arithmetic_rounded_once(isa, rng, half, L):
 
 @pytest.mark.parametrize("half", HALF)
 def test_16bit_row_mode_with_several_rows_per_kv_head_is_float32_rounded_once(isa, half):
-    """GQA decoding (and small L): a key/value head serves 2-24 query rows.  The
-    16-bit keys' several-rows dot kernel must sum each score as the float32 one
-    does; it used to differ for the keys past the last whole vector of keys and
-    when E is not a whole number of vectors."""
+    """GQA decoding (and small L): a key/value head serves 2-16 query rows on
+    the row path (from 24 rows a GQA group packs into the tiled path's rows).
+    The 16-bit keys' several-rows dot kernel must sum each score as the float32
+    one does; it used to differ for the keys past the last whole vector of keys
+    and when E is not a whole number of vectors."""
     dt = HALF[half]
     bad = []
-    for g, L, S, E in itertools.product([2, 4, 8], [1, 3], [17, 300], [20, 64, 72]):
+    for g, L, S, E in itertools.product([2, 4, 8], [1, 2], [17, 300], [20, 64, 72]):
         rng = np.random.default_rng(1000 * g + 100 * L + S + E)
         q = rng.standard_normal((1, 2 * g, L, E)).astype(dt)
         k, v = (rng.standard_normal((1, 2, S, E)).astype(dt) for _ in range(2))

@@ -324,3 +324,47 @@ def test_large_scores_keep_their_weights_with_bfloat16_products(pairs_set, rng, 
     np.testing.assert_allclose(out.astype(np.float32), want_out.astype(np.float32), rtol=2**-7, atol=1e-6)
     lone = np.arange(L) % 5 == 0
     np.testing.assert_array_equal(out[:, lone].astype(np.float32), np.broadcast_to(v[:, :1], (2, lone.sum(), 3)))
+
+
+@pytest.fixture
+def pack_groups():
+    """Packing of GQA groups forced by the test (set_pack_group), the rule after."""
+    yield _core.set_pack_group
+    _core.set_pack_group("rule")
+
+
+PACK_DTYPES = [(np.float32, np.float32), (np.float64, np.float64), (np.float16, np.float16), (np.float32, "bf16"),
+               ("bf16", "bf16")]
+
+
+@pytest.mark.parametrize("qdt, kvdt", PACK_DTYPES, ids=["f32", "f64", "f16", "f32-bf16", "bf16"])
+@pytest.mark.parametrize("kw", [{"is_causal": True}, {"is_causal": "bottom_right", "window": (9, 0)},
+                                {"softcap": 3.0, "window": (5, 7)}, {"sinks": "per-head"}, {}],
+                         ids=["causal", "window", "softcap", "sinks", "plain"])
+@pytest.mark.parametrize("G, L, S", [(4, 20, 40), (3, 33, 70), (7, 17, 200)])  # tiled either way (L > 16)
+def test_packed_gqa_groups_give_the_same_bits(isa, rng, pack_groups, qdt, kvdt, kw, G, L, S):
+    """A GQA group's heads packed into the tiled path's rows (position-major,
+    a panel spanning heads and positions) change no row's sums: the same bits
+    as one head's rows a task, on every kernel set and dtype, with causality
+    from either corner, windows, softcaps and sinks, and the lse; and the
+    float64 reference agrees."""
+    if "bf16" in (qdt, kvdt) and BF16 is None:
+        pytest.skip("ml_dtypes is not installed")
+    qd = BF16 if qdt == "bf16" else np.dtype(qdt)
+    kd = BF16 if kvdt == "bf16" else np.dtype(kvdt)
+    q = rng.standard_normal((2, 2 * G, L, 24)).astype(qd)
+    k, v = (rng.standard_normal((2, 2, S, 24)).astype(kd) for _ in range(2))
+    kw = dict(kw)
+    if kw.get("sinks") == "per-head":
+        kw["sinks"] = rng.standard_normal(2 * G).astype(np.float64 if qd == np.float64 else np.float32)
+    results = {}
+    for mode in ("never", "always"):
+        pack_groups(mode)
+        results[mode] = attention(q, k, v, enable_gqa=True, return_lse=True, **kw)
+    for a, b in zip(results["never"], results["always"]):
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    out, lse = results["always"]
+    expected, expected_lse = ref(*(x.astype(np.float64) for x in (q, k, v)), enable_gqa=True, return_lse=True, **kw)
+    tol = tolerance(qd if qd != BF16 or kd == BF16 else np.float32, 24) * (8 if BF16 in (qd, kd) else 1)
+    np.testing.assert_allclose(out.astype(np.float64), expected, rtol=tol, atol=tol)
+    np.testing.assert_allclose(lse, expected_lse, rtol=1e-4, atol=1e-4)

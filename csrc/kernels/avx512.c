@@ -292,10 +292,10 @@ static void gemm_bf16_avx512(int m, int64_t kpairs, const uint32_t *a, int64_t a
     }
 }
 
-/* The query panel as pairs (internal.h's pack_q_pairs): word p of row x of
- * src, rows of e2 32-bit pairs read unaligned, 16 x 16 blocks transposed in
+/* The query panel as pairs (internal.h's pack_q_pairs): word p of rows[x],
+ * rows of e2 32-bit pairs read unaligned, 16 x 16 blocks transposed in
  * registers (the permutes move bits, never arithmetic on them). */
-static void pack_q_pairs_avx512(uint32_t *panel, const uint16_t *src, int rows, int64_t rs, int64_t e2) {
+static void pack_q_pairs_avx512(uint32_t *panel, const uint16_t *const *rows, int n, int64_t e2) {
     for (int64_t p0 = 0; p0 < e2; p0 += 16) {
         const int w = e2 - p0 < 16 ? (int)(e2 - p0) : 16;
         const __mmask16 m = (__mmask16)((1u << w) - 1);
@@ -303,8 +303,8 @@ static void pack_q_pairs_avx512(uint32_t *panel, const uint16_t *src, int rows, 
             __m512 t[16];
             for (int i = 0; i < 16; i++) {
                 const int x = rb * 16 + i;
-                t[i] = x < rows ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(m, src + x * rs + 2 * p0))
-                                : _mm512_setzero_ps();
+                t[i] = x < n ? _mm512_castsi512_ps(_mm512_maskz_loadu_epi32(m, rows[x] + 2 * p0))
+                             : _mm512_setzero_ps();
             }
             transpose16_ps(t);
             for (int i = 0; i < w; i++) _mm512_store_ps((float *)(panel + (p0 + i) * 32 + rb * 16), t[i]);

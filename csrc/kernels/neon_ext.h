@@ -66,16 +66,16 @@ static inline void transpose4_u32(uint32x4_t *r) {
     for (int i = 0; i < 4; i++) r[i] = vreinterpretq_u32_f32(f[i]);
 }
 
-/* The query panel as pairs: panel[p*16 + x] = word p of row x (rows of 2*e2
- * bfloat16), 0 for the rows in [rows, 16); 4 x 4 blocks transposed in registers. */
-static void pack_q_pairs_neon(uint32_t *panel, const uint16_t *src, int rows, int64_t rs, int64_t e2) {
+/* The query panel as pairs: panel[p*16 + x] = word p of rows[x] (rows of 2*e2
+ * bfloat16), 0 for the rows in [n, 16); 4 x 4 blocks transposed in registers. */
+static void pack_q_pairs_neon(uint32_t *panel, const uint16_t *const *rows, int n, int64_t e2) {
     int64_t p0 = 0;
     for (; p0 + 4 <= e2; p0 += 4)
         for (int rb = 0; rb < BF16_NV; rb++) {
             uint32x4_t t[4];
             for (int i = 0; i < 4; i++) {
                 const int x = rb * 4 + i;
-                t[i] = x < rows ? vreinterpretq_u32_u16(vld1q_u16(src + x * rs + 2 * p0)) : vdupq_n_u32(0);
+                t[i] = x < n ? vreinterpretq_u32_u16(vld1q_u16(rows[x] + 2 * p0)) : vdupq_n_u32(0);
             }
             transpose4_u32(t);
             for (int i = 0; i < 4; i++) vst1q_u32(panel + (p0 + i) * 16 + rb * 4, t[i]);
@@ -83,7 +83,7 @@ static void pack_q_pairs_neon(uint32_t *panel, const uint16_t *src, int rows, in
     for (; p0 < e2; p0++)
         for (int x = 0; x < 16; x++) {
             uint32_t w = 0;
-            if (x < rows) memcpy(&w, src + x * rs + 2 * p0, sizeof w);
+            if (x < n) memcpy(&w, rows[x] + 2 * p0, sizeof w);
             panel[p0 * 16 + x] = w;
         }
 }

@@ -243,37 +243,37 @@ static void FN(mask_bool)(T *s, int nr, int n, int rows, const uint8_t *m, int64
             if (!m[x * m_rs + j]) s[(int64_t)j * nr + x] = -(T)INFINITY;
 }
 
-static void FN(pack_q)(T *panel, int nr, const T *src, int rows, int64_t rs, int64_t e, T scale) {
+static void FN(pack_q)(T *panel, int nr, const T *const *rows, int n, int64_t e, T scale) {
     for (int64_t c = 0; c < e; c++) {
         T *pc = panel + c * nr;
-        for (int x = 0; x < rows; x++) pc[x] = scale * src[x * rs + c];
-        for (int x = rows; x < nr; x++) pc[x] = 0;
+        for (int x = 0; x < n; x++) pc[x] = scale * rows[x][c];
+        for (int x = n; x < nr; x++) pc[x] = 0;
     }
 }
 
-static void FN(pack_q_half)(sdpa_dtype dt, T *panel, int nr, const uint16_t *src, int rows, int64_t rs, int64_t e,
+static void FN(pack_q_half)(sdpa_dtype dt, T *panel, int nr, const uint16_t *const *rows, int n, int64_t e,
                             T scale) {
     for (int64_t c = 0; c < e; c++) {
         T *pc = panel + c * nr;
-        for (int x = 0; x < rows; x++) pc[x] = scale * FN(half_value)(dt, src[x * rs + c]);
-        for (int x = rows; x < nr; x++) pc[x] = 0;
+        for (int x = 0; x < n; x++) pc[x] = scale * FN(half_value)(dt, rows[x][c]);
+        for (int x = n; x < nr; x++) pc[x] = 0;
     }
 }
 
-static void FN(store_rows)(T *out, int64_t rs, const T *acc, int nr, const T *row_l, int rows, int64_t ev) {
-    for (int x = 0; x < rows; x++) {
+static void FN(store_rows)(T *const *rows, const T *acc, int nr, const T *row_l, int n, int64_t ev) {
+    for (int x = 0; x < n; x++) {
         const T l = row_l[x], inv = l == 0 ? 0 : 1 / l;
-        for (int64_t c = 0; c < ev; c++) out[x * rs + c] = l == 0 ? 0 : acc[c * nr + x] * inv;
+        for (int64_t c = 0; c < ev; c++) rows[x][c] = l == 0 ? 0 : acc[c * nr + x] * inv;
     }
 }
 
-static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *out, int64_t rs, const T *acc, int nr, const T *row_l,
-                                int rows, int64_t ev) {
-    for (int x = 0; x < rows; x++) {
+static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *const *rows, const T *acc, int nr, const T *row_l, int n,
+                                int64_t ev) {
+    for (int x = 0; x < n; x++) {
         const T l = row_l[x], inv = l == 0 ? 0 : 1 / l;
         for (int64_t c = 0; c < ev; c++) {
             const float y = (float)(l == 0 ? 0 : acc[c * nr + x] * inv);
-            out[x * rs + c] = dt == SDPA_BFLOAT16 ? sdpa_f32_to_bf16(y) : sdpa_f32_to_f16(y);
+            rows[x][c] = dt == SDPA_BFLOAT16 ? sdpa_f32_to_bf16(y) : sdpa_f32_to_f16(y);
         }
     }
 }

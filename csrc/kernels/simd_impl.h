@@ -267,12 +267,12 @@ static inline __attribute__((always_inline)) void FN(row_put)(char *row, int64_t
 }
 
 /*
- * A query panel: panel[c*NR + x] = scale * src[x*rs + c] for x < rows, c < e,
- * and 0 for the rows x in [rows, NR).  Blocks of LANES rows x LANES columns are
- * loaded along the rows, as they lie in memory, and transposed in registers.
+ * A query panel: panel[c*NR + x] = scale * rows[x][c] for x < n, c < e, and 0
+ * for the rows x in [n, NR).  Blocks of LANES rows x LANES columns are loaded
+ * along the rows, as they lie in memory, and transposed in registers.
  */
-static inline __attribute__((always_inline)) void FN(pack_q_kind)(const int kind, T *panel, const char *src, int rows,
-                                                               int64_t rs, int64_t e, T scale) {
+static inline __attribute__((always_inline)) void FN(pack_q_kind)(const int kind, T *panel, const char *const *rows,
+                                                               int n, int64_t e, T scale) {
     const V vs = V_SET1(scale);
     const int64_t es = ROW_ES(kind);
     int64_t c = 0;
@@ -281,72 +281,69 @@ static inline __attribute__((always_inline)) void FN(pack_q_kind)(const int kind
             V t[LANES];
             for (int i = 0; i < LANES; i++) {
                 const int x = rb * LANES + i;
-                if (x >= rows) {
+                if (x >= n) {
                     t[i] = V_ZERO();
                     continue;
                 }
-                const char *row = src + x * rs * es;
-                __builtin_prefetch(row + c * es + 128);
-                t[i] = FN(row_load)(row, c, kind);
+                __builtin_prefetch(rows[x] + c * es + 128);
+                t[i] = FN(row_load)(rows[x], c, kind);
             }
             V_TRANSPOSE(t);
             for (int i = 0; i < LANES; i++) V_STORE(panel + (c + i) * NR + rb * LANES, V_MUL(vs, t[i]));
         }
     for (; c < e; c++)  /* the last columns, one at a time */
-        for (int x = 0; x < NR; x++) panel[c * NR + x] = x < rows ? scale * FN(row_get)(src + x * rs * es, c, kind) : 0;
+        for (int x = 0; x < NR; x++) panel[c * NR + x] = x < n ? scale * FN(row_get)(rows[x], c, kind) : 0;
 }
 
-static void FN(pack_q)(T *panel, int nr, const T *src, int rows, int64_t rs, int64_t e, T scale) {
+static void FN(pack_q)(T *panel, int nr, const T *const *rows, int n, int64_t e, T scale) {
     (void)nr;
-    FN(pack_q_kind)(0, panel, (const char *)src, rows, rs, e, scale);
+    FN(pack_q_kind)(0, panel, (const char *const *)rows, n, e, scale);
 }
 
 /*
- * Finished rows out of an accumulator panel: out[x*rs + c] = acc[c*NR + x] / l
- * (as acc * (1 / l)) with l = row_l[x], for x < rows, c < ev; a row with l == 0
+ * Finished rows out of an accumulator panel: rows[x][c] = acc[c*NR + x] / l
+ * (as acc * (1 / l)) with l = row_l[x], for x < n, c < ev; a row with l == 0
  * (no visible key) is zeros.  LANES x LANES blocks are transposed in registers
  * and stored along the rows.
  */
-static inline __attribute__((always_inline)) void FN(store_rows_kind)(const int kind, char *out, int64_t rs,
-                                                                   const T *acc, const T *row_l, int rows, int64_t ev) {
-    const int64_t es = ROW_ES(kind);
+static inline __attribute__((always_inline)) void FN(store_rows_kind)(const int kind, char *const *rows, const T *acc,
+                                                                   const T *row_l, int n, int64_t ev) {
     T inv[NR];
-    for (int x = 0; x < rows; x++) inv[x] = row_l[x] == 0 ? 0 : 1 / row_l[x];
+    for (int x = 0; x < n; x++) inv[x] = row_l[x] == 0 ? 0 : 1 / row_l[x];
     int64_t c = 0;
     for (; c + LANES <= ev; c += LANES)
-        for (int rb = 0; rb * LANES < rows; rb++) {
+        for (int rb = 0; rb * LANES < n; rb++) {
             V t[LANES];
             for (int i = 0; i < LANES; i++) t[i] = V_LOAD(acc + (c + i) * NR + rb * LANES);
             V_TRANSPOSE(t);
-            for (int i = 0; i < LANES && rb * LANES + i < rows; i++) {
+            for (int i = 0; i < LANES && rb * LANES + i < n; i++) {
                 const int x = rb * LANES + i;
-                FN(row_store)(out + x * rs * es, c, row_l[x] == 0 ? V_ZERO() : V_MUL(t[i], V_SET1(inv[x])), kind);
+                FN(row_store)(rows[x], c, row_l[x] == 0 ? V_ZERO() : V_MUL(t[i], V_SET1(inv[x])), kind);
             }
         }
     for (; c < ev; c++)
-        for (int x = 0; x < rows; x++)
-            FN(row_put)(out + x * rs * es, c, row_l[x] == 0 ? 0 : acc[c * NR + x] * inv[x], kind);
+        for (int x = 0; x < n; x++) FN(row_put)(rows[x], c, row_l[x] == 0 ? 0 : acc[c * NR + x] * inv[x], kind);
 }
 
-static void FN(store_rows)(T *out, int64_t rs, const T *acc, int nr, const T *row_l, int rows, int64_t ev) {
+static void FN(store_rows)(T *const *rows, const T *acc, int nr, const T *row_l, int n, int64_t ev) {
     (void)nr;
-    FN(store_rows_kind)(0, (char *)out, rs, acc, row_l, rows, ev);
+    FN(store_rows_kind)(0, (char *const *)rows, acc, row_l, n, ev);
 }
 
 #if ROWS_HALF
 /* pack_q and store_rows over 16-bit rows (dt bfloat16 or float16) */
-static void FN(pack_q_half)(sdpa_dtype dt, T *panel, int nr, const uint16_t *src, int rows, int64_t rs, int64_t e,
+static void FN(pack_q_half)(sdpa_dtype dt, T *panel, int nr, const uint16_t *const *rows, int n, int64_t e,
                             T scale) {
     (void)nr;
-    if (dt == SDPA_BFLOAT16) FN(pack_q_kind)(1, panel, (const char *)src, rows, rs, e, scale);
-    else FN(pack_q_kind)(2, panel, (const char *)src, rows, rs, e, scale);
+    if (dt == SDPA_BFLOAT16) FN(pack_q_kind)(1, panel, (const char *const *)rows, n, e, scale);
+    else FN(pack_q_kind)(2, panel, (const char *const *)rows, n, e, scale);
 }
 
-static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *out, int64_t rs, const T *acc, int nr, const T *row_l,
-                                int rows, int64_t ev) {
+static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *const *rows, const T *acc, int nr, const T *row_l, int n,
+                                int64_t ev) {
     (void)nr;
-    if (dt == SDPA_BFLOAT16) FN(store_rows_kind)(1, (char *)out, rs, acc, row_l, rows, ev);
-    else FN(store_rows_kind)(2, (char *)out, rs, acc, row_l, rows, ev);
+    if (dt == SDPA_BFLOAT16) FN(store_rows_kind)(1, (char *const *)rows, acc, row_l, n, ev);
+    else FN(store_rows_kind)(2, (char *const *)rows, acc, row_l, n, ev);
 }
 #endif
 #undef ROWS_HALF

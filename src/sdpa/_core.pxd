@@ -114,6 +114,7 @@ cdef extern from "testing.h" nogil:
     void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk)
     void sdpa_testing_set_packing(int mode)
     void sdpa_testing_set_fold_group(int min_group)
+    void sdpa_testing_set_pack_group(int mode)
     void sdpa_testing_portable_dot_qi(int on)
     const char *sdpa_testing_dot_qi_kernel()
     int sdpa_testing_ask_for_tiles()

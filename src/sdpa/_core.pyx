@@ -215,6 +215,15 @@ def set_fold_group(min_group):
     sdpa_testing_set_fold_group(0 if min_group is None else (-1 if min_group == 0 else int(min_group)))
 
 
+def set_pack_group(mode):
+    """Whether the tiled path packs a GQA group's heads into its rows (test
+    hook): "rule", "never" or "always" (wherever it is allowed)."""
+    modes = {"rule": 0, "never": 1, "always": 2}
+    if mode not in modes:
+        raise ValueError(f"set_pack_group: expected one of {', '.join(modes)}, got {mode!r}")
+    sdpa_testing_set_pack_group(modes[mode])
+
+
 def set_portable_dot_qi(bint on):
     """integer_qk's scores by the portable kernel everywhere (True), or by the
     fastest this CPU has (False, the default); process-wide, for tests."""
