@@ -163,12 +163,13 @@ static SDPA_ATOMIC(int) forced_pack_group = 0;
 void sdpa_testing_set_pack_group(int mode) { sdpa_atomic_store(&forced_pack_group, mode == 1 || mode == 2 ? mode : 0); }
 
 /* Whether a tiled problem's GQA groups may be packed into its rows: several
- * query heads a key/value head, nothing per head but the rows themselves (no
- * mask, ALiBi or weights). */
+ * query heads a key/value head (at most a panel's rows), nothing per head
+ * but the rows themselves (no mask or ALiBi; weights are written row by
+ * row, so that asking for them changes no path and no bit). */
 static int pack_group(const sdpa_problem *p) {
     const int forced = sdpa_atomic_load(&forced_pack_group);
     if (p->gqa_group < 2 || p->gqa_group > SDPA_MAX_PANEL || p->mask_kind != SDPA_MASK_NONE || p->alibi.data ||
-        p->weights.data || forced == 1)
+        forced == 1)
         return 0;
     return 1;
 }

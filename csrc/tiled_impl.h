@@ -75,6 +75,13 @@ static void FN(unit_rows)(const sdpa_problem *p, const plan *pl, const sdpa_view
     }
 }
 
+/* The weights row of row r of the unit at (b, h0): head h0 + r % pack_g,
+ * position r / pack_g. */
+static T *FN(weights_row)(const sdpa_problem *p, const plan *pl, int64_t b, int64_t h0, int64_t r) {
+    const int64_t pg = pl->tiled.pack_g;
+    return (T *)view_at(p, &p->weights, b, h0 + r % pg, sizeof(T)) + r / pg * p->weights.row_stride;
+}
+
 /* Panel pn of a task's rows (from row l0 of the unit at (b, h0)), scaled, as
  * Q^T (E x nr) in panel: a kernel reads rows of contiguous elements from their
  * pointers, strided ones are read element by element. */
@@ -189,9 +196,9 @@ static void FN(pv_pairs)(const kernels_f32 *kern, int Ev, int nk, const uint32_t
 
 /* A task's rows [l0, l0 + rows) of the unit at (b, h0) finished: their lse
  * (with the sink joining the denominator), output rows (acc / l, stored a
- * panel at a time through their pointers) and weights (one head's rows only). */
+ * panel at a time through their pointers) and weights. */
 static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *kern, int64_t b, int64_t h0, int64_t l0,
-                            int rows, T *acc, T *row_m, T *row_l, T *weights, int64_t S_b) {
+                            int rows, T *acc, T *row_m, T *row_l, int64_t S_b) {
     const int64_t Ev = p->head_dim_v, pg = pl->tiled.pack_g, oc = p->out.col_stride;
     const int nr = pl->path.nr;
     const sdpa_dtype odt = pl->path.out_dtype;
@@ -224,9 +231,9 @@ static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *ker
             }
         }
     }
-    if (weights)
+    if (p->weights.data)
         for (int x = 0; x < rows; x++)
-            FN(normalize_weights)(p, weights + (l0 + x) * p->weights.row_stride, l0 + x, S_b, row_m[x], row_l[x]);
+            FN(normalize_weights)(p, FN(weights_row)(p, pl, b, h0, l0 + x), (l0 + x) / pg, S_b, row_m[x], row_l[x]);
 }
 
 /* Phase timers of the tiled path (sdpa_profile_*): a task adds the time since
@@ -489,7 +496,7 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
                                      diagonal || win_edge, slope, cap);
             if (weights)
                 for (int x = 0; x < prows; x++)
-                    FN(store_raw_scores)(p, weights + (r0 + x) * p->weights.row_stride, st + x, nr, sp, nk);
+                    FN(store_raw_scores)(p, FN(weights_row)(p, pl, b, h, r0 + x), st + x, nr, sp, nk);
             PROF_MARK(PH_MASK);
             scores += (int64_t)nk * prows;
 
@@ -517,7 +524,7 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
         }
     }
 
-    FN(finish_rows)(p, pl, kern, b, h, l0, rows, acc, row_m, row_l, weights, S_b);
+    FN(finish_rows)(p, pl, kern, b, h, l0, rows, acc, row_m, row_l, S_b);
     PROF_MARK(PH_EPILOGUE);
     if (prof) prof[PH_SCORES] += (uint64_t)scores;
 }

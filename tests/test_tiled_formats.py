@@ -364,7 +364,14 @@ def test_packed_gqa_groups_give_the_same_bits(isa, rng, pack_groups, qdt, kvdt, 
     for a, b in zip(results["never"], results["always"]):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
     out, lse = results["always"]
+    # the weights are written row by row: asking for them changes no path and no bit
+    # (but with bfloat16 pairs, whose softmax takes the scale folded in only without them)
+    with_weights, weights = attention(q, k, v, enable_gqa=True, return_weights=True, **kw)
+    if not (qd == BF16 and kd == BF16):
+        assert np.array_equal(with_weights.view(np.uint8), out.view(np.uint8))
     expected, expected_lse = ref(*(x.astype(np.float64) for x in (q, k, v)), enable_gqa=True, return_lse=True, **kw)
+    expected_w = ref(*(x.astype(np.float64) for x in (q, k, v)), enable_gqa=True, return_weights=True, **kw)[1]
+    np.testing.assert_allclose(weights, expected_w, rtol=1e-3, atol=1e-3)
     tol = tolerance(qd if qd != BF16 or kd == BF16 else np.float32, 24) * (8 if BF16 in (qd, kd) else 1)
     np.testing.assert_allclose(out.astype(np.float64), expected, rtol=tol, atol=tol)
     np.testing.assert_allclose(lse, expected_lse, rtol=1e-4, atol=1e-4)

@@ -520,6 +520,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     print(format_plan_table(rows))
     print("  balance: the ideal time (the costs' sum over the threads) over the simulated makespan; "
           "largest task / ideal above 1 caps it")
+    print("  vs separate calls: the same work as one call per sequence (varlen) or a decode call and one per chunk "
+          "(mixed), simulated call after call, over the one call's makespan")
     shown = {r["case"] for r in rows}
     for name, what in PLAN_CASES:
         if name in shown:

@@ -6,7 +6,10 @@ come free.  Servers have 32-128 cores, more than any machine here, so the plan
 is made for such thread counts (the planner's own tile choices included) and
 its schedule simulated with the plan's cost model: the balance is the ideal
 time (the sum of the costs over the threads) over the simulated makespan, 1.0
-for a perfect split.
+for a perfect split.  The same work as separate calls (one per sequence for
+varlen, a decode call and one call per prefill chunk for the mixed batch; the
+shared prefix has no such split) is simulated call after call, each call's
+own plan on all the threads: the one call's makespan against their sum.
 
 The serving shapes (:data:`PLAN_CASES`):
 
@@ -28,7 +31,7 @@ import numpy as np
 from ..paged import paged_plan
 from ..varlen import varlen_plan
 
-__all__ = ["PLAN_CASES", "makespan", "balance", "plan_case", "iter_plan", "format_plan_table"]
+__all__ = ["PLAN_CASES", "makespan", "balance", "plan_case", "separate_makespan", "iter_plan", "format_plan_table"]
 
 #: (name, what) of each case.
 PLAN_CASES: Tuple[Tuple[str, str], ...] = (
@@ -84,29 +87,57 @@ def mixed_batch(rng: np.random.Generator) -> Tuple[List[int], List[int]]:
     return lens, [256] * 4 + [1] * 60
 
 
-def plan_case(name: str, threads: int, seed: int = 0) -> Dict[str, Any]:
-    """The plan of case `name` made for `threads` threads."""
+def _case_calls(name: str, seed: int) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """Case `name`'s one call, and the same work as separate calls (each
+    {"fn", "args", "kw"}; none for the shared prefix)."""
     rng = np.random.default_rng(seed)
-    if name == "varlen-short":
-        c = _varlen(rng, 256, 8, 64)
-    elif name == "varlen-long":
-        c = _varlen(rng, 64, 32, 512)
-    elif name == "mixed":
+    if name in ("varlen-short", "varlen-long"):
+        n, lo, hi = (256, 8, 64) if name == "varlen-short" else (64, 32, 512)
+        c = _varlen(rng, n, lo, hi)
+        q, kv, _, cu, _ = c["args"]
+        parts = []
+        for i in range(n):
+            a, z = int(cu[i]), int(cu[i + 1])
+            one = np.array([0, z - a])
+            parts.append({"fn": varlen_plan, "args": (q[a:z], kv[a:z], kv[a:z], one, one), "kw": c["kw"]})
+        return c, parts
+    if name == "mixed":
         lens, rows = mixed_batch(rng)
         cache, table = _pool(lens, 16, 8, 128)
         qsl = np.concatenate([[0], np.cumsum(rows)])
         q = np.zeros((int(qsl[-1]), 32, 128), np.float32)
-        c = {"fn": paged_plan, "args": (q, cache, cache, table, np.array(lens)), "kw": {"query_start_loc": qsl}}
-    elif name == "shared":
+        sl = np.array(lens)
+        c = {"fn": paged_plan, "args": (q, cache, cache, table, sl), "kw": {"query_start_loc": qsl}}
+        decode = {"fn": paged_plan, "args": (np.zeros((60, 32, 1, 128), np.float32), cache, cache, table[4:], sl[4:]),
+                  "kw": {}}
+        chunks = [{"fn": paged_plan, "args": (np.zeros((1, 32, 256, 128), np.float32), cache, cache, table[b : b + 1],
+                                              sl[b : b + 1]), "kw": {}} for b in range(4)]
+        return c, [decode] + chunks
+    if name == "shared":
         prompt, own, n, bs = 8192, 128, 16, 16
         cache, table = _pool([prompt + own] * n, bs, 8, 128)
         table[1:, : prompt // bs] = table[0, : prompt // bs]  # every fork reads the prompt's blocks
         q = np.zeros((n, 32, 1, 128), np.float32)
-        c = {"fn": paged_plan, "args": (q, cache, cache, table, np.full(n, prompt + own)), "kw": {}}
-    else:
-        raise ValueError(f"plan case: unknown {name!r}; known: {', '.join(x for x, _ in PLAN_CASES)}")
+        return {"fn": paged_plan, "args": (q, cache, cache, table, np.full(n, prompt + own)), "kw": {}}, []
+    raise ValueError(f"plan case: unknown {name!r}; known: {', '.join(x for x, _ in PLAN_CASES)}")
+
+
+def plan_case(name: str, threads: int, seed: int = 0) -> Dict[str, Any]:
+    """The plan of case `name` made for `threads` threads."""
+    c, _ = _case_calls(name, seed)
     plan: Dict[str, Any] = c["fn"](*c["args"], threads=threads, **c["kw"])
     return plan
+
+
+def separate_makespan(name: str, threads: int, seed: int = 0) -> float:
+    """The simulated time of case `name`'s work as separate calls, one after
+    the other on `threads` threads (0.0 when the case has no such split)."""
+    _, calls = _case_calls(name, seed)
+    total = 0.0
+    for c in calls:
+        plan = c["fn"](*c["args"], threads=threads, **c["kw"])
+        total += makespan(plan["costs"], min(threads, max(int(plan["threads"]), 1)))
+    return total
 
 
 def iter_plan(threads: Sequence[int] = (16, 64, 128), cases: Sequence[str] = ()) -> Iterable[Dict[str, Any]]:
@@ -121,15 +152,18 @@ def iter_plan(threads: Sequence[int] = (16, 64, 128), cases: Sequence[str] = ())
         for n in threads:
             plan = plan_case(name, n)
             costs = plan["costs"]
+            apart = separate_makespan(name, n)
             yield {"case": name, "what": what, "threads": n, "tasks": int(costs.size), "parts": len(plan["parts"]),
                    "merges": int(plan["merges"]), "balance": balance(costs, n),
-                   "largest_share": float(costs.max() / (costs.sum() / n)) if costs.size else 0.0}
+                   "largest_share": float(costs.max() / (costs.sum() / n)) if costs.size else 0.0,
+                   "vs_separate": apart / makespan(costs, n) if apart > 0 else None}
 
 
 def format_plan_table(rows: Sequence[Dict[str, Any]]) -> str:
-    header = ("case", "threads", "tasks", "parts", "merges", "balance", "largest task / ideal")
+    header = ("case", "threads", "tasks", "parts", "merges", "balance", "largest task / ideal", "vs separate calls")
     lines = [(r["case"], str(r["threads"]), str(r["tasks"]), str(r["parts"]), str(r["merges"]),
-              f"{r['balance']:.3f}", f"{r['largest_share']:.3f}") for r in rows]
+              f"{r['balance']:.3f}", f"{r['largest_share']:.3f}",
+              f"{r['vs_separate']:.2f}x" if r.get("vs_separate") else "-") for r in rows]
     widths = [max([len(h)] + [len(x[i]) for x in lines]) for i, h in enumerate(header)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     out += ["  ".join(x.ljust(w) for x, w in zip(line, widths)) for line in lines]
