@@ -73,6 +73,10 @@ static void FN(convert_rows)(const KT *kern, T *buf, const char *base, const sdp
         }
         return;
     }
+    if (view->col_stride == 1 && dt == TDT && view->row_stride == cols) {  /* a block's rows: one copy */
+        memcpy(buf, base, (size_t)n * (size_t)cols * sizeof(T));
+        return;
+    }
     for (int j = 0; j < n; j++) {
         const char *row = base + j * view->row_stride * (int64_t)elem;
         T *dst = buf + (int64_t)j * cols;
