@@ -149,6 +149,33 @@ typedef struct call_plan {
 int sdpa_profile_on(void);
 int sdpa_forked_after_openmp(void);
 
+/* No tiled task takes more than the call's work over this many per thread:
+ * the greedy schedule of the work list (costliest parts first) then ends
+ * within a few percent of the ideal (python -m sdpa.bench --plan) */
+#define SDPA_TASKS_PER_THREAD 4.0
+
+/* ---- one part (blocking.c) ---- */
+
+/* Plans one part: p canonical, batch_count its batch, task_flops the most
+ * work a tiled task may take (0: any), `staged` whether its output is staged
+ * for a merge. */
+void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flops, const kernel_table *kt,
+                    int staged, plan *pl);
+/* A padding mask as key lengths (limits[b]); 0 when the mask is not one. */
+int sdpa_padding_limits(const sdpa_problem *p, int64_t batch_count, int64_t *limits);
+/* A decoding problem's large GQA group as the rows of one query. */
+void sdpa_fold_group(sdpa_problem *q, const kernel_table *kt);
+/* causal_offset clamped to [-L, S]. */
+void sdpa_clamp_offsets(sdpa_problem *p);
+/* Whether integer_qk applies (int8 or int4 keys, a float32 or 16-bit query). */
+int sdpa_integer_scores(const sdpa_problem *p);
+/* The threads of a call with num_threads 0, before its work caps them. */
+int sdpa_call_default_threads(void);
+/* The cost model: a part's work (flops of the scores its rows see) and the
+ * estimated cost of its task t (ns on one core). */
+double sdpa_part_flops(const part *pt);
+double sdpa_task_cost(const part *pt, int64_t t);
+
 /* Checks a problem against sdpa.h's rules (attention.c); *batch_count is the
  * product of its batch dims. */
 sdpa_status sdpa_validate(const sdpa_problem *p, int64_t *batch_count);

@@ -390,7 +390,6 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
             FN(convert_range)(kern, kbuf, &ksrc, kvdt, s0, n, E);
             FN(convert_range)(kern, vbuf, &vsrc, kvdt, s0, n, Ev);
             kt = kbuf, vt = vbuf;
-
         }
         PROF_MARK(PH_PACK);
         for (int pn = 0; pn < panels; pn++) {
