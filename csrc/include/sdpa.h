@@ -252,8 +252,8 @@ typedef struct sdpa_problem {
      * The blocks are read where they lie, by the part of each tile in each
      * block: decoding and float products on blocks of 64 or more positions in
      * place; shorter blocks and 16-bit or int8 caches copied or widened a tile
-     * (or a call) at a time, as arrays of those types are.  Only bfloat16
-     * pairs over blocks of an odd size copy each sequence's blocks first. */
+     * (or a call) at a time, as arrays of those types are (bfloat16 over
+     * blocks of an odd size, where a pair could straddle two, widened). */
     const int32_t *block_table;
     int64_t block_table_stride;  /* entries between sequences' tables      */
     int64_t block_size;          /* 0: not paged                           */
