@@ -15,15 +15,17 @@
 #include "problem.h"
 
 /* The row path walks the keys in steps of rows (a block's rows when blocks
- * are shorter), asking for the next step's rows as it hands out one: the
- * hardware prefetchers stop at each 4 KiB page and at each paged block, so
- * they are given the next step ahead.  A step is about 16 KiB of float32 rows,
- * a multiple of 16 rows in [16, 64]: it depends on the head dim alone, not on
- * the cache's dtype, so that the kernels group the keys of a 16-bit or
- * quantized cache as they do float32 ones (the same sums, the same bits).
- * Measured on a 2-core Xeon (decoding, S 4,096, E 128): bfloat16 arrays
- * 1.1-1.2x faster than without, float32 arrays as fast, paged blocks of 16
- * and 128 at 0.9-1.0x the arrays (without: bfloat16 blocks of 128 at 0.90x). */
+ * are shorter).  Paged, it asks for the next step's rows as it hands out one:
+ * the hardware prefetchers stop at each paged block, and the next block is
+ * anywhere in the pool.  A step is about 16 KiB of float32 rows, a multiple
+ * of 16 rows in [16, 64]: it depends on the head dim alone, not on the
+ * cache's dtype, so that the kernels group the keys of a 16-bit or quantized
+ * cache as they do float32 ones (the same sums, the same bits).  Arrays are
+ * walked in the same steps but not prefetched: their rows stream, and asking
+ * for them as well costs bandwidth.  Measured on a 2-core Xeon (decoding,
+ * E 128): paged bfloat16 blocks of 16 and 128 at 0.75-0.86x the arrays
+ * without the prefetch, 0.9-1.1x with it; arrays with it 0.85x as fast
+ * (8 x 32 heads, S 2,048, float32 and bfloat16, 1 and 2 threads). */
 #define SDPA_ROW_STEP_BYTES 16384
 
 /* The scales of a quantized key or value view (kv_dtype SDPA_INT8, _INT4, or
@@ -109,10 +111,8 @@ static inline int64_t kv_step_rows(int64_t cols) {
 /* The next segment: its first row (*rows), its scales (sc, base moved to the
  * segment's first row; none when the source has none) and its number of rows;
  * 0 at the end.  With step > 0 (rows; a contiguous view) segments hold at
- * most that many rows, and the rows of the next step are asked for: the
- * next rows of the array, or, paged, those of the block that holds the next
- * position (the next block is anywhere in the pool, out of the hardware
- * prefetchers' sight). */
+ * most that many rows, and, paged, the rows of the next step are asked for:
+ * those of the block that holds the next position. */
 static inline int64_t kv_next(const kv_source *s, kv_cursor *c, const char **rows, kv_scales *sc, int64_t step) {
     const int64_t a = c->pos;
     if (a >= c->end) return 0;
@@ -125,10 +125,6 @@ static inline int64_t kv_next(const kv_source *s, kv_cursor *c, const char **row
         if (step && n > step) n = step;
         *rows = s->base + a * rs * (int64_t)s->elem;
         if (sc->base) sc->base += a * sc->rs;
-        if (step) {
-            const int64_t ahead = c->end - (a + n) < n ? c->end - (a + n) : n;
-            kv_prefetch_rows(*rows + n * rs * (int64_t)s->elem, rs, s->elem, ahead, bytes);
-        }
         c->pos = a + n;
         return n;
     }
