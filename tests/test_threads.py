@@ -44,6 +44,12 @@ def run_python(code, **env):
     return proc.stdout
 
 
+def planned(*counts):
+    """The thread counts the planner gives calls: as asked with OpenMP, one
+    thread each in the serial build."""
+    return list(counts) if HAS_OPENMP else [1] * len(counts)
+
+
 def small_problem():
     rng = np.random.default_rng(5)
     return tuple(rng.standard_normal((2, 3, 17, 8)) for _ in range(3))
@@ -87,7 +93,7 @@ def test_calls_use_the_set_value(core_threads):
     sdpa.set_num_threads(None)
     sdpa.scaled_dot_product_attention(q, k, v)
     default = min(_core.default_num_threads(), 6)  # 25 MFLOP: at most 6 threads of 4
-    assert core_threads == [default, 3, 1, 3, 3, default]
+    assert core_threads == planned(default, 3, 1, 3, 3, default)
 
 
 def test_set_value_gives_small_problems_fewer_threads(core_threads):
@@ -101,7 +107,7 @@ def test_set_value_gives_small_problems_fewer_threads(core_threads):
     sdpa.scaled_dot_product_attention(q, k, v, num_threads=3)
     q2, k2, v2 = (np.concatenate([a] * 13, axis=-2).astype(np.float32) for a in (q, k, v))  # 169x: 2 threads
     sdpa.scaled_dot_product_attention(q2, k2, v2)
-    assert core_threads == [1, 1, 3, 2]
+    assert core_threads == planned(1, 1, 3, 2)
 
 
 def test_layers_use_the_set_value(core_threads):
@@ -110,7 +116,7 @@ def test_layers_use_the_set_value(core_threads):
     sdpa.set_num_threads(2)
     layer(x)
     layer(x, num_threads=1)
-    assert core_threads == [2, 1]
+    assert core_threads == planned(2, 1)
 
 
 def test_value_seen_from_other_threads(core_threads):
@@ -119,7 +125,7 @@ def test_value_seen_from_other_threads(core_threads):
     t = threading.Thread(target=sdpa.scaled_dot_product_attention, args=(q, k, v))
     t.start()
     t.join()
-    assert core_threads == [2]
+    assert core_threads == planned(2)
 
 
 def test_results_do_not_depend_on_the_setting():
