@@ -145,6 +145,15 @@ int sdpa_integer_scores(const sdpa_problem *p) {
     return p->integer_qk && p->dtype != SDPA_FLOAT64 && (kvdt == SDPA_INT8 || kvdt == SDPA_INT4);
 }
 
+/* Whether integer_pv applies: int8 or int4 values with a float32 or 16-bit query. */
+int sdpa_integer_values(const sdpa_problem *p) {
+    const sdpa_dtype kvdt = kv_dtype_of(p);
+    return p->integer_pv && p->dtype != SDPA_FLOAT64 && (kvdt == SDPA_INT8 || kvdt == SDPA_INT4);
+}
+
+/* Whether a product in integers is asked for: only the row path computes them. */
+int sdpa_integer_rows(const sdpa_problem *p) { return sdpa_integer_scores(p) || sdpa_integer_values(p); }
+
 /* Forced packing of GQA groups into the tiled path's rows (tests): 0 the
  * rule, 1 never, 2 whenever allowed. */
 static SDPA_ATOMIC(int) forced_pack_group = 0;
@@ -182,12 +191,12 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
     /* a short query whose GQA group packs into the tiled path's rows goes there
      * from SDPA_PACKED_MIN_ROWS rows (decoding, one row a head, stays on the
      * row path; so does integer_qk, which only the row path computes, for
-     * decoding rows however many share a head; and bfloat16 pairs, whose
+     * decoding rows however many share a head, and integer_pv; and bfloat16 pairs, whose
      * products round P, keep their own rule) */
-    const int packs = p->len_q >= 2 && !bf16_pairs && pack_group(p) && !sdpa_integer_scores(p);
+    const int packs = p->len_q >= 2 && !bf16_pairs && pack_group(p) && !sdpa_integer_rows(p);
     pl->path.row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS ||
                         (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS && !(packs && rows >= SDPA_PACKED_MIN_ROWS)) ||
-                        (p->len_q == 1 && sdpa_integer_scores(p));
+                        (p->len_q == 1 && sdpa_integer_rows(p));
     /* the tiled path packs a GQA group's heads into the rows of one task where
      * nothing depends on the head but the output (no mask, ALiBi or weights):
      * position-major, a causal panel's diagonal wastes little, and each K and V
@@ -220,6 +229,13 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
             pl->path.dot_qi = sdpa_dot_qi_for(kt);
             pl->scratch.qi = off;
             off += round_elems((M * E + 3 * SDPA_ALIGN) / elem + M + SDPA_QI_WORK_BYTES(M, E) / elem + 1, elem);
+        }
+        pl->path.integer_pv = sdpa_integer_values(p);
+        if (pl->path.integer_pv) {  /* a run's weights, their scales, its rows, the kernel's work */
+            pl->path.pv_qi = sdpa_pv_qi_for(kt);
+            pl->scratch.pvi = off;
+            const size_t ng = Ev / (size_t)(p->kv_group_size > 0 ? p->kv_group_size : (int64_t)(Ev > 0 ? Ev : 1));
+            off += round_elems(SDPA_PVI_BYTES(M, Ev, ng) / elem + 1, elem);
         }
     } else {
         const size_t tq = (size_t)pl->blocking.tile_q, tk = (size_t)pl->blocking.tile_k, nr = (size_t)pl->path.nr;
@@ -348,7 +364,7 @@ void sdpa_fold_group(sdpa_problem *q, const kernel_table *kt) {
     const int64_t rule = pairs ? SDPA_FOLD_MIN_GROUP_BF16 : SDPA_FOLD_MIN_GROUP;
     const int64_t min_group = forced > 0 ? forced : forced < 0 ? INT64_MAX : rule;
     if (q->len_q != 1 || q->gqa_group < min_group || q->mask_kind != SDPA_MASK_NONE || q->weights.data ||
-        has_window(q) || q->alibi.data || q->sinks.data || sdpa_integer_scores(q))  /* integer_qk: the row path */
+        has_window(q) || q->alibi.data || q->sinks.data || sdpa_integer_rows(q))  /* integer products: the row path */
         return;
     if (q->causal && q->causal_offset < q->len_kv - 1) return;  /* the row's last visible key */
     const int64_t G = q->gqa_group;

@@ -267,6 +267,63 @@ sdpa_dot_qi_f32_fn sdpa_dot_qi_for(const kernel_table *kt) {
     return kt->f32.dot_qi;
 }
 
+#if !SDPA_HAVE_X86_KERNELS
+const sdpa_pv_qi_fn sdpa_pv_qi_vnni = NULL;
+const sdpa_peak_fn sdpa_peak_fma_avx512 = NULL, sdpa_peak_vnni_avx512 = NULL, sdpa_peak_fma_avx2 = NULL,
+                   sdpa_peak_vnni_avx2 = NULL;
+#endif
+#if !SDPA_HAVE_NEON_KERNELS
+const sdpa_peak_fn sdpa_peak_fma_neon = NULL, sdpa_peak_sdot_neon = NULL;
+#endif
+
+/* The portable probes: what the compiler makes of plain loops. */
+static double peak_fma_portable(int64_t iters) {
+    float a[12];
+    for (int k = 0; k < 12; k++) a[k] = (float)k;
+    for (int64_t i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) a[k] = a[k] * 0.999999f + 1e-7f;
+    volatile float sink = a[0] + a[11];
+    (void)sink;
+    return (double)iters * 12 * 2;
+}
+
+static double peak_int_portable(int64_t iters) {
+    int32_t a[12];
+    for (int k = 0; k < 12; k++) a[k] = k;
+    for (int64_t i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) a[k] += (int32_t)(uint8_t)(k + 3) * (int32_t)(int8_t)(i & 7);
+    volatile int32_t sink = a[0] + a[11];
+    (void)sink;
+    return (double)iters * 12 * 2;
+}
+
+sdpa_peak_fn sdpa_peak_for(int kind, const char **name) {
+    const kernel_table *kt = sdpa_kernel_table();
+    const unsigned have = kt ? kt->features : 0, cpu = cpu_features();
+    struct { sdpa_peak_fn fn; unsigned set, cpu; const char *name; } options[] = {
+        {kind ? sdpa_peak_vnni_avx512 : sdpa_peak_fma_avx512, SDPA_FEATURE_AVX512,
+         kind ? SDPA_FEATURE_AVX512_VNNI : 0, kind ? "avx512_vnni" : "avx512"},
+        {kind ? sdpa_peak_vnni_avx2 : sdpa_peak_fma_avx2, SDPA_FEATURE_AVX2, kind ? SDPA_FEATURE_AVX_VNNI : 0,
+         kind ? "avx_vnni" : "avx2"},
+        {kind ? sdpa_peak_sdot_neon : sdpa_peak_fma_neon, SDPA_FEATURE_NEON, kind ? SDPA_FEATURE_NEON_DOTPROD : 0,
+         kind ? "neon_dotprod" : "neon"},
+    };
+    for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++)
+        if (options[i].fn && (have & options[i].set) && (cpu & options[i].cpu) == options[i].cpu) {
+            *name = options[i].name;
+            return options[i].fn;
+        }
+    *name = "portable";
+    return kind ? peak_int_portable : peak_fma_portable;
+}
+
+sdpa_pv_qi_fn sdpa_pv_qi_for(const kernel_table *kt) {
+    if (!sdpa_atomic_load(&portable_dot_qi) && sdpa_pv_qi_vnni && (kt->features & SDPA_FEATURE_AVX512) &&
+        (cpu_features() & SDPA_FEATURE_AVX512_VNNI))
+        return sdpa_pv_qi_vnni;
+    return sdpa_pv_qi_portable;
+}
+
 const char *sdpa_testing_dot_qi_kernel(void) {
     const kernel_table *kt = sdpa_kernel_table();
     const sdpa_dot_qi_f32_fn f = kt ? sdpa_dot_qi_for(kt) : NULL;

@@ -110,6 +110,36 @@ extern int (*const sdpa_dot_qi_neon)(sdpa_dtype dt, int m, int n, int64_t e, int
                                      const float *ks, int64_t ksr, int64_t ksc, float *s, int64_t lds,
                                      void *work);
 
+/* integer_pv's products over a run of n <= SDPA_PV_KEYS keys, for x < m rows
+ * and the ng = ev / g value scale groups i: with inv = scale > 0 ? 1 / scale
+ * : 0 (scale = scale[x*ng + i]; NaN gives 0), each weight rounded to a byte,
+ *     u_xij = (int)min(w[x*ldw + i*SDPA_PV_KEYS + j] * inv + 0.5f, 255)   (NaN: 255)
+ * (float operations, each rounded), summed against the stored values exactly,
+ *     sum_xc = sum_{j<n} u_x(c/g)j * value c of key j     (int32)
+ * and then acc[x*ldacc + c] = acc[x*ldacc + c] + (float)sum_xc * scale[x*ng + c/g].
+ * Key j's values are the row rows[j]: int8 (dt SDPA_INT8) or int4 (SDPA_INT4:
+ * nibble - 8, value c at byte c / 2).  Every version gives these bits; a set's
+ * returns 0, doing nothing, where it cannot (the portable one then).  work:
+ * SDPA_PV_WORK_BYTES(m, ev, ng) bytes, 64-aligned. */
+typedef int (*sdpa_pv_qi_fn)(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *w, int64_t ldw,
+                             const float *scale, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work);
+#define SDPA_PV_WORK_BYTES(m, ev, ng) ((size_t)(m) * (size_t)(ng) * SDPA_PV_KEYS + (size_t)(ev) * 4 + 128)
+int sdpa_pv_qi_portable(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *w, int64_t ldw,
+                        const float *scale, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work);
+/* The AVX512-VNNI one (kernels/avx512.c); NULL where the build has none. */
+extern const sdpa_pv_qi_fn sdpa_pv_qi_vnni;
+
+/* The roofline report's probes (machine.c): iters steps of 12 independent
+ * vector multiply-adds, float32 FMA or int8 dot products (VPDPBUSD, SDOT);
+ * each returns the operations it did (2 a multiply-add); NULL where the build
+ * has none. */
+typedef double (*sdpa_peak_fn)(int64_t iters);
+extern const sdpa_peak_fn sdpa_peak_fma_avx512, sdpa_peak_vnni_avx512, sdpa_peak_fma_avx2, sdpa_peak_vnni_avx2,
+    sdpa_peak_fma_neon, sdpa_peak_sdot_neon;
+/* The probe of kind 0 (float32 FMA) or 1 (int8 dot products) for the set in
+ * use and this CPU, and its name ("avx512", "avx512_vnni", ..., "portable"). */
+sdpa_peak_fn sdpa_peak_for(int kind, const char **name);
+
 /* The widest panel of any kernel set (nr: AVX-512 float32 and the bfloat16
  * pairs take 32 query rows): the driver's tables of a panel's rows. */
 #define SDPA_MAX_PANEL 32
@@ -383,7 +413,12 @@ typedef int (*sdpa_dot_qi_f32_fn)(sdpa_dtype, int, int, int64_t, int64_t, const 
                                   void *);
 sdpa_dot_qi_f32_fn sdpa_dot_qi_for(const kernel_table *kt);
 
-/* Test hook: 1 makes sdpa_dot_qi_for return the portable kernel everywhere. */
+/* The pv_qi a float problem on set kt runs: the AVX512-VNNI one where kt has
+ * AVX-512 and the CPU VNNI, unless the tests have asked for the portable one. */
+sdpa_pv_qi_fn sdpa_pv_qi_for(const kernel_table *kt);
+
+/* Test hook: 1 makes sdpa_dot_qi_for and sdpa_pv_qi_for return the portable
+ * kernels everywhere. */
 void sdpa_testing_portable_dot_qi(int on);
 
 /* Why SDPA_ISA cannot be honoured (a static message), or NULL when it can. */

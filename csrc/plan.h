@@ -30,6 +30,8 @@ typedef struct plan {
         int convert_kv;        /* tiled: float K and V widened or copied into scratch */
         int integer_qk;        /* row path: the scores of int8 / int4 keys in integers */
         sdpa_dot_qi_f32_fn dot_qi;
+        int integer_pv;        /* row path: P V of int8 / int4 values in integers */
+        sdpa_pv_qi_fn pv_qi;
         int nr;                /* the kernel set's panel width                   */
     } path;
     struct {
@@ -59,7 +61,7 @@ typedef struct plan {
         size_t slice_elems, buffer_elems;
     } pack;
     struct {                   /* a thread's scratch for this part's tasks */
-        size_t q, acc, s, m, l, k, v, pp, vp, vt, qi, partial;
+        size_t q, acc, s, m, l, k, v, pp, vp, vt, qi, pvi, partial;
         size_t total;          /* a multiple of SDPA_ALIGN bytes */
     } scratch;
     int64_t num_tasks;
@@ -167,8 +169,22 @@ int sdpa_padding_limits(const sdpa_problem *p, int64_t batch_count, int64_t *lim
 void sdpa_fold_group(sdpa_problem *q, const kernel_table *kt);
 /* causal_offset clamped to [-L, S]. */
 void sdpa_clamp_offsets(sdpa_problem *p);
-/* Whether integer_qk applies (int8 or int4 keys, a float32 or 16-bit query). */
+/* Whether integer_qk applies (int8 or int4 keys, a float32 or 16-bit query),
+ * integer_pv (int8 or int4 values), either. */
 int sdpa_integer_scores(const sdpa_problem *p);
+int sdpa_integer_values(const sdpa_problem *p);
+int sdpa_integer_rows(const sdpa_problem *p);
+
+/* integer_pv's scratch for m rows of ev features in ng scale groups: the
+ * weights of a run (m x ng x SDPA_PV_KEYS floats), their scales (m x ng), the
+ * run's value rows (SDPA_PV_KEYS pointers) and the kernel's work, each
+ * 64-aligned. */
+#define SDPA_PVI_ALIGN(b) (((size_t)(b) + 63) / 64 * 64)
+#define SDPA_PVI_W(m, ng) SDPA_PVI_ALIGN((size_t)(m) * (size_t)(ng) * SDPA_PV_KEYS * 4)
+#define SDPA_PVI_S(m, ng) SDPA_PVI_ALIGN((size_t)(m) * (size_t)(ng) * 4)
+#define SDPA_PVI_R SDPA_PVI_ALIGN(SDPA_PV_KEYS * sizeof(void *))
+#define SDPA_PVI_BYTES(m, ev, ng) \
+    (SDPA_PVI_W(m, ng) + SDPA_PVI_S(m, ng) + SDPA_PVI_R + SDPA_PVI_ALIGN(SDPA_PV_WORK_BYTES(m, ev, ng)) + 64)
 /* The threads of a call with num_threads 0, before its work caps them. */
 int sdpa_call_default_threads(void);
 /* The cost model: a part's work (flops of the scores its rows see) and the

@@ -213,7 +213,7 @@ static void shared_part(part *pt, const sdpa_problem *c, const share_node *node,
     sdpa_problem *p = &pt->p;
     *p = *c;
     const int64_t Hkv = c->num_heads / c->gqa_group, E = c->head_dim;
-    const int row_layout = rows <= SDPA_SHARED_ROW_MODE_ROWS || sdpa_integer_scores(c);  /* integer_qk: the row path */
+    const int row_layout = rows <= SDPA_SHARED_ROW_MODE_ROWS || sdpa_integer_rows(c);  /* integer products: the row path */
     memset(&p->query, 0, sizeof(p->query));
     p->query.col_stride = 1;
     if (row_layout) {  /* (1, Hkv * rows, 1, E), gqa rows */

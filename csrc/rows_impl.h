@@ -149,6 +149,59 @@ static void FN(row_values)(const sdpa_problem *p, const plan *pl, const KT *kern
     kern->pv_rows(M, m, Ev, sto, tile_k, vb, ldv, acc, Ev);
 }
 
+/* integer_pv (sdpa.h): acc += the weights of keys [s0, s0 + n) (their
+ * probabilities in st, row stride tile_k) times int8 or int4 values, a run of
+ * SDPA_PV_KEYS keys at a time: each row's weights of each scale group times
+ * the values' scales (w), their largest over the run / 255 the scale (NaN
+ * when one is NaN, so that the row's output is NaN, as in float), and the
+ * kernel's integer products over the run's rows.  Runs count from s0,
+ * whatever the segments: the same sums paged or not. */
+static void FN(row_values_int)(const sdpa_problem *p, const plan *pl, T *scratch, const T *st, const kv_source *vsrc,
+                               int64_t s0, int n, int64_t vstep, T *acc) {
+    const int64_t Ev = p->head_dim_v, g = vsrc->sc.group, ng = Ev / g, ldw = SDPA_PV_KEYS * ng;
+    const int M = pl->row.rows, tile_k = pl->blocking.tile_k;
+    const sdpa_dtype kvdt = pl->path.kv_dtype;
+    char *base = (char *)(scratch + pl->scratch.pvi);
+    float *w = (float *)(void *)base;                                     /* [M][ng][SDPA_PV_KEYS] */
+    float *ws = (float *)(void *)(base + SDPA_PVI_W(M, ng));             /* [M][ng] */
+    const uint8_t **vr = (const uint8_t **)(void *)(base + SDPA_PVI_W(M, ng) + SDPA_PVI_S(M, ng));
+    void *work = base + SDPA_PVI_W(M, ng) + SDPA_PVI_S(M, ng) + SDPA_PVI_R;
+    const int64_t vsr = p->value.row_stride;
+    for (int r0 = 0; r0 < n; r0 += SDPA_PV_KEYS) {
+        const int rn = n - r0 < SDPA_PV_KEYS ? n - r0 : SDPA_PV_KEYS;
+        kv_cursor cur = kv_walk(vsrc, s0 + r0, s0 + r0 + rn);
+        const char *rows;
+        kv_scales sc;
+        for (int64_t a = s0 + r0, m; (m = kv_next(vsrc, &cur, &rows, &sc, vstep)) > 0; a += m) {
+            const int64_t o = a - s0 - r0;
+            for (int64_t j = 0; j < m; j++) vr[o + j] = (const uint8_t *)rows + j * vsr;
+            for (int x = 0; x < M; x++) {
+                const T *px = st + (int64_t)x * tile_k + r0 + o;
+                for (int64_t i = 0; i < ng; i++) {
+                    float *wx = w + (x * ng + i) * SDPA_PV_KEYS + o;
+                    const float *si = sc.base + i * sc.cs;
+                    if (sc.rs == 1)
+                        for (int64_t j = 0; j < m; j++) wx[j] = (float)px[j] * si[j];
+                    else
+                        for (int64_t j = 0; j < m; j++) wx[j] = (float)px[j] * si[j * sc.rs];
+                }
+            }
+        }
+        for (int64_t xi = 0; xi < (int64_t)M * ng; xi++) {  /* each row and group's scale */
+            const float *wx = w + xi * SDPA_PV_KEYS;
+            float mx = 0;
+            int nan = 0;
+            for (int j = 0; j < rn; j++) {
+                mx = wx[j] > mx ? wx[j] : mx;
+                nan |= wx[j] != wx[j];
+            }
+            ws[xi] = nan ? NAN : mx / 255.0f >= FLT_MIN ? mx / 255.0f : 0.0f;
+        }
+        if (!pl->path.pv_qi(kvdt, M, rn, Ev, g, w, ldw, ws, vr, (float *)acc, Ev, work))
+            sdpa_pv_qi_portable(kvdt, M, rn, Ev, g, w, ldw, ws, vr, (float *)acc, Ev, work);
+    }
+}
+
 static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *slot, int64_t task,
                              interrupt_state *irq, int tid) {
     const sdpa_problem *p = &pt->p;
@@ -189,6 +242,8 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *slot
     T *st = scratch + pl->scratch.s;  /* M x tile_k scores */
     const int iqk = pl->path.integer_qk && sdpa_is_quantized(kvdt) && p->key.col_stride == 1 && ksrc.scale_view &&
                     sizeof(T) == sizeof(float);
+    const int ipv = pl->path.integer_pv && sdpa_is_quantized(kvdt) && p->value.col_stride == 1 && vsrc.scale_view &&
+                    sizeof(T) == sizeof(float);
     int8_t *q8 = iqk ? (int8_t *)(scratch + pl->scratch.qi) : NULL;
     float *q8s = iqk ? (float *)(void *)(q8 + ((size_t)M * (size_t)E + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN) : NULL;
 
@@ -224,6 +279,10 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *slot
                 FN(store_raw_scores)(p, (T *)view_at(p, &p->weights, b, h, sizeof(T)) + l * p->weights.row_stride, sr,
                                      1, s0, n);
             kern->row_online_softmax_update(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
+        }
+        if (ipv) {
+            FN(row_values_int)(p, pl, scratch, st, &vsrc, s0, n, vstep, acc);
+            continue;
         }
         cur = kv_walk(&vsrc, s0, s0 + n);
         for (int64_t a = s0, m; (m = kv_next(&vsrc, &cur, &rows, &sc, vstep)) > 0; a += m)

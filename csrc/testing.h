@@ -49,6 +49,14 @@ void sdpa_testing_set_fold_group(int min_group);
 void sdpa_testing_portable_dot_qi(int on);
 const char *sdpa_testing_dot_qi_kernel(void);
 
+/* The roofline report's measurements (machine.c): the seconds `threads`
+ * threads take to sum `bytes` bytes of buf (each its share), and the
+ * operations a second of float32 FMA (kind 0) or int8 dot products (kind 1)
+ * on the set in use, `threads` threads for about `seconds`, its probe named
+ * in *name. */
+double sdpa_probe_read(const void *buf, size_t bytes, int threads);
+double sdpa_probe_peak(int kind, int threads, double seconds, const char **name);
+
 /* Asks the OS for the AMX tile state now (arch_prctl), whatever was asked
  * before; 1 when this process may use tiles.  0 off Linux x86 builds. */
 int sdpa_testing_ask_for_tiles(void);

@@ -764,8 +764,12 @@ def test_parse_cache_dtypes():
     assert bench.parse_cache_dtypes("float32, int8:4,int8,float32") == ["float32", "int8:4", "int8"]
     assert bench.parse_cache_dtypes("int4:32+iqk,float8_e5m2:16,int8+iqk") == ["int4:32+iqk", "float8_e5m2:16",
                                                                               "int8+iqk"]
+    assert bench.parse_cache_dtypes("int8+ipv,int4:32+iqk+ipv,int8+ipv+iqk") == ["int8+ipv", "int4:32+iqk+ipv",
+                                                                              "int8+ipv+iqk"]
+    assert bench.split_spec("int4:32+iqk+ipv") == ("int4", 32, True, True)
+    assert bench.split_spec("int8+ipv") == ("int8", None, False, True)
     for bad in ("int3", "int8:0", "int8:x", "float32:2", "float64", " , ", "float8_e4m3fn+iqk", "int8+x",
-                "float32+iqk"):
+                "float32+iqk", "float8_e5m2+ipv", "int8+ipv+ipv", "int8+"):
         with pytest.raises(ValueError, match="cache dtype|at least one"):
             bench.parse_cache_dtypes(bad)
 
@@ -970,3 +974,45 @@ def test_cli_plan_balance(capsys):
     assert balance([1.0] * 8, 4) == 1.0 and balance([1.0, 1.0, 1.0, 1.0, 4.0], 2) == pytest.approx(4 / 6)
     assert [name for name, _ in PLAN_CASES] == ["varlen-short", "varlen-long", "mixed", "shared"]
     assert bench.main(["--plan", "--cases", "nonsense"]) == 2
+
+
+# --------------------------------------------------------------------------- roofline report
+
+def test_step_operations_count_the_products_where_they_run():
+    shape = bench.parse_shape("s:2,8,2,1,100,16")
+    per = 2.0 * 2 * 2 * 100 * 4 * 16  # 2 x batch x Hkv x S x rows a head x E
+    assert bench.step_operations(shape, "float32") == {"float_ops": 2 * per, "int_ops": 0}
+    assert bench.step_operations(shape, "int8+iqk") == {"float_ops": per, "int_ops": per}
+    assert bench.step_operations(shape, "int4:8+ipv") == {"float_ops": per, "int_ops": per}
+    assert bench.step_operations(shape, "int8+iqk+ipv") == {"float_ops": 0, "int_ops": 2 * per}
+
+
+def test_machine_limits_are_measured():
+    limits = bench.measure_limits([1, 2], bandwidth_mib=4, repeat=1, peak_seconds=0.01)
+    for n in (1, 2):
+        lim = limits[n]
+        assert lim["read_gbps"] > 0 and lim["fma_gops"] > 0 and lim["dot_gops"] > 0
+        assert lim["fma_probe"] in ("avx512", "avx2", "neon", "portable")
+        assert lim["dot_probe"] in ("avx512_vnni", "avx_vnni", "neon_dotprod", "portable")
+
+
+def test_cli_roofline(tmp_path, capsys):
+    path = tmp_path / "roofline.json"
+    argv = ["--roofline", "--shapes", "tiny:1,4,2,1,512,64", "--threads", "1", "--min-time", "0", "--repeat", "1",
+            "--bandwidth-mib", "4", "--no-progress", "--cache-dtypes", "float32,int8,int8+iqk+ipv,int4:32+ipv",
+            "--json", str(path)]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "1 thread: read" in out and "int8 dot products" in out and "of roofline" in out
+    data = json.loads(path.read_text())
+    assert data["settings"]["mode"] == "roofline"
+    lim = data["limits"]["1"]
+    [row] = data["roofline"]
+    for r in row["caches"].values():
+        assert r["status"] == "ok"
+        assert r["roofline_s"] == max(r["bytes_s"], r["ops_s"]) > 0
+        assert r["bytes_s"] == pytest.approx(r["bytes"] / (lim["read_gbps"] * 1e9))
+        assert r["of_roofline"] == pytest.approx(r["roofline_s"] / r["median_s"])
+        assert r["bound"] in ("bytes", "ops")
+    assert row["caches"]["int8+iqk+ipv"]["float_ops"] == 0
+    assert bench.main(["--roofline", "--latency"]) == 2

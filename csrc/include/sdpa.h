@@ -32,6 +32,9 @@ extern "C" {
 /* Leading batch dimensions, in front of the head dimension. */
 #define SDPA_MAX_BATCH_DIMS 8
 
+/* integer_pv: the keys whose weights share one scale (a run of a key tile). */
+#define SDPA_PV_KEYS 64
+
 typedef enum sdpa_status {
     SDPA_OK = 0,
     SDPA_ERR_NULL_POINTER = 1,      /* a required pointer is NULL            */
@@ -221,8 +224,19 @@ typedef struct sdpa_problem {
      * int8 x int8 (or x int4) products (AVX512-VNNI or AVX-VNNI where the CPU
      * has them, the same sums in portable C where not), then scaled in float.
      * It adds the query's rounding to the scores (relative error about
-     * 2^-8 of max|q| |k| per term); P V stays in float.  The tiled path (long
-     * queries) ignores it. */
+     * 2^-8 of max|q| |k| per term).  The tiled path (long queries) ignores it.
+     *
+     * integer_pv (0.5; int8 and int4 values, a float32 or 16-bit query; else
+     * ignored): nonzero computes the row path's P V in integers.  For each
+     * query row, each run of SDPA_PV_KEYS keys of a key tile and each value
+     * scale group, the weights p_j * value_scale_j (p_j in [0, 1] after the
+     * running maximum) are rounded to 0..255 with the scale max_j / 255, and
+     * summed against the stored values in exact int32 sums (u8 x int8 or
+     * int4: AVX512-VNNI where the CPU has it, the same sums in portable C
+     * elsewhere), then converted and scaled in float.  It adds the weights'
+     * rounding (at most 2^-9 of the run's largest weight per term); the
+     * VNNI and portable sums are the same.  Float8 values are not integers in a byte:
+     * ignored for them.  The tiled path ignores it. */
     sdpa_view key_scale;
     sdpa_view value_scale;
     int64_t kv_group_size;
@@ -280,6 +294,7 @@ typedef struct sdpa_problem {
     const int64_t *cu_seqlens_q;
     const int64_t *cu_seqlens_k;
     int32_t offsets_from_end;
+    int32_t integer_pv;          /* see the quantized values above; 0: float */
 } sdpa_problem;
 
 /* Fills *p with an empty problem: float32, key and value of the query's

@@ -248,6 +248,22 @@ static void scale_copy_d_avx2(float *dst, const float *src, int64_t n, double in
     for (; i < n; i++) dst[i] = (float)((double)src[i] * inv);
 }
 
+/* The roofline report's probe (internal.h). */
+static double peak_fma_avx2(int64_t iters) {
+    __m256 a[12];
+    const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+    for (int k = 0; k < 12; k++) a[k] = _mm256_set1_ps((float)k);
+    for (int64_t i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) a[k] = _mm256_fmadd_ps(a[k], b, c);
+    __m256 t = a[0];
+    for (int k = 1; k < 12; k++) t = _mm256_add_ps(t, a[k]);
+    float r[8];
+    _mm256_storeu_ps(r, t);
+    volatile float sink = r[0];
+    (void)sink;
+    return (double)iters * 12 * 8 * 2;
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -385,6 +401,20 @@ static int dot_qi_avx_vnni(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, co
     return 1;
 }
 
+/* The roofline report's probe (internal.h). */
+static double peak_vnni_avx2(int64_t iters) {
+    __m256i a[12];
+    const __m256i u = _mm256_set1_epi8(3), v = _mm256_set1_epi8(-2);
+    for (int k = 0; k < 12; k++) a[k] = _mm256_set1_epi32(k);
+    for (int64_t i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) a[k] = _mm256_dpbusd_avx_epi32(a[k], u, v);
+    __m256i t = a[0];
+    for (int k = 1; k < 12; k++) t = _mm256_add_epi32(t, a[k]);
+    volatile int sink = _mm256_extract_epi32(t, 0);
+    (void)sink;
+    return (double)iters * 12 * 32 * 2;
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -394,6 +424,9 @@ static int dot_qi_avx_vnni(sdpa_dtype dt, int m, int n, int64_t e, int64_t g, co
 int (*const sdpa_dot_qi_avx_vnni)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
                                   const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
                                   void *) = dot_qi_avx_vnni;
+
+const sdpa_peak_fn sdpa_peak_fma_avx2 = peak_fma_avx2;
+const sdpa_peak_fn sdpa_peak_vnni_avx2 = peak_vnni_avx2;
 
 const kernel_table sdpa_kernels_avx2 = {
     .name = "avx2",

@@ -735,6 +735,131 @@ static int dot_qi_avx512_vnni(sdpa_dtype dt, int m, int n, int64_t e, int64_t g,
 }
 #undef QI_INT4_ORDER
 
+/* integer_pv's values: 64 of a row as signed bytes in order, int4 nibbles
+ * unpacked (value c at byte c / 2, low nibble first) less 8. */
+static inline __attribute__((always_inline)) __m512i pv_values(const uint8_t *p, const int int4) {
+    if (!int4) return _mm512_loadu_si512((const void *)p);
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));  /* word i: byte i */
+    const __m512i lo = _mm512_and_si512(w, _mm512_set1_epi16(0x000F));
+    const __m512i hi = _mm512_and_si512(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(0x0F00));
+    return _mm512_sub_epi8(_mm512_or_si512(lo, hi), _mm512_set1_epi8(8));
+}
+
+/* One 32-bit lane's four weights (keys 4t.. of group i) of row x, for each
+ * 128-bit lane of a chunk of 64 values starting in group gi: lane l holds
+ * values 16l.. of the chunk, in group gi (g >= 64), gi + l / 2 (32) or
+ * gi + l (16).  lin: the row's weights as bytes, SDPA_PV_KEYS a group. */
+static inline __attribute__((always_inline)) __m512i pv_weights(const uint8_t *lin, int64_t g, int64_t gi, int t) {
+    const uint8_t *at = lin + gi * SDPA_PV_KEYS + 4 * t;
+    int32_t d[4];
+    memcpy(&d[0], at, 4);
+    if (g >= 64) return _mm512_set1_epi32(d[0]);
+    memcpy(&d[1], at + SDPA_PV_KEYS, 4);
+    if (g == 32) return _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(d[0]), _mm512_set1_epi32(d[1]));
+    memcpy(&d[2], at + 2 * SDPA_PV_KEYS, 4);
+    memcpy(&d[3], at + 3 * SDPA_PV_KEYS, 4);
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                    _mm512_castsi128_si512(_mm_setr_epi32(d[0], d[1], d[2], d[3])));
+}
+
+/* internal.h's pv_qi.  The weights are rounded to bytes 16 at a time; then up
+ * to 4 rows x 64 values, 4 keys a step: the four keys' value rows are
+ * interleaved byte by byte (unpack by 8 then 16 bits), so that each 32-bit
+ * lane holds one value of the four keys, and VPDPBUSD adds the row's four
+ * weights (unsigned) times them (signed) to the lane.  The interleave leaves
+ * value 16l + 4i + d of 128-bit lane l in register i, lane l, dword d; the
+ * sums are put back in order (a 4 x 4 transpose of 128-bit lanes), converted
+ * and scaled into acc. */
+static int pv_qi_avx512_vnni(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *w, int64_t ldw,
+                             const float *scale, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work) {
+    const int int4 = dt == SDPA_INT4;
+    if ((dt != SDPA_INT8 && !int4) || ev % 64 || g <= 0 || ev % g || (g >= 64 ? g % 64 != 0 : g != 32 && g != 16) ||
+        n > SDPA_PV_KEYS || n < 1)
+        return 0;
+    const int64_t ng = ev / g;
+    uint8_t *lin = (uint8_t *)work;  /* [m][ng][SDPA_PV_KEYS] */
+    const __m512 half = _mm512_set1_ps(0.5f), top = _mm512_set1_ps(255.0f);
+    for (int x = 0; x < m; x++)
+        for (int64_t i = 0; i < ng; i++) {
+            const float sc = scale[x * ng + i], inv = sc > 0 ? 1.0f / sc : 0.0f;
+            const __m512 vi = _mm512_set1_ps(inv);
+            const float *wx = w + x * ldw + i * SDPA_PV_KEYS;
+            uint8_t *lx = lin + (x * ng + i) * SDPA_PV_KEYS;
+            for (int j = 0; j < SDPA_PV_KEYS; j += 16) {
+                const int left = n - j;
+                const __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+                const __m512 r = _mm512_min_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, wx + j), vi), half), top);
+                _mm_storeu_si128((__m128i *)(lx + j), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
+            }
+        }
+    const int quads = (n + 3) / 4;
+    for (int x0 = 0; x0 < m; x0 += 4) {
+        const int mr = m - x0 < 4 ? m - x0 : 4;
+        const uint8_t *lx[4];
+        for (int x = 0; x < 4; x++) lx[x] = lin + (x0 + (x < mr ? x : mr - 1)) * ng * SDPA_PV_KEYS;  /* past mr: a copy */
+        for (int64_t c0 = 0; c0 < ev; c0 += 64) {
+            const int64_t gi = c0 / g, vo = int4 ? c0 / 2 : c0;
+            __m512i A[16];
+            for (int i = 0; i < 16; i++) A[i] = _mm512_setzero_si512();
+            for (int t = 0; t < quads; t++) {
+                const int j = 4 * t, rem = n - j;
+                __m512i r[4];
+                for (int k = 0; k < 4; k++) r[k] = k < rem ? pv_values(rows[j + k] + vo, int4) : _mm512_setzero_si512();
+                const __m512i l01 = _mm512_unpacklo_epi8(r[0], r[1]), h01 = _mm512_unpackhi_epi8(r[0], r[1]);
+                const __m512i l23 = _mm512_unpacklo_epi8(r[2], r[3]), h23 = _mm512_unpackhi_epi8(r[2], r[3]);
+                const __m512i V[4] = {_mm512_unpacklo_epi16(l01, l23), _mm512_unpackhi_epi16(l01, l23),
+                                      _mm512_unpacklo_epi16(h01, h23), _mm512_unpackhi_epi16(h01, h23)};
+                for (int x = 0; x < 4; x++) {
+                    const __m512i a = pv_weights(lx[x], g, gi, t);
+                    for (int i = 0; i < 4; i++) A[x * 4 + i] = _mm512_dpbusd_epi32(A[x * 4 + i], a, V[i]);
+                }
+            }
+            for (int x = 0; x < mr; x++) {
+                const __m512i *R = A + x * 4;
+                const __m512i t0 = _mm512_shuffle_i64x2(R[0], R[1], 0x44), t1 = _mm512_shuffle_i64x2(R[2], R[3], 0x44);
+                const __m512i t2 = _mm512_shuffle_i64x2(R[0], R[1], 0xEE), t3 = _mm512_shuffle_i64x2(R[2], R[3], 0xEE);
+                const __m512i N[4] = {_mm512_shuffle_i64x2(t0, t1, 0x88), _mm512_shuffle_i64x2(t0, t1, 0xDD),
+                                      _mm512_shuffle_i64x2(t2, t3, 0x88), _mm512_shuffle_i64x2(t2, t3, 0xDD)};
+                float *ax = acc + (x0 + x) * ldacc + c0;
+                const float *sx = scale + (x0 + x) * ng;
+                for (int l = 0; l < 4; l++) {
+                    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(N[l]), _mm512_set1_ps(sx[(c0 + 16 * l) / g]));
+                    _mm512_storeu_ps(ax + 16 * l, _mm512_add_ps(_mm512_loadu_ps(ax + 16 * l), f));
+                }
+            }
+        }
+    }
+    return 1;
+}
+
+/* The roofline report's probes (internal.h): 12 independent chains, more
+ * than two pipes' latency needs. */
+static double peak_fma_avx512(int64_t iters) {
+    __m512 a[12];
+    const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+    for (int k = 0; k < 12; k++) a[k] = _mm512_set1_ps((float)k);
+    for (int64_t i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) a[k] = _mm512_fmadd_ps(a[k], b, c);
+    __m512 t = a[0];
+    for (int k = 1; k < 12; k++) t = _mm512_add_ps(t, a[k]);
+    volatile float sink = _mm512_reduce_add_ps(t);
+    (void)sink;
+    return (double)iters * 12 * 16 * 2;
+}
+
+static double peak_vnni_avx512(int64_t iters) {
+    __m512i a[12];
+    const __m512i u = _mm512_set1_epi8(3), v = _mm512_set1_epi8(-2);
+    for (int k = 0; k < 12; k++) a[k] = _mm512_set1_epi32(k);
+    for (int64_t i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) a[k] = _mm512_dpbusd_epi32(a[k], u, v);
+    __m512i t = a[0];
+    for (int k = 1; k < 12; k++) t = _mm512_add_epi32(t, a[k]);
+    volatile int sink = _mm512_reduce_add_epi32(t);
+    (void)sink;
+    return (double)iters * 12 * 64 * 2;
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -744,6 +869,10 @@ static int dot_qi_avx512_vnni(sdpa_dtype dt, int m, int n, int64_t e, int64_t g,
 int (*const sdpa_dot_qi_vnni)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
                               const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
                               void *) = dot_qi_avx512_vnni;
+const sdpa_pv_qi_fn sdpa_pv_qi_vnni = pv_qi_avx512_vnni;
+
+const sdpa_peak_fn sdpa_peak_fma_avx512 = peak_fma_avx512;
+const sdpa_peak_fn sdpa_peak_vnni_avx512 = peak_vnni_avx512;
 
 /* The float32 kernels every AVX-512 set shares. */
 #define AVX512_F32_KERNELS                                                                                     \

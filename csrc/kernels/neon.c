@@ -227,6 +227,21 @@ static void scale_copy_d_neon(float *dst, const float *src, int64_t n, double in
     .exp = exp_neon_f64, .softcap = softcap_neon_f64, .dot = dot_neon_f64, .pv_rows = pv_rows_neon_f64,          \
     .row_online_softmax_update = row_online_softmax_update_neon_f64
 
+/* The roofline report's probe (internal.h). */
+static double peak_fma_neon(int64_t iters) {
+    float32x4_t a[12];
+    const float32x4_t b = vdupq_n_f32(0.999999f), c = vdupq_n_f32(1e-7f);
+    for (int k = 0; k < 12; k++) a[k] = vdupq_n_f32((float)k);
+    for (int64_t i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) a[k] = vfmaq_f32(c, a[k], b);
+    float32x4_t t = a[0];
+    for (int k = 1; k < 12; k++) t = vaddq_f32(t, a[k]);
+    volatile float sink = vaddvq_f32(t);
+    (void)sink;
+    return (double)iters * 12 * 4 * 2;
+}
+const sdpa_peak_fn sdpa_peak_fma_neon = peak_fma_neon;
+
 const kernel_table sdpa_kernels_neon = {
     .name = "neon",
     .features = SDPA_FEATURE_NEON,
@@ -251,7 +266,9 @@ const kernel_table sdpa_kernels_neon_bf16 = {
 int (*const sdpa_dot_qi_neon)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
                               const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
                               void *) = dot_qi_neon_dotprod;
+const sdpa_peak_fn sdpa_peak_sdot_neon = peak_sdot_neon;
 #else
+const sdpa_peak_fn sdpa_peak_sdot_neon = NULL;
 int (*const sdpa_dot_qi_neon)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,
                               const uint8_t *, int64_t, const float *, int64_t, int64_t, float *, int64_t,
                               void *) = NULL;

@@ -184,6 +184,20 @@ static void online_softmax_pairs_neon(const float *s, int n, float scale, float 
 
 /* 16 key values from feature c (a multiple of 16) of a row, as int8: int8
  * rows as they are, int4 nibbles (value + 8) unpacked into their order */
+/* The roofline report's probe (internal.h): SDOT, 16 products an instruction. */
+static double peak_sdot_neon(int64_t iters) {
+    int32x4_t a[12];
+    const int8x16_t u = vdupq_n_s8(3), v = vdupq_n_s8(-2);
+    for (int k = 0; k < 12; k++) a[k] = vdupq_n_s32(k);
+    for (int64_t i = 0; i < iters; i++)
+        for (int k = 0; k < 12; k++) a[k] = vdotq_s32(a[k], u, v);
+    int32x4_t t = a[0];
+    for (int k = 1; k < 12; k++) t = vaddq_s32(t, a[k]);
+    volatile int sink = vaddvq_s32(t);
+    (void)sink;
+    return (double)iters * 12 * 16 * 2;
+}
+
 static inline __attribute__((always_inline)) int8x16_t qi_keys_neon(const uint8_t *row, int64_t c, const int int4) {
     if (!int4) return vld1q_s8((const int8_t *)row + c);
     const uint8x8_t b = vld1_u8(row + c / 2);

@@ -31,6 +31,37 @@
 /* the SIMD sets' widening tails */
 void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n) { widen_f32(dt, src, dst, n); }
 
+/* integer_pv's products (internal.h), the reference: exact int32 sums */
+int sdpa_pv_qi_portable(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *w, int64_t ldw,
+                        const float *scale, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work) {
+    if ((dt != SDPA_INT8 && dt != SDPA_INT4) || g <= 0 || ev % g || n > SDPA_PV_KEYS) return 0;
+    const int64_t ng = ev / g;
+    int32_t *sum = (int32_t *)work;
+    uint8_t *u = (uint8_t *)(sum + ev);  /* [ng][SDPA_PV_KEYS] */
+    for (int x = 0; x < m; x++) {
+        for (int64_t i = 0; i < ng; i++) {
+            const float sc = scale[x * ng + i], inv = sc > 0 ? 1.0f / sc : 0.0f;
+            const float *wx = w + x * ldw + i * SDPA_PV_KEYS;
+            for (int j = 0; j < n; j++) {
+                const float r = wx[j] * inv + 0.5f;
+                u[i * SDPA_PV_KEYS + j] = (uint8_t)(int)(r < 255.0f ? r : 255.0f);
+            }
+        }
+        for (int64_t c = 0; c < ev; c++) sum[c] = 0;
+        for (int j = 0; j < n; j++) {
+            const uint8_t *vj = rows[j];
+            for (int64_t c = 0; c < ev; c++) {
+                const int32_t val = dt == SDPA_INT8 ? (int32_t)(int8_t)vj[c]
+                                                    : (int32_t)((vj[c >> 1] >> ((c & 1) * 4)) & 15u) - 8;
+                sum[c] += (int32_t)u[(c / g) * SDPA_PV_KEYS + j] * val;
+            }
+        }
+        float *ax = acc + x * ldacc;
+        for (int64_t c = 0; c < ev; c++) ax[c] = ax[c] + (float)sum[c] * scale[x * ng + c / g];
+    }
+    return 1;
+}
+
 /* the bfloat16 products' state around a task: none without tiles */
 static void tiles_none(void) {}
 

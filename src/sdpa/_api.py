@@ -346,6 +346,7 @@ def _attention_general(
     diagonal: Optional[int] = None,
     kv_dtype: Optional[int] = None,
     integer_qk: bool = False,
+    integer_pv: bool = False,
 ) -> AttentionResult:
     """scaled_dot_product_attention for any arguments (the keywords of
     ``sdpa._core.attention``): converts what it can, raises with a message
@@ -460,5 +461,6 @@ def _attention_general(
         scale=scale_value, enable_gqa=bool(enable_gqa), return_weights=bool(return_weights),
         return_lse=bool(return_lse), key_lengths=lengths, out=result,
         num_threads=thread_count(num_threads), diagonal=diagonal, key_scale=key_scale,
-        value_scale=value_scale, group_size=group_size, kv_dtype=code, integer_qk=integer_qk, **variants,
+        value_scale=value_scale, group_size=group_size, kv_dtype=code, integer_qk=integer_qk,
+        integer_pv=integer_pv, **variants,
     )

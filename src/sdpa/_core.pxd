@@ -80,6 +80,7 @@ cdef extern from "sdpa.h" nogil:
         const int64_t *cu_seqlens_q
         const int64_t *cu_seqlens_k
         int32_t offsets_from_end
+        int32_t integer_pv
     void sdpa_problem_init(sdpa_problem *p)
     sdpa_status sdpa_quantize(sdpa_dtype dt, const float *src, int64_t src_row_stride, int64_t rows,
                               int64_t cols, int64_t group_size, void *dst, int64_t dst_row_stride,
@@ -117,6 +118,8 @@ cdef extern from "testing.h" nogil:
     void sdpa_testing_set_pack_group(int mode)
     void sdpa_testing_portable_dot_qi(int on)
     const char *sdpa_testing_dot_qi_kernel()
+    double sdpa_probe_read(const void *buf, size_t nbytes, int threads)
+    double sdpa_probe_peak(int kind, int threads, double seconds, const char **name)
     int sdpa_testing_ask_for_tiles()
     sdpa_status sdpa_testing_stand_in(int mode, int as_default)
     int sdpa_testing_tile_requests()

@@ -225,14 +225,39 @@ def set_pack_group(mode):
 
 
 def set_portable_dot_qi(bint on):
-    """integer_qk's scores by the portable kernel everywhere (True), or by the
-    fastest this CPU has (False, the default); process-wide, for tests."""
+    """integer_qk's scores and integer_pv's products by the portable kernels
+    everywhere (True), or by the fastest this CPU has (False, the default);
+    process-wide, for tests."""
     sdpa_testing_portable_dot_qi(on)
 
 
 def dot_qi_kernel():
     """The kernel integer_qk's scores run on now: "avx512_vnni", "avx_vnni", "neon_dotprod" or "portable"."""
     return sdpa_testing_dot_qi_kernel().decode()
+
+
+def probe_read(cnp.ndarray buf not None, int threads):
+    """Seconds ``threads`` threads take to read a C-contiguous array once, a
+    streaming sum each of its share (the roofline report's read bandwidth)."""
+    if not cnp.PyArray_IS_C_CONTIGUOUS(buf):
+        raise ValueError("probe_read: buf must be C-contiguous")
+    cdef const void *data = cnp.PyArray_DATA(buf)
+    cdef size_t nbytes = <size_t>cnp.PyArray_NBYTES(buf)
+    cdef double t
+    with nogil:
+        t = sdpa_probe_read(data, nbytes, threads)
+    return t
+
+
+def probe_peak(int kind, int threads, double seconds=0.2):
+    """Operations a second of float32 FMA (kind 0) or int8 dot products
+    (kind 1, VPDPBUSD / SDOT where the set in use and the CPU have them) on
+    ``threads`` threads, and the probe's name (the roofline report's peaks)."""
+    cdef const char *name = NULL
+    cdef double ops
+    with nogil:
+        ops = sdpa_probe_peak(kind, threads, seconds, &name)
+    return ops, name.decode()
 
 
 def ask_for_tiles():
@@ -621,7 +646,7 @@ def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarra
 ARGUMENTS = ("query", "key", "value", "attn_mask", "is_causal", "scale", "enable_gqa",
              "return_weights", "return_lse", "key_lengths", "window", "softcap",
              "alibi_slopes", "sinks", "out", "num_threads", "key_scale", "value_scale",
-             "group_size", "diagonal", "kv_dtype", "integer_qk")
+             "group_size", "diagonal", "kv_dtype", "integer_qk", "integer_pv")
 RULES = ("is not of a type the core takes as it is",
          "has a dtype the core does not take as it is, or one that does not go with the others",
          "has a shape that does not fit the problem",
@@ -634,7 +659,7 @@ cdef enum:
     ARG_QUERY, ARG_KEY, ARG_VALUE, ARG_MASK, ARG_CAUSAL, ARG_SCALE, ARG_GQA, ARG_WEIGHTS, \
         ARG_LSE, ARG_LENGTHS, ARG_WINDOW, ARG_SOFTCAP, ARG_ALIBI, ARG_SINKS, ARG_OUT, \
         ARG_THREADS, ARG_KEY_SCALE, ARG_VALUE_SCALE, ARG_GROUP_SIZE, ARG_DIAGONAL, ARG_KV_DTYPE, \
-        ARG_INTEGER_QK
+        ARG_INTEGER_QK, ARG_INTEGER_PV
 cdef enum:
     RULE_TYPE, RULE_DTYPE, RULE_SHAPE, RULE_VALUE, RULE_LAYOUT, RULE_OVERLAP, RULE_MEMORY
 
@@ -757,7 +782,7 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
               enable_gqa=False, return_weights=False, return_lse=False, key_lengths=None,
               window=None, softcap=None, alibi_slopes=None, sinks=None, out=None,
               num_threads=None, key_scale=None, value_scale=None, group_size=0,
-              diagonal=None, kv_dtype=None, integer_qk=False):
+              diagonal=None, kv_dtype=None, integer_qk=False, integer_pv=False):
     """The one entry into the core: ``scaled_dot_product_attention``'s arguments,
     as given.  When every one is in the form the core takes as it is, fills one
     ``sdpa_problem``, computes, and returns what that function returns (the
@@ -782,9 +807,10 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
     int8 when there are scales) says which quantized type they hold: int8
     storage for int8, uint8 for the others (int4: two values a byte, so E / 2
     and Ev / 2 columns), and the float8 types may go without scales.
-    ``integer_qk`` True computes an int8 or int4 cache's scores in integers
-    (see sdpa.h).  ``diagonal``, an int, makes the call causal with
-    row l seeing keys s <= l + diagonal; the window and ALiBi stay aligned by
+    ``integer_qk`` True computes an int8 or int4 cache's scores in integers,
+    ``integer_pv`` True its weighted sum of the values (see sdpa.h).
+    ``diagonal``, an int, makes the call causal with row l seeing keys s <= l +
+    diagonal; the window and ALiBi stay aligned by
     ``is_causal``.
 
     Every argument may be passed by position: the public function's in the
@@ -863,6 +889,11 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
             return _why(ARG_INTEGER_QK, RULE_VALUE)
     elif integer_qk is not False:
         return _why(ARG_INTEGER_QK, RULE_TYPE)
+    if integer_pv is True:
+        if kvdt != SDPA_INT8 and kvdt != SDPA_INT4:
+            return _why(ARG_INTEGER_PV, RULE_VALUE)
+    elif integer_pv is not False:
+        return _why(ARG_INTEGER_PV, RULE_TYPE)
 
     # the sizes: the one derivation in the core (sdpa._api.plan_shapes explains
     # what does not fit)
@@ -918,6 +949,7 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
     p.head_dim = E
     p.head_dim_v = Ev
     p.integer_qk = integer_qk is True
+    p.integer_pv = integer_pv is True
 
     # scalars
     if scale is None:
@@ -1251,7 +1283,7 @@ def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, bint causal, bint from
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint causal, double scale,
                     window, softcap, alibi_slopes, sinks, bint return_lse, out, num_threads,
                     key_scale, value_scale, int64_t group_size, kv_dtype=None, bint integer_qk=False,
-                    query_start_loc=None, tree_mask=None, int plan_threads=-1):
+                    query_start_loc=None, tree_mask=None, int plan_threads=-1, bint integer_pv=False):
     """Attention over paged caches, arguments checked by :func:`sdpa.paged_attention`:
     query (B, Hq, L, E) of a dtype the core takes, or packed (T, Hq, E) with
     query_start_loc (native, C-contiguous int64 prefix sums, B + 1);
@@ -1302,6 +1334,7 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
             ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
         p.kv_dtype = SDPA_INT8 if kv_dtype is None else <sdpa_dtype>kv_dtype
         p.integer_qk = integer_qk
+        p.integer_pv = integer_pv
         if dt == SDPA_FLOAT64 or cnp.PyArray_TYPE(kc) != (cnp.NPY_INT8 if p.kv_dtype == SDPA_INT8 else cnp.NPY_UINT8) \
                 or cnp.PyArray_TYPE(vc) != cnp.PyArray_TYPE(kc):
             raise ValueError("paged_attention: the caches' dtype does not go with the query's")

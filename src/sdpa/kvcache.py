@@ -520,6 +520,7 @@ class KVCache:
         alibi_slopes: Optional[ArrayInput] = None,
         sinks: Optional[ArrayInput] = None,
         integer_qk: bool = False,
+        integer_pv: bool = False,
     ) -> AttentionResult:
         """Attention of ``query`` over the held keys and values.
 
@@ -542,15 +543,27 @@ class KVCache:
         ``2^-8 max|q| |k|`` per term, to the scores (docs/guarantees.md gives
         the measured error); long queries (the tiled path) compute in float
         whatever it says.
+
+        ``integer_pv=True`` (int8 and int4 caches only) computes the weighted
+        sum of the values of decoding-size calls in integers: for each query
+        row, each run of 64 keys and each value scale group, the weights
+        times the values' scales are rounded to 0..255 against the run's
+        largest, and multiplied with the stored values exactly (AVX512-VNNI
+        where the CPU has it, the same integer sums in portable C where not).
+        It adds the weights' rounding, at most ``2^-9`` of the run's largest
+        weight per term (docs/guarantees.md gives the measured error); the
+        VNNI and portable kernels give the same bits.  Both switches together compute both
+        products in integers.
         """
-        if integer_qk is not False:
-            if integer_qk is not True:
-                raise TypeError(f"integer_qk: expected a bool, got {type(integer_qk).__name__}")
-            if self._code not in (_core.QUANTIZED["int8"], _core.QUANTIZED["int4"]):
-                raise ValueError(f"integer_qk: only int8 and int4 caches have integer keys; this one is {self._name}")
+        for name, flag, what in (("integer_qk", integer_qk, "keys"), ("integer_pv", integer_pv, "values")):
+            if flag is not False:
+                if flag is not True:
+                    raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+                if self._code not in (_core.QUANTIZED["int8"], _core.QUANTIZED["int4"]):
+                    raise ValueError(f"{name}: only int8 and int4 caches have integer {what}; this one is {self._name}")
         return self._attend(
             query, attn_mask, is_causal, scale, return_lse, out, num_threads,
-            window, softcap, alibi_slopes, sinks, None, integer_qk,
+            window, softcap, alibi_slopes, sinks, None, integer_qk, integer_pv,
         )
 
     def _attend(
@@ -568,6 +581,7 @@ class KVCache:
         sinks: Optional[ArrayInput] = None,
         diagonal: Optional[int] = None,
         integer_qk: bool = False,
+        integer_pv: bool = False,
     ) -> AttentionResult:
         """attend; ``diagonal`` (see ``sdpa._api._attention_general``) replaces
         ``is_causal`` when the held positions are one range of a longer sequence.
@@ -594,7 +608,7 @@ class KVCache:
         # parsing), then, if it declines, the general path by keyword
         result = _core.attention(
             query, k, v, attn_mask, is_causal, scale, gqa, False, return_lse, None, window, softcap,
-            alibi_slopes, sinks, out, num_threads, ks, vs, self._group, diagonal, code, integer_qk,
+            alibi_slopes, sinks, out, num_threads, ks, vs, self._group, diagonal, code, integer_qk, integer_pv,
         )
         if not isinstance(result, int):
             return result
@@ -603,7 +617,7 @@ class KVCache:
             return_lse=return_lse, out=out, num_threads=num_threads, window=window,
             softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, key_scale=ks,
             value_scale=vs, group_size=self._group, diagonal=diagonal, kv_dtype=code,
-            integer_qk=integer_qk,
+            integer_qk=integer_qk, integer_pv=integer_pv,
         )
 
     def result_dtype(self, query_dtype: Any) -> np.dtype:

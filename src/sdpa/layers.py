@@ -75,6 +75,8 @@ class MultiHeadAttention:
     integer_qk : bool, default False
         Decode over an int8 or int4 cache with integer Q.K (see
         :meth:`KVCache.attend`); a float cache then raises.
+    integer_pv : bool, default False
+        The same for the weighted sum of the values (integer P.V).
 
     Attributes
     ----------
@@ -116,11 +118,14 @@ class MultiHeadAttention:
         sinks: Any = None,
         kv_cache_dtype: Any = None,
         integer_qk: bool = False,
+        integer_pv: bool = False,
     ) -> None:
         self._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype, window, sinks)
-        if not isinstance(integer_qk, (bool, np.bool_)):
-            raise TypeError(f"integer_qk: expected a bool, got {type(integer_qk).__name__}")
+        for name, flag in (("integer_qk", integer_qk), ("integer_pv", integer_pv)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
         self.integer_qk = bool(integer_qk)
+        self.integer_pv = bool(integer_pv)
         if kv_cache_dtype is not None:  # checked now, not at the first new_cache
             cache_dtype(kv_cache_dtype, "kv_cache_dtype")
         self.kv_cache_dtype: Any = kv_cache_dtype
@@ -417,6 +422,7 @@ class MultiHeadAttention:
                 window=window,
                 sinks=self.sinks,
                 integer_qk=getattr(self, "integer_qk", False),
+                integer_pv=getattr(self, "integer_pv", False),
             )
         else:
             merged = np.empty((B, T, Hq, D), dtype=result_dtype(q.dtype, k.dtype, v.dtype))

@@ -219,7 +219,7 @@ def _paged_call(
     softcap: Optional[float] = None, alibi_slopes: Any = None, sinks: Any = None, tree_mask: Any = None,
     return_lse: bool = False, out: Optional[Array] = None, num_threads: Optional[int] = None,
     key_scale: Any = None, value_scale: Any = None, kv_dtype: Optional[str] = None, integer_qk: bool = False,
-    query_start_loc: Any = None,
+    query_start_loc: Any = None, integer_pv: bool = False,
 ) -> Tuple[Tuple[Any, ...], Dict[str, Any], Tuple[Any, ...]]:
     """:func:`paged_attention`'s arguments checked and in the core's form: the
     positional and keyword arguments of ``_core.paged_attention``, and what
@@ -270,6 +270,11 @@ def _paged_call(
     iqk = bool(integer_qk)
     if iqk and not (kc.dtype == np.int8 or code == _INT4):
         raise ValueError("integer_qk: only int8 and int4 caches have integer keys")
+    if not isinstance(integer_pv, (bool, np.bool_)):
+        raise TypeError(f"integer_pv: expected a bool, got {type(integer_pv).__name__}")
+    ipv = bool(integer_pv)
+    if ipv and not (kc.dtype == np.int8 or code == _INT4):
+        raise ValueError("integer_pv: only int8 and int4 caches have integer values")
     if packed:
         bt, sl = _tables(block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc")
     else:
@@ -314,8 +319,8 @@ def _paged_call(
     causal = bool(is_causal) and tree is None  # under a tree, the tree decides the last L positions
     args = (q, kc, vc, bt, sl, causal, sc, win, cap, alibi, sink, bool(return_lse), out, threads, ks, vs, group,
             code or None, iqk)
-    return args, {"query_start_loc": qsl, "tree_mask": tree}, (block_tables, seq_lens, B, rows, num_blocks, bs,
-                                                                "query_start_loc" if packed else "query")
+    kw = {"query_start_loc": qsl, "tree_mask": tree, "integer_pv": ipv}
+    return args, kw, (block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc" if packed else "query")
 
 
 def paged_attention(
@@ -340,6 +345,7 @@ def paged_attention(
     kv_dtype: Optional[str] = None,
     integer_qk: bool = False,
     query_start_loc: Any = None,
+    integer_pv: bool = False,
 ) -> Union[Array, Tuple[Array, Array]]:
     """Attention of each sequence's last positions over its paged keys and values.
 
@@ -395,6 +401,9 @@ def paged_attention(
     integer_qk : bool
         int8 and int4 caches: the scores of decoding-size calls in integers,
         as :meth:`sdpa.KVCache.attend` computes them.
+    integer_pv : bool
+        int8 and int4 caches: the weighted sum of the values of decoding-size
+        calls in integers, as :meth:`sdpa.KVCache.attend` computes it.
     query_start_loc : array_like of int, shape (B + 1,), optional
         A mixed batch (vLLM's layout): the query is packed, sequence ``b``'s
         rows are ``query[query_start_loc[b]:query_start_loc[b + 1]]``, its last
@@ -450,7 +459,7 @@ def paged_attention(
         query, key_cache, value_cache, block_tables, seq_lens, is_causal=is_causal, scale=scale, window=window,
         softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, tree_mask=tree_mask, return_lse=return_lse,
         out=out, num_threads=num_threads, key_scale=key_scale, value_scale=value_scale, kv_dtype=kv_dtype,
-        integer_qk=integer_qk, query_start_loc=query_start_loc)
+        integer_qk=integer_qk, query_start_loc=query_start_loc, integer_pv=integer_pv)
     try:
         return _core.paged_attention(*args, **kw)
     except ValueError:  # the core checked the table (nothing written): say where it is wrong

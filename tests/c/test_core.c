@@ -1516,6 +1516,66 @@ static void test_quantized_attention(sdpa_dtype dt, int integer_qk, const float 
     free(kq), free(vq), free(ks), free(vs);
 }
 
+/* integer_pv: decoding over int8 and int4 values (one scale a row and groups
+ * of 32) on every kernel set, within the weights' rounding of the float
+ * products (and not equal to them); float8 values ignore the field.  (VNNI
+ * against the portable sums, bit for bit: tests/test_integer_pv.py.) */
+static void test_integer_pv(void) {
+    enum { S = 300, E = 128, H = 2, G = 4 };
+    const sdpa_dtype dts[3] = {SDPA_INT8, SDPA_INT4, SDPA_FP8_E4M3};
+    float *kf = (float *)xcalloc((size_t)H * S * E, sizeof(float)), *vf = (float *)xcalloc((size_t)H * S * E, sizeof(float));
+    float *q = (float *)xcalloc((size_t)H * G * E, sizeof(float));
+    uint32_t seed = 777;
+    for (int i = 0; i < H * S * E; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        kf[i] = (float)((int)(seed >> 9) % 2001 - 1000) / 400.0f;
+        seed = seed * 1664525u + 1013904223u;
+        vf[i] = (float)((int)(seed >> 9) % 2001 - 1000) / 500.0f;
+    }
+    for (int i = 0; i < H * G * E; i++) q[i] = (float)((i * 37) % 101 - 50) / 25.0f;
+    for (int di = 0; di < 3; di++)
+        for (int g = 0; g <= 32; g += 32) {
+            const sdpa_dtype dt = dts[di];
+            const int rb = dt == SDPA_INT4 ? E / 2 : E, ng = g ? E / g : 1;
+            uint8_t *kq = (uint8_t *)xcalloc((size_t)H * S * rb, 1), *vq = (uint8_t *)xcalloc((size_t)H * S * rb, 1);
+            float *ks = (float *)xcalloc((size_t)H * S * ng, sizeof(float)), *vs = (float *)xcalloc((size_t)H * S * ng, sizeof(float));
+            check(sdpa_quantize(dt, kf, E, H * S, E, g, kq, rb, ks, ng) == SDPA_OK &&
+                      sdpa_quantize(dt, vf, E, H * S, E, g, vq, rb, vs, ng) == SDPA_OK,
+                  "integer_pv: sdpa_quantize");
+            float *out[2 * NUM_ISAS + 2];
+            int have[NUM_ISAS] = {0};
+            for (int isa = 0; isa < NUM_ISAS; isa++) {
+                if (!tested(ISAS[isa])) continue;
+                have[isa] = 1;
+                sdpa_set_isa(ISAS[isa]);
+                for (int ipv = 0; ipv < 2; ipv++) {
+                    float *o = out[2 * isa + ipv] = (float *)xcalloc((size_t)H * G * E, sizeof(float));
+                    sdpa_problem p;
+                    sdpa_problem_init(&p);
+                    p.kv_dtype = dt, p.integer_pv = ipv, p.kv_group_size = g;
+                    p.num_heads = H * G, p.gqa_group = G, p.len_q = 1, p.len_kv = S, p.head_dim = E, p.head_dim_v = E;
+                    p.query = (sdpa_view){.data = q, .head_stride = E, .row_stride = E, .col_stride = 1};
+                    p.out = (sdpa_view){.data = o, .head_stride = E, .row_stride = E, .col_stride = 1};
+                    p.key = (sdpa_view){.data = kq, .head_stride = S * rb, .row_stride = rb, .col_stride = 1};
+                    p.value = (sdpa_view){.data = vq, .head_stride = S * rb, .row_stride = rb, .col_stride = 1};
+                    p.key_scale = (sdpa_view){.data = ks, .head_stride = S * ng, .row_stride = ng, .col_stride = 1};
+                    p.value_scale = (sdpa_view){.data = vs, .head_stride = S * ng, .row_stride = ng, .col_stride = 1};
+                    p.scale = 1.0 / sqrt((double)E);
+                    check(sdpa_attention(&p) == SDPA_OK, "integer_pv: %s on %s", ipv ? "on" : "off", ISAS[isa]);
+                }
+                double err = 0;
+                for (int i = 0; i < H * G * E; i++) err = fmax(err, fabs((double)out[2 * isa][i] - out[2 * isa + 1][i]));
+                const int fp8 = dt == SDPA_FP8_E4M3;
+                check(fp8 ? err == 0 : err < 1e-2 && err > 0, "integer_pv: dtype %d group %d on %s: %.2e from float",
+                      (int)dt, g, ISAS[isa], err);
+            }
+            for (int isa = 0; isa < NUM_ISAS; isa++)
+                if (have[isa]) free(out[2 * isa]), free(out[2 * isa + 1]);
+            free(kq), free(vq), free(ks), free(vs);
+        }
+    free(kf), free(vf), free(q);
+}
+
 /* int8 keys and values: sdpa_quantize_int8, then attention over them (row and
  * tiled paths, whole-row and grouped scales) against a float64 loop over the
  * dequantized values, on every kernel set. */
@@ -2125,6 +2185,7 @@ int main(int argc, char **argv) {
     test_interrupt();
     test_variants();
     test_int8();
+    test_integer_pv();
     test_abi_guard();
     test_fp_mode();
     test_special_values();

@@ -48,7 +48,7 @@ Llama ``generate()``), :mod:`~sdpa.bench.report` (tables and JSON),
 
 from __future__ import annotations
 
-from .cache import CACHE_DTYPES, cache_bytes, iter_cache, parse_cache_dtypes, run_cache
+from .cache import CACHE_DTYPES, cache_bytes, iter_cache, parse_cache_dtypes, run_cache, split_spec
 from .cli import main
 from .errors import ERROR_ROWS, ReferenceSample, max_abs_error, reference_sample, sample_rows
 from .generate import measure_generate
@@ -76,6 +76,7 @@ from .report import (
     format_table,
     suite_notes,
 )
+from .roofline import ROOFLINE_DTYPES, format_roofline_table, iter_roofline, measure_limits, step_operations
 from .shapes import (
     CACHE_SHAPES,
     DTYPES,
@@ -165,6 +166,12 @@ __all__ = [
     "describe_kernels",
     "suite_notes",
     "CACHE_DTYPES",
+    "ROOFLINE_DTYPES",
+    "format_roofline_table",
+    "iter_roofline",
+    "measure_limits",
+    "step_operations",
+    "split_spec",
     "CACHE_SHAPES",
     "parse_cache_dtypes",
     "cache_bytes",

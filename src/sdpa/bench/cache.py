@@ -5,8 +5,8 @@ makes it faster as long as reading, not arithmetic, bounds it.  ``--cache-dtypes
 fills a cache of each dtype asked for (float32, bfloat16, float16; the quantized
 int8, float8_e4m3fn, float8_e5m2 and int4, with one float32 scale per position and
 head, or ``NAME:G`` with one per G features; ``+iqk`` times the same cache with
-``integer_qk=True``, int8 and int4 only) with the same standard-normal keys and
-values, and times :meth:`~sdpa.KVCache.attend` of the same float32 query over each,
+``integer_qk=True``, ``+ipv`` with ``integer_pv=True``, int8 and int4 only) with the
+same standard-normal keys and values, and times :meth:`~sdpa.KVCache.attend` of the same float32 query over each,
 in alternating rounds (:func:`~sdpa.bench.timing.alternating_loop_times`).  The
 rates count the bytes each cache holds for those keys and values, the scales
 included; the errors are against float64 attention over the float32 keys and
@@ -31,7 +31,7 @@ from .suite import ratio
 from .threads import default_threads, threads_text
 from .timing import Progress, alternating_loop_times
 
-__all__ = ["CACHE_DTYPES", "parse_cache_dtypes", "cache_bytes", "iter_cache", "run_cache"]
+__all__ = ["CACHE_DTYPES", "parse_cache_dtypes", "split_spec", "cache_bytes", "iter_cache", "run_cache"]
 
 #: The cache dtypes timed unless told otherwise; the first is the one the others are
 #: compared with.
@@ -42,41 +42,46 @@ _FLOAT_CACHES = ("float32", "bfloat16", "float16")
 _QUANTIZED = ("int8", "float8_e4m3fn", "float8_e5m2", "int4")
 
 
-def _split_spec(spec: str) -> Tuple[str, Optional[int], bool]:
-    """``"int8:32"`` -> ``("int8", 32, False)``, ``"int4:32+iqk"`` -> ``("int4", 32, True)``,
-    ``"float16"`` -> ``("float16", None, False)``; ValueError for anything else."""
-    body, plus, tail = spec.partition("+")
-    iqk = plus == "+"
+def split_spec(spec: str) -> Tuple[str, Optional[int], bool, bool]:
+    """``"int8:32"`` -> ``("int8", 32, False, False)``, ``"int4:32+iqk+ipv"`` ->
+    ``("int4", 32, True, True)``, ``"float16"`` -> ``("float16", None, False,
+    False)``: the name, the group, integer_qk and integer_pv; ValueError for
+    anything else."""
+    body, *flags = spec.split("+")
+    iqk, ipv = "iqk" in flags, "ipv" in flags
     name, sep, group = body.partition(":")
-    if iqk and (tail != "iqk" or name not in ("int8", "int4")):
+    if (flags and (name not in ("int8", "int4") or len(set(flags)) != len(flags)
+                   or any(f not in ("iqk", "ipv") for f in flags))):
         name = ""  # refused below
-    if name in _FLOAT_CACHES and not sep and not iqk:
-        return name, None, False
+    if name in _FLOAT_CACHES and not sep and not flags:
+        return name, None, False, False
     if name in _QUANTIZED:
         if not sep:
-            return name, None, iqk
+            return name, None, iqk, ipv
         try:
             size = int(group)
         except ValueError:
             size = 0
         if size >= 1:
-            return name, size, iqk
+            return name, size, iqk, ipv
     raise ValueError(
         f"cache dtype {spec!r}: expected one of {', '.join(_FLOAT_CACHES + _QUANTIZED)}, a quantized "
-        "one as NAME:G (G >= 1 features per scale), and int8 or int4 with +iqk (integer_qk)"
+        "one as NAME:G (G >= 1 features per scale), and int8 or int4 with +iqk (integer_qk) and/or "
+        "+ipv (integer_pv)"
     )
 
 
 def parse_cache_dtypes(text: str) -> List[str]:
     """The cache dtypes of ``--cache-dtypes``: comma-separated names among
     :data:`CACHE_DTYPES`, ``NAME:G`` for a quantized cache with one scale per G
-    features, and ``+iqk`` after an int8 or int4 one for ``integer_qk=True``;
+    features, and ``+iqk`` / ``+ipv`` after an int8 or int4 one for
+    ``integer_qk=True`` / ``integer_pv=True``;
     duplicates dropped, order kept.  ValueError for anything else, or for none."""
     specs = [t.strip() for t in text.split(",") if t.strip()]
     if not specs:
         raise ValueError("--cache-dtypes: name at least one cache dtype")
     for spec in specs:
-        _split_spec(spec)
+        split_spec(spec)
     return list(dict.fromkeys(specs))
 
 
@@ -89,7 +94,7 @@ def _absent_reason(spec: str) -> Optional[str]:
 
 def _make_cache(spec: str, shape: Shape, k: np.ndarray, v: np.ndarray) -> KVCache:
     """A cache of ``spec``'s dtype holding exactly k and v (capacity S)."""
-    name, group, _ = _split_spec(spec)
+    name, group, _, _ = split_spec(spec)
     dtype: Any = name if name in _QUANTIZED else bench_dtype(name)
     cache = KVCache(shape.B, shape.Hkv, shape.S, shape.E, shape.Ev, dtype=dtype, group_size=group)
     cache.append(k, v)
@@ -182,10 +187,11 @@ def _measure_row(
     for spec, cache in caches.items():
         out = np.empty((shape.B, shape.Hq, shape.L, shape.E if shape.Ev is None else shape.Ev), dtype=np.float32)
 
-        iqk = _split_spec(spec)[2]
+        _, _, iqk, ipv = split_spec(spec)
 
-        def call(cache: KVCache = cache, out: np.ndarray = out, iqk: bool = iqk) -> None:
-            cache.attend(q, is_causal=shape.causal, out=out, num_threads=threads, integer_qk=iqk)
+        def call(cache: KVCache = cache, out: np.ndarray = out, iqk: bool = iqk, ipv: bool = ipv) -> None:
+            cache.attend(q, is_causal=shape.causal, out=out, num_threads=threads, integer_qk=iqk,
+                         integer_pv=ipv)
 
         call()  # its output is checked here; the timing warms up on its own
         result: Dict[str, Any] = {"status": "ok", "bytes": cache_bytes(cache)}
@@ -249,7 +255,8 @@ def run_cache(
         without it), ``"float16"``, the quantized ``"int8"``, ``"float8_e4m3fn"``,
         ``"float8_e5m2"`` and ``"int4"`` (one scale per position and head; ``NAME:G``
         one per G features), and ``"int8+iqk"`` / ``"int4:G+iqk"`` (the same caches
-        with ``integer_qk=True``); the first is the baseline of ``speedup``.
+        with ``integer_qk=True``; ``+ipv``: ``integer_pv=True``, ``+iqk+ipv``: both);
+        the first is the baseline of ``speedup``.
     min_time, repeat
         ``repeat`` rounds, each timing a loop of back-to-back calls over every cache
         in turn (the order rotated from round to round); each cache's loops last

@@ -41,6 +41,7 @@ from .report import (
     suite_notes,
     write_json,
 )
+from .roofline import ROOFLINE_DTYPES, format_roofline_table, iter_roofline, limits_text, measure_limits
 from .serving import SERVING_CASES, case_count as serving_case_count, format_serving_table, iter_serving
 from .shapes import (
     CACHE_SHAPES,
@@ -98,9 +99,19 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="instead of the suite, a decoding step of a float32 query over a KVCache of each "
         f"dtype in LIST (default: {','.join(CACHE_DTYPES)}; NAME:G for one scale per G features, "
-        "+iqk for integer_qk): time, GB/s of the bytes read (scales included) and speed against the first; on "
+        "+iqk for integer_qk, +ipv for integer_pv): time, GB/s of the bytes read (scales included) and "
+        "speed against the first; on "
         + " and ".join(s.name for s in CACHE_SHAPES)
         + " unless --shapes (--quick: the second)",
+    )
+    p.add_argument(
+        "--roofline",
+        action="store_true",
+        help="instead of the suite, the decode steps of --cache-dtypes (default: "
+        + ",".join(ROOFLINE_DTYPES)
+        + ") against the machine's read bandwidth, float32 FMA and int8 dot-product peaks, measured by C "
+        "probes at the same thread count: bytes and operations a step, the roofline time "
+        "max(bytes / bandwidth, operations / peak) and the fraction of it achieved",
     )
     p.add_argument(
         "--paged",
@@ -227,6 +238,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cache_mode = args.cache_dtypes is not None
     if args.plan:
         return _run_plan(args)
+    if args.roofline:
+        if args.latency or args.profile or args.impls or args.plot or args.paged or args.serving or \
+                args.dtype != "float32" or args.kv_dtype is not None:
+            print("error: --roofline is a mode of its own: no --latency, --profile, --paged, --serving, "
+                  "--impls, --plot, --dtype or --kv-dtype (--cache-dtypes lists its caches)", file=sys.stderr)
+            return 2
+        args.min_time = _TIMING[0] if args.min_time is None else args.min_time
+        args.repeat = _TIMING[1] if args.repeat is None else args.repeat
+        try:
+            specs = parse_cache_dtypes(args.cache_dtypes or ",".join(ROOFLINE_DTYPES))
+            shapes = (CACHE_SHAPES[1:] if args.quick else
+                      [parse_shape(x) for x in split_shapes(args.shapes)] if args.shapes else list(CACHE_SHAPES))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return _run_roofline(args, shapes, specs)
     if args.serving:
         if args.latency or cache_mode or args.profile or args.impls or args.plot or args.shapes or args.paged:
             print("error: --serving is a mode of its own: no --latency, --cache-dtypes, --profile, --paged, "
@@ -562,6 +589,49 @@ def _run_serving(args: argparse.Namespace) -> int:
         payload = {"machine": info, "settings": {"mode": "serving", "threads": threads, "quick": args.quick,
                                                  "min_time": args.min_time, "repeat": args.repeat},
                    "results": rows}
+        write_json(args.json, payload)
+    return 130 if interrupted else 0
+
+
+def _run_roofline(args: argparse.Namespace, shapes: List[Shape], specs: List[str]) -> int:
+    """``--roofline``: the machine's limits, then each decode step against them; the exit status."""
+    threads = args.threads or default_threads()
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    progress = Progress(len(threads) * (1 + len(shapes)), enabled=show)
+    info = machine_info()
+    rows: List[Dict[str, Any]] = []
+    limits: Dict[int, Dict[str, Any]] = {}
+    interrupted = False
+    try:
+        limits = measure_limits(threads, bandwidth_mib=args.bandwidth_mib, repeat=args.repeat, progress=progress)
+        for row in iter_roofline(shapes, threads, specs, min_time=args.min_time, repeat=args.repeat,
+                                 error_rows=args.error_rows, seed=args.seed, progress=progress, limits=limits):
+            rows.append(row)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+    _print_header(info, f"roofline: float32 query, {', '.join(specs)} caches")
+    for line in limits_text(limits):
+        print(line)
+    print()
+    print(format_roofline_table(rows))
+    print("  GFLOP, GIOP: the float and the integer operations of a step (2 a multiply-add of Q K^T and P V);"
+          " MiB: the bytes it reads (scales included)")
+    print("  roofline ms: max(MiB / read bandwidth, GFLOP / FMA peak + GIOP / dot peak), bound: the larger;"
+          " of roofline: that over the measured ms")
+    print("  +iqk: integer_qk=True, +ipv: integer_pv=True; vs: the first cache's time over this one's")
+    if interrupted:
+        print("(interrupted: partial results)")
+    if args.json:
+        payload = {
+            "machine": info,
+            "settings": {"mode": "roofline", "shapes": [asdict(s) for s in shapes], "threads": threads,
+                         "cache_dtypes": specs, "min_time": args.min_time, "repeat": args.repeat,
+                         "bandwidth_mib": args.bandwidth_mib, "seed": args.seed, "complete": not interrupted},
+            "limits": {str(n): lim for n, lim in limits.items()},
+            "roofline": rows,
+        }
         write_json(args.json, payload)
     return 130 if interrupted else 0
 
