@@ -110,22 +110,26 @@ extern int (*const sdpa_dot_qi_neon)(sdpa_dtype dt, int m, int n, int64_t e, int
                                      const float *ks, int64_t ksr, int64_t ksc, float *s, int64_t lds,
                                      void *work);
 
-/* integer_pv's products over a run of n <= SDPA_PV_KEYS keys, for x < m rows
- * and the ng = ev / g value scale groups i: with inv = scale > 0 ? 1 / scale
- * : 0 (scale = scale[x*ng + i]; NaN gives 0), each weight rounded to a byte,
- *     u_xij = (int)min(w[x*ldw + i*SDPA_PV_KEYS + j] * inv + 0.5f, 255)   (NaN: 255)
+/* integer_pv's products over a run of n <= SDPA_PV_KEYS keys (sdpa.h), for
+ * x < m rows and the ng = ev / g value scale groups i: the weights
+ *     w_xij = p[x*ldp + j] * vs[i*SDPA_PV_KEYS + j]       (float, rounded once)
+ * (p: the row's probabilities, vs: the values' scales by group), their scale
+ *     scale_xi = NaN if a w_xi. is NaN, else max_j w_xij / 255 (0 below FLT_MIN),
+ * inv = scale > 0 ? 1 / scale : 0, each weight rounded to a byte,
+ *     u_xij = (int)min(w_xij * inv + 0.5f, 255)             (NaN: 255)
  * (float operations, each rounded), summed against the stored values exactly,
- *     sum_xc = sum_{j<n} u_x(c/g)j * value c of key j     (int32)
- * and then acc[x*ldacc + c] = acc[x*ldacc + c] + (float)sum_xc * scale[x*ng + c/g].
+ *     sum_xc = sum_{j<n} u_x(c/g)j * value c of key j        (int32)
+ * and acc[x*ldacc + c] = acc[x*ldacc + c] + (float)sum_xc * scale_x(c/g).
  * Key j's values are the row rows[j]: int8 (dt SDPA_INT8) or int4 (SDPA_INT4:
  * nibble - 8, value c at byte c / 2).  Every version gives these bits; a set's
  * returns 0, doing nothing, where it cannot (the portable one then).  work:
  * SDPA_PV_WORK_BYTES(m, ev, ng) bytes, 64-aligned. */
-typedef int (*sdpa_pv_qi_fn)(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *w, int64_t ldw,
-                             const float *scale, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work);
-#define SDPA_PV_WORK_BYTES(m, ev, ng) ((size_t)(m) * (size_t)(ng) * SDPA_PV_KEYS + (size_t)(ev) * 4 + 128)
-int sdpa_pv_qi_portable(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *w, int64_t ldw,
-                        const float *scale, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work);
+typedef int (*sdpa_pv_qi_fn)(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *p, int64_t ldp,
+                             const float *vs, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work);
+#define SDPA_PV_WORK_BYTES(m, ev, ng) \
+    ((size_t)(m) * (size_t)(ng) * (SDPA_PV_KEYS + 4) + (size_t)(ev) * 4 + 192)
+int sdpa_pv_qi_portable(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *p, int64_t ldp,
+                        const float *vs, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work);
 /* The AVX512-VNNI one (kernels/avx512.c); NULL where the build has none. */
 extern const sdpa_pv_qi_fn sdpa_pv_qi_vnni;
 

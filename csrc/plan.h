@@ -175,16 +175,13 @@ int sdpa_integer_scores(const sdpa_problem *p);
 int sdpa_integer_values(const sdpa_problem *p);
 int sdpa_integer_rows(const sdpa_problem *p);
 
-/* integer_pv's scratch for m rows of ev features in ng scale groups: the
- * weights of a run (m x ng x SDPA_PV_KEYS floats), their scales (m x ng), the
- * run's value rows (SDPA_PV_KEYS pointers) and the kernel's work, each
- * 64-aligned. */
+/* integer_pv's scratch for m rows of ev features in ng scale groups: a run's
+ * value rows (SDPA_PV_KEYS pointers), its value scales by group (ng x
+ * SDPA_PV_KEYS floats) and the kernel's work, each 64-aligned. */
 #define SDPA_PVI_ALIGN(b) (((size_t)(b) + 63) / 64 * 64)
-#define SDPA_PVI_W(m, ng) SDPA_PVI_ALIGN((size_t)(m) * (size_t)(ng) * SDPA_PV_KEYS * 4)
-#define SDPA_PVI_S(m, ng) SDPA_PVI_ALIGN((size_t)(m) * (size_t)(ng) * 4)
 #define SDPA_PVI_R SDPA_PVI_ALIGN(SDPA_PV_KEYS * sizeof(void *))
-#define SDPA_PVI_BYTES(m, ev, ng) \
-    (SDPA_PVI_W(m, ng) + SDPA_PVI_S(m, ng) + SDPA_PVI_R + SDPA_PVI_ALIGN(SDPA_PV_WORK_BYTES(m, ev, ng)) + 64)
+#define SDPA_PVI_V(ng) SDPA_PVI_ALIGN((size_t)(ng) * SDPA_PV_KEYS * 4)
+#define SDPA_PVI_BYTES(m, ev, ng) (SDPA_PVI_R + SDPA_PVI_V(ng) + SDPA_PVI_ALIGN(SDPA_PV_WORK_BYTES(m, ev, ng)) + 64)
 /* The threads of a call with num_threads 0, before its work caps them. */
 int sdpa_call_default_threads(void);
 /* The cost model: a part's work (flops of the scores its rows see) and the

@@ -151,21 +151,19 @@ static void FN(row_values)(const sdpa_problem *p, const plan *pl, const KT *kern
 
 /* integer_pv (sdpa.h): acc += the weights of keys [s0, s0 + n) (their
  * probabilities in st, row stride tile_k) times int8 or int4 values, a run of
- * SDPA_PV_KEYS keys at a time: each row's weights of each scale group times
- * the values' scales (w), their largest over the run / 255 the scale (NaN
- * when one is NaN, so that the row's output is NaN, as in float), and the
- * kernel's integer products over the run's rows.  Runs count from s0,
- * whatever the segments: the same sums paged or not. */
+ * SDPA_PV_KEYS keys at a time: the run's value rows and their scales by group
+ * gathered from its segments, then the kernel's weights, scales and integer
+ * products (internal.h's pv_qi).  Runs count from s0, whatever the segments:
+ * the same sums paged or not. */
 static void FN(row_values_int)(const sdpa_problem *p, const plan *pl, T *scratch, const T *st, const kv_source *vsrc,
                                int64_t s0, int n, int64_t vstep, T *acc) {
-    const int64_t Ev = p->head_dim_v, g = vsrc->sc.group, ng = Ev / g, ldw = SDPA_PV_KEYS * ng;
+    const int64_t Ev = p->head_dim_v, g = vsrc->sc.group, ng = Ev / g;
     const int M = pl->row.rows, tile_k = pl->blocking.tile_k;
     const sdpa_dtype kvdt = pl->path.kv_dtype;
     char *base = (char *)(scratch + pl->scratch.pvi);
-    float *w = (float *)(void *)base;                                     /* [M][ng][SDPA_PV_KEYS] */
-    float *ws = (float *)(void *)(base + SDPA_PVI_W(M, ng));             /* [M][ng] */
-    const uint8_t **vr = (const uint8_t **)(void *)(base + SDPA_PVI_W(M, ng) + SDPA_PVI_S(M, ng));
-    void *work = base + SDPA_PVI_W(M, ng) + SDPA_PVI_S(M, ng) + SDPA_PVI_R;
+    const uint8_t **vr = (const uint8_t **)(void *)base;
+    float *vsc = (float *)(void *)(base + SDPA_PVI_R);  /* [ng][SDPA_PV_KEYS] */
+    void *work = base + SDPA_PVI_R + SDPA_PVI_V(ng);
     const int64_t vsr = p->value.row_stride;
     for (int r0 = 0; r0 < n; r0 += SDPA_PV_KEYS) {
         const int rn = n - r0 < SDPA_PV_KEYS ? n - r0 : SDPA_PV_KEYS;
@@ -175,30 +173,15 @@ static void FN(row_values_int)(const sdpa_problem *p, const plan *pl, T *scratch
         for (int64_t a = s0 + r0, m; (m = kv_next(vsrc, &cur, &rows, &sc, vstep)) > 0; a += m) {
             const int64_t o = a - s0 - r0;
             for (int64_t j = 0; j < m; j++) vr[o + j] = (const uint8_t *)rows + j * vsr;
-            for (int x = 0; x < M; x++) {
-                const T *px = st + (int64_t)x * tile_k + r0 + o;
-                for (int64_t i = 0; i < ng; i++) {
-                    float *wx = w + (x * ng + i) * SDPA_PV_KEYS + o;
-                    const float *si = sc.base + i * sc.cs;
-                    if (sc.rs == 1)
-                        for (int64_t j = 0; j < m; j++) wx[j] = (float)px[j] * si[j];
-                    else
-                        for (int64_t j = 0; j < m; j++) wx[j] = (float)px[j] * si[j * sc.rs];
-                }
-            }
+            if (ng == 1 && sc.rs == 1)
+                memcpy(vsc + o, sc.base, (size_t)m * sizeof(float));
+            else
+                for (int64_t j = 0; j < m; j++)
+                    for (int64_t i = 0; i < ng; i++) vsc[i * SDPA_PV_KEYS + o + j] = sc.base[j * sc.rs + i * sc.cs];
         }
-        for (int64_t xi = 0; xi < (int64_t)M * ng; xi++) {  /* each row and group's scale */
-            const float *wx = w + xi * SDPA_PV_KEYS;
-            float mx = 0;
-            int nan = 0;
-            for (int j = 0; j < rn; j++) {
-                mx = wx[j] > mx ? wx[j] : mx;
-                nan |= wx[j] != wx[j];
-            }
-            ws[xi] = nan ? NAN : mx / 255.0f >= FLT_MIN ? mx / 255.0f : 0.0f;
-        }
-        if (!pl->path.pv_qi(kvdt, M, rn, Ev, g, w, ldw, ws, vr, (float *)acc, Ev, work))
-            sdpa_pv_qi_portable(kvdt, M, rn, Ev, g, w, ldw, ws, vr, (float *)acc, Ev, work);
+        const float *pr = (const float *)(const void *)(st + r0);
+        if (!pl->path.pv_qi(kvdt, M, rn, Ev, g, pr, tile_k, vsc, vr, (float *)acc, Ev, work))
+            sdpa_pv_qi_portable(kvdt, M, rn, Ev, g, pr, tile_k, vsc, vr, (float *)acc, Ev, work);
     }
 }
 

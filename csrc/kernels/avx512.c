@@ -770,26 +770,39 @@ static inline __attribute__((always_inline)) __m512i pv_weights(const uint8_t *l
  * value 16l + 4i + d of 128-bit lane l in register i, lane l, dword d; the
  * sums are put back in order (a 4 x 4 transpose of 128-bit lanes), converted
  * and scaled into acc. */
-static int pv_qi_avx512_vnni(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *w, int64_t ldw,
-                             const float *scale, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work) {
+static int pv_qi_avx512_vnni(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *p, int64_t ldp,
+                             const float *vs, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work) {
     const int int4 = dt == SDPA_INT4;
     if ((dt != SDPA_INT8 && !int4) || ev % 64 || g <= 0 || ev % g || (g >= 64 ? g % 64 != 0 : g != 32 && g != 16) ||
         n > SDPA_PV_KEYS || n < 1)
         return 0;
     const int64_t ng = ev / g;
     uint8_t *lin = (uint8_t *)work;  /* [m][ng][SDPA_PV_KEYS] */
+    float *scale = (float *)(void *)(lin + ((size_t)m * (size_t)ng * SDPA_PV_KEYS + 63) / 64 * 64);  /* [m][ng] */
     const __m512 half = _mm512_set1_ps(0.5f), top = _mm512_set1_ps(255.0f);
+    __mmask16 keep[SDPA_PV_KEYS / 16];
+    for (int b = 0; b < SDPA_PV_KEYS / 16; b++) {
+        const int left = n - 16 * b;
+        keep[b] = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    }
     for (int x = 0; x < m; x++)
         for (int64_t i = 0; i < ng; i++) {
-            const float sc = scale[x * ng + i], inv = sc > 0 ? 1.0f / sc : 0.0f;
-            const __m512 vi = _mm512_set1_ps(inv);
-            const float *wx = w + x * ldw + i * SDPA_PV_KEYS;
+            __m512 w[SDPA_PV_KEYS / 16], mx = _mm512_setzero_ps();
+            __mmask16 nan = 0;
+            for (int b = 0; b < SDPA_PV_KEYS / 16; b++) {  /* zeros past n */
+                w[b] = _mm512_mul_ps(_mm512_maskz_loadu_ps(keep[b], p + x * ldp + 16 * b),
+                                     _mm512_maskz_loadu_ps(keep[b], vs + i * SDPA_PV_KEYS + 16 * b));
+                mx = _mm512_max_ps(mx, w[b]);
+                nan |= _mm512_cmp_ps_mask(w[b], w[b], _CMP_UNORD_Q);
+            }
+            const float top1 = _mm512_reduce_max_ps(mx);
+            const float sc = nan ? NAN : top1 / 255.0f >= FLT_MIN ? top1 / 255.0f : 0.0f;
+            scale[x * ng + i] = sc;
+            const __m512 vi = _mm512_set1_ps(sc > 0 ? 1.0f / sc : 0.0f);
             uint8_t *lx = lin + (x * ng + i) * SDPA_PV_KEYS;
-            for (int j = 0; j < SDPA_PV_KEYS; j += 16) {
-                const int left = n - j;
-                const __mmask16 k = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-                const __m512 r = _mm512_min_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, wx + j), vi), half), top);
-                _mm_storeu_si128((__m128i *)(lx + j), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
+            for (int b = 0; b < SDPA_PV_KEYS / 16; b++) {
+                const __m512 r = _mm512_min_ps(_mm512_add_ps(_mm512_mul_ps(w[b], vi), half), top);
+                _mm_storeu_si128((__m128i *)(lx + 16 * b), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
             }
         }
     const int quads = (n + 3) / 4;

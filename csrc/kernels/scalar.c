@@ -1,6 +1,7 @@
 /* Portable C kernels: plain loops the compiler can vectorize for the baseline
  * target.  They define the contracts in internal.h for every other set, and
  * fill in whatever another set does not have (sdpa_complete_table). */
+#include <float.h>
 #include <math.h>
 
 #include "../convert.h"
@@ -31,19 +32,31 @@
 /* the SIMD sets' widening tails */
 void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n) { widen_f32(dt, src, dst, n); }
 
+/* integer_pv's scale of one row and group (internal.h) from its largest
+ * weight and whether one is NaN. */
+static float pv_scale(float mx, int nan) { return nan ? NAN : mx / 255.0f >= FLT_MIN ? mx / 255.0f : 0.0f; }
+
 /* integer_pv's products (internal.h), the reference: exact int32 sums */
-int sdpa_pv_qi_portable(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *w, int64_t ldw,
-                        const float *scale, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work) {
+int sdpa_pv_qi_portable(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *p, int64_t ldp,
+                        const float *vs, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work) {
     if ((dt != SDPA_INT8 && dt != SDPA_INT4) || g <= 0 || ev % g || n > SDPA_PV_KEYS) return 0;
     const int64_t ng = ev / g;
     int32_t *sum = (int32_t *)work;
-    uint8_t *u = (uint8_t *)(sum + ev);  /* [ng][SDPA_PV_KEYS] */
+    float *scale = (float *)(sum + ev);  /* [ng] */
+    uint8_t *u = (uint8_t *)(scale + ng);  /* [ng][SDPA_PV_KEYS] */
+    float w[SDPA_PV_KEYS];
     for (int x = 0; x < m; x++) {
         for (int64_t i = 0; i < ng; i++) {
-            const float sc = scale[x * ng + i], inv = sc > 0 ? 1.0f / sc : 0.0f;
-            const float *wx = w + x * ldw + i * SDPA_PV_KEYS;
+            float mx = 0;
+            int nan = 0;
             for (int j = 0; j < n; j++) {
-                const float r = wx[j] * inv + 0.5f;
+                w[j] = p[x * ldp + j] * vs[i * SDPA_PV_KEYS + j];
+                mx = w[j] > mx ? w[j] : mx;
+                nan |= w[j] != w[j];
+            }
+            const float sc = scale[i] = pv_scale(mx, nan), inv = sc > 0 ? 1.0f / sc : 0.0f;
+            for (int j = 0; j < n; j++) {
+                const float r = w[j] * inv + 0.5f;
                 u[i * SDPA_PV_KEYS + j] = (uint8_t)(int)(r < 255.0f ? r : 255.0f);
             }
         }
@@ -57,7 +70,7 @@ int sdpa_pv_qi_portable(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, cons
             }
         }
         float *ax = acc + x * ldacc;
-        for (int64_t c = 0; c < ev; c++) ax[c] = ax[c] + (float)sum[c] * scale[x * ng + c / g];
+        for (int64_t c = 0; c < ev; c++) ax[c] = ax[c] + (float)sum[c] * scale[c / g];
     }
     return 1;
 }
