@@ -268,7 +268,7 @@ sdpa_dot_qi_f32_fn sdpa_dot_qi_for(const kernel_table *kt) {
 }
 
 #if !SDPA_HAVE_X86_KERNELS
-const sdpa_pv_qi_fn sdpa_pv_qi_vnni = NULL;
+const sdpa_pv_qi_fn sdpa_pv_qi_vnni = NULL, sdpa_pv_qi_avx2 = NULL;
 const sdpa_peak_fn sdpa_peak_fma_avx512 = NULL, sdpa_peak_vnni_avx512 = NULL, sdpa_peak_fma_avx2 = NULL,
                    sdpa_peak_vnni_avx2 = NULL;
 #endif
@@ -321,6 +321,8 @@ sdpa_pv_qi_fn sdpa_pv_qi_for(const kernel_table *kt) {
     if (!sdpa_atomic_load(&portable_dot_qi) && sdpa_pv_qi_vnni && (kt->features & SDPA_FEATURE_AVX512) &&
         (cpu_features() & SDPA_FEATURE_AVX512_VNNI))
         return sdpa_pv_qi_vnni;
+    if (!sdpa_atomic_load(&portable_dot_qi) && sdpa_pv_qi_avx2 && (kt->features & SDPA_FEATURE_AVX2))
+        return sdpa_pv_qi_avx2;
     return sdpa_pv_qi_portable;
 }
 

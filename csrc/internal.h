@@ -130,8 +130,9 @@ typedef int (*sdpa_pv_qi_fn)(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g,
     ((size_t)(m) * (size_t)(ng) * (SDPA_PV_KEYS + 4) + (size_t)(ev) * 4 + 192)
 int sdpa_pv_qi_portable(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *p, int64_t ldp,
                         const float *vs, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work);
-/* The AVX512-VNNI one (kernels/avx512.c); NULL where the build has none. */
-extern const sdpa_pv_qi_fn sdpa_pv_qi_vnni;
+/* The AVX512-VNNI one (kernels/avx512.c), and the portable loops compiled for
+ * AVX2 (kernels/avx2.c); NULL where the build has none. */
+extern const sdpa_pv_qi_fn sdpa_pv_qi_vnni, sdpa_pv_qi_avx2;
 
 /* The roofline report's probes (machine.c): iters steps of 12 independent
  * vector multiply-adds, float32 FMA or int8 dot products (VPDPBUSD, SDOT);
@@ -418,7 +419,8 @@ typedef int (*sdpa_dot_qi_f32_fn)(sdpa_dtype, int, int, int64_t, int64_t, const 
 sdpa_dot_qi_f32_fn sdpa_dot_qi_for(const kernel_table *kt);
 
 /* The pv_qi a float problem on set kt runs: the AVX512-VNNI one where kt has
- * AVX-512 and the CPU VNNI, unless the tests have asked for the portable one. */
+ * AVX-512 and the CPU VNNI, else the AVX2 build of the portable loops where kt
+ * has AVX2, unless the tests have asked for the portable one. */
 sdpa_pv_qi_fn sdpa_pv_qi_for(const kernel_table *kt);
 
 /* Test hook: 1 makes sdpa_dot_qi_for and sdpa_pv_qi_for return the portable

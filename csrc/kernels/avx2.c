@@ -248,6 +248,13 @@ static void scale_copy_d_avx2(float *dst, const float *src, int64_t n, double in
     for (; i < n; i++) dst[i] = (float)((double)src[i] * inv);
 }
 
+/* integer_pv's products, the portable loops compiled for AVX2 (the same sums) */
+#define PV_QI_NAME pv_qi_avx2
+#define PV_QI_STATIC static
+#include "pv_qi_impl.h"
+#undef PV_QI_NAME
+#undef PV_QI_STATIC
+
 /* The roofline report's probe (internal.h). */
 static double peak_fma_avx2(int64_t iters) {
     __m256 a[12];
@@ -426,6 +433,7 @@ int (*const sdpa_dot_qi_avx_vnni)(sdpa_dtype, int, int, int64_t, int64_t, const 
                                   void *) = dot_qi_avx_vnni;
 
 const sdpa_peak_fn sdpa_peak_fma_avx2 = peak_fma_avx2;
+const sdpa_pv_qi_fn sdpa_pv_qi_avx2 = pv_qi_avx2;
 const sdpa_peak_fn sdpa_peak_vnni_avx2 = peak_vnni_avx2;
 
 const kernel_table sdpa_kernels_avx2 = {

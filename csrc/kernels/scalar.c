@@ -32,48 +32,10 @@
 /* the SIMD sets' widening tails */
 void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n) { widen_f32(dt, src, dst, n); }
 
-/* integer_pv's scale of one row and group (internal.h) from its largest
- * weight and whether one is NaN. */
-static float pv_scale(float mx, int nan) { return nan ? NAN : mx / 255.0f >= FLT_MIN ? mx / 255.0f : 0.0f; }
-
 /* integer_pv's products (internal.h), the reference: exact int32 sums */
-int sdpa_pv_qi_portable(sdpa_dtype dt, int m, int n, int64_t ev, int64_t g, const float *p, int64_t ldp,
-                        const float *vs, const uint8_t *const *rows, float *acc, int64_t ldacc, void *work) {
-    if ((dt != SDPA_INT8 && dt != SDPA_INT4) || g <= 0 || ev % g || n > SDPA_PV_KEYS) return 0;
-    const int64_t ng = ev / g;
-    int32_t *sum = (int32_t *)work;
-    float *scale = (float *)(sum + ev);  /* [ng] */
-    uint8_t *u = (uint8_t *)(scale + ng);  /* [ng][SDPA_PV_KEYS] */
-    float w[SDPA_PV_KEYS];
-    for (int x = 0; x < m; x++) {
-        for (int64_t i = 0; i < ng; i++) {
-            float mx = 0;
-            int nan = 0;
-            for (int j = 0; j < n; j++) {
-                w[j] = p[x * ldp + j] * vs[i * SDPA_PV_KEYS + j];
-                mx = w[j] > mx ? w[j] : mx;
-                nan |= w[j] != w[j];
-            }
-            const float sc = scale[i] = pv_scale(mx, nan), inv = sc > 0 ? 1.0f / sc : 0.0f;
-            for (int j = 0; j < n; j++) {
-                const float r = w[j] * inv + 0.5f;
-                u[i * SDPA_PV_KEYS + j] = (uint8_t)(int)(r < 255.0f ? r : 255.0f);
-            }
-        }
-        for (int64_t c = 0; c < ev; c++) sum[c] = 0;
-        for (int j = 0; j < n; j++) {
-            const uint8_t *vj = rows[j];
-            for (int64_t c = 0; c < ev; c++) {
-                const int32_t val = dt == SDPA_INT8 ? (int32_t)(int8_t)vj[c]
-                                                    : (int32_t)((vj[c >> 1] >> ((c & 1) * 4)) & 15u) - 8;
-                sum[c] += (int32_t)u[(c / g) * SDPA_PV_KEYS + j] * val;
-            }
-        }
-        float *ax = acc + x * ldacc;
-        for (int64_t c = 0; c < ev; c++) ax[c] = ax[c] + (float)sum[c] * scale[c / g];
-    }
-    return 1;
-}
+#define PV_QI_NAME sdpa_pv_qi_portable
+#include "pv_qi_impl.h"
+#undef PV_QI_NAME
 
 /* the bfloat16 products' state around a task: none without tiles */
 static void tiles_none(void) {}
