@@ -553,6 +553,20 @@ static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kin
             if (mr == 1) FN(pv_rows_block)(kind, gs, c, 1, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
             else FN(pv_rows_block)(kind, gs, c, 2, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
         }
+        /* float rows of 8 vectors, 3 or 4 query rows (GQA decoding): two rows
+         * at a time over whole V rows, the second pass reading them from the
+         * cache, rather than each half row from memory in turn: the same sums,
+         * decode-gqa-32k float32 1.12x faster on one thread (for 16-bit rows,
+         * widened twice, it was 0.84x) */
+        if (kind == KV_T && mr > 2 && ev % (8 * LANES) == 0) {
+            for (; c < ev; c += 8 * LANES) {
+                const char *vc = v + KV_COL(kind, c);
+                FN(pv_rows_block)(kind, gs, c, 2, 8, n, px, ldp, vc, ldv, ax + c, ldacc);
+                if (mr == 3) FN(pv_rows_block)(kind, gs, c, 1, 8, n, px + 2 * ldp, ldp, vc, ldv, ax + 2 * ldacc + c, ldacc);
+                else FN(pv_rows_block)(kind, gs, c, 2, 8, n, px + 2 * ldp, ldp, vc, ldv, ax + 2 * ldacc + c, ldacc);
+            }
+            continue;
+        }
         for (; c + 4 * LANES <= ev; c += 4 * LANES) {
             const char *vc = v + KV_COL(kind, c);
             switch (mr) {
