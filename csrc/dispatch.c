@@ -288,11 +288,11 @@ static double peak_fma_portable(int64_t iters) {
 }
 
 static double peak_int_portable(int64_t iters) {
-    int32_t a[12];
-    for (int k = 0; k < 12; k++) a[k] = k;
+    uint32_t a[12];  /* unsigned: the sums wrap */
+    for (int k = 0; k < 12; k++) a[k] = (uint32_t)k;
     for (int64_t i = 0; i < iters; i++)
-        for (int k = 0; k < 12; k++) a[k] += (int32_t)(uint8_t)(k + 3) * (int32_t)(int8_t)(i & 7);
-    volatile int32_t sink = a[0] + a[11];
+        for (int k = 0; k < 12; k++) a[k] += (uint32_t)(k + 3) * (uint32_t)(i & 7);
+    volatile uint32_t sink = a[0] + a[11];
     (void)sink;
     return (double)iters * 12 * 2;
 }
