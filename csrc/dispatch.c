@@ -318,11 +318,10 @@ sdpa_peak_fn sdpa_peak_for(int kind, const char **name) {
 }
 
 sdpa_pv_qi_fn sdpa_pv_qi_for(const kernel_table *kt) {
-    if (!sdpa_atomic_load(&portable_dot_qi) && sdpa_pv_qi_vnni && (kt->features & SDPA_FEATURE_AVX512) &&
-        (cpu_features() & SDPA_FEATURE_AVX512_VNNI))
+    if (sdpa_atomic_load(&portable_dot_qi)) return sdpa_pv_qi_portable;
+    if (sdpa_pv_qi_vnni && (kt->features & SDPA_FEATURE_AVX512) && (cpu_features() & SDPA_FEATURE_AVX512_VNNI))
         return sdpa_pv_qi_vnni;
-    if (!sdpa_atomic_load(&portable_dot_qi) && sdpa_pv_qi_avx2 && (kt->features & SDPA_FEATURE_AVX2))
-        return sdpa_pv_qi_avx2;
+    if (sdpa_pv_qi_avx2 && (kt->features & SDPA_FEATURE_AVX2)) return sdpa_pv_qi_avx2;
     return sdpa_pv_qi_portable;
 }
 

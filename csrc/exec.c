@@ -149,7 +149,8 @@ static SDPA_ATOMIC(uint64_t) profile_total[PH_COUNT];
 static double profile_t0_ns;
 static uint64_t profile_t0_ticks;
 
-static double now_ns(void) {
+/* Nanoseconds of the monotonic clock (the phase profile, machine.c's probes). */
+double sdpa_now_ns(void) {
     struct timespec ts;
 #if defined(CLOCK_MONOTONIC)
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -162,7 +163,7 @@ static double now_ns(void) {
 #if SDPA_HAVE_X86_KERNELS
 static inline uint64_t prof_ticks(void) { return __rdtsc(); }
 #else
-static inline uint64_t prof_ticks(void) { return (uint64_t)now_ns(); }
+static inline uint64_t prof_ticks(void) { return (uint64_t)sdpa_now_ns(); }
 #endif
 
 static void profile_add(const uint64_t *counts) {
@@ -171,13 +172,13 @@ static void profile_add(const uint64_t *counts) {
 
 void sdpa_profile_start(void) {
     for (int i = 0; i < PH_COUNT; i++) sdpa_atomic_store(&profile_total[i], 0);
-    profile_t0_ns = now_ns();
+    profile_t0_ns = sdpa_now_ns();
     profile_t0_ticks = prof_ticks();
     sdpa_atomic_store(&profile_on, 1);
 }
 
 int sdpa_profile_read(double *ns, int n, double *scores) {
-    const double dn = now_ns() - profile_t0_ns, dt = (double)(prof_ticks() - profile_t0_ticks);
+    const double dn = sdpa_now_ns() - profile_t0_ns, dt = (double)(prof_ticks() - profile_t0_ticks);
     const double per_tick = dt > 0 ? dn / dt : 1;
     for (int i = 0; i < n && i < PH_SCORES; i++) ns[i] = (double)sdpa_atomic_load(&profile_total[i]) * per_tick;
     *scores = (double)sdpa_atomic_load(&profile_total[PH_SCORES]);

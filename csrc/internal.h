@@ -145,6 +145,9 @@ extern const sdpa_peak_fn sdpa_peak_fma_avx512, sdpa_peak_vnni_avx512, sdpa_peak
  * use and this CPU, and its name ("avx512", "avx512_vnni", ..., "portable"). */
 sdpa_peak_fn sdpa_peak_for(int kind, const char **name);
 
+/* Nanoseconds of the monotonic clock (exec.c). */
+double sdpa_now_ns(void);
+
 /* The widest panel of any kernel set (nr: AVX-512 float32 and the bfloat16
  * pairs take 32 query rows): the driver's tables of a panel's rows. */
 #define SDPA_MAX_PANEL 32

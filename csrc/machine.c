@@ -4,7 +4,6 @@
  * each on a given number of threads.  Not part of the C API (testing.h). */
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -13,15 +12,7 @@
 #include "internal.h"
 #include "testing.h"
 
-static double seconds_now(void) {
-    struct timespec ts;
-#if defined(CLOCK_MONOTONIC)
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-#else
-    timespec_get(&ts, TIME_UTC);
-#endif
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double seconds_now(void) { return 1e-9 * sdpa_now_ns(); }
 
 /* Sum of n 64-bit words in 8 independent chains (the compiler vectorizes it). */
 static uint64_t sum_words(const uint64_t *w, int64_t n) {

@@ -265,16 +265,12 @@ def _paged_call(
         )
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
-    if not isinstance(integer_qk, (bool, np.bool_)):
-        raise TypeError(f"integer_qk: expected a bool, got {type(integer_qk).__name__}")
-    iqk = bool(integer_qk)
-    if iqk and not (kc.dtype == np.int8 or code == _INT4):
-        raise ValueError("integer_qk: only int8 and int4 caches have integer keys")
-    if not isinstance(integer_pv, (bool, np.bool_)):
-        raise TypeError(f"integer_pv: expected a bool, got {type(integer_pv).__name__}")
-    ipv = bool(integer_pv)
-    if ipv and not (kc.dtype == np.int8 or code == _INT4):
-        raise ValueError("integer_pv: only int8 and int4 caches have integer values")
+    for name, flag, what in (("integer_qk", integer_qk, "keys"), ("integer_pv", integer_pv, "values")):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+        if flag and not (kc.dtype == np.int8 or code == _INT4):
+            raise ValueError(f"{name}: only int8 and int4 caches have integer {what}")
+    iqk, ipv = bool(integer_qk), bool(integer_pv)
     if packed:
         bt, sl = _tables(block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc")
     else:
