@@ -426,7 +426,10 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
         if (pt->pl.pack.on) pt->packed_at = take(&at, pt->pl.pack.buffer_elems * ce);
     }
     cp->packed_bytes = at - packed_from;
-    cp->merge_bytes = cp->num_merges ? (size_t)(c->head_dim_v + 8) * sizeof(double) : 0;
+    /* a thread's merge accumulator sits between its scratch and the next
+     * thread's, whose aligned loads need it a whole number of SDPA_ALIGN */
+    cp->merge_bytes = cp->num_merges ? ((size_t)(c->head_dim_v + 8) * sizeof(double) + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN
+                                     : 0;
     cp->scratch_elems = scratch;
     cp->block_bytes = at;
     order_and_count(cp);

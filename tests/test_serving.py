@@ -217,6 +217,22 @@ def test_integer_qk_holds_across_a_shared_prefix(rng, dtype):
     np.testing.assert_allclose(batched, alone, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int4"])
+@pytest.mark.parametrize("ev", [2, 6])
+def test_shared_prefix_with_narrow_values_on_several_threads(isa, rng, dtype, ev):
+    """Each thread's scratch follows the one before and its merge accumulator
+    (Ev + 8 doubles): with Ev = 2 or 6 it was not a whole number of aligned
+    blocks, and a tiled task on the second thread faulted on an aligned load."""
+    cache = sdpa.PagedKVCache(64, 1, 2, 2, ev, dtype=dtype)
+    a = cache.add_sequence()
+    cache.append(a, rng.standard_normal((2, 44, 2)), rng.standard_normal((2, 44, ev)))
+    ids = [a, cache.fork(a), cache.fork(a), cache.fork(a)]
+    q = rng.standard_normal((4, 8, 3, 2)).astype(np.float32)
+    one = cache.attend(ids, q, num_threads=1)
+    for threads in (2, 3) * 4:  # which thread takes a tiled task is the schedule's choice
+        np.testing.assert_array_equal(cache.attend(ids, q, num_threads=threads), one)
+
+
 def test_results_do_not_depend_on_the_thread_count(rng):
     cache, ids = filled_cache(rng, "int8", [200, 180, 150, 33], bs=16, shared=128)
     bt, sl = cache.tables(ids)
