@@ -38,35 +38,39 @@ static float abs_max(const float *x, int64_t n) {
     return r;
 }
 
-/* dst[i] = round(x[i] * inv), ties to even, for |x[i] * inv| <= 127: adding
- * and subtracting 1.5 * 2^23 rounds in the current (nearest) rounding mode. */
-static void round_to_int8(const float *x, int64_t n, float inv, int8_t *dst) {
+/* dst[i] = round(x[i] / scale), ties to even, clamped to [-127, 127] (a
+ * scale of 0: zeros).  The quotient itself, not x times a rounded 1 / scale,
+ * whose error can carry a value across a tie; adding and subtracting 1.5 *
+ * 2^23 then rounds in the current (nearest) rounding mode. */
+static void round_to_int8(const float *x, int64_t n, float scale, int8_t *dst) {
     const float magic = 12582912.0f;
     for (int64_t i = 0; i < n; i++) {
-        float r = (x[i] * inv + magic) - magic;
+        float r = scale > 0 ? (x[i] / scale + magic) - magic : 0.0f;
         r = r > 127.0f ? 127.0f : r;
         r = r < -127.0f ? -127.0f : r;
         dst[i] = (int8_t)(int)r;
     }
 }
 
-/* dst[i] = the nibble of round(x[i] * inv) + 8, ties to even, clamped to
+/* dst[i] = the nibble of round(x[i] / scale) + 8, ties to even, clamped to
  * [-7, 7]: value c in byte c / 2, low nibble first (n even, dst written whole) */
-static void round_to_int4(const float *x, int64_t n, float inv, uint8_t *dst) {
+static void round_to_int4(const float *x, int64_t n, float scale, uint8_t *dst) {
     const float magic = 12582912.0f;
     for (int64_t i = 0; i < n; i += 2) {
-        float a = (x[i] * inv + magic) - magic, b = (x[i + 1] * inv + magic) - magic;
+        float a = scale > 0 ? (x[i] / scale + magic) - magic : 0.0f;
+        float b = scale > 0 ? (x[i + 1] / scale + magic) - magic : 0.0f;
         a = a > 7.0f ? 7.0f : a < -7.0f ? -7.0f : a;
         b = b > 7.0f ? 7.0f : b < -7.0f ? -7.0f : b;
         dst[i / 2] = (uint8_t)((unsigned)((int)a + 8) | ((unsigned)((int)b + 8) << 4));
     }
 }
 
-static void round_to_fp8(sdpa_dtype dt, const float *x, int64_t n, float inv, uint8_t *dst) {
+/* dst[i] = x[i] / scale in the format (a scale of 0: zeros of x's sign) */
+static void round_to_fp8(sdpa_dtype dt, const float *x, int64_t n, float scale, uint8_t *dst) {
     if (dt == SDPA_FP8_E4M3)
-        for (int64_t i = 0; i < n; i++) dst[i] = sdpa_f32_to_e4m3(x[i] * inv);
+        for (int64_t i = 0; i < n; i++) dst[i] = sdpa_f32_to_e4m3(scale > 0 ? x[i] / scale : x[i] * 0.0f);
     else
-        for (int64_t i = 0; i < n; i++) dst[i] = sdpa_f32_to_e5m2(x[i] * inv);
+        for (int64_t i = 0; i < n; i++) dst[i] = sdpa_f32_to_e5m2(scale > 0 ? x[i] / scale : x[i] * 0.0f);
 }
 
 /* the largest stored magnitude of each dtype */
@@ -111,14 +115,13 @@ sdpa_status sdpa_quantize(sdpa_dtype dt, const float *src, int64_t src_row_strid
             /* m / top may round up so far that top * scale overflows (m near
              * FLT_MAX): take the float below, so every stored value is finite */
             if (scale * top > FLT_MAX) scale = nextafterf(scale, 0.0f);
-            const float inv = scale > 0 ? 1.0f / scale : 0.0f;
             sc[k] = scale;
             if (dt == SDPA_INT8)
-                round_to_int8(x + k * g, g, inv, (int8_t *)q + k * g);
+                round_to_int8(x + k * g, g, scale, (int8_t *)q + k * g);
             else if (dt == SDPA_INT4)
-                round_to_int4(x + k * g, g, inv, q + k * g / 2);
+                round_to_int4(x + k * g, g, scale, q + k * g / 2);
             else
-                round_to_fp8(dt, x + k * g, g, inv, q + k * g);
+                round_to_fp8(dt, x + k * g, g, scale, q + k * g);
         }
     }
     return SDPA_OK;

@@ -7,8 +7,8 @@
  * several chunks, else in the thread's scratch); merge_rows combines a group's
  * chunks in chunk order. */
 
-/* integer_qk: a scaled query row rounded to int8 with the scale max|x| / 127
- * (ties to even; 0 for a row of zeros or of values so small that the scale
+/* integer_qk: a scaled query row rounded to int8 with the scale max|x| / 127,
+ * round(x / scale) (ties to even; 0 for a row of zeros or of values so small that the scale
  * would be subnormal); a row with a NaN or an infinity gets the scale NaN, so
  * that its scores, and its output, are NaN. */
 static void FN(quantize_query)(const T *x, int64_t e, int8_t *q, float *qscale) {
@@ -23,10 +23,9 @@ static void FN(quantize_query)(const T *x, int64_t e, int8_t *q, float *qscale) 
         *qscale = NAN;
         return;
     }
-    const float scale = m / 127.0f >= FLT_MIN ? m / 127.0f : 0.0f;
-    const float inv = scale > 0 ? 1.0f / scale : 0.0f, magic = 12582912.0f;
-    for (int64_t c = 0; c < e; c++) {
-        float r = ((float)x[c] * inv + magic) - magic;
+    const float scale = m / 127.0f >= FLT_MIN ? m / 127.0f : 0.0f, magic = 12582912.0f;
+    for (int64_t c = 0; c < e; c++) {  /* the quotient, rounded once (not x times a rounded 1 / scale) */
+        float r = scale > 0 ? ((float)x[c] / scale + magic) - magic : 0.0f;
         r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
         q[c] = (int8_t)(int)r;
     }

@@ -104,6 +104,43 @@ def test_int4_rounds_to_nearest_within_half_a_step(rng):
     assert (np.abs(q) <= 7).all()
 
 
+# Half of a row's largest value lies at a tie of round(x / scale) (63.5 or
+# 3.5) up to the rounding of the scale: the quotient, computed once in float,
+# says which side (m = 1.125: just below, 63; m = 3.75 and 2.875: on it, to
+# the even 64 and 4); x times a rounded 1 / scale lands on the other side.
+TIES = [("int8", 127, 1.125), ("int8", 127, 3.75), ("int4", 7, 2.875)]
+
+
+@pytest.mark.parametrize("name,top,m", TIES)
+def test_values_round_from_the_quotient(name, top, m):
+    x = np.array([m, m / 2, -m / 2, 0], np.float32).reshape(1, 1, 1, 4)
+    cache = sdpa.KVCache(1, 1, 4, 4, dtype=name)
+    cache.append(x, x)
+    scale = np.float32(m) / np.float32(top)
+    assert cache.key_scales.ravel()[0] == scale
+    codes = np.round(x / scale)  # float32 quotients, ties to even
+    np.testing.assert_array_equal(cache.keys, codes * scale)
+
+
+@pytest.mark.parametrize("name,top,m", TIES[:2])
+def test_integer_qk_rounds_the_query_from_the_quotient(isa, name, top, m):
+    """The query row [m, m/2, -m/2, 0] against the keys e_1 and 0: the score of
+    e_1 is the rounded m/2 times the row's scale, whichever kernel computes it."""
+    cache = sdpa.KVCache(1, 1, 4, 4, dtype=name)
+    keys = np.zeros((1, 1, 2, 4), np.float32)
+    keys[0, 0, 0, 1] = 1
+    values = np.zeros((1, 1, 2, 4), np.float32)
+    values[0, 0, 0, 0] = 1
+    cache.append(keys, values)
+    q = np.array([m, m / 2, -m / 2, 0], np.float32).reshape(1, 1, 1, 4)
+    out = cache.attend(q, scale=1.0, integer_qk=True)
+    qscale = np.float32(m) / np.float32(127)
+    rounded = np.round(q / qscale) * np.float64(qscale)
+    ref = reference.scaled_dot_product_attention(rounded.astype(np.float64), cache.keys.astype(np.float64),
+                                                 cache.values.astype(np.float64), scale=1.0)
+    assert_close(out, ref, np.float32)
+
+
 def test_int4_default_groups_and_checks():
     assert sdpa.KVCache(1, 1, 4, 64, dtype="int4").group_size == 32
     assert sdpa.KVCache(1, 1, 4, 48, dtype="int4").group_size is None  # 32 does not divide 48
