@@ -517,7 +517,10 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
     if (!full) return SDPA_ERR_NO_MEMORY;
     int64_t *path_len = full + B, *leaf_from = full + 2 * B;  /* shared nodes above each sequence; its own first key */
     sharing sh = {c, full, NULL, {NULL, 0, 0, sizeof(share_node)}, {NULL, 0, 0, sizeof(int64_t)}, 0};
-    const int may_share = paged && B > 1 && !has_window(c) && !c->alibi.data;
+    /* integer_pv rounds P in runs of each tile's keys against the run's largest:
+     * shared blocks would be rounded in other runs than a sequence's own call
+     * rounds them, so its sequences are computed alone (bit for bit as such) */
+    const int may_share = paged && B > 1 && !has_window(c) && !c->alibi.data && !sdpa_integer_values(c);
     if (may_share) {
         int64_t *all = (int64_t *)malloc((size_t)B * sizeof(int64_t));
         if (!all) {

@@ -641,3 +641,98 @@ def test_tree_masks_over_forks_of_one_prompt(rng):
     assert sum(p["tree"] for p in plan["parts"]) == 3 and plan["merges"] == 3
     ref, _ = reference_of(q, cache.key_cache, cache.value_cache, bt, lens, tree=tree, softcap=5.0)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+
+
+# ---------------------------------------------------------------- promises on the edges
+
+QUANTIZED = ["int8", "int4", "float8_e4m3fn", "float8_e5m2"]
+
+
+@pytest.mark.parametrize("name", QUANTIZED + ["float32"])
+@pytest.mark.parametrize("latent", [False, True])
+def test_writes_with_no_token_to_store_change_nothing(rng, name, latent):
+    """An append of no positions, and paged_write with no token or with every
+    slot negative, are accepted by every cache dtype and write nothing."""
+    cache = sdpa.PagedKVCache(4, 4, 2, 8, dtype=name, latent=latent)
+    s = cache.add_sequence()
+    cache.append(s, rng.standard_normal((2, 3, 8)), None if latent else rng.standard_normal((2, 3, 8)))
+    arrays = [a for a in (cache.key_cache, cache.value_cache, cache.key_scale, cache.value_scale) if a is not None]
+    before = [a.copy() for a in arrays]
+    cache.append(s, np.zeros((2, 0, 8), np.float32), None if latent else np.zeros((2, 0, 8), np.float32))
+    assert cache.seq_len(s) == 3 and cache.block_table(s) == [0]
+    store = dict(key_scale=cache.key_scale, value_scale=cache.value_scale, kv_dtype=cache.kv_dtype)
+    for T, slots in ((0, np.zeros(0, np.int64)), (2, np.array([-1, -1])), (1, [-5])):
+        k = rng.standard_normal((T, 2, 8))
+        sdpa.paged_write(k, None if latent else k, cache.key_cache, cache.value_cache, slots, **store)
+    for a, b in zip(arrays, before):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.uint64, np.uint32, np.int64])
+def test_a_slot_past_the_caches_is_refused_whatever_its_integer_type(rng, dtype):
+    """A uint64 slot beyond int64 does not wrap to a negative (skipped) slot."""
+    kc = np.zeros((4, 1, 16, 8), np.float32)
+    vc = np.zeros((4, 1, 16, 8), np.float32)
+    k = rng.standard_normal((2, 1, 8))
+    big = {np.uint64: 2**63 + 5, np.uint32: 2**32 - 1, np.int64: 2**62}[dtype]
+    with pytest.raises(ValueError, match=f"slot_mapping: slot {big} of token 0 is past the caches' 64 slots"):
+        sdpa.paged_write(k, k, kc, vc, np.array([big, 1], dtype))
+    assert not kc.any() and not vc.any()
+    q = np.ones((1, 1, 1, 8), np.float32)
+    with pytest.raises(ValueError, match=r"seq_lens: entry 0 is 9223372036854775813, beyond int64"):
+        sdpa.paged_attention(q, kc, vc, [[0]], np.array([2**63 + 5], np.uint64))
+    with pytest.raises(ValueError, match=r"cu_seqlens_q: entry 1 is 9223372036854775813, beyond int64"):
+        sdpa.varlen_attention(np.ones((1, 1, 8), np.float32), k[:1], k[:1], np.array([0, 2**63 + 5], np.uint64),
+                              [0, 1])
+
+
+def test_ml_dtypes_int4_arrays_are_not_an_int4_cache(rng):
+    """ml_dtypes.int4 holds one unscaled value a byte: refused by name, with a
+    pointer to the packed layout, before anything is written."""
+    kc = np.zeros((4, 1, 16, 4), ml_dtypes.int4)
+    vc = np.zeros((4, 1, 16, 4), ml_dtypes.int4)
+    k = np.array([[[10.0, 0.7, -3.2, 100.0]]], np.float32)
+    with pytest.raises(TypeError, match="key_cache: an int4 cache is packed, two values a byte, in uint8"):
+        sdpa.paged_write(k, k, kc, vc, np.array([0]))
+    assert not kc.view(np.uint8).any()
+    q = np.ones((1, 1, 1, 4), np.float32)
+    with pytest.raises(TypeError, match="key_cache: an int4 cache is packed"):
+        sdpa.paged_attention(q, kc, vc, [[0]], [1])
+    with pytest.raises(TypeError, match="key_cache: an int4 cache is stored as uint8"):
+        sdpa.paged_attention(q, kc, vc, [[0]], [1], kv_dtype="int4")
+    u8 = np.zeros((4, 1, 16, 4), np.uint8)
+    with pytest.raises(TypeError, match="key_cache: a uint8 cache holds float8 or int4 values: name which"):
+        sdpa.paged_attention(q, u8, u8, [[0]], [1])
+
+
+@pytest.mark.parametrize("store", [np.float32, np.float16, np.uint8])
+def test_kv_dtype_int8_needs_int8_caches(rng, store):
+    """kv_dtype names what the caches hold: "int8" over caches of another dtype
+    is refused as "int4" and the float8 names are, not ignored."""
+    kc = np.zeros((4, 1, 16, 8), store)
+    q = np.ones((1, 1, 1, 8), np.float32)
+    with pytest.raises(TypeError, match="key_cache: an int8 cache is stored as int8"):
+        sdpa.paged_attention(q, kc, kc.copy(), [[0]], [1], kv_dtype="int8")
+    with pytest.raises(TypeError, match="key_cache: an int8 cache is stored as int8"):
+        sdpa.paged_write(np.ones((1, 1, 8)), np.ones((1, 1, 8)), kc, kc.copy(), [0], kv_dtype="int8")
+    assert not kc.any()
+    k8 = np.zeros((4, 1, 16, 8), np.int8)
+    s8 = np.ones((4, 1, 16, 1), np.float32)
+    out = sdpa.paged_attention(q, k8, k8.copy(), [[0]], [1], kv_dtype="int8", key_scale=s8, value_scale=s8.copy())
+    assert out.shape == (1, 1, 1, 8)
+
+
+def test_integer_pv_with_forks_is_each_sequence_alone_bit_for_bit(rng):
+    """integer_pv rounds P in runs of a tile's keys: forks of one prompt are
+    computed each on its own keys (shared blocks are not merged), so each
+    gets the bits of its own call."""
+    for name in ("int8", "int4"):
+        cache = sdpa.PagedKVCache(64, 16, 1, 64, dtype=name)
+        a = cache.add_sequence()
+        cache.append(a, rng.standard_normal((1, 40, 64)), rng.standard_normal((1, 40, 64)))
+        ids = [a, cache.fork(a), cache.fork(a)]
+        cache.append(ids[1], rng.standard_normal((1, 3, 64)), rng.standard_normal((1, 3, 64)))
+        q = rng.standard_normal((3, 8, 1, 64)).astype(np.float32)
+        batched = cache.attend(ids, q, integer_pv=True)
+        for i, s in enumerate(ids):
+            np.testing.assert_array_equal(batched[i : i + 1], cache.attend([s], q[i : i + 1], integer_pv=True))

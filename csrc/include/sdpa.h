@@ -310,8 +310,10 @@ typedef struct sdpa_problem {
  * library by symbol (ctypes, cffi) call sdpa_problem_init_sized with their
  * struct's size.  The minor version grows whenever the struct changes.  The
  * symbol sdpa_problem_init is kept for callers compiled against 0.1's header,
- * which had no struct_size: it cannot know the caller's size, so it writes
- * nothing, and their sdpa_attention calls get SDPA_ERR_ABI instead of a crash. */
+ * which had no struct_size: it cannot know the caller's size, so it zeroes
+ * only the first 8 bytes (which every 0.1 struct has: its dtype and the int32
+ * field after it), which never read as this library's struct_size, and their
+ * sdpa_attention calls get SDPA_ERR_ABI instead of a crash. */
 SDPA_API void sdpa_problem_init_sized(sdpa_problem *p, size_t struct_size);
 SDPA_API void(sdpa_problem_init)(sdpa_problem *p);
 #define sdpa_problem_init(p) sdpa_problem_init_sized((p), sizeof(sdpa_problem))

@@ -79,6 +79,16 @@ def count(value: object, name: str, minimum: int = 0) -> int:
     return int(value)
 
 
+def int64_copy(a: Array, name: str) -> Array:
+    """An integer array as int64, a copy; unsigned values beyond int64 are
+    refused (a cast would wrap them to negative numbers, which mean other
+    things: a skipped slot, an unused entry)."""
+    if a.dtype.kind == "u" and a.dtype.itemsize >= 8 and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        t = int(np.argmax(a > np.iinfo(np.int64).max))
+        raise ValueError(f"{name}: entry {t} is {int(a.ravel()[t])}, beyond int64")
+    return a.astype(np.int64)
+
+
 def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, int]:
     if isinstance(is_causal, str):
         if is_causal == "top_left":

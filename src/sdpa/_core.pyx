@@ -610,6 +610,8 @@ def quantize(int code, cnp.ndarray src not None, cnp.ndarray dst not None, scale
         if cnp.PyArray_DIMS(dst)[i] != (sh[i] if i < 3 else (cols + width - 1) // width) \
                 or (sc is not None and cnp.PyArray_DIMS(sc)[i] != (sh[i] if i < 3 else groups)):
             raise ValueError("sdpa._core.quantize: shapes that do not fit")
+    if n == 0 or h == 0 or rows == 0 or cols == 0:  # nothing to store (an empty array's strides say nothing)
+        return
     ss, ds = cnp.PyArray_STRIDES(src), cnp.PyArray_STRIDES(dst)
     if sc is not None:
         cs = cnp.PyArray_STRIDES(sc)
@@ -1337,11 +1339,11 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
         p.integer_pv = integer_pv
         if dt == SDPA_FLOAT64 or cnp.PyArray_TYPE(kc) != (cnp.NPY_INT8 if p.kv_dtype == SDPA_INT8 else cnp.NPY_UINT8) \
                 or cnp.PyArray_TYPE(vc) != cnp.PyArray_TYPE(kc):
-            raise ValueError("paged_attention: the caches' dtype does not go with the query's")
+            raise ValueError("key_cache: its dtype does not go with the query's (paged_attention)")
     else:
         p.kv_dtype = <sdpa_dtype>_dtype_of(kc)
         if not _pairs(dt, p.kv_dtype) or _dtype_of(vc) != p.kv_dtype:
-            raise ValueError("paged_attention: the caches' dtype does not go with the query's")
+            raise ValueError("key_cache: its dtype does not go with the query's (paged_attention)")
     p.num_batch_dims = 1
     p.batch_shape[0] = B
     p.num_heads = Hq

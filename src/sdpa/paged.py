@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _core
-from ._checks import count, head_values, scale_of, softcap_value, window_sides
+from ._checks import count, head_values, int64_copy, scale_of, softcap_value, window_sides
 from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
 from ._threads import thread_count
 from .kvcache import cache_dtype, quantized_code
@@ -56,12 +56,15 @@ def _storage_code(kc: Array, vc: Array, kv_dtype: Optional[str]) -> Tuple[Array,
     if kv_dtype not in _core.QUANTIZED:
         raise ValueError(f"kv_dtype: expected one of {', '.join(map(repr, _core.QUANTIZED))}, got {kv_dtype!r}")
     if kv_dtype == "int8":
+        for a, arg in ((kc, "key_cache"), (vc, "value_cache")):
+            if a.dtype != np.int8:
+                raise TypeError(f"{arg}: an int8 cache is stored as int8, got dtype {a.dtype}")
         return kc, vc, 0
     if name in _FP8 and name == kv_dtype and vc.dtype == kc.dtype:
         kc, vc = kc.view(np.uint8), vc.view(np.uint8)
     for a, arg in ((kc, "key_cache"), (vc, "value_cache")):
         if a.dtype != np.uint8:
-            raise TypeError(f"{arg}: a {kv_dtype} cache is stored as uint8, got dtype {a.dtype}")
+            raise TypeError(f"{arg}: {_article(kv_dtype)} {kv_dtype} cache is stored as uint8, got dtype {a.dtype}")
     return kc, vc, int(_core.QUANTIZED[kv_dtype])
 
 
@@ -85,7 +88,13 @@ def _cache_pair(
                 f"{name}: expected shape (num_blocks, num_kv_heads, block_size, features), got {a.shape}"
             )
         if a.dtype not in _STORED and not code:
-            cache_dtype(a.dtype, name)
+            if a.dtype == np.uint8:
+                raise TypeError(f"{name}: a uint8 cache holds float8 or int4 values: name which with kv_dtype "
+                                "('float8_e4m3fn', 'float8_e5m2' or 'int4')")
+            if cache_dtype(a.dtype, name) != a.dtype:  # ml_dtypes' int4: one unscaled value a byte
+                raise TypeError(f"{name}: an int4 cache is packed, two values a byte, in uint8 with "
+                                f"kv_dtype='int4' and scales (as PagedKVCache(dtype='int4') keeps it); "
+                                f"got dtype {a.dtype}")
             if not a.dtype.isnative:
                 raise TypeError(f"{name}: expected native byte order, got dtype {a.dtype}")
         if not a.flags.aligned:  # elements and strides
@@ -143,7 +152,7 @@ def _tables(
         raise ValueError(f"block_tables: expected one row per sequence ({B}), got shape {bt.shape}")
     if sl.shape != (B,):
         raise ValueError(f"seq_lens: expected shape ({B},), one length per sequence, got {sl.shape}")
-    sl = sl.astype(np.int64, copy=False)
+    sl = int64_copy(sl, "seq_lens")
     cap = bt.shape[1] * block_size
     need = np.broadcast_to(np.asarray(rows, np.int64), (B,))
     short = sl < need
@@ -203,7 +212,7 @@ def _query_start_loc(value: Any, T: int) -> Array:
     a = _int_array(value, "query_start_loc", 1)
     if a.shape[0] < 1:
         raise ValueError("query_start_loc: expected (number of sequences + 1) prefix sums, got an empty array")
-    c = a.astype(np.int64)  # a copy: the core reads it without the GIL
+    c = int64_copy(a, "query_start_loc")  # a copy: the core reads it without the GIL
     if c[0] != 0:
         raise ValueError(f"query_start_loc: must start at 0, got {int(c[0])}")
     if np.any(np.diff(c) < 0):
@@ -393,13 +402,18 @@ def paged_attention(
         :class:`PagedKVCache` keeps them.  float8 caches may go without.
     kv_dtype : str, optional
         ``"float8_e4m3fn"``, ``"float8_e5m2"`` or ``"int4"``: what uint8 caches
-        hold (the layouts of :class:`~sdpa.KVCache`).
+        hold (the layouts of :class:`~sdpa.KVCache`); ``"int8"`` for int8
+        caches.  A name the caches' dtype does not store is a TypeError
+        (``ml_dtypes.int4`` arrays, one unscaled value a byte, are not an int4
+        cache).
     integer_qk : bool
         int8 and int4 caches: the scores of decoding-size calls in integers,
         as :meth:`sdpa.KVCache.attend` computes them.
     integer_pv : bool
         int8 and int4 caches: the weighted sum of the values of decoding-size
-        calls in integers, as :meth:`sdpa.KVCache.attend` computes it.
+        calls in integers, as :meth:`sdpa.KVCache.attend` computes it.  Blocks
+        shared between sequences are then read once per sequence (each gets
+        the bits of its own call).
     query_start_loc : array_like of int, shape (B + 1,), optional
         A mixed batch (vLLM's layout): the query is packed, sequence ``b``'s
         rows are ``query[query_start_loc[b]:query_start_loc[b + 1]]``, its last
@@ -505,7 +519,8 @@ def paged_write(
         :func:`paged_attention`.
     slot_mapping : array_like of int, shape (T,)
         Token ``t`` goes to block ``slot // block_size``, row ``slot % block_size``;
-        a negative slot skips the token.
+        a negative slot skips the token (no token, or none kept, writes
+        nothing).
 
     Raises
     ------
@@ -537,14 +552,16 @@ def paged_write(
     T = k.shape[0]
     if v.shape[0] != T:
         raise ValueError(f"value: {v.shape[0]} tokens, key has {T}")
-    slots = _int_array(slot_mapping, "slot_mapping", 1).astype(np.int64)
+    slots = _int_array(slot_mapping, "slot_mapping", 1)
     if slots.shape != (T,):
         raise ValueError(f"slot_mapping: expected shape ({T},), one slot a token, got {slots.shape}")
-    keep = slots >= 0
-    if (slots >= num_blocks * bs).any():
-        t = int(np.argmax(slots >= num_blocks * bs))
+    past = slots >= num_blocks * bs  # before any cast: a uint64 slot must not wrap to a skipped one
+    if past.any():
+        t = int(np.argmax(past))
         raise ValueError(f"slot_mapping: slot {int(slots[t])} of token {t} is past the caches' "
                          f"{num_blocks * bs} slots")
+    slots = slots.astype(np.int64)
+    keep = slots >= 0
     used = slots[keep]
     if np.unique(used).size != used.size:
         raise ValueError("slot_mapping: two tokens go to one slot")

@@ -28,7 +28,7 @@ from ._api import (
     thread_count,
     window_sides,
 )
-from ._checks import count
+from ._checks import count, int64_copy
 
 __all__ = ["varlen_attention", "varlen_plan"]
 
@@ -40,7 +40,7 @@ def _cu_seqlens(value: Any, name: str, total: int) -> np.ndarray:
         raise TypeError(f"{name}: expected int32 or int64 prefix sums, got dtype {a.dtype}")
     if a.ndim != 1 or a.shape[0] < 1:
         raise ValueError(f"{name}: expected a 1-D array of (number of sequences + 1) prefix sums, got shape {a.shape}")
-    c = a.astype(np.int64)
+    c = int64_copy(a, name)  # a copy: the core reads it without the GIL
     if c[0] != 0:
         raise ValueError(f"{name}: must start at 0, got {int(c[0])}")
     if np.any(np.diff(c) < 0):

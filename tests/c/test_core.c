@@ -1838,6 +1838,16 @@ static void test_abi_guard(void) {
                   kv_dtypes[kd]);
             free(old);
         }
+    /* the 0.1 symbol zeroes the first 8 bytes, as sdpa.h and docs/c_api.md say, and no more */
+    {
+        unsigned char *raw = (unsigned char *)malloc(sizeof(old_problem));
+        memset(raw, 0x5a, sizeof(old_problem));
+        (sdpa_problem_init)((sdpa_problem *)raw);
+        int ok = 1;
+        for (size_t i = 0; i < sizeof(old_problem); i++) ok &= raw[i] == (i < 8 ? 0 : 0x5a);
+        check(ok, "abi: the 0.1 symbol zeroes exactly the first 8 bytes");
+        free(raw);
+    }
     /* a smaller struct given to sdpa_problem_init_sized: only the size is written */
     unsigned char *small = (unsigned char *)malloc(64);
     memset(small, 0x5a, 64);
