@@ -11,6 +11,13 @@ drawn together by ``sdpa.testing``'s Hypothesis strategies.
 * ``varlen_calls``: ``varlen_attention`` gives, bit for bit, the calls of
   ``scaled_dot_product_attention`` over each sequence, which match the
   reference.
+* ``paged_calls``: ``PagedKVCache.attend`` over pools with a random history
+  (appends, empty ones too, forks, new sequences, writes that skip every
+  token), every cache dtype, latent views, tree masks, ``integer_qk`` and
+  ``integer_pv``: each sequence gets what a call on it alone gives (bit for
+  bit unless blocks are shared), that matches the reference over the values
+  the pool holds (``integer_qk``: over the query rows rounded to int8), the
+  thread count changes no bit, and neither the query nor the pool is written.
 
 Run longer with ``HYPOTHESIS_PROFILE=dev``.
 """
@@ -21,11 +28,14 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings, strategies as st
 
 import sdpa
+from sdpa import _core, reference
+from sdpa.kvcache import dequantize
 from sdpa.testing import (
     assert_matches_reference,
     attention_calls,
     cache_calls,
     describe_call,
+    paged_calls,
     varlen_calls,
 )
 
@@ -130,3 +140,104 @@ def test_varlen_is_one_call_per_sequence(isa, data):
                                  window=p["window"], softcap=p["softcap"], alibi_slopes=seq["alibi_slopes"],
                                  sinks=seq["sinks"])
 
+
+
+def _pool(cache):
+    """Copies of everything a paged cache stores."""
+    return [None if a is None else a.copy()
+            for a in (cache.key_cache, cache.value_cache, cache.key_scale, cache.value_scale)]
+
+
+def _same_pool(cache, before):
+    now = _pool(cache)
+    return all((a is None and b is None) or np.array_equal(a.view(np.uint8), b.view(np.uint8))
+               for a, b in zip(now, before))
+
+
+def _stored(cache, data, scales, table, n, storage):
+    """Positions [0, n) of one sequence as float64, (Hkv, n, C): the values the pool holds."""
+    bs = cache.block_size
+    blocks = [table[j] for j in range(-(-n // bs))]
+    d = np.concatenate([data[b] for b in blocks], axis=1)[:, :n]
+    if storage not in _core.QUANTIZED:
+        return d.astype(np.float64)
+    sc = None if scales is None else np.concatenate([scales[b] for b in blocks], axis=1)[:, :n]
+    return dequantize(int(_core.QUANTIZED[storage]), d, sc).astype(np.float64)
+
+
+@PER_SET
+@given(data=st.data())
+def test_paged_calls_keep_their_promises(isa, data):
+    p = data.draw(paged_calls())
+    cache, q, ids, L, tree = p["cache"], p["q"], p["ids"], p["L"], p["tree"]
+    note(f"{cache!r} ops={p['ops']} ids={ids} q={q.dtype}{q.shape} tree={tree is not None} "
+         f"causal={p['is_causal']} scale={p['scale']} integer_qk={p['integer_qk']} "
+         f"integer_pv={p['integer_pv']} threads={p['num_threads']}")
+    before = _pool(cache)
+    for T in p["skipped"]:  # a write whose every slot is -1 (or that has no token) writes nothing
+        k = np.ones((T, p["hkv"], p["E"]), np.float32)
+        v = None if p["latent"] else np.ones((T, p["hkv"], p["Ev"]), np.float32)
+        sdpa.paged_write(k, v, cache.key_cache, cache.value_cache, np.full(T, -1), key_scale=cache.key_scale,
+                         value_scale=cache.value_scale, kv_dtype=cache.kv_dtype)
+    assert _same_pool(cache, before), "a write that skips every token changed the pool"
+    q_before = q.copy()
+    kw = dict(is_causal=p["is_causal"], scale=p["scale"], tree_mask=tree, integer_qk=p["integer_qk"],
+              integer_pv=p["integer_pv"], return_lse=True)
+    with np.errstate(all="ignore"):
+        out, lse = cache.attend(ids, q, num_threads=p["num_threads"], **kw)
+        again, again_lse = cache.attend(ids, q, num_threads=1 if p["num_threads"] != 1 else 3, **kw)
+    assert np.array_equal(out, again, equal_nan=True) and np.array_equal(lse, again_lse, equal_nan=True), \
+        "the thread count changed the result"
+    assert np.array_equal(q.view(np.uint8), q_before.view(np.uint8)), "the query was written"
+    assert _same_pool(cache, before), "attend wrote the pool"
+
+    bt, lens = cache.tables(ids)
+    used = [set(bt[i, : -(-int(n) // p["bs"])].tolist()) for i, n in enumerate(lens)]
+    shared = any(used[i] & used[j] for i in range(len(ids)) for j in range(i))
+    scale = 1 / np.sqrt(p["E"]) if p["scale"] is None else p["scale"]
+    for i, s in enumerate(ids):
+        t = None if tree is None else (tree[i : i + 1] if tree.ndim == 3 else tree)
+        alone, alone_lse = cache.attend([s], q[i : i + 1], **dict(kw, tree_mask=t))
+        if shared:  # shared blocks are read once and merged: float32 rounding apart, which the exponentials
+            # of large scores and cancelling values amplify (the reference check below holds each to its row's
+            # conditioning)
+            tol = {"float16": 2e-3, "bfloat16": 1.6e-2}.get(out.dtype.name, 2e-4)
+            np.testing.assert_allclose(out[i].astype(np.float64), alone[0].astype(np.float64), rtol=tol, atol=tol)
+            np.testing.assert_allclose(lse[i], alone_lse[0], rtol=1e-5, atol=1e-5)
+        else:
+            assert np.array_equal(out[i], alone[0], equal_nan=True), f"sequence {s}: not its own call's bits"
+            assert np.array_equal(lse[i], alone_lse[0], equal_nan=True), f"sequence {s}"
+        n = int(lens[i])
+        k = _stored(cache, cache.key_cache, cache.key_scale, bt[i], n, p["storage"])
+        v = _stored(cache, cache.value_cache, cache.value_scale, bt[i], n, p["storage"])
+        mask, causal = None, "bottom_right" if p["is_causal"] else False
+        if t is not None:
+            mask = np.ones((L, n), bool)
+            mask[:, n - L :] = t.reshape(L, L)
+            causal = False
+        qi = q[i : i + 1]
+        scaled = qi.astype(np.float32) * np.float32(scale)
+        qscale = np.abs(scaled).max(-1, keepdims=True) / np.float32(127)
+        with np.errstate(all="ignore"):  # integer_qk's query rows: rounded to int8, each with its scale
+            rounded = np.where(qscale > 0, np.clip(np.round(scaled / qscale), -127, 127) * qscale, 0.0)
+        if p["integer_pv"]:  # P rounded to bytes a run of 64 keys: within 64 half steps of the values
+            bound = 64 * 0.5 / 255 * np.abs(v).max() + 1e-2
+            queries = [(qi, scale)]
+            if p["integer_qk"]:  # over the rounded rows (always for one row a head; longer ones may be float)
+                queries = [(rounded, 1.0)] + (queries if L > 1 else [])
+            errors = [np.abs(out[i] - reference.scaled_dot_product_attention(
+                x.astype(np.float64), k[None], v[None], attn_mask=mask, is_causal=causal, scale=c,
+                enable_gqa=True)[0]).max() for x, c in queries]
+            assert min(errors) <= bound, f"sequence {s}: integer_pv beyond its bound ({errors} > {bound})"
+            continue
+        args = (None, qi, k[None], v[None], mask, causal, p["scale"], True)
+        if p["integer_qk"]:  # the rounded query rows (decoding sizes)
+            try:
+                assert_matches_reference(out[i : i + 1], None, rounded.astype(np.float64), k[None], v[None], mask,
+                                         causal, 1.0, True, lse=lse[i : i + 1])
+                continue
+            except AssertionError:
+                if L == 1:  # one row a head always computes in integers
+                    raise
+            # longer queries may take the tiled path, which computes in float (documented)
+        assert_matches_reference(out[i : i + 1], *args, lse=lse[i : i + 1])

@@ -12,7 +12,9 @@ spirit of ``numpy.testing``.
   in the inputs included.
 * Hypothesis strategies: :func:`qkv_problems` (finite problems) and
   :func:`attention_calls` (whole calls: sizes from 0, heads, masks, causal modes,
-  key lengths, windows, softcaps, ALiBi, sinks, dtypes, layouts, special values).  Hypothesis is imported when a
+  key lengths, windows, softcaps, ALiBi, sinks, dtypes, layouts, special values),
+  :func:`cache_calls`, :func:`varlen_calls` and :func:`paged_calls` (paged pools
+  with forks, every cache dtype, latent views and tree masks).  Hypothesis is imported when a
   strategy is made, so ``import sdpa.testing`` works without it.
 
 Decisions other than array contents (how many special values, where, which
@@ -46,6 +48,7 @@ from .strategies import (
     cache_calls,
     describe_call,
     layouts,
+    paged_calls,
     qkv_problems,
     values,
     varlen_calls,
@@ -75,4 +78,5 @@ __all__ = [
     "describe_call",
     "cache_calls",
     "varlen_calls",
+    "paged_calls",
 ]

@@ -1,5 +1,6 @@
 """Hypothesis strategies over whole calls: :func:`qkv_problems`,
-:func:`attention_calls`, :func:`cache_calls` and :func:`varlen_calls`, and the
+:func:`attention_calls`, :func:`cache_calls`, :func:`varlen_calls` and
+:func:`paged_calls`, and the
 values and layouts they draw.  Hypothesis is imported when a strategy is made."""
 from __future__ import annotations
 
@@ -478,3 +479,113 @@ def varlen_calls() -> "SearchStrategy[Dict[str, Any]]":
     from hypothesis import strategies as st
 
     return st.composite(_draw_varlen_call)()
+
+
+PAGED_STORAGE = ("float32", "float16", "bfloat16", "float64", "int8", "int4", "float8_e4m3fn", "float8_e5m2")
+
+
+def _draw_paged_call(draw: Callable[..., Any]) -> Dict[str, Any]:
+    from hypothesis import strategies as st
+
+    from ..paged import PagedKVCache
+
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    storage = draw(st.sampled_from([s for s in PAGED_STORAGE + ("int8", "int4") if _ml_dtypes or s != "bfloat16"]))
+    quantized = storage in ("int8", "int4") or storage.startswith("float8")
+    scaled = quantized and (not storage.startswith("float8") or draw(st.booleans()))
+    latent = draw(st.integers(0, 3)) == 0
+    E = draw(st.sampled_from([2, 8, 16, 32, 64]))
+    Ev = draw(st.sampled_from([E, E, 8, 32]))
+    if latent:
+        Ev = min(Ev, E)
+    group_size = None
+    if scaled and storage in ("int8", "int4") and draw(st.booleans()):
+        common = math.gcd(E, Ev)
+        sizes = [g for g in range(1, common + 1) if common % g == 0 and (storage == "int8" or g % 2 == 0)]
+        group_size = draw(st.sampled_from(sizes))
+    bs = draw(st.sampled_from([1, 2, 5, 16]))
+    hkv = draw(st.integers(1, 2))
+    group = draw(st.sampled_from([1, 2, 4, 8]))
+    # what happens to the pool: sequence 0 gets a first append, then appends
+    # (empty ones too), forks, new sequences and writes that skip every token
+    ops = [("append", 0, draw(st.integers(1, 40)))]
+    nseq = 1
+    for _ in range(draw(st.integers(0, 6))):
+        kind = draw(st.sampled_from(["append", "append", "fork", "new", "skipped"]))
+        if kind == "append":
+            ops.append(("append", draw(st.integers(0, nseq - 1)), draw(st.sampled_from([0, 1, 3, 17, 40]))))
+        elif kind == "fork":
+            ops.append(("fork", draw(st.integers(0, nseq - 1)), 0))
+            nseq += 1
+        elif kind == "new":
+            ops.append(("new", 0, 0))
+            nseq += 1
+        else:
+            ops.append(("skipped", 0, draw(st.integers(0, 3))))
+    positions = sum(t for k, _, t in ops if k == "append")
+    forks = sum(1 for k, _, _ in ops if k == "fork")
+    # room for every append's blocks (each sequence's may start a new one) and each fork's copy
+    num_blocks = -(-positions // bs) + len(ops) + forks + draw(st.integers(0, 3))
+    cache = PagedKVCache(num_blocks, bs, hkv, E, Ev, dtype=storage, group_size=group_size, latent=latent,
+                         scale=None if storage.startswith("float8") and not scaled else "absmax")
+    seqs = [cache.add_sequence()]
+    for kind, who, T in ops:
+        if kind == "append":
+            k = rng.standard_normal((hkv, T, E)).astype(np.float32)
+            v = None if latent else rng.standard_normal((hkv, T, Ev)).astype(np.float32)
+            cache.append(seqs[who], k, v)
+        elif kind == "fork":
+            seqs.append(cache.fork(seqs[who]))
+        elif kind == "new":
+            seqs.append(cache.add_sequence())
+    lens = {s: cache.seq_len(s) for s in seqs}
+    L = draw(st.sampled_from([1, 1, 1, 2, 3, 5]))
+    L = min(L, max(lens.values()))
+    usable = [s for s in seqs if lens[s] >= L]
+    ids = draw(st.lists(st.sampled_from(usable), min_size=1, max_size=4))
+    qdtypes = {"float64": ["float64"], "float16": ["float16", "float32"],
+               "bfloat16": ["bfloat16", "float32"]}.get(storage, ["float32", "float32", "float16"]
+                                                        + (["bfloat16"] if _ml_dtypes else []))
+    qdtype = draw(st.sampled_from(qdtypes))
+    q = random_values(rng, (len(ids), hkv * group, L, E), qdtype, "q", ())
+    tree = None
+    if L > 1 and draw(st.integers(0, 2)) == 0:
+        tree = rng.random((len(ids), L, L) if draw(st.booleans()) else (L, L)) < 0.6
+        tree |= np.eye(L, dtype=bool)
+    lowbit = storage in ("int8", "int4") and scaled
+    return dict(
+        seed=seed, cache=cache, ops=ops, seqs=seqs, ids=ids, q=q, L=L, E=E, Ev=Ev, hkv=hkv, hq=hkv * group, bs=bs,
+        storage=storage, scaled=scaled, latent=latent, group_size=group_size, tree=tree,
+        is_causal=draw(st.booleans()) if tree is None else True,
+        scale=draw(st.sampled_from([None, None, 0.3])),
+        integer_qk=lowbit and draw(st.booleans()), integer_pv=lowbit and draw(st.booleans()),
+        skipped=[t for k, _, t in ops if k == "skipped"],
+        num_threads=draw(st.sampled_from([None, 1, 2, 3])),
+    )
+
+
+def paged_calls() -> "SearchStrategy[Dict[str, Any]]":
+    """A Hypothesis strategy for :meth:`sdpa.PagedKVCache.attend` calls.
+
+    A pool of a drawn storage dtype (float32, float16, bfloat16, float64,
+    int8 and int4 with whole-row or grouped scales, float8 with scales or
+    without), block size (1, 2, 5, 16), head dims and heads, now and then a
+    latent (MLA) cache, filled by a random history: appends of 0-40
+    positions, forks (sharing full blocks, copying a partial one), new
+    sequences, and ``skipped`` writes (lists of 0-3 tokens whose slots are
+    all -1, which the test makes).  Then a query over 1-4 of the sequences
+    (repeats allowed) with 1-5 rows and 1-8 query heads per key/value head,
+    a query dtype the cache pairs with, causality or a tree mask, a scale,
+    ``integer_qk`` / ``integer_pv`` on int8 and int4 caches, and a thread
+    count.
+
+    Each example is a dict: ``seed`` (of the values), ``cache``, ``ops`` (the history), ``seqs``,
+    ``ids``, ``q``, ``tree``, ``is_causal``, ``scale``, ``integer_qk``,
+    ``integer_pv``, ``skipped``, ``num_threads`` and the sizes (``L``, ``E``,
+    ``Ev``, ``hkv``, ``hq``, ``bs``, ``storage``, ``scaled``, ``latent``,
+    ``group_size``).
+    """
+    from hypothesis import strategies as st
+
+    return st.composite(_draw_paged_call)()
