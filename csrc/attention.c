@@ -98,7 +98,7 @@ sdpa_status sdpa_validate(const sdpa_problem *p, int64_t *batch_count) {
         p->mask_kind != SDPA_MASK_ADDITIVE)
         return SDPA_ERR_BAD_MASK;
     if (p->num_threads < 0) return SDPA_ERR_BAD_THREADS;
-    const int64_t big = (int64_t)1 << 61;
+    const int64_t big = SDPA_MAX_POSITION;
     if (p->window_left < -1 || p->window_left > big || p->window_right < -1 || p->window_right > big)
         return SDPA_ERR_BAD_VARIANT;
     if (!(p->softcap >= 0) || p->softcap == (double)INFINITY) return SDPA_ERR_BAD_VARIANT;

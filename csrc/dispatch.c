@@ -19,6 +19,7 @@
 #if defined(__linux__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* syscall(), which -std=c11 hides */
 #endif
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,10 +67,13 @@ static const kernel_set sets[] = {
 };
 #define NUM_SETS ((int)(sizeof(sets) / sizeof(sets[0])))
 
-/* The names of every set, for SDPA_ISA's message and for the names a build
- * without their code still knows (never supported there). */
-#define ALL_SET_NAMES "scalar, avx2, avx512, avx512_bf16, amx, neon and neon_bf16"
+/* The names of every set: the one list (sdpa_isa_name gives it to the
+ * extension), for SDPA_ISA's message and for the names a build without their
+ * code still knows (never supported there). */
 static const char *const known_names[] = {"scalar", "avx2", "avx512", "avx512_bf16", "amx", "neon", "neon_bf16"};
+#define NUM_KNOWN ((int)(sizeof(known_names) / sizeof(known_names[0])))
+
+const char *sdpa_isa_name(int i) { return i >= 0 && i < NUM_KNOWN ? known_names[i] : NULL; }
 
 /* ---- completion ---- */
 
@@ -398,7 +402,7 @@ static int index_of_name(const char *name, int allow_test_only) {
     if (!name) return -1;
     for (int i = 0; i < NUM_SETS; i++)
         if (strcmp(name, sets[i].declared->name) == 0 && (allow_test_only || !sets[i].test_only)) return i;
-    for (size_t k = 0; k < sizeof(known_names) / sizeof(known_names[0]); k++)
+    for (int k = 0; k < NUM_KNOWN; k++)
         if (strcmp(name, known_names[k]) == 0) return NUM_SETS;
     return -1;
 }
@@ -445,8 +449,15 @@ static void choose(void) {
     int by_name = 0;
     if (forced && *forced) {
         int i = index_of_name(forced, 0);
-        if (i < 0)
-            error = "SDPA_ISA names no kernel set (the sets are " ALL_SET_NAMES ")";
+        if (i < 0) {  /* "... (the sets are scalar, avx2, ... and neon_bf16)", from the list */
+            static char unknown[256];
+            size_t at = (size_t)snprintf(unknown, sizeof unknown, "SDPA_ISA names no kernel set (the sets are");
+            for (int k = 0; k < NUM_KNOWN && at < sizeof unknown; k++)
+                at += (size_t)snprintf(unknown + at, sizeof unknown - at, "%s %s", k == 0 ? "" : k + 1 < NUM_KNOWN ? "," : " and",
+                                       known_names[k]);
+            if (at < sizeof unknown) snprintf(unknown + at, sizeof unknown - at, ")");
+            error = unknown;
+        }
         else if (i == NUM_SETS || !runs_here(i))
             error = "SDPA_ISA names a kernel set this CPU or build cannot run";
         else

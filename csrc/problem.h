@@ -7,10 +7,6 @@
 
 #include "internal.h"
 
-/* Longer key sequences, larger offsets and window sides are refused, so that
- * positions keep far from int64 overflow (sdpa.h says 2^61). */
-#define SDPA_MAX_POSITION ((int64_t)1 << 61)
-
 /* key and value's dtype, SDPA_DTYPE_OF_QUERY resolved */
 static inline sdpa_dtype kv_dtype_of(const sdpa_problem *p) {
     return p->kv_dtype == SDPA_DTYPE_OF_QUERY ? p->dtype : p->kv_dtype;

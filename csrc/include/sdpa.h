@@ -32,6 +32,11 @@ extern "C" {
 /* Leading batch dimensions, in front of the head dimension. */
 #define SDPA_MAX_BATCH_DIMS 8
 
+/* The largest key count, position offset (align_offset, causal_offset) and
+ * window side, 2^61: positions keep far from int64 overflow.  A window side
+ * of SDPA_MAX_POSITION already shows every key. */
+#define SDPA_MAX_POSITION ((int64_t)1 << 61)
+
 /* integer_pv: the keys whose weights share one scale (a run of a key tile). */
 #define SDPA_PV_KEYS 64
 
@@ -371,8 +376,11 @@ SDPA_API const char *sdpa_status_message(sdpa_status status);
  * sdpa_isa_supported: 1 if this build and CPU can run the named set ("amx": and the OS has not refused the tile state,
  * which it is only asked for by that first call).
  * sdpa_set_isa: switch to it for later calls (SDPA_ERR_BAD_ISA if not supported).
- * sdpa_isa: the name of the set in use. */
+ * sdpa_isa: the name of the set in use.
+ * sdpa_isa_name: the i-th of every set's name, in the order above, whether
+ * this build or CPU can run it or not; NULL from i = their count on. */
 SDPA_API int sdpa_isa_supported(const char *name);
+SDPA_API const char *sdpa_isa_name(int i);
 SDPA_API sdpa_status sdpa_set_isa(const char *name);
 SDPA_API const char *sdpa_isa(void);
 

@@ -148,7 +148,7 @@ def output_array(
     return out
 
 
-_WINDOW_MAX = _core.WINDOW_MAX  # the core's bound on a window side; any larger side shows every key
+_WINDOW_MAX = _core.MAX_POSITION  # the core's bound on a window side; any larger side shows every key
 
 
 def window_sides(window: object) -> Tuple[int, int]:

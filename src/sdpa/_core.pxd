@@ -29,6 +29,7 @@ cdef extern from "sdpa.h" nogil:
         SDPA_MASK_BOOL
         SDPA_MASK_ADDITIVE
     enum: SDPA_MAX_BATCH_DIMS
+    int64_t SDPA_MAX_POSITION
     ctypedef int (*sdpa_interrupt_fn)(void *user_data) noexcept
     ctypedef struct sdpa_view:
         void *data
@@ -96,6 +97,7 @@ cdef extern from "sdpa.h" nogil:
     const char *sdpa_version()
     void sdpa_cache_sizes(int64_t *l1d, int64_t *l2)
     int sdpa_isa_supported(const char *name)
+    const char *sdpa_isa_name(int i)
     sdpa_status sdpa_set_isa(const char *name)
     const char *sdpa_isa()
 

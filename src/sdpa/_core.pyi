@@ -58,7 +58,7 @@ def quantize_int8(
 ARGUMENTS: Tuple[str, ...]
 RULES: Tuple[str, ...]
 OUT_MAY_OVERLAP: int
-WINDOW_MAX: int
+MAX_POSITION: int
 def reason(code: int) -> str: ...
 def physical_memory_bytes() -> Optional[int]: ...
 def attention(

@@ -22,7 +22,21 @@ import threading
 cnp.import_array()
 
 MAX_BATCH_DIMS = SDPA_MAX_BATCH_DIMS
-ISAS = ("scalar", "avx2", "avx512", "avx512_bf16", "amx", "neon", "neon_bf16")
+# the largest key count, position offset and window side (a larger side shows every key)
+MAX_POSITION = SDPA_MAX_POSITION
+
+
+def _isa_names():
+    cdef int i = 0
+    names = []
+    while sdpa_isa_name(i) != NULL:
+        names.append(sdpa_isa_name(i).decode())
+        i += 1
+    return tuple(names)
+
+
+# every kernel set's name, from the core's one list
+ISAS = _isa_names()
 
 cdef enum:
     # dims of a full operand: batch dims, then (head, row, column)
@@ -736,7 +750,6 @@ cdef bint _no_self_overlap(cnp.ndarray a) noexcept:
 # the bound on |diagonal|: any int64 offset the core takes
 _DIAGONAL_MAX = (1 << 63) - 1
 # a window side past this shows every key, and is taken as this
-WINDOW_MAX = 1 << 61
 
 
 def _physical_memory():
@@ -997,8 +1010,8 @@ def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
                 return _why(ARG_WINDOW, RULE_TYPE)
             if side < -1:
                 return _why(ARG_WINDOW, RULE_VALUE)
-            if side > WINDOW_MAX:
-                side = WINDOW_MAX
+            if side > SDPA_MAX_POSITION:
+                side = SDPA_MAX_POSITION
             if i == 0:
                 p.window_left = side
             else:
@@ -1210,8 +1223,8 @@ cdef int _fill_prefix_sums(const int64_t **dst, cnp.ndarray a, int64_t n):
 
 cdef void _fill_variants(sdpa_problem *p, window, softcap):
     if window is not None:
-        p.window_left = min(<int64_t>window[0], WINDOW_MAX)
-        p.window_right = min(<int64_t>window[1], WINDOW_MAX)
+        p.window_left = min(<int64_t>window[0], SDPA_MAX_POSITION)
+        p.window_right = min(<int64_t>window[1], SDPA_MAX_POSITION)
     if softcap is not None:
         p.softcap = softcap
 

@@ -791,6 +791,12 @@ static void test_statuses(void) {
     }
     check(!sdpa_isa_supported("nonsense") && !sdpa_isa_supported(NULL), "sdpa_isa_supported of unknown names is 0");
     check(sdpa_isa_supported("scalar") == 1, "sdpa_isa_supported(\"scalar\") is 1");
+    for (int i = 0; i <= NUM_ISAS; i++) {  /* the library's one list, against the tests' own */
+        const char *name = sdpa_isa_name(i);
+        check(i < NUM_ISAS ? name && strcmp(name, ISAS[i]) == 0 : name == NULL, "sdpa_isa_name(%d) = %s", i,
+              name ? name : "NULL");
+    }
+    check(sdpa_isa_name(-1) == NULL, "sdpa_isa_name(-1) is NULL");
     for (int i = 0; i < NUM_ISAS; i++) {
         if (sdpa_isa_supported(ISAS[i])) {
             sdpa_status st = sdpa_set_isa(ISAS[i]);

@@ -13,7 +13,7 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
-from .. import reference as _reference
+from .. import _core, reference as _reference
 from .problems import Shape, compute_dtype
 
 # --------------------------------------------------------------------------- checking results
@@ -133,8 +133,9 @@ class _Variants:
         alibi_slopes: Optional[npt.ArrayLike],
         sinks: Optional[npt.ArrayLike],
     ) -> None:
-        # sides past 2**61 show every key, as sdpa takes them
-        self.window = None if window is None else (min(int(window[0]), 2**61), min(int(window[1]), 2**61))
+        # sides past the core's largest position show every key, as sdpa takes them
+        top = _core.MAX_POSITION
+        self.window = None if window is None else (min(int(window[0]), top), min(int(window[1]), top))
         self.softcap = None if softcap is None else float(softcap)
         self.alibi_slopes = alibi_slopes
         self.sinks = sinks
