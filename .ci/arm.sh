@@ -12,7 +12,8 @@
 # The C tests include FPCR.FZ set by the caller and honoured on every worker
 # thread (test_fp_mode), bitwise thread-count independence, NaN and subnormal
 # inputs, on each set.
-# Installs the cross compiler, the target's OpenMP and QEMU when missing (apt).
+# Installs the cross compiler, the target's C library dev files and OpenMP, and
+# QEMU when missing (apt).
 #
 #   bash .ci/arm.sh            (SDPA_ARM_BUILD_DIR=dir keeps the build there)
 set -euo pipefail
@@ -23,6 +24,10 @@ need=()
 command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)
 command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
 [[ -e /usr/aarch64-linux-gnu/lib/libgomp.so.1 ]] || need+=(libgomp1-arm64-cross)
+# the C library's dev files: startup objects and libc.so for linking (without
+# them the compiler runs but cannot link: "cannot find Scrt1.o / crti.o")
+[[ -e /usr/aarch64-linux-gnu/lib/crti.o && -e /usr/aarch64-linux-gnu/lib/Scrt1.o &&
+   -e /usr/aarch64-linux-gnu/lib/libc.so ]] || need+=(libc6-dev-arm64-cross)
 if ((${#need[@]})); then
     echo "== installing ${need[*]}"
     SUDO=""

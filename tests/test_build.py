@@ -87,3 +87,15 @@ def test_kernel_sets_reported():
     assert "isa" in cfg and "isas_supported" in cfg
     assert "scalar" in cfg["isas_supported"]
     assert cfg["isa"] in cfg["isas_supported"]
+
+
+def test_this_readme_names_every_test_file():
+    """tests/README.md has a row for every test file here and in tests/c."""
+    import pathlib
+
+    here = pathlib.Path(__file__).resolve().parent
+    readme = (here / "README.md").read_text(encoding="utf-8")
+    files = sorted(p.name for p in here.glob("*.py") if p.name != "conftest.py")
+    files += sorted(f"c/{p.name}" for p in (here / "c").glob("*.c"))
+    missing = [f for f in files if f"`{f}`" not in readme]
+    assert not missing, f"tests/README.md does not name {missing}"
