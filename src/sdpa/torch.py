@@ -136,6 +136,33 @@ def _as_numpy(t: Tensor) -> Any:
     return t.detach().numpy()
 
 
+def _eager_call(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor], causal: Union[bool, str],
+                scale: Optional[float], enable_gqa: bool) -> Tuple[Optional[Tensor], bool]:
+    """Plain eager tensors (:func:`_plain_eager`) straight to the core: torch's
+    dispatcher costs more than the attention of a decoding step.  Returns the
+    result, or None and whether the core declined the arrays as they are (they
+    go on to the operator's body, whose checks explain the problem, and to the
+    general path without a second try)."""
+    try:
+        q, k, v = _eager_numpy(query), _eager_numpy(key), _eager_numpy(value)
+        m = None if mask is None else _eager_numpy(mask)
+    except RuntimeError:  # a tensor numpy() cannot expose (negative bit, no storage)
+        return None, False
+    result = _core.attention(q, k, v, attn_mask=m, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
+    if not isinstance(result, np.ndarray):  # declined (the output alone was asked for)
+        return None, True
+    if query.dtype is torch.bfloat16:
+        return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16), False
+    return torch.from_numpy(result), False
+
+
+def _eager_numpy(t: Tensor) -> Any:
+    """_as_numpy for a tensor that requires no grad (no detach needed)."""
+    if t.dtype is torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_numpy_bfloat16())
+    return t.numpy()
+
+
 def _as_tensor(a: np.ndarray) -> Tensor:
     """A NumPy result as a tensor over the same memory."""
     if a.dtype.name == "bfloat16":
@@ -316,6 +343,13 @@ def scaled_dot_product_attention(
             f"dropout_p: sdpa has no dropout, got {dropout_p}; pass 0.0 (as models do in eval mode), "
             "or use sdpa.torch.patch(fallback=True) to let torch compute the calls with dropout"
         )
+    declined = False
+    plain = window is None and softcap is None and alibi_slopes is None and sinks is None
+    if plain and (attn_mask is None or type(attn_mask) is Tensor) and _plain_eager(query, key, value, attn_mask):
+        # the common eager call (no tensor requires grad), straight to the core
+        fast, declined = _eager_call(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+        if fast is not None:
+            return fast
     if torch.is_grad_enabled():
         for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask"),
                         (alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
@@ -330,24 +364,12 @@ def scaled_dot_product_attention(
     causal: Union[bool, str] = is_causal
     if attn_mask is not None and type(attn_mask) is not Tensor:
         mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
-    variants = not (window is None and softcap is None and alibi_slopes is None and sinks is None)
-    declined = False
-    if not variants and _plain_eager(query, key, value, mask):
-        # the common eager call, straight to the core (torch's dispatcher costs
-        # more than the attention of a decoding step); what it declines goes on
-        # to the operator's body, whose checks explain the problem, and to the
-        # general path without a second try
-        try:
-            arrays = [_as_numpy(query), _as_numpy(key), _as_numpy(value),
-                      None if mask is None else _as_numpy(mask)]
-        except RuntimeError:  # a tensor numpy() cannot expose (negative bit, no storage)
-            arrays = None
-        if arrays is not None:
-            q, k, v, m = arrays
-            result = _core.attention(q, k, v, attn_mask=m, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
-            if isinstance(result, np.ndarray):  # the output alone: no weights nor lse asked for
-                return _as_tensor(result)
-            declined = True
+    variants = not plain
+    if plain and not declined and type(attn_mask) is not Tensor and attn_mask is not None \
+            and _plain_eager(query, key, value, mask):  # a CausalBias, now a mask or bottom-right causality
+        fast, declined = _eager_call(query, key, value, mask, causal, scale, enable_gqa)
+        if fast is not None:
+            return fast
     # torch's dispatcher refuses nested tensors with a bare NotImplementedError
     _check_nested(query, key, value, mask)
     if causal == "bottom_right":  # the operator's is_causal is a bool: the mask itself
