@@ -220,3 +220,18 @@ def test_cache_takes_ml_dtypes_low_bit_types_by_type_or_name(name):
     for dtype in (getattr(ml_dtypes, name), name):
         cache = sdpa.KVCache(1, 1, 4, 4, dtype=dtype)
         assert cache.quantization == name and cache.dtype == np.uint8
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "int4", "float8_e4m3fn"])
+@pytest.mark.parametrize("latent", [False, True])
+def test_storage_starts_on_a_cache_line(dtype, latent):
+    """Keys, values and scales begin on a 64-byte boundary (NumPy's own
+    allocations begin 16 bytes past one, and every vector load of a row would
+    straddle two lines), for KVCache and PagedKVCache alike."""
+    cache = sdpa.KVCache(2, 3, 50, 64, dtype=dtype, latent=latent)
+    paged = sdpa.PagedKVCache(7, 16, 3, 64, dtype=dtype, latent=latent)
+    arrays = [cache.key_data, cache.value_data, cache.key_scales, cache.value_scales,
+              paged.key_cache, paged.value_cache, paged.key_scale, paged.value_scale]
+    for a in arrays:
+        if a is not None and a.size:
+            assert a.ctypes.data % 64 == 0

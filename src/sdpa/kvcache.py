@@ -197,14 +197,14 @@ class KVCache:
         w = self._width
         # zero bytes are zero values, but for int4, whose nibbles hold the value plus 8
         fill = 0x88 if w == 2 else 0
-        k = np.full(shape + (self._e // w,), fill, dtype=self._dtype)
+        k = aligned_full(shape + (self._e // w,), fill, self._dtype)
         gk = (self._e // self._group if self._group else 1) if self._scaled else 0
         gv = (self._ev // self._group if self._group else 1) if self._scaled else 0
-        ks = np.zeros(shape + (gk,), np.float32)
+        ks = aligned_full(shape + (gk,), 0, np.float32)
         if self._latent:  # the values: the keys' first head_dim_v features (and their scales)
             return k, k[..., : self._ev // w], ks, ks[..., :gv]
-        v = np.full(shape + (self._ev // w,), fill, dtype=self._dtype)
-        return k, v, ks, np.zeros(shape + (gv,), np.float32)
+        v = aligned_full(shape + (self._ev // w,), fill, self._dtype)
+        return k, v, ks, aligned_full(shape + (gv,), 0, np.float32)
 
     # ------------------------------------------------------------------ sizes
 
@@ -669,6 +669,23 @@ def quantized_code(dtype: Any) -> int:
     """The core's code of the quantized cache ``dtype`` asks for; 0 for any other."""
     name = _quantized_name(dtype)
     return 0 if name is None else int(_core.QUANTIZED[name])
+
+
+CACHE_LINE = 64
+
+
+def aligned_full(shape: Tuple[int, ...], fill: Any, dtype: Any) -> np.ndarray:
+    """``np.full(shape, fill, dtype)`` starting on a cache line.  NumPy's own
+    allocations start 16 bytes past one (glibc's malloc), so that every
+    64-byte load of a cached key row straddles two lines: a decoding step over
+    such a cache took 7-15% longer (float32, 2 threads, 1K-32K positions)."""
+    dt = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    raw = np.empty(nbytes + CACHE_LINE, np.uint8)
+    start = -raw.ctypes.data % CACHE_LINE
+    a = raw[start : start + nbytes].view(dt).reshape(shape)
+    a.fill(fill)
+    return a
 
 
 def cache_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:

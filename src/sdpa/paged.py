@@ -20,7 +20,7 @@ from . import _core
 from ._checks import count, head_values, int64_copy, scale_of, softcap_value, window_sides
 from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
 from ._threads import thread_count
-from .kvcache import cache_dtype, quantized_code
+from .kvcache import aligned_full, cache_dtype, quantized_code
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
 
@@ -676,17 +676,17 @@ class PagedKVCache:
                              f"features; got {ev}")
         self._e, self._ev = e, ev
         fill = 0x88 if width == 2 else 0  # int4 nibbles hold the value plus 8
-        self.key_cache = np.full((n, heads, self._bs, e // width), fill, self._dtype)
+        self.key_cache = aligned_full((n, heads, self._bs, e // width), fill, self._dtype)
         self.value_cache = (self.key_cache[..., :ev // width] if self._latent
-                            else np.full((n, heads, self._bs, ev // width), fill, self._dtype))
+                            else aligned_full((n, heads, self._bs, ev // width), fill, self._dtype))
         self.key_scale: Optional[Array] = None
         self.value_scale: Optional[Array] = None
         if scaled:
             gk = e // self._group if self._group else 1
             gv = ev // self._group if self._group else 1
-            self.key_scale = np.zeros((n, heads, self._bs, gk), np.float32)
+            self.key_scale = aligned_full((n, heads, self._bs, gk), 0, np.float32)
             self.value_scale = (self.key_scale[..., :gv] if self._latent
-                                else np.zeros((n, heads, self._bs, gv), np.float32))
+                                else aligned_full((n, heads, self._bs, gv), 0, np.float32))
         self._free: List[int] = list(range(n - 1, -1, -1))  # popped from the end: block 0 first
         self._refs = np.zeros(n, np.int64)
         self._blocks: Dict[int, List[int]] = {}
