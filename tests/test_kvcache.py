@@ -235,3 +235,30 @@ def test_storage_starts_on_a_cache_line(dtype, latent):
     for a in arrays:
         if a is not None and a.size:
             assert a.ctypes.data % 64 == 0
+
+
+FORMAT_CASES = [
+    dict(dtype="int4", head_dim=64), dict(dtype="int8", head_dim=48, head_dim_v=32, group_size=16),
+    dict(dtype="float8_e5m2", head_dim=16, scale=None), dict(dtype="float32", head_dim=40, latent=True, head_dim_v=8),
+    # refused, each naming its argument
+    dict(dtype="int4", head_dim=7), dict(dtype="int8", head_dim=48, group_size=5),
+    dict(dtype="float32", head_dim=8, group_size=4), dict(dtype="int8", head_dim=8, scale=None),
+    dict(dtype="float32", head_dim=8, scale="minmax"), dict(dtype="float32", head_dim=8, head_dim_v=9, latent=True),
+    dict(dtype="float32", head_dim=8, latent=1), dict(dtype="int4", head_dim=8, group_size=3),
+    dict(dtype="complex64", head_dim=8), dict(dtype="int8", head_dim=0),
+]
+
+
+@pytest.mark.parametrize("kw", FORMAT_CASES)
+def test_kv_and_paged_caches_share_one_format(kw):
+    """KVCache and PagedKVCache take their format from one CacheFormat: the
+    same format for the same arguments, and the same refusal, word for word."""
+    kw = dict(kw)
+    e = kw.pop("head_dim")
+    results = []
+    for make in (lambda: sdpa.KVCache(1, 2, 16, e, **kw), lambda: sdpa.PagedKVCache(4, 8, 2, e, **kw)):
+        try:
+            results.append(make().format)
+        except (ValueError, TypeError) as exc:
+            results.append((type(exc), str(exc)))
+    assert results[0] == results[1]

@@ -9,6 +9,7 @@ tokens and no reallocation.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Optional, Tuple, Union, cast
 
 import numpy as np
@@ -24,7 +25,7 @@ from ._api import (
     result_dtype,
 )
 
-__all__ = ["KVCache", "KVCacheFullError"]
+__all__ = ["KVCache", "KVCacheFullError", "CacheFormat"]
 
 
 class KVCacheFullError(ValueError):
@@ -148,42 +149,16 @@ class KVCache:
         self._batch = count(batch, "batch", 1)
         self._heads = count(num_kv_heads, "num_kv_heads", 1)
         capacity = count(capacity, "capacity", 0)
-        self._e = count(head_dim, "head_dim", 1)
-        self._ev = self._e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
-        self._dtype = cache_dtype(dtype)
-        self._code = quantized_code(dtype)  # the core's code of a quantized cache, 0 for float
+        fmt = self._format = CacheFormat.make(dtype, head_dim, head_dim_v, group_size=group_size, latent=latent,
+                                              scale=scale)
+        self._e, self._ev = fmt.head_dim, fmt.head_dim_v
+        self._dtype = fmt.storage
+        self._code = fmt.code  # the core's code of a quantized cache, 0 for float
         self._int8 = self._code != 0  # quantized: scales, and dequantized keys / values
-        self._width = 2 if self._code == _core.QUANTIZED["int4"] else 1  # values a stored byte holds
-        if scale not in ("absmax", None):
-            raise ValueError(f'scale: expected "absmax" or None, got {scale!r}')
-        self._scaled = self._int8 and scale is not None
-        if scale is None and self._code not in _FP8_CODES:
-            raise ValueError(f"scale: only a float8 cache may go without scales; this one is {self._name}")
-        self._group = 0  # quantized: features per scale, 0 for whole rows
-        if group_size is not None:
-            if not self._scaled:
-                raise ValueError(f"group_size: only a quantized cache with scales has groups; this one is {self._name}")
-            self._group = count(group_size, "group_size", 1)
-            if self._e % self._group or self._ev % self._group or self._group % self._width:
-                raise ValueError(
-                    f"group_size: {self._group} must divide head_dim ({self._e}) and "
-                    f"head_dim_v ({self._ev})" + (" and be even" if self._width == 2 else "")
-                )
-        elif self._width == 2 and self._e % 32 == 0 and self._ev % 32 == 0:
-            self._group = 32
-        if self._width == 2 and (self._e % 2 or self._ev % 2):
-            raise ValueError(
-                f"head_dim: an int4 cache holds two values a byte, so head_dim ({self._e}) and "
-                f"head_dim_v ({self._ev}) must be even"
-            )
-        if not isinstance(latent, (bool, np.bool_)):
-            raise TypeError(f"latent: expected a bool, got {type(latent).__name__}")
-        self._latent = bool(latent)
-        if self._latent and self._ev > self._e:
-            raise ValueError(
-                f"head_dim_v: a latent cache's values are the first head_dim_v of the keys' "
-                f"{self._e} features; got {self._ev}"
-            )
+        self._width = fmt.width  # values a stored byte holds
+        self._scaled = fmt.scaled
+        self._group = fmt.group  # quantized: features per scale, 0 for whole rows
+        self._latent = fmt.latent
         self.grow = bool(grow)
         self._window = None if window is None else count(window, "window", 1)
         self._lock = threading.Lock()
@@ -192,19 +167,8 @@ class KVCache:
         self._k, self._v, self._ks, self._vs = self._storage(capacity)
 
     def _storage(self, capacity: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Zeroed keys, values and (int8; else empty) their scales for capacity positions."""
-        shape = (self._batch, self._heads, capacity)
-        w = self._width
-        # zero bytes are zero values, but for int4, whose nibbles hold the value plus 8
-        fill = 0x88 if w == 2 else 0
-        k = aligned_full(shape + (self._e // w,), fill, self._dtype)
-        gk = (self._e // self._group if self._group else 1) if self._scaled else 0
-        gv = (self._ev // self._group if self._group else 1) if self._scaled else 0
-        ks = aligned_full(shape + (gk,), 0, np.float32)
-        if self._latent:  # the values: the keys' first head_dim_v features (and their scales)
-            return k, k[..., : self._ev // w], ks, ks[..., :gv]
-        v = aligned_full(shape + (self._ev // w,), fill, self._dtype)
-        return k, v, ks, aligned_full(shape + (gv,), 0, np.float32)
+        """Zeroed keys, values and (quantized with scales; else empty) their scales for capacity positions."""
+        return self._format.allocate((self._batch, self._heads, capacity))
 
     # ------------------------------------------------------------------ sizes
 
@@ -244,7 +208,12 @@ class KVCache:
 
     @property
     def _name(self) -> str:
-        return _NAMES.get(self._code, str(self._dtype))
+        return self._format.name
+
+    @property
+    def format(self) -> CacheFormat:
+        """What the cache stores and how (dtype, scales, groups, latent)."""
+        return self._format
 
     @property
     def length(self) -> int:
@@ -686,6 +655,89 @@ def aligned_full(shape: Tuple[int, ...], fill: Any, dtype: Any) -> np.ndarray:
     a = raw[start : start + nbytes].view(dt).reshape(shape)
     a.fill(fill)
     return a
+
+
+@dataclass(frozen=True)
+class CacheFormat:
+    """What a KV cache stores and how, checked once: the one home of the
+    format's rules, shared by :class:`KVCache`, :class:`~sdpa.PagedKVCache`
+    (and so :class:`~sdpa.dask.ShardedKVCache`, which keeps KVCache's).
+
+    ``name`` is the format ("float32", ..., "int8", "int4", "float8_e4m3fn",
+    "float8_e5m2"); ``storage`` the arrays' dtype; ``code`` the core's code of
+    a quantized format (0 for float); ``width`` the values a stored element
+    holds (2 for int4); ``scaled`` whether float32 scales go with it;
+    ``group`` the features a scale (0: the whole row); ``latent`` whether the
+    values are the keys' first ``head_dim_v`` features (MLA)."""
+
+    name: str
+    storage: np.dtype[Any]
+    code: int
+    width: int
+    scaled: bool
+    group: int
+    latent: bool
+    head_dim: int
+    head_dim_v: int
+
+    @classmethod
+    def make(cls, dtype: Any, head_dim: Any, head_dim_v: Any = None, *, group_size: Any = None,
+             latent: Any = False, scale: Optional[str] = "absmax") -> "CacheFormat":
+        """The format a cache's constructor asks for; ValueError or TypeError
+        naming the argument that breaks a rule."""
+        e = count(head_dim, "head_dim", 1)
+        ev = e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
+        storage = cache_dtype(dtype)
+        code = quantized_code(dtype)
+        name = _NAMES.get(code, str(storage))
+        width = 2 if code == _core.QUANTIZED["int4"] else 1
+        if scale not in ("absmax", None):
+            raise ValueError(f'scale: expected "absmax" or None, got {scale!r}')
+        if scale is None and code not in _FP8_CODES:
+            raise ValueError(f"scale: only a float8 cache may go without scales; this one is {name}")
+        scaled = code != 0 and scale is not None
+        group = 0
+        if group_size is not None:
+            if not scaled:
+                raise ValueError(f"group_size: only a quantized cache with scales has groups; this one is {name}")
+            group = count(group_size, "group_size", 1)
+            if e % group or ev % group or group % width:
+                raise ValueError(f"group_size: {group} must divide head_dim ({e}) and head_dim_v ({ev})"
+                                 + (" and be even" if width == 2 else ""))
+        elif width == 2 and e % 32 == 0 and ev % 32 == 0:
+            group = 32  # int4's default: a scale per 32 features where that divides both
+        if width == 2 and (e % 2 or ev % 2):
+            raise ValueError(f"head_dim: an int4 cache holds two values a byte, so head_dim ({e}) and "
+                             f"head_dim_v ({ev}) must be even")
+        if not isinstance(latent, (bool, np.bool_)):
+            raise TypeError(f"latent: expected a bool, got {type(latent).__name__}")
+        if latent and ev > e:
+            raise ValueError(f"head_dim_v: a latent cache's values are the first head_dim_v of the keys' {e} "
+                             f"features; got {ev}")
+        return cls(name, storage, code, width, scaled, group, bool(latent), e, ev)
+
+    @property
+    def kv_dtype(self) -> Optional[str]:
+        """The ``kv_dtype`` the paged functions take for this storage (None for
+        float and int8 arrays, which say what they hold)."""
+        return None if self.code in (0, _core.QUANTIZED["int8"]) else self.name
+
+    def allocate(self, rows: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Keys, values and scales for ``rows`` (leading dims) positions, each
+        starting on a cache line, holding zeros: (rows..., head_dim / width),
+        (rows..., head_dim_v / width) and float32 (rows..., groups), no groups
+        (a last dim of 0) without scales.  A latent format's values (and their
+        scales) are views of the keys'."""
+        w = self.width
+        fill = 0x88 if w == 2 else 0  # zero bytes are zeros, but for int4, whose nibbles hold the value plus 8
+        gk = (self.head_dim // self.group if self.group else 1) if self.scaled else 0
+        gv = (self.head_dim_v // self.group if self.group else 1) if self.scaled else 0
+        k = aligned_full(rows + (self.head_dim // w,), fill, self.storage)
+        ks = aligned_full(rows + (gk,), 0, np.float32)
+        if self.latent:
+            return k, k[..., : self.head_dim_v // w], ks, ks[..., :gv]
+        return k, aligned_full(rows + (self.head_dim_v // w,), fill, self.storage), ks, \
+            aligned_full(rows + (gv,), 0, np.float32)
 
 
 def cache_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:

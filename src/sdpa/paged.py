@@ -20,7 +20,7 @@ from . import _core
 from ._checks import count, head_values, int64_copy, scale_of, softcap_value, window_sides
 from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
 from ._threads import thread_count
-from .kvcache import aligned_full, cache_dtype, quantized_code
+from .kvcache import CacheFormat, cache_dtype
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
 
@@ -641,52 +641,18 @@ class PagedKVCache:
         n = count(num_blocks, "num_blocks", 1)
         self._bs = count(block_size, "block_size", 1)
         heads = count(num_kv_heads, "num_kv_heads", 1)
-        e = count(head_dim, "head_dim", 1)
-        ev = e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
-        self._dtype = cache_dtype(dtype)
-        code = quantized_code(dtype)
-        self._kind: Optional[str] = next((k for k, c in _core.QUANTIZED.items() if c == code), None)
-        self.kv_dtype: Optional[str] = None if self._kind in (None, "int8") else self._kind
-        width = 2 if code == _INT4 else 1
-        if scale not in ("absmax", None):
-            raise ValueError(f'scale: expected "absmax" or None, got {scale!r}')
-        if scale is None and self._kind not in _FP8:
-            raise ValueError("scale: only a float8 cache may go without scales; this one is "
-                             f"{self._kind or self._dtype}")
-        scaled = code != 0 and scale is not None
-        self._group = 0
-        if group_size is not None:
-            if not scaled:
-                raise ValueError(f"group_size: only a quantized cache with scales has groups; this one is "
-                                 f"{self._kind or self._dtype}")
-            self._group = count(group_size, "group_size", 1)
-            if e % self._group or ev % self._group or self._group % width:
-                raise ValueError(f"group_size: {self._group} must divide head_dim ({e}) and head_dim_v ({ev})"
-                                 + (" and be even" if width == 2 else ""))
-        elif width == 2 and e % 32 == 0 and ev % 32 == 0:
-            self._group = 32
-        if width == 2 and (e % 2 or ev % 2):
-            raise ValueError(f"head_dim: an int4 cache holds two values a byte, so head_dim ({e}) and "
-                             f"head_dim_v ({ev}) must be even")
-        if not isinstance(latent, (bool, np.bool_)):
-            raise TypeError(f"latent: expected a bool, got {type(latent).__name__}")
-        self._latent = bool(latent)
-        if self._latent and ev > e:
-            raise ValueError(f"head_dim_v: a latent cache's values are the first head_dim_v of the keys' {e} "
-                             f"features; got {ev}")
-        self._e, self._ev = e, ev
-        fill = 0x88 if width == 2 else 0  # int4 nibbles hold the value plus 8
-        self.key_cache = aligned_full((n, heads, self._bs, e // width), fill, self._dtype)
-        self.value_cache = (self.key_cache[..., :ev // width] if self._latent
-                            else aligned_full((n, heads, self._bs, ev // width), fill, self._dtype))
-        self.key_scale: Optional[Array] = None
-        self.value_scale: Optional[Array] = None
-        if scaled:
-            gk = e // self._group if self._group else 1
-            gv = ev // self._group if self._group else 1
-            self.key_scale = aligned_full((n, heads, self._bs, gk), 0, np.float32)
-            self.value_scale = (self.key_scale[..., :gv] if self._latent
-                                else aligned_full((n, heads, self._bs, gv), 0, np.float32))
+        fmt = self._format = CacheFormat.make(dtype, head_dim, head_dim_v, group_size=group_size, latent=latent,
+                                              scale=scale)
+        self._dtype = fmt.storage
+        self._kind: Optional[str] = fmt.name if fmt.code else None
+        self.kv_dtype: Optional[str] = fmt.kv_dtype
+        self._group = fmt.group
+        self._latent = fmt.latent
+        self._e, self._ev = fmt.head_dim, fmt.head_dim_v
+        self.key_cache, self.value_cache, ks, vs = fmt.allocate((n, heads, self._bs))
+        # float32 scales of a quantized pool, (num_blocks, Hkv, block_size, groups); None without
+        self.key_scale: Optional[Array] = ks if fmt.scaled else None
+        self.value_scale: Optional[Array] = vs if fmt.scaled else None
         self._free: List[int] = list(range(n - 1, -1, -1))  # popped from the end: block 0 first
         self._refs = np.zeros(n, np.int64)
         self._blocks: Dict[int, List[int]] = {}
@@ -697,6 +663,11 @@ class PagedKVCache:
     @property
     def block_size(self) -> int:
         return self._bs
+
+    @property
+    def format(self) -> CacheFormat:
+        """What the pool stores and how (dtype, scales, groups, latent), as :attr:`sdpa.KVCache.format`."""
+        return self._format
 
     @property
     def num_blocks(self) -> int:
