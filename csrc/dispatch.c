@@ -19,7 +19,6 @@
 #if defined(__linux__) && !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* syscall(), which -std=c11 hides */
 #endif
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,8 +69,15 @@ static const kernel_set sets[] = {
 /* The names of every set: the one list (sdpa_isa_name gives it to the
  * extension), for SDPA_ISA's message and for the names a build without their
  * code still knows (never supported there). */
-static const char *const known_names[] = {"scalar", "avx2", "avx512", "avx512_bf16", "amx", "neon", "neon_bf16"};
+#define KNOWN_SETS(NAME, LAST) NAME("scalar") NAME("avx2") NAME("avx512") NAME("avx512_bf16") NAME("amx") NAME("neon") \
+    LAST("neon_bf16")
+#define AS_ENTRY(n) n,
+#define AS_TEXT(n) n ", "
+#define AS_LAST_TEXT(n) "and " n
+static const char *const known_names[] = {KNOWN_SETS(AS_ENTRY, AS_ENTRY)};
 #define NUM_KNOWN ((int)(sizeof(known_names) / sizeof(known_names[0])))
+/* "scalar, avx2, ..., and neon_bf16": a literal, written once at compile time */
+#define ALL_SET_NAMES KNOWN_SETS(AS_TEXT, AS_LAST_TEXT)
 
 const char *sdpa_isa_name(int i) { return i >= 0 && i < NUM_KNOWN ? known_names[i] : NULL; }
 
@@ -449,15 +455,8 @@ static void choose(void) {
     int by_name = 0;
     if (forced && *forced) {
         int i = index_of_name(forced, 0);
-        if (i < 0) {  /* "... (the sets are scalar, avx2, ... and neon_bf16)", from the list */
-            static char unknown[256];
-            size_t at = (size_t)snprintf(unknown, sizeof unknown, "SDPA_ISA names no kernel set (the sets are");
-            for (int k = 0; k < NUM_KNOWN && at < sizeof unknown; k++)
-                at += (size_t)snprintf(unknown + at, sizeof unknown - at, "%s %s", k == 0 ? "" : k + 1 < NUM_KNOWN ? "," : " and",
-                                       known_names[k]);
-            if (at < sizeof unknown) snprintf(unknown + at, sizeof unknown - at, ")");
-            error = unknown;
-        }
+        if (i < 0)
+            error = "SDPA_ISA names no kernel set (the sets are " ALL_SET_NAMES ")";
         else if (i == NUM_SETS || !runs_here(i))
             error = "SDPA_ISA names a kernel set this CPU or build cannot run";
         else

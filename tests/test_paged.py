@@ -737,3 +737,14 @@ def test_integer_pv_with_forks_is_each_sequence_alone_bit_for_bit(rng):
         batched = cache.attend(ids, q, integer_pv=True)
         for i, s in enumerate(ids):
             np.testing.assert_array_equal(batched[i : i + 1], cache.attend([s], q[i : i + 1], integer_pv=True))
+
+
+def test_byte_swapped_and_mixed_float8_caches_are_refused_by_name(rng):
+    q = np.ones((1, 1, 1, 8), np.float32)
+    swapped = np.zeros((4, 1, 16, 8), ">f4")
+    with pytest.raises(TypeError, match="key_cache: expected native byte order"):
+        sdpa.paged_attention(q, swapped, swapped.copy(), [[0]], [1])
+    e4 = np.zeros((4, 1, 16, 8), ml_dtypes.float8_e4m3fn)
+    e5 = np.zeros((4, 1, 16, 8), ml_dtypes.float8_e5m2)
+    with pytest.raises(TypeError, match="value_cache: dtype float8_e5m2 differs from key_cache's float8_e4m3fn"):
+        sdpa.paged_attention(q, e4, e5, [[0]], [1])

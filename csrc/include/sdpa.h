@@ -235,7 +235,9 @@ typedef struct sdpa_problem {
      * ignored): nonzero computes the row path's P V in integers.  For each
      * query row, each run of SDPA_PV_KEYS keys of a key tile and each value
      * scale group, the weights p_j * value_scale_j (p_j in [0, 1] after the
-     * running maximum) are rounded to 0..255 with the scale max_j / 255, and
+     * running maximum) are rounded to 0..255 with the scale max_j / 255 (as
+     * floor(w * (1 / scale) + 1/2): a weight's own rounding, not the exact
+     * quotient's, which the kernels' bits define), and
      * summed against the stored values in exact int32 sums (u8 x int8 or
      * int4: AVX512-VNNI where the CPU has it, the same sums in portable C
      * elsewhere), then converted and scaled in float.  It adds the weights'

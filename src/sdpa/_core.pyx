@@ -749,7 +749,6 @@ cdef bint _no_self_overlap(cnp.ndarray a) noexcept:
 
 # the bound on |diagonal|: any int64 offset the core takes
 _DIAGONAL_MAX = (1 << 63) - 1
-# a window side past this shows every key, and is taken as this
 
 
 def _physical_memory():

@@ -646,8 +646,10 @@ CACHE_LINE = 64
 def aligned_full(shape: Tuple[int, ...], fill: Any, dtype: Any) -> np.ndarray:
     """``np.full(shape, fill, dtype)`` starting on a cache line.  NumPy's own
     allocations start 16 bytes past one (glibc's malloc), so that every
-    64-byte load of a cached key row straddles two lines: a decoding step over
-    such a cache took 7-15% longer (float32, 2 threads, 1K-32K positions)."""
+    64-byte load of a cached key row straddles two lines: a float32 decoding
+    step through KVCache took 8-11% longer where the cache fits in L2
+    (256-4K positions, 2 threads; benchmarks/RESULTS.md 2026-12-04), and the
+    same at 32K positions, where memory bounds it."""
     dt = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     raw = np.empty(nbytes + CACHE_LINE, np.uint8)

@@ -91,10 +91,11 @@ def _cache_pair(
             if a.dtype == np.uint8:
                 raise TypeError(f"{name}: a uint8 cache holds float8 or int4 values: name which with kv_dtype "
                                 "('float8_e4m3fn', 'float8_e5m2' or 'int4')")
-            if cache_dtype(a.dtype, name) != a.dtype:  # ml_dtypes' int4: one unscaled value a byte
+            if a.dtype.name == "int4":  # ml_dtypes' int4: one unscaled value a byte
                 raise TypeError(f"{name}: an int4 cache is packed, two values a byte, in uint8 with "
                                 f"kv_dtype='int4' and scales (as PagedKVCache(dtype='int4') keeps it); "
                                 f"got dtype {a.dtype}")
+            cache_dtype(a.dtype, name)
             if not a.dtype.isnative:
                 raise TypeError(f"{name}: expected native byte order, got dtype {a.dtype}")
         if not a.flags.aligned:  # elements and strides
