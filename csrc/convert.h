@@ -93,6 +93,17 @@ static inline uint32_t sdpa_round_small(float f) {
     return i;
 }
 
+/* round(x / scale), ties to even, clamped to [-top, top]; 0 for a scale of 0.
+ * The quotient itself, rounded once (not x times a rounded 1 / scale, whose
+ * error can carry a value across a tie); adding and subtracting 1.5 * 2^23
+ * rounds in the current (nearest) rounding mode.  int8 (top 127: caches and
+ * integer_qk's query rows) and int4 (top 7) values. */
+static inline float sdpa_round_quotient(float x, float scale, float top) {
+    const float magic = 12582912.0f;
+    const float r = scale > 0 ? (x / scale + magic) - magic : 0.0f;
+    return r > top ? top : r < -top ? -top : r;
+}
+
 /* x as a float8 of mbits mantissa bits and exponent bias `bias`, `top` its
  * largest finite code (the byte without its sign) */
 static inline uint8_t sdpa_f32_to_fp8(float x, unsigned mbits, unsigned bias, unsigned top) {

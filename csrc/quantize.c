@@ -38,30 +38,17 @@ static float abs_max(const float *x, int64_t n) {
     return r;
 }
 
-/* dst[i] = round(x[i] / scale), ties to even, clamped to [-127, 127] (a
- * scale of 0: zeros).  The quotient itself, not x times a rounded 1 / scale,
- * whose error can carry a value across a tie; adding and subtracting 1.5 *
- * 2^23 then rounds in the current (nearest) rounding mode. */
+/* dst[i] = round(x[i] / scale) in [-127, 127] (convert.h) */
 static void round_to_int8(const float *x, int64_t n, float scale, int8_t *dst) {
-    const float magic = 12582912.0f;
-    for (int64_t i = 0; i < n; i++) {
-        float r = scale > 0 ? (x[i] / scale + magic) - magic : 0.0f;
-        r = r > 127.0f ? 127.0f : r;
-        r = r < -127.0f ? -127.0f : r;
-        dst[i] = (int8_t)(int)r;
-    }
+    for (int64_t i = 0; i < n; i++) dst[i] = (int8_t)(int)sdpa_round_quotient(x[i], scale, 127.0f);
 }
 
-/* dst[i] = the nibble of round(x[i] / scale) + 8, ties to even, clamped to
- * [-7, 7]: value c in byte c / 2, low nibble first (n even, dst written whole) */
+/* dst[i] = the nibble of round(x[i] / scale) + 8, in [-7, 7]: value c in
+ * byte c / 2, low nibble first (n even, dst written whole) */
 static void round_to_int4(const float *x, int64_t n, float scale, uint8_t *dst) {
-    const float magic = 12582912.0f;
     for (int64_t i = 0; i < n; i += 2) {
-        float a = scale > 0 ? (x[i] / scale + magic) - magic : 0.0f;
-        float b = scale > 0 ? (x[i + 1] / scale + magic) - magic : 0.0f;
-        a = a > 7.0f ? 7.0f : a < -7.0f ? -7.0f : a;
-        b = b > 7.0f ? 7.0f : b < -7.0f ? -7.0f : b;
-        dst[i / 2] = (uint8_t)((unsigned)((int)a + 8) | ((unsigned)((int)b + 8) << 4));
+        const int a = (int)sdpa_round_quotient(x[i], scale, 7.0f), b = (int)sdpa_round_quotient(x[i + 1], scale, 7.0f);
+        dst[i / 2] = (uint8_t)((unsigned)(a + 8) | ((unsigned)(b + 8) << 4));
     }
 }
 

@@ -23,12 +23,8 @@ static void FN(quantize_query)(const T *x, int64_t e, int8_t *q, float *qscale) 
         *qscale = NAN;
         return;
     }
-    const float scale = m / 127.0f >= FLT_MIN ? m / 127.0f : 0.0f, magic = 12582912.0f;
-    for (int64_t c = 0; c < e; c++) {  /* the quotient, rounded once (not x times a rounded 1 / scale) */
-        float r = scale > 0 ? ((float)x[c] / scale + magic) - magic : 0.0f;
-        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
-        q[c] = (int8_t)(int)r;
-    }
+    const float scale = m / 127.0f >= FLT_MIN ? m / 127.0f : 0.0f;
+    for (int64_t c = 0; c < e; c++) q[c] = (int8_t)(int)sdpa_round_quotient((float)x[c], scale, 127.0f);
     *qscale = scale;
 }
 
