@@ -644,12 +644,7 @@ class PagedKVCache:
         heads = count(num_kv_heads, "num_kv_heads", 1)
         fmt = self._format = CacheFormat.make(dtype, head_dim, head_dim_v, group_size=group_size, latent=latent,
                                               scale=scale)
-        self._dtype = fmt.storage
-        self._kind: Optional[str] = fmt.name if fmt.code else None
         self.kv_dtype: Optional[str] = fmt.kv_dtype
-        self._group = fmt.group
-        self._latent = fmt.latent
-        self._e, self._ev = fmt.head_dim, fmt.head_dim_v
         self.key_cache, self.value_cache, ks, vs = fmt.allocate((n, heads, self._bs))
         # float32 scales of a quantized pool, (num_blocks, Hkv, block_size, groups); None without
         self.key_scale: Optional[Array] = ks if fmt.scaled else None
@@ -721,12 +716,13 @@ class PagedKVCache:
         (or quantized) to the cache's dtype; a latent cache takes the keys only
         (value None).  MemoryError when the blocks they need are not free; a
         failed call changes nothing."""
-        if self._latent != (value is None):
-            raise ValueError("value: a latent cache takes the keys only" if self._latent
+        latent, e, ev = self._format.latent, self._format.head_dim, self._format.head_dim_v
+        if latent != (value is None):
+            raise ValueError("value: a latent cache takes the keys only" if latent
                              else "value: expected the values (only a latent cache takes None)")
         k = _to_array(key, "key")
-        v = k[..., : self._ev] if value is None else _to_array(value, "value")
-        heads, e, ev = self.key_cache.shape[1], self._e, self._ev
+        v = k[..., :ev] if value is None else _to_array(value, "value")
+        heads = self.key_cache.shape[1]
         for a, name, cols in ((k, "key", e), (v, "value", ev)):
             if a.ndim != 3 or a.shape[0] != heads or a.shape[2] != cols:
                 raise ValueError(f"{name}: expected shape ({heads}, T, {cols}), got {a.shape}")
@@ -743,7 +739,7 @@ class PagedKVCache:
                 table = np.array(blocks + new, np.int64)
                 pos = np.arange(start, start + T)
                 slots = table[pos // self._bs] * self._bs + pos % self._bs
-                paged_write(k.transpose(1, 0, 2), None if self._latent else v.transpose(1, 0, 2), self.key_cache,
+                paged_write(k.transpose(1, 0, 2), None if latent else v.transpose(1, 0, 2), self.key_cache,
                             self.value_cache, slots, key_scale=self.key_scale, value_scale=self.value_scale,
                             kv_dtype=self.kv_dtype)
             except BaseException:
@@ -768,7 +764,7 @@ class PagedKVCache:
             full = n // self._bs
             copy = self._take(1 if n % self._bs else 0)
             for src, dst in zip(blocks[full:], copy):
-                kept = (self.key_cache, self.key_scale) if self._latent else (
+                kept = (self.key_cache, self.key_scale) if self._format.latent else (
                     self.key_cache, self.value_cache, self.key_scale, self.value_scale)
                 for a in kept:
                     if a is not None:
@@ -812,7 +808,7 @@ class PagedKVCache:
     def __repr__(self) -> str:
         return (
             f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self._bs}, "
-            f"num_kv_heads={self.key_cache.shape[1]}, head_dim={self._e}, "
-            f"head_dim_v={self._ev}, dtype={self._kind or self._dtype}, sequences={len(self._blocks)}, "
+            f"num_kv_heads={self.key_cache.shape[1]}, head_dim={self._format.head_dim}, "
+            f"head_dim_v={self._format.head_dim_v}, dtype={self._format.name}, sequences={len(self._blocks)}, "
             f"free_blocks={self.free_blocks})"
         )

@@ -131,9 +131,7 @@ def _numpy_bfloat16() -> Any:
 def _as_numpy(t: Tensor) -> Any:
     """The tensor's memory as a NumPy array, no copy (bfloat16 as ml_dtypes'
     bfloat16); detach(): the data without the autograd history."""
-    if t.dtype == torch.bfloat16:
-        return t.detach().view(torch.int16).numpy().view(_numpy_bfloat16())
-    return t.detach().numpy()
+    return _eager_numpy(t.detach())
 
 
 def _eager_call(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor], causal: Union[bool, str],
@@ -151,13 +149,11 @@ def _eager_call(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor
     result = _core.attention(q, k, v, attn_mask=m, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
     if not isinstance(result, np.ndarray):  # declined (the output alone was asked for)
         return None, True
-    if query.dtype is torch.bfloat16:
-        return torch.from_numpy(result.view(np.int16)).view(torch.bfloat16), False
-    return torch.from_numpy(result), False
+    return _as_tensor(result), False
 
 
 def _eager_numpy(t: Tensor) -> Any:
-    """_as_numpy for a tensor that requires no grad (no detach needed)."""
+    """:func:`_as_numpy` of a tensor that requires no grad (no detach needed)."""
     if t.dtype is torch.bfloat16:
         return t.view(torch.int16).numpy().view(_numpy_bfloat16())
     return t.numpy()
@@ -165,7 +161,7 @@ def _eager_numpy(t: Tensor) -> Any:
 
 def _as_tensor(a: np.ndarray) -> Tensor:
     """A NumPy result as a tensor over the same memory."""
-    if a.dtype.name == "bfloat16":
+    if a.dtype.kind == "V":  # ml_dtypes' bfloat16 (asking a dtype its name costs a microsecond)
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
@@ -343,11 +339,15 @@ def scaled_dot_product_attention(
             f"dropout_p: sdpa has no dropout, got {dropout_p}; pass 0.0 (as models do in eval mode), "
             "or use sdpa.torch.patch(fallback=True) to let torch compute the calls with dropout"
         )
+    mask: Any = attn_mask
+    causal: Union[bool, str] = is_causal
+    if attn_mask is not None and type(attn_mask) is not Tensor:
+        mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
     declined = False
     plain = window is None and softcap is None and alibi_slopes is None and sinks is None
-    if plain and (attn_mask is None or type(attn_mask) is Tensor) and _plain_eager(query, key, value, attn_mask):
+    if plain and _plain_eager(query, key, value, mask):
         # the common eager call (no tensor requires grad), straight to the core
-        fast, declined = _eager_call(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+        fast, declined = _eager_call(query, key, value, mask, causal, scale, enable_gqa)
         if fast is not None:
             return fast
     if torch.is_grad_enabled():
@@ -360,16 +360,6 @@ def scaled_dot_product_attention(
                     "torch.no_grad() or torch.inference_mode(), detach the inputs, or use "
                     "sdpa.torch.patch(fallback=True) to let torch compute the calls that need gradients"
                 )
-    mask: Any = attn_mask
-    causal: Union[bool, str] = is_causal
-    if attn_mask is not None and type(attn_mask) is not Tensor:
-        mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
-    variants = not plain
-    if plain and not declined and type(attn_mask) is not Tensor and attn_mask is not None \
-            and _plain_eager(query, key, value, mask):  # a CausalBias, now a mask or bottom-right causality
-        fast, declined = _eager_call(query, key, value, mask, causal, scale, enable_gqa)
-        if fast is not None:
-            return fast
     # torch's dispatcher refuses nested tensors with a bare NotImplementedError
     _check_nested(query, key, value, mask)
     if causal == "bottom_right":  # the operator's is_causal is a bool: the mask itself
@@ -379,7 +369,7 @@ def scaled_dot_product_attention(
         if not isinstance(window, (tuple, list, Tensor)):
             _api.window_sides(window)  # the TypeError of a window that is not a pair
         sides = list(window)
-    if variants and isinstance(query, Tensor):  # a TypeError naming the argument, not the dispatcher's RuntimeError
+    if not plain and isinstance(query, Tensor):  # a TypeError naming the argument, not the dispatcher's RuntimeError
         _check_variants(query, sides, alibi_slopes, sinks)
     if sides is not None:  # ints (not floats or bools), sides past 2**61 taken as 2**61, as sdpa's own
         sides = list(_api.window_sides([s.item() if isinstance(s, Tensor) else s for s in sides]))
