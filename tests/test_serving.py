@@ -43,7 +43,7 @@ def cache_values(cache, which):
     data = cache.key_cache if which == 0 else cache.value_cache
     scales = cache.key_scale if which == 0 else cache.value_scale
     if data.dtype in (np.int8, np.uint8):
-        return dequantize(int(_core.QUANTIZED[cache._kind]), data, scales).astype(np.float64)
+        return dequantize(int(_core.QUANTIZED[cache.format.name]), data, scales).astype(np.float64)
     return data.astype(np.float64)
 
 
