@@ -1,5 +1,5 @@
-"""KVCache.attend runs the common calls straight from the core's one entry
-(sdpa._core.attention), int8 caches included: results bit for bit those
+"""KVCache.attend runs the common calls straight from a prepared call of the
+core (sdpa._core.Call), int8 caches included: results bit for bit those
 of the general path (sdpa._api._attention_general) over the same storage, and
 every call the fast path declines still converted, or refused with the same
 error naming the argument."""
@@ -50,7 +50,7 @@ def fast_only(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the call took the general path")
 
-    monkeypatch.setattr(sdpa.kvcache, "_attention_general", refuse)
+    monkeypatch.setattr(sdpa.kvcache, "general", refuse)
 
 
 def assert_same(got, want):

@@ -936,19 +936,35 @@ def test_16bit_transformers_model_runs_on_sdpa(dtype):
 
 
 def test_an_eager_call_the_core_declines_is_tried_once(monkeypatch):
-    """A plain eager call goes to the core's one entry; one it declines (here a
+    """A plain eager call goes to the core's prepared call; one it declines (here a
     float16 mask under a float32 query, which converts) goes to the general
     path without a second try through the operator: two entries in all, the
     decline and the general path's call with converted operands."""
     codes = []
-    entry = _core.attention
 
-    def counting(*args, **kwargs):
-        result = entry(*args, **kwargs)
-        codes.append(result if isinstance(result, int) else "computed")
-        return result
+    class Counting:
+        """A prepared call whose runs are counted."""
 
-    monkeypatch.setattr(_core, "attention", counting)
+        def __init__(self, call):
+            self.call = call
+
+        def __getattr__(self, name):
+            return getattr(self.call, name)
+
+        def prepared(self, *options):
+            return Counting(self.call.prepared(*options))
+
+        def counted(self, result):
+            codes.append(result if isinstance(result, int) else "computed")
+            return result
+
+        def run(self, *args):
+            return self.counted(self.call.run(*args))
+
+        def run_cache(self, *args):
+            return self.counted(self.call.run_cache(*args))
+
+    monkeypatch.setattr(st, "_PLAIN", Counting(st._PLAIN))
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, n, 8, generator=gen) for n in (3, 5, 5))
     mask = torch.randn(3, 5, generator=gen).half()

@@ -2,18 +2,21 @@
 ``_dtypes``, the thread settings in ``_threads``, the argument checks in
 ``_checks``; the names other modules take from here are re-exported.
 
-A call first goes to ``sdpa._core.attention``, the one entry into the core,
-which takes NumPy arrays that need no conversion at C speed and declines
-anything else with a reason code.  Such calls come here: array-likes are read
-(in place where possible), dtypes converted by the documented rule, every
-argument checked with a message naming it, and the prepared arrays handed to
-``sdpa._core.attention`` again (:func:`call_core`).
+A call first takes the prepared call of its options (``sdpa._core.Call``,
+checked once and kept by their key), which takes NumPy arrays that need no
+conversion at C speed and declines anything else with a reason code.  Such
+calls come here (:func:`general`): array-likes are read (in place where
+possible), dtypes converted by the documented rule, every array checked with a
+message naming it, and the converted arrays handed to the same prepared call
+again (:func:`call_core`).
 """
 from __future__ import annotations
 
 import math
 from typing import (
     Any,
+    Dict,
+    List,
     Literal,
     Optional,
     Tuple,
@@ -40,7 +43,6 @@ from ._checks import (
     plan_shapes as plan_shapes,
     scale_of as scale_of,
     softcap_value as softcap_value,
-    variant_arguments as variant_arguments,
     window_sides as window_sides,
 )
 from ._dtypes import (
@@ -273,34 +275,46 @@ def scaled_dot_product_attention(
     MemoryError
         The requested weights cannot fit in memory.
     """
-    # by position, in the signature's order: the core parses no keyword
-    result = _core.attention(
-        query, key, value, attn_mask, is_causal, scale, enable_gqa, return_weights, return_lse,
-        key_lengths, window, softcap, alibi_slopes, sinks, out, num_threads,
-    )
+    # the prepared call of these options (kept by their key), then the arrays
+    call = _PLAIN.prepared(is_causal, scale, enable_gqa, window, softcap, num_threads, return_weights, return_lse)
+    result = call.run(query, key, value, attn_mask, key_lengths, alibi_slopes, sinks, out)
     if not isinstance(result, int):
         return result
     # declined (not in the core's own form): convert, check, explain
-    return _attention_general(
-        query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-        enable_gqa=enable_gqa, return_weights=return_weights, return_lse=return_lse,
-        key_lengths=key_lengths, window=window, softcap=softcap, alibi_slopes=alibi_slopes,
-        sinks=sinks, out=out, num_threads=num_threads,
+    return general(
+        call, query, key, value, attn_mask=attn_mask, key_lengths=key_lengths, alibi_slopes=alibi_slopes,
+        sinks=sinks, out=out,
     )
 
 
-def call_core(query: Array, key: Array, value: Array, **kw: Any) -> AttentionResult:
-    """``sdpa._core.attention`` on operands the general path has converted and
-    checked.  An ``out`` whose span meets an input's without sharing an element
-    with it (the core's test is by span, the general path's exact) gets the
-    result by a copy; any other decline is a ValueError naming the argument."""
-    result = _core.attention(query, key, value, **kw)
+# the base of the public function's prepared calls: float keys and values
+_PLAIN = _core.plain()
+
+
+def call_core(
+    call: _core.Call,
+    query: Array,
+    key: Array,
+    value: Array,
+    *,
+    attn_mask: Optional[Array] = None,
+    key_lengths: Optional[Array] = None,
+    alibi_slopes: Optional[Array] = None,
+    sinks: Optional[Array] = None,
+    out: Optional[Array] = None,
+    key_scale: Optional[Array] = None,
+    value_scale: Optional[Array] = None,
+) -> AttentionResult:
+    """A prepared call on arrays the general path has converted and checked.
+    An ``out`` whose span meets an input's without sharing an element with it
+    (the core's test is by span, the general path's exact) gets the result by
+    a copy; any other decline is a ValueError naming the argument."""
+    extras = (alibi_slopes, sinks, key_lengths)
+    result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, out, extras)
     if not isinstance(result, int):
         return result
-    out = kw.get("out")
     if result == _core.OUT_MAY_OVERLAP and out is not None:
-        kw["out"] = None
-        result = _core.attention(query, key, value, **kw)
+        result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, None, extras)
         if not isinstance(result, int):
             if isinstance(result, tuple):
                 np.copyto(out, result[0])
@@ -310,56 +324,79 @@ def call_core(query: Array, key: Array, value: Array, **kw: Any) -> AttentionRes
     raise ValueError(f"sdpa: {_core.reason(result)}")
 
 
+def prepare(kw: Dict[str, Any]) -> Tuple[_core.Call, Dict[str, Any]]:
+    """Keywords (``scaled_dot_product_attention``'s, then a quantized cache's
+    ``key_scale``, ``value_scale``, ``group_size`` and ``kv_dtype``, and
+    ``diagonal``, ``integer_qk``, ``integer_pv``) split into a
+    :class:`sdpa._core.Call` of the options and the arrays, by name.
+    ``kv_dtype`` None names int8 storage when there are scales, float keys and
+    values when not."""
+    arrays = {n: kw[n] for n in _ARRAYS if n in kw}
+    constants = {n: x for n, x in kw.items() if n not in arrays}
+    if constants.get("kv_dtype") is None and (arrays.get("key_scale") is not None
+                                              or arrays.get("value_scale") is not None):
+        constants["kv_dtype"] = _core.QUANTIZED["int8"]
+    return _core.Call(**constants), arrays
+
+
+_ARRAYS = ("attn_mask", "key_lengths", "alibi_slopes", "sinks", "out", "key_scale", "value_scale")
+
+
+def run(call: _core.Call, query: Any, key: Any, value: Any, arrays: Dict[str, Any]) -> Union[int, AttentionResult]:
+    """``call`` on the arrays as they are: the result, or the reason code of
+    the core's decline."""
+    a = arrays.get
+    extras = (a("alibi_slopes"), a("sinks"), a("key_lengths"))
+    return call.run_cache(query, key, value, a("key_scale"), a("value_scale"), a("attn_mask"), a("out"), extras)
+
+
+def core_attention(query: Any, key: Any, value: Any, **kw: Any) -> Union[int, AttentionResult]:
+    """One call by keyword (:func:`prepare`) on the arrays as they are: the
+    result, or the reason code of the core's decline.  The options are
+    checked (a TypeError or ValueError naming one)."""
+    call, arrays = prepare(kw)
+    return run(call, query, key, value, arrays)
+
+
 def attend(query: ArrayInput, key: ArrayInput, value: ArrayInput, **kw: Any) -> AttentionResult:
-    """The core's one entry with the arguments as they are, else the general
-    path; the keywords are those of ``sdpa._core.attention``.  For sdpa.dask and
-    the torch operator, whose fixed cost does not matter: a keyword dict costs
-    the core's argument parsing a few thousand instructions, so the public
-    function and ``KVCache.attend`` call the entry by position themselves."""
-    result = _core.attention(query, key, value, **kw)
+    """One call by keyword (:func:`prepare`): the core as the arrays are, else
+    the general path.  For sdpa.dask and the tests, whose fixed cost does not
+    matter; the hot callers keep a prepared call."""
+    call, arrays = prepare(kw)
+    result = run(call, query, key, value, arrays)
     if not isinstance(result, int):
         return result
-    return _attention_general(query, key, value, **kw)
+    return general(call, query, key, value, **arrays)
 
 
-def _attention_general(
+def _attention_general(query: ArrayInput, key: ArrayInput, value: ArrayInput, **kw: Any) -> AttentionResult:
+    """:func:`general` by keyword (:func:`prepare`)."""
+    call, arrays = prepare(kw)
+    return general(call, query, key, value, **arrays)
+
+
+def general(
+    call: _core.Call,
     query: ArrayInput,
     key: ArrayInput,
     value: ArrayInput,
     *,
     attn_mask: Optional[ArrayInput] = None,
-    is_causal: Union[bool, str] = False,
-    scale: Optional[float] = None,
-    enable_gqa: bool = False,
-    return_weights: bool = False,
-    return_lse: bool = False,
     key_lengths: Optional[ArrayInput] = None,
-    window: Optional[Tuple[int, int]] = None,
-    softcap: Optional[float] = None,
     alibi_slopes: Optional[ArrayInput] = None,
     sinks: Optional[ArrayInput] = None,
     out: Optional[Array] = None,
-    num_threads: Optional[int] = None,
     key_scale: Optional[Array] = None,
     value_scale: Optional[Array] = None,
-    group_size: int = 0,
-    diagonal: Optional[int] = None,
-    kv_dtype: Optional[int] = None,
-    integer_qk: bool = False,
-    integer_pv: bool = False,
 ) -> AttentionResult:
-    """scaled_dot_product_attention for any arguments (the keywords of
-    ``sdpa._core.attention``): converts what it can, raises with a message
-    naming the argument for what it cannot, and calls the core once.  With
-    ``key_scale`` and ``value_scale``, key and value are the int8 storage of a
-    :class:`KVCache` (checked by it) and the query is computed in float32 (kept
-    if 16-bit); ``kv_dtype`` (``sdpa._core.QUANTIZED``) names another quantized
-    storage (uint8; int4 holds two values a byte), scaled or not.  ``diagonal``, when
-    given, replaces ``is_causal``'s mask: row
-    ``l`` sees keys ``s <= l + diagonal`` (a causal mask shifted by any amount,
-    for one chunk of a longer key sequence)."""
-    code = kv_dtype  # the quantized storage's code
-    quantized = code is not None or (key_scale is not None and value_scale is not None)
+    """A prepared call for any arrays: converts what it can, raises with a
+    message naming the argument for what it cannot, and calls the core once.
+    With a quantized ``call`` (``call.kv_dtype``), key and value are the
+    storage of a :class:`KVCache` (uint8 but for int8; int4 holds two values
+    a byte) and ``key_scale``, ``value_scale`` its scales, checked by it, and
+    the query is computed in float32 (kept if 16-bit)."""
+    code = call.kv_dtype  # the quantized storage's code
+    quantized = code is not None
     q = _to_array(query, "query")
     k = _to_array(key, "key")
     v = _to_array(value, "value")
@@ -379,17 +416,11 @@ def _attention_general(
     # an int4 cache's columns hold two values each
     width = 2 if code == _core.QUANTIZED["int4"] else 1
     k_shape, v_shape = k.shape[:-1] + (k.shape[-1] * width,), v.shape[:-1] + (v.shape[-1] * width,)
-    plan = plan_shapes(q.shape, k_shape, v_shape, enable_gqa)
-    L, S, E = plan.L, plan.S, plan.E
+    plan = plan_shapes(q.shape, k_shape, v_shape, call.enable_gqa)
+    S = plan.S
     batch_shape = plan.batch_shape
     out_shape, weights_shape = plan.out_shape, plan.weights_shape
     shapes = f"query {q.shape}, key {k.shape}, value {v.shape}"
-
-    scale_value = scale_of(scale, E)
-    causal, _ = _causal_offset(is_causal, L, S)  # checked; the core aligns
-    if diagonal is not None:
-        diagonal = int(diagonal)
-    thread_count(num_threads)  # checked
 
     # mask: bool (True = takes part) or float (added), broadcastable to weights_shape
     m: Optional[Array] = None
@@ -436,18 +467,20 @@ def _attention_general(
             raise ValueError(f"key_lengths: must be >= 0, got a minimum of {int(kl.min())}")
         lengths = np.array(np.minimum(kl, S), dtype=np.int64, order="C")  # a new, native, contiguous array
 
-    variants = variant_arguments(
-        window, softcap, alibi_slopes, sinks, batch_shape, plan.heads, cdtype, given
-    )
+    heads = {
+        name: head_values(_remember(values, name, given), name, batch_shape, plan.heads, cdtype)
+        for values, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks"))
+        if values is not None
+    }
 
     # the arrays the core reads, and the caller's own where they were converted
     operands = given + [(q, "query"), (k, "key"), (v, "value"), (m, "attn_mask")]
-    operands += [(variants.get(n), n) for n in ("alibi_slopes", "sinks")]
+    operands += [(heads.get(n), n) for n in ("alibi_slopes", "sinks")]
     if key_scale is not None and value_scale is not None:
         operands += [(key_scale, "the key scales"), (value_scale, "the value scales")]
     result = output_array(out, out_shape, dtype, operands, shapes)
 
-    if return_weights:
+    if call.return_weights:
         nbytes = math.prod(weights_shape) * cdtype.itemsize
         total = _physical_memory_bytes()
         if total is not None and nbytes > total:
@@ -457,10 +490,14 @@ def _attention_general(
             )
 
     return call_core(
-        q, k, v, attn_mask=m, is_causal=is_causal if isinstance(is_causal, str) else causal,
-        scale=scale_value, enable_gqa=bool(enable_gqa), return_weights=bool(return_weights),
-        return_lse=bool(return_lse), key_lengths=lengths, out=result,
-        num_threads=thread_count(num_threads), diagonal=diagonal, key_scale=key_scale,
-        value_scale=value_scale, group_size=group_size, kv_dtype=code, integer_qk=integer_qk,
-        integer_pv=integer_pv, **variants,
+        call, q, k, v, attn_mask=m, key_lengths=lengths, alibi_slopes=heads.get("alibi_slopes"),
+        sinks=heads.get("sinks"), out=result, key_scale=key_scale, value_scale=value_scale,
     )
+
+
+def _remember(values: object, name: str, given: List[Tuple[Array, str]]) -> Array:
+    """``values`` as an array, added to ``given`` (the caller's memory, for
+    the overlap check of ``out``)."""
+    original = _to_array(values, name)
+    given.append((original, name))
+    return original

@@ -7,14 +7,13 @@ import numbers
 from typing import (
     Any,
     Callable,
-    Dict,
-    List,
     NamedTuple,
     Optional,
     Sequence,
     Tuple,
     Type,
     Union,
+    cast,
 )
 
 import numpy as np
@@ -103,6 +102,18 @@ def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, i
     raise TypeError(
         f"is_causal: expected a bool, 'top_left' or 'bottom_right', got {type(is_causal).__name__}"
     )
+
+
+def causal_value(is_causal: object) -> Union[bool, str]:
+    """``is_causal=`` checked: a bool (NumPy's too), ``"top_left"`` or
+    ``"bottom_right"``; in its one form, True for ``"top_left"`` (the same call)."""
+    causal, _ = _causal_offset(cast(Union[bool, str], is_causal), 0, 0)
+    return "bottom_right" if is_causal == "bottom_right" else causal
+
+
+def scale_value(scale: object) -> Optional[float]:
+    """``scale=`` checked, before the head dim is known: None or a float."""
+    return None if scale is None else scale_of(scale, 1)
 
 
 def scale_of(scale: object, E: int) -> float:
@@ -203,31 +214,78 @@ def head_values(
     return _as_operand(a, cdtype)
 
 
-def variant_arguments(
-    window: object,
-    softcap: object,
-    alibi_slopes: object,
-    sinks: object,
-    batch_shape: Tuple[int, ...],
-    heads: int,
-    cdtype: np.dtype[Any],
-    given: Optional[List[Tuple[Array, str]]] = None,
-) -> Dict[str, Any]:
-    """The keywords of ``_core.attention`` for the model variants, checked (the
-    core aligns the window and ALiBi by ``is_causal``); the caller's slope and
-    sink arrays are added to ``given`` (for the overlap check of ``out``)."""
-    kw: Dict[str, Any] = {}
-    if window is not None:
-        kw["window"] = window_sides(window)
-    if softcap is not None:
-        kw["softcap"] = softcap_value(softcap)
-    for values, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
-        if values is not None:
-            original = _to_array(values, name)
-            if given is not None:
-                given.append((original, name))
-            kw[name] = head_values(original, name, batch_shape, heads, cdtype)
-    return kw
+# the quantized caches' names by the core's code, for messages
+_CACHE_NAMES = {code: name for name, code in _core.QUANTIZED.items()}
+
+
+def integer_switch(flag: object, name: str, kv_dtype: Optional[int]) -> bool:
+    """``integer_qk=`` / ``integer_pv=`` checked: a bool, True only for int8
+    and int4 caches (``kv_dtype`` their core code; None: a float cache)."""
+    if flag is False:
+        return False
+    if flag is not True:
+        raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    if kv_dtype not in (_core.QUANTIZED["int8"], _core.QUANTIZED["int4"]):
+        what = "keys" if name == "integer_qk" else "values"
+        this = "a float cache" if kv_dtype is None else _CACHE_NAMES.get(kv_dtype, repr(kv_dtype))
+        raise ValueError(f"{name}: only int8 and int4 caches have integer {what}; this one is {this}")
+    return True
+
+
+def call_constants(
+    is_causal: object = False,
+    scale: object = None,
+    enable_gqa: object = False,
+    window: object = None,
+    softcap: object = None,
+    num_threads: object = None,
+    return_weights: object = False,
+    return_lse: object = False,
+    kv_dtype: object = None,
+    group_size: object = 0,
+    integer_qk: object = False,
+    integer_pv: object = False,
+    diagonal: object = None,
+) -> Tuple[Any, ...]:
+    """The constants of a prepared call (``sdpa._core.Call``), checked once and
+    in this order, each in its one form: ``is_causal`` a bool or its string,
+    ``scale`` None or a float, the flags bools, ``window`` None or a pair of
+    ints (sides past the core's largest position taken as it), ``softcap``
+    None or a finite float > 0, ``num_threads`` None or an int >= 1,
+    ``kv_dtype`` None (float caches) or a code of ``sdpa._core.QUANTIZED``,
+    ``group_size`` an int >= 0, ``diagonal`` None or an int.  A TypeError or
+    ValueError names the argument that breaks its rule."""
+    from ._threads import thread_count
+
+    if kv_dtype is not None and kv_dtype not in _CACHE_NAMES:
+        raise ValueError(f"kv_dtype: expected None or a code of sdpa._core.QUANTIZED, got {kv_dtype!r}")
+    group = count(group_size, "group_size")
+    if group and kv_dtype is None:
+        raise ValueError(f"group_size: a float cache has no scale groups, got {group}")
+    if diagonal is not None:
+        if isinstance(diagonal, bool) or not isinstance(diagonal, numbers.Integral):
+            raise TypeError(f"diagonal: expected None or an int, got {type(diagonal).__name__}")
+        diagonal = int(diagonal)
+        if not -_INT64_MAX <= diagonal <= _INT64_MAX:
+            raise ValueError(f"diagonal: {diagonal} is beyond int64")
+    return (
+        causal_value(is_causal),
+        scale_value(scale),
+        bool(enable_gqa),
+        None if window is None else window_sides(window),
+        None if softcap is None else softcap_value(softcap),
+        thread_count(num_threads),
+        bool(return_weights),
+        bool(return_lse),
+        kv_dtype,
+        group,
+        integer_switch(integer_qk, "integer_qk", kv_dtype),
+        integer_switch(integer_pv, "integer_pv", kv_dtype),
+        diagonal,
+    )
+
+
+_INT64_MAX = (1 << 63) - 1
 
 
 class ShapePlan(NamedTuple):

@@ -61,31 +61,72 @@ OUT_MAY_OVERLAP: int
 MAX_POSITION: int
 def reason(code: int) -> str: ...
 def physical_memory_bytes() -> Optional[int]: ...
-def attention(
-    query: Any,
-    key: Any,
-    value: Any,
-    attn_mask: Any = None,
-    is_causal: Any = False,
-    scale: Any = None,
-    enable_gqa: Any = False,
-    return_weights: Any = False,
-    return_lse: Any = False,
-    key_lengths: Any = None,
-    window: Any = None,
-    softcap: Any = None,
-    alibi_slopes: Any = None,
-    sinks: Any = None,
-    out: Any = None,
-    num_threads: Any = None,
-    key_scale: Any = None,
-    value_scale: Any = None,
-    group_size: Any = 0,
-    diagonal: Any = None,
-    kv_dtype: Any = None,
-    integer_qk: Any = False,
-    integer_pv: Any = False,
-) -> Union[int, npt.NDArray[np.floating[Any]], Tuple[npt.NDArray[np.floating[Any]], ...]]: ...
+Result = Union[int, npt.NDArray[np.floating[Any]], Tuple[npt.NDArray[np.floating[Any]], ...]]
+MAX_NUM_THREADS: int
+MAX_PREPARED_CALLS: int
+
+class Call:
+    constants: Tuple[Any, ...]
+    def __init__(
+        self,
+        *,
+        is_causal: Any = False,
+        scale: Any = None,
+        enable_gqa: Any = False,
+        window: Any = None,
+        softcap: Any = None,
+        num_threads: Any = None,
+        return_weights: Any = False,
+        return_lse: Any = False,
+        kv_dtype: Optional[int] = None,
+        group_size: Any = 0,
+        integer_qk: Any = False,
+        integer_pv: Any = False,
+        diagonal: Any = None,
+    ) -> None: ...
+    @property
+    def kv_dtype(self) -> Optional[int]: ...
+    @property
+    def enable_gqa(self) -> bool: ...
+    @property
+    def return_weights(self) -> bool: ...
+    def prepared(
+        self,
+        is_causal: Any,
+        scale: Any,
+        enable_gqa: Any,
+        window: Any,
+        softcap: Any,
+        num_threads: Any,
+        return_weights: Any,
+        return_lse: Any,
+    ) -> Call: ...
+    def prepared_count(self) -> int: ...
+    def at_diagonal(self, diagonal: Optional[int]) -> Call: ...
+    def run(
+        self,
+        query: Any,
+        key: Any,
+        value: Any,
+        attn_mask: Any = None,
+        key_lengths: Any = None,
+        alibi_slopes: Any = None,
+        sinks: Any = None,
+        out: Any = None,
+    ) -> Result: ...
+    def run_cache(
+        self,
+        query: Any,
+        key: Any,
+        value: Any,
+        key_scale: Any,
+        value_scale: Any,
+        attn_mask: Any = None,
+        out: Any = None,
+        extras: Optional[Tuple[Any, Any, Any]] = None,
+    ) -> Result: ...
+
+def plain() -> Call: ...
 def paged_attention(
     query: npt.NDArray[Any],
     key_cache: npt.NDArray[Any],

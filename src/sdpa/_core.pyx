@@ -1,13 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The thin layer between Python and the C core.
 
-``attention`` is the one entry: it takes the public call's arguments as they
-are, builds one ``sdpa_problem`` from NumPy arrays (reading shapes, strides and
-dtypes from the arrays themselves), releases the GIL around the computation and
-turns status codes into exceptions.  Whatever it cannot take as it is (other
-array-likes, dtypes to convert, arguments to reject) it declines with a reason
-code, having written nothing; ``sdpa._api`` then converts what it can and calls
-it again, or raises an error that names the argument.
+A :class:`Call` is the one entry: made once for a call's options (checked by
+``sdpa._checks.call_constants``, and kept by their key), it takes the arrays
+of each call as they are, builds one ``sdpa_problem`` from them (reading
+shapes, strides and dtypes from the arrays themselves), releases the GIL
+around the computation and turns status codes into exceptions.  Arrays it
+cannot take as they are (other array-likes, dtypes to convert, arguments to
+reject) it declines with a reason code, having written nothing; ``sdpa._api``
+then converts what it can and runs the same call again, or raises an error
+that names the argument.
 """
 cimport numpy as cnp
 from cpython.exc cimport PyErr_CheckSignals
@@ -43,6 +45,8 @@ cdef enum:
     MAX_DIMS = SDPA_MAX_BATCH_DIMS + 3
     # thread counts above this are taken as this (a sanity bound, not a tuning knob)
     MAX_THREADS = 1 << 16
+
+MAX_NUM_THREADS = MAX_THREADS
 
 
 # ---------------------------------------------------------------- facts
@@ -657,7 +661,7 @@ def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarra
 
 # ---------------------------------------------------------------- the one entry
 
-# Why attention() declined a call: a reason code is argument * 8 + rule, and
+# Why a Call declined its arrays: a reason code is argument * 8 + rule, and
 # reason(code) says it in words.
 ARGUMENTS = ("query", "key", "value", "attn_mask", "is_causal", "scale", "enable_gqa",
              "return_weights", "return_lse", "key_lengths", "window", "softcap",
@@ -747,10 +751,6 @@ cdef bint _no_self_overlap(cnp.ndarray a) noexcept:
     return True
 
 
-# the bound on |diagonal|: any int64 offset the core takes
-_DIAGONAL_MAX = (1 << 63) - 1
-
-
 def _physical_memory():
     import os
     try:
@@ -792,363 +792,446 @@ cdef int _fill_head_values(sdpa_view *view, values, int argument, int cdt, int n
     return 0
 
 
-def attention(query, key, value, attn_mask=None, is_causal=False, scale=None,
-              enable_gqa=False, return_weights=False, return_lse=False, key_lengths=None,
-              window=None, softcap=None, alibi_slopes=None, sinks=None, out=None,
-              num_threads=None, key_scale=None, value_scale=None, group_size=0,
-              diagonal=None, kv_dtype=None, integer_qk=False, integer_pv=False):
-    """The one entry into the core: ``scaled_dot_product_attention``'s arguments,
-    as given.  When every one is in the form the core takes as it is, fills one
-    ``sdpa_problem``, computes, and returns what that function returns (the
-    output, or a tuple with the weights and/or lse asked for, of the compute
-    type).  Otherwise returns a reason code, an int (``reason(code)`` says
-    which argument broke which rule), having computed and written nothing; the
-    caller converts once and calls again, or raises naming the argument.
+cdef object _call_constants = None  # sdpa._checks.call_constants, imported at first use
 
-    The forms taken: NumPy arrays (exactly ``numpy.ndarray``), native and
-    aligned; a float32, float64, float16 or bfloat16 query and keys and values
-    of one dtype (float64 with float64 only); a bool mask or one of the compute
-    type (float64 for float64, else float32); int64 ``key_lengths`` >= 0;
-    ``alibi_slopes`` and ``sinks`` of the compute type, broadcasting to
-    (batch..., heads); ``is_causal`` False, True, "top_left" or "bottom_right";
-    ``scale`` None or a float; ``window`` a tuple or list of two ints >= -1;
-    ``softcap`` a finite float > 0; ``num_threads`` None or an int >= 1; ``out``
-    of the output's shape and the query's dtype, writeable, whose span meets no
-    input's.  For a quantized cache, key and value are its int8 storage and
-    ``key_scale``, ``value_scale`` (float32, (batch..., Hkv, S, E / G) and
-    (..., Ev / G)) its scales, G = ``group_size`` (0: one scale a row), with a
-    float32 or 16-bit query; ``kv_dtype`` (a value of :data:`QUANTIZED`; None:
-    int8 when there are scales) says which quantized type they hold: int8
-    storage for int8, uint8 for the others (int4: two values a byte, so E / 2
-    and Ev / 2 columns), and the float8 types may go without scales.
-    ``integer_qk`` True computes an int8 or int4 cache's scores in integers,
-    ``integer_pv`` True its weighted sum of the values (see sdpa.h).
-    ``diagonal``, an int, makes the call causal with row l seeing keys s <= l +
-    diagonal; the window and ALiBi stay aligned by
-    ``is_causal``.
+# prepared calls a base keeps by their options; past this many it starts again
+# (a key holds no array, so a full table means options that change each call)
+cdef enum:
+    MAX_PREPARED = 256
+MAX_PREPARED_CALLS = MAX_PREPARED  # the bound, seen from Python
 
-    Every argument may be passed by position: the public function's in the
-    order of :func:`sdpa.scaled_dot_product_attention`'s signature, then the
-    quantized cache's and ``diagonal``.  The hot callers (the public function,
-    ``KVCache.attend``) do, as parsing keywords costs more than the rest of the
-    boundary."""
-    cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None
-    cdef cnp.ndarray ks = None, vs = None
-    cdef cnp.npy_intp *shapes[3]
-    cdef int nds[3]
-    cdef int nd, nb, mn, i, j, t, dt, kvdt, cdt, why
-    cdef int64_t hq, hk, hv, hkv, heads, group, L, S, E, Ev, size, n
-    cdef int64_t cw = 1  # values a stored column holds: 2 for int4
-    cdef int64_t ex[MAX_DIMS]
-    cdef cnp.npy_intp dims[MAX_DIMS]
-    cdef sdpa_problem p
-    cdef bint has_heads, top_left
-    cdef double nbytes
 
-    if not cnp.PyArray_CheckExact(query):
-        return _why(ARG_QUERY, RULE_TYPE)
-    if not cnp.PyArray_CheckExact(key):
-        return _why(ARG_KEY, RULE_TYPE)
-    if not cnp.PyArray_CheckExact(value):
-        return _why(ARG_VALUE, RULE_TYPE)
-    q, k, v = <cnp.ndarray>query, <cnp.ndarray>key, <cnp.ndarray>value
-    if not _dims(q, &nds[0], &shapes[0]):
-        return _why(ARG_QUERY, RULE_SHAPE)
-    if not _dims(k, &nds[1], &shapes[1]):
-        return _why(ARG_KEY, RULE_SHAPE)
-    if not _dims(v, &nds[2], &shapes[2]):
-        return _why(ARG_VALUE, RULE_SHAPE)
-    dt = _dtype_of(q)
-    if dt < 0:
-        return _why(ARG_QUERY, RULE_DTYPE)
-    cdt = _compute_dtype(dt)
-    if kv_dtype is None and key_scale is None and value_scale is None:
-        kvdt = _dtype_of(k)
-        if not _pairs(dt, kvdt):
-            return _why(ARG_KEY, RULE_DTYPE)
-        if _dtype_of(v) != kvdt:
-            return _why(ARG_VALUE, RULE_DTYPE)
-    else:
-        # a quantized cache: int8 or uint8 storage, float32 scales, a float32 or 16-bit query
-        if kv_dtype is None:
-            kvdt = SDPA_INT8
-        elif type(kv_dtype) is not int:
-            return _why(ARG_KV_DTYPE, RULE_TYPE)
-        elif kv_dtype == SDPA_INT8 or kv_dtype == SDPA_FP8_E4M3 or kv_dtype == SDPA_FP8_E5M2 \
-                or kv_dtype == SDPA_INT4:
-            kvdt = kv_dtype
-        else:
-            return _why(ARG_KV_DTYPE, RULE_VALUE)
-        if key_scale is not None or value_scale is not None or kvdt == SDPA_INT8 or kvdt == SDPA_INT4:
-            if not cnp.PyArray_CheckExact(key_scale):
-                return _why(ARG_KEY_SCALE, RULE_TYPE)
-            if not cnp.PyArray_CheckExact(value_scale):
-                return _why(ARG_VALUE_SCALE, RULE_TYPE)
-            ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
-            if _dtype_of(ks) != SDPA_FLOAT32:
-                return _why(ARG_KEY_SCALE, RULE_DTYPE)
-            if _dtype_of(vs) != SDPA_FLOAT32:
-                return _why(ARG_VALUE_SCALE, RULE_DTYPE)
-        if dt == SDPA_FLOAT64:
-            return _why(ARG_QUERY, RULE_DTYPE)
-        t = cnp.NPY_INT8 if kvdt == SDPA_INT8 else cnp.NPY_UINT8
-        if cnp.PyArray_TYPE(k) != t:
-            return _why(ARG_KEY, RULE_DTYPE)
-        if cnp.PyArray_TYPE(v) != t:
-            return _why(ARG_VALUE, RULE_DTYPE)
-        if kvdt == SDPA_INT4:
-            cw = 2
-    if integer_qk is True:
-        if kvdt != SDPA_INT8 and kvdt != SDPA_INT4:
-            return _why(ARG_INTEGER_QK, RULE_VALUE)
-    elif integer_qk is not False:
-        return _why(ARG_INTEGER_QK, RULE_TYPE)
-    if integer_pv is True:
-        if kvdt != SDPA_INT8 and kvdt != SDPA_INT4:
-            return _why(ARG_INTEGER_PV, RULE_VALUE)
-    elif integer_pv is not False:
-        return _why(ARG_INTEGER_PV, RULE_TYPE)
+cdef class Call:
+    """A prepared call: the constants of ``scaled_dot_product_attention`` (and
+    of a cache's format), checked once by ``sdpa._checks.call_constants``; each
+    call then passes only its arrays.
 
-    # the sizes: the one derivation in the core (sdpa._api.plan_shapes explains
-    # what does not fit)
-    L = shapes[0][nds[0] - 2]
-    E = shapes[0][nds[0] - 1]
-    S = shapes[1][nds[1] - 2]
-    Ev = shapes[2][nds[2] - 1] * cw
-    if shapes[1][nds[1] - 1] * cw != E:
-        return _why(ARG_KEY, RULE_SHAPE)
-    if shapes[2][nds[2] - 2] != S:
-        return _why(ARG_VALUE, RULE_SHAPE)
-    nd = max(nds[0], max(nds[1], nds[2]))
-    has_heads = nd >= 3
-    hq = shapes[0][nds[0] - 3] if nds[0] >= 3 else 1
-    hk = shapes[1][nds[1] - 3] if nds[1] >= 3 else 1
-    hv = shapes[2][nds[2] - 3] if nds[2] >= 3 else 1
-    if hk != hv and hk != 1 and hv != 1:
-        return _why(ARG_VALUE, RULE_SHAPE)
-    hkv = max(hk, hv) if min(hk, hv) > 0 else 0
-    if enable_gqa is True:
-        if hkv == 0 or hq % hkv:
-            return _why(ARG_GQA, RULE_SHAPE)
-        heads = hq
-        group = max(hq // max(hkv, 1), 1)
-    elif enable_gqa is False:
-        if hq != hkv and hq != 1 and hkv != 1:
+    ``Call(is_causal=False, scale=None, enable_gqa=False, window=None,
+    softcap=None, num_threads=None, return_weights=False, return_lse=False,
+    kv_dtype=None, group_size=0, integer_qk=False, integer_pv=False,
+    diagonal=None)``, all by keyword, raises a TypeError or ValueError naming
+    an argument that breaks its rule.  ``kv_dtype`` (a value of
+    :data:`QUANTIZED`; None: float keys and values of the query's kind)
+    names a quantized cache's storage, whose scales :meth:`run_cache` takes;
+    ``diagonal``, an int, makes the call causal with row l seeing keys s <= l
+    + diagonal (the window and ALiBi stay aligned by ``is_causal``).
+
+    :meth:`run` and :meth:`run_cache` compute when every array is in the form
+    the core takes as it is, and return what the public function returns (the
+    output, or a tuple with the weights and/or lse asked for); otherwise they
+    return a reason code, an int (``reason(code)`` says which argument broke
+    which rule), having computed and written nothing.  :meth:`prepared` gives
+    the call of this cache format with other options, kept by their key."""
+    cdef int causal_mode  # 0: none, 1: top left, 2: bottom right, 3: from diagonal
+    cdef bint top_left  # is_causal True or "top_left": the window and ALiBi aligned to the first keys
+    cdef int64_t diagonal
+    cdef bint has_scale
+    cdef double scale
+    cdef bint gqa
+    cdef bint has_window
+    cdef int64_t window_left, window_right
+    cdef double softcap  # 0: none
+    cdef int threads  # 0: the setting
+    cdef bint weights, lse
+    cdef int kvdt  # -1: float keys and values; else the quantized code
+    cdef int64_t group
+    cdef bint iqk, ipv
+    cdef readonly tuple constants
+    cdef dict _prepared
+    # the options of the last call prepared(), as given, and that call: a loop
+    # passing the same objects each time skips building and hashing a key
+    cdef object _last_causal, _last_scale, _last_gqa, _last_window, _last_softcap, _last_threads
+    cdef object _last_weights, _last_lse
+    cdef Call _last
+
+    def __init__(self, *, is_causal=False, scale=None, enable_gqa=False, window=None, softcap=None,
+                 num_threads=None, return_weights=False, return_lse=False, kv_dtype=None, group_size=0,
+                 integer_qk=False, integer_pv=False, diagonal=None):
+        global _call_constants
+        if _call_constants is None:
+            from sdpa._checks import call_constants
+            _call_constants = call_constants
+        c = _call_constants(is_causal, scale, enable_gqa, window, softcap, num_threads, return_weights,
+                            return_lse, kv_dtype, group_size, integer_qk, integer_pv, diagonal)
+        self.constants = c
+        is_causal, scale, enable_gqa, window, softcap, num_threads, return_weights, return_lse, \
+            kv_dtype, group_size, integer_qk, integer_pv, diagonal = c
+        self.causal_mode = 0 if is_causal is False else 1 if (is_causal is True or is_causal == "top_left") else 2
+        self.top_left = self.causal_mode == 1
+        if diagonal is not None:
+            self.causal_mode = 3
+            self.diagonal = diagonal
+        self.has_scale = scale is not None
+        self.scale = scale if scale is not None else 0.0
+        self.gqa = enable_gqa
+        self.has_window = window is not None
+        if window is not None:
+            self.window_left = min(<int64_t>window[0], SDPA_MAX_POSITION)
+            self.window_right = min(<int64_t>window[1], SDPA_MAX_POSITION)
+        self.softcap = softcap if softcap is not None else 0.0
+        self.threads = 0 if num_threads is None else min(<int64_t>num_threads, MAX_THREADS)
+        self.weights = return_weights
+        self.lse = return_lse
+        self.kvdt = -1 if kv_dtype is None else kv_dtype
+        self.group = group_size
+        self.iqk = integer_qk
+        self.ipv = integer_pv
+        self._prepared = {}
+
+    @property
+    def kv_dtype(self):
+        """The quantized storage's code, or None for float keys and values."""
+        return None if self.kvdt < 0 else self.kvdt
+
+    @property
+    def enable_gqa(self):
+        return self.gqa
+
+    @property
+    def return_weights(self):
+        return self.weights
+
+    def prepared(self, is_causal, scale, enable_gqa, window, softcap, num_threads, return_weights, return_lse):
+        """The call of this one's cache format (kv_dtype, group_size, integer_qk,
+        integer_pv) with these options, made (and checked) once and kept by
+        their key; a TypeError or ValueError naming an option that breaks its
+        rule.  Options already in their one form (bools, a str, None or a
+        float, a tuple of two ints, None or an int) are looked up as they are."""
+        if self._last is not None and is_causal is self._last_causal and scale is self._last_scale \
+                and enable_gqa is self._last_gqa and window is self._last_window \
+                and softcap is self._last_softcap and num_threads is self._last_threads \
+                and return_weights is self._last_weights and return_lse is self._last_lse:
+            return self._last
+        cdef tuple key = None
+        if (type(is_causal) is bool or type(is_causal) is str) and (scale is None or type(scale) is float) \
+                and type(enable_gqa) is bool \
+                and (window is None or (type(window) is tuple and len(<tuple>window) == 2
+                                        and type((<tuple>window)[0]) is int and type((<tuple>window)[1]) is int)) \
+                and (softcap is None or type(softcap) is float) and (num_threads is None or type(num_threads) is int) \
+                and type(return_weights) is bool and type(return_lse) is bool:
+            key = (is_causal, scale, enable_gqa, window, softcap, num_threads, return_weights, return_lse)
+            found = self._prepared.get(key)
+            if found is not None:
+                self._remember(key, found)
+                return found
+        c = self.constants
+        call = Call(is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, window=window, softcap=softcap,
+                    num_threads=num_threads, return_weights=return_weights, return_lse=return_lse,
+                    kv_dtype=c[8], group_size=c[9], integer_qk=c[10], integer_pv=c[11])
+        canonical = call.constants[:8]
+        found = self._prepared.get(canonical)
+        if found is not None:
+            call = found
+        elif len(self._prepared) + 2 > MAX_PREPARED:
+            self._prepared.clear()
+        self._prepared[canonical] = call
+        if key is not None:
+            self._prepared[key] = call
+            self._remember(key, call)
+        return call
+
+    cdef void _remember(self, tuple key, Call call):
+        """Keeps ``call`` as the last one prepared, for options given as ``key``."""
+        self._last_causal, self._last_scale, self._last_gqa, self._last_window, self._last_softcap, \
+            self._last_threads, self._last_weights, self._last_lse = key
+        self._last = call
+
+    def prepared_count(self):
+        """How many keys :meth:`prepared` holds now (at most MAX_PREPARED_CALLS)."""
+        return len(self._prepared)
+
+    def at_diagonal(self, diagonal):
+        """This call with ``diagonal`` (None: back to ``is_causal``'s own)."""
+        return _call_of(self.constants[:12] + (diagonal,))
+
+    def __reduce__(self):
+        return _call_of, (self.constants,)
+
+    def run(self, query, key, value, attn_mask=None, key_lengths=None, alibi_slopes=None, sinks=None, out=None):
+        """The call over float keys and values (a reason code when declined)."""
+        return self._run(query, key, value, None, None, attn_mask, key_lengths, alibi_slopes, sinks, out)
+
+    def run_cache(self, query, key, value, key_scale, value_scale, attn_mask=None, out=None, extras=None):
+        """The call over a cache's keys and values, with the scales of a
+        quantized one (None: unscaled float8, or a float cache); ``extras``
+        None or (alibi_slopes, sinks, key_lengths)."""
+        if extras is None:
+            return self._run(query, key, value, key_scale, value_scale, attn_mask, None, None, None, out)
+        alibi_slopes, sinks, key_lengths = extras
+        return self._run(query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes, sinks,
+                         out)
+
+    cdef object _run(self, query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes,
+                     sinks, out):
+        cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None
+        cdef cnp.ndarray ks = None, vs = None
+        cdef cnp.npy_intp *shapes[3]
+        cdef int nds[3]
+        cdef int nd, nb, mn, i, j, t, dt, kvdt, cdt, why
+        cdef int64_t hq, hk, hv, hkv, heads, group, L, S, E, Ev, size, n
+        cdef int64_t cw = 1  # values a stored column holds: 2 for int4
+        cdef int64_t ex[MAX_DIMS]
+        cdef cnp.npy_intp dims[MAX_DIMS]
+        cdef sdpa_problem p
+        cdef double nbytes
+
+        if not cnp.PyArray_CheckExact(query):
+            return _why(ARG_QUERY, RULE_TYPE)
+        if not cnp.PyArray_CheckExact(key):
+            return _why(ARG_KEY, RULE_TYPE)
+        if not cnp.PyArray_CheckExact(value):
+            return _why(ARG_VALUE, RULE_TYPE)
+        q, k, v = <cnp.ndarray>query, <cnp.ndarray>key, <cnp.ndarray>value
+        if not _dims(q, &nds[0], &shapes[0]):
             return _why(ARG_QUERY, RULE_SHAPE)
-        heads = 0 if hq == 0 or hkv == 0 else max(hq, hkv)
-        group = 1
-    else:
-        return _why(ARG_GQA, RULE_TYPE)
-    nb = nd - 3 if has_heads else 0
-    sdpa_problem_init(&p)
-    p.num_batch_dims = nb
-    for i in range(nb):  # the batch dims broadcast: equal sizes, or 1
-        size = 1
-        for t in range(3):
-            j = i - (nd - nds[t])
-            if j >= 0:
-                n = shapes[t][j]
-                if size == 1:
-                    size = n
-                elif n != 1 and n != size:
-                    return _why(ARG_QUERY + t, RULE_SHAPE)
-        p.batch_shape[i] = size
-    p.dtype = <sdpa_dtype>dt
-    if kvdt != dt:
-        p.kv_dtype = <sdpa_dtype>kvdt
-    p.num_heads = heads
-    p.gqa_group = group
-    p.len_q = L
-    p.len_kv = S
-    p.head_dim = E
-    p.head_dim_v = Ev
-    p.integer_qk = integer_qk is True
-    p.integer_pv = integer_pv is True
-
-    # scalars
-    if scale is None:
-        p.scale = 1.0 / sqrt(<double>E) if E > 0 else 1.0
-    elif type(scale) is float:
-        p.scale = <double>scale
-    else:
-        return _why(ARG_SCALE, RULE_TYPE)
-    if is_causal is False:
-        p.causal = 0
-        top_left = False
-    elif is_causal is True:
-        p.causal = 1
-        top_left = True
-    elif type(is_causal) is str and (is_causal == "top_left" or is_causal == "bottom_right"):
-        p.causal = 1
-        top_left = is_causal == "top_left"
-        if not top_left:
-            p.causal_offset = S - L
-    else:
-        return _why(ARG_CAUSAL, RULE_TYPE)
-    if diagonal is not None:
-        if type(diagonal) is not int:
-            return _why(ARG_DIAGONAL, RULE_TYPE)
-        if not (-_DIAGONAL_MAX <= diagonal <= _DIAGONAL_MAX):
-            return _why(ARG_DIAGONAL, RULE_VALUE)
-        p.causal = 1
-        p.causal_offset = diagonal
-    if num_threads is None:
-        p.num_threads = 0  # the setting (or the OpenMP default), capped by the work in the core
-    elif type(num_threads) is not int:
-        return _why(ARG_THREADS, RULE_TYPE)
-    elif num_threads >= 1:
-        p.num_threads = num_threads if num_threads < MAX_THREADS else MAX_THREADS
-    else:
-        return _why(ARG_THREADS, RULE_VALUE)
-    if window is not None:
-        if not (type(window) is tuple or type(window) is list) or len(window) != 2:
-            return _why(ARG_WINDOW, RULE_TYPE)
-        for i in range(2):
-            side = window[i]
-            if type(side) is not int:
-                return _why(ARG_WINDOW, RULE_TYPE)
-            if side < -1:
-                return _why(ARG_WINDOW, RULE_VALUE)
-            if side > SDPA_MAX_POSITION:
-                side = SDPA_MAX_POSITION
-            if i == 0:
-                p.window_left = side
-            else:
-                p.window_right = side
-    if softcap is not None:
-        if type(softcap) is not float:
-            return _why(ARG_SOFTCAP, RULE_TYPE)
-        if not (0.0 < <double>softcap <= DBL_MAX):
-            return _why(ARG_SOFTCAP, RULE_VALUE)
-        p.softcap = softcap
-    if window is not None or alibi_slopes is not None:
-        p.align_offset = 0 if top_left else S - L
-    if return_weights is not False and return_weights is not True:
-        return _why(ARG_WEIGHTS, RULE_TYPE)
-    if return_lse is not False and return_lse is not True:
-        return _why(ARG_LSE, RULE_TYPE)
-
-    # operands
-    _expected(ex, p.batch_shape, nb, heads, L, E)
-    if _fill_view(&p.query, q, nb, 3, ex, False):
-        return _why(ARG_QUERY, RULE_SHAPE)
-    _expected(ex, p.batch_shape, nb, heads // group, S, E // cw)
-    if _fill_view(&p.key, k, nb, 3, ex, False):
-        return _why(ARG_KEY, RULE_SHAPE)
-    _expected(ex, p.batch_shape, nb, heads // group, S, Ev // cw)
-    if _fill_view(&p.value, v, nb, 3, ex, False):
-        return _why(ARG_VALUE, RULE_SHAPE)
-    if cw == 2 and ((E // 2 > 1 and p.key.col_stride != 1) or (Ev // 2 > 1 and p.value.col_stride != 1)):
-        return _why(ARG_KEY if E // 2 > 1 and p.key.col_stride != 1 else ARG_VALUE, RULE_LAYOUT)
-    if cw == 2:  # a single column: any stride, read as contiguous
-        p.key.col_stride = 1
-        p.value.col_stride = 1
-    if ks is None and kv_dtype is not None and group_size != 0:
-        return _why(ARG_GROUP_SIZE, RULE_VALUE)
-    if ks is not None:
-        if type(group_size) is not int:
-            return _why(ARG_GROUP_SIZE, RULE_TYPE)
-        if not (0 <= group_size <= (1 << 62)) or (group_size and (E % group_size or Ev % group_size)):
-            return _why(ARG_GROUP_SIZE, RULE_VALUE)
-        why = _fill_scales(&p, ks, vs, group_size, ex)
-        if why:
-            return _why(ARG_VALUE_SCALE if why == 3 else ARG_KEY_SCALE, RULE_SHAPE)
-    _expected(ex, p.batch_shape, nb, heads, L, S)  # the scores' shape: mask, slopes, sinks
-    if attn_mask is not None:
-        if not cnp.PyArray_CheckExact(attn_mask):
-            return _why(ARG_MASK, RULE_TYPE)
-        m = <cnp.ndarray>attn_mask
-        if cnp.PyArray_TYPE(m) == cnp.NPY_BOOL:
-            if not cnp.PyArray_ISALIGNED(m):
-                return _why(ARG_MASK, RULE_LAYOUT)
-            p.mask_kind = SDPA_MASK_BOOL
-        elif _dtype_of(m) == cdt:
-            p.mask_kind = SDPA_MASK_ADDITIVE
+        if not _dims(k, &nds[1], &shapes[1]):
+            return _why(ARG_KEY, RULE_SHAPE)
+        if not _dims(v, &nds[2], &shapes[2]):
+            return _why(ARG_VALUE, RULE_SHAPE)
+        dt = _dtype_of(q)
+        if dt < 0:
+            return _why(ARG_QUERY, RULE_DTYPE)
+        cdt = _compute_dtype(dt)
+        if self.kvdt < 0:
+            if key_scale is not None or value_scale is not None:
+                return _why(ARG_KEY_SCALE if key_scale is not None else ARG_VALUE_SCALE, RULE_VALUE)
+            kvdt = _dtype_of(k)
+            if not _pairs(dt, kvdt):
+                return _why(ARG_KEY, RULE_DTYPE)
+            if _dtype_of(v) != kvdt:
+                return _why(ARG_VALUE, RULE_DTYPE)
         else:
-            return _why(ARG_MASK, RULE_DTYPE)
-        if _fill_view(&p.mask, m, nb, 3, ex, False):
-            return _why(ARG_MASK, RULE_SHAPE)
-    if alibi_slopes is not None:
-        why = _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, nb, ex)
-        if why:
-            return why
-    if sinks is not None:
-        why = _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, nb, ex)
-        if why:
-            return why
-    if key_lengths is not None:
-        if not cnp.PyArray_CheckExact(key_lengths):
-            return _why(ARG_LENGTHS, RULE_TYPE)
-        kl = <cnp.ndarray>key_lengths
-        if cnp.PyArray_TYPE(kl) != cnp.NPY_INT64:
-            return _why(ARG_LENGTHS, RULE_DTYPE)
-        if not (cnp.PyArray_ISNOTSWAPPED(kl) and cnp.PyArray_ISALIGNED(kl) and cnp.PyArray_IS_C_CONTIGUOUS(kl)):
-            return _why(ARG_LENGTHS, RULE_LAYOUT)
-        if _fill_lengths(&p, kl):
-            return _why(ARG_LENGTHS, RULE_SHAPE)
-        for i in range(cnp.PyArray_SIZE(kl)):
-            if p.key_lengths[i] < 0:
-                return _why(ARG_LENGTHS, RULE_VALUE)
+            # a quantized cache: int8 or uint8 storage, float32 scales, a float32 or 16-bit query
+            kvdt = self.kvdt
+            if key_scale is not None or value_scale is not None or kvdt == SDPA_INT8 or kvdt == SDPA_INT4:
+                if not cnp.PyArray_CheckExact(key_scale):
+                    return _why(ARG_KEY_SCALE, RULE_TYPE)
+                if not cnp.PyArray_CheckExact(value_scale):
+                    return _why(ARG_VALUE_SCALE, RULE_TYPE)
+                ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
+                if _dtype_of(ks) != SDPA_FLOAT32:
+                    return _why(ARG_KEY_SCALE, RULE_DTYPE)
+                if _dtype_of(vs) != SDPA_FLOAT32:
+                    return _why(ARG_VALUE_SCALE, RULE_DTYPE)
+            if dt == SDPA_FLOAT64:
+                return _why(ARG_QUERY, RULE_DTYPE)
+            t = cnp.NPY_INT8 if kvdt == SDPA_INT8 else cnp.NPY_UINT8
+            if cnp.PyArray_TYPE(k) != t:
+                return _why(ARG_KEY, RULE_DTYPE)
+            if cnp.PyArray_TYPE(v) != t:
+                return _why(ARG_VALUE, RULE_DTYPE)
+            if kvdt == SDPA_INT4:
+                cw = 2
 
-    # the outputs: out (checked) or new, the weights and lse new
-    mn = nb + 3 if has_heads else 2
-    for i in range(nb):
-        dims[i] = p.batch_shape[i]
-    if has_heads:
-        dims[nb] = heads
-    dims[mn - 2] = L
-    dims[mn - 1] = Ev
-    if out is not None:
-        if not cnp.PyArray_CheckExact(out):
-            return _why(ARG_OUT, RULE_TYPE)
-        o = <cnp.ndarray>out
-        if _dtype_of(o) != dt:
-            return _why(ARG_OUT, RULE_DTYPE)
-        if not cnp.PyArray_ISWRITEABLE(o):
-            return _why(ARG_OUT, RULE_LAYOUT)
-        if not (_no_self_overlap(o) and _disjoint(o, q) and _disjoint(o, k) and _disjoint(o, v)
-                and _disjoint(o, m) and _disjoint(o, kl) and _disjoint(o, ks) and _disjoint(o, vs)
-                and (alibi_slopes is None or _disjoint(o, <cnp.ndarray>alibi_slopes))
-                and (sinks is None or _disjoint(o, <cnp.ndarray>sinks))):
-            return OUT_MAY_OVERLAP
-        _expected(ex, p.batch_shape, nb, heads, L, Ev)
-        if _fill_view(&p.out, o, nb, 3, ex, True):
-            return _why(ARG_OUT, RULE_SHAPE)
-    if return_weights is True:
-        nbytes = 8.0 if cdt == SDPA_FLOAT64 else 4.0
-        for i in range(mn - 1):
-            nbytes *= dims[i]
-        nbytes *= S
-        if _memory_bytes is not None and nbytes > _memory_bytes:
-            return _why(ARG_WEIGHTS, RULE_MEMORY)
-    if o is None:
-        o = cnp.PyArray_EMPTY(mn, dims, cnp.PyArray_TYPE(q), 0)  # the query's dtype
-        _expected(ex, p.batch_shape, nb, heads, L, Ev)
-        _fill_view(&p.out, o, nb, 3, ex, True)
-    if return_weights is True:
-        dims[mn - 1] = S
-        w = cnp.PyArray_EMPTY(mn, dims, _typenum_of(cdt), 0)
+        # the sizes: the one derivation in the core (sdpa._checks.plan_shapes explains
+        # what does not fit)
+        L = shapes[0][nds[0] - 2]
+        E = shapes[0][nds[0] - 1]
+        S = shapes[1][nds[1] - 2]
+        Ev = shapes[2][nds[2] - 1] * cw
+        if shapes[1][nds[1] - 1] * cw != E:
+            return _why(ARG_KEY, RULE_SHAPE)
+        if shapes[2][nds[2] - 2] != S:
+            return _why(ARG_VALUE, RULE_SHAPE)
+        nd = max(nds[0], max(nds[1], nds[2]))
+        hq = shapes[0][nds[0] - 3] if nds[0] >= 3 else 1
+        hk = shapes[1][nds[1] - 3] if nds[1] >= 3 else 1
+        hv = shapes[2][nds[2] - 3] if nds[2] >= 3 else 1
+        if hk != hv and hk != 1 and hv != 1:
+            return _why(ARG_VALUE, RULE_SHAPE)
+        hkv = max(hk, hv) if min(hk, hv) > 0 else 0
+        if self.gqa:
+            if hkv == 0 or hq % hkv:
+                return _why(ARG_GQA, RULE_SHAPE)
+            heads = hq
+            group = max(hq // max(hkv, 1), 1)
+        else:
+            if hq != hkv and hq != 1 and hkv != 1:
+                return _why(ARG_QUERY, RULE_SHAPE)
+            heads = 0 if hq == 0 or hkv == 0 else max(hq, hkv)
+            group = 1
+        nb = nd - 3 if nd >= 3 else 0
+        sdpa_problem_init(&p)
+        p.num_batch_dims = nb
+        for i in range(nb):  # the batch dims broadcast: equal sizes, or 1
+            size = 1
+            for t in range(3):
+                j = i - (nd - nds[t])
+                if j >= 0:
+                    n = shapes[t][j]
+                    if size == 1:
+                        size = n
+                    elif n != 1 and n != size:
+                        return _why(ARG_QUERY + t, RULE_SHAPE)
+            p.batch_shape[i] = size
+        p.dtype = <sdpa_dtype>dt
+        if kvdt != dt:
+            p.kv_dtype = <sdpa_dtype>kvdt
+        p.num_heads = heads
+        p.gqa_group = group
+        p.len_q = L
+        p.len_kv = S
+        p.head_dim = E
+        p.head_dim_v = Ev
+        p.integer_qk = self.iqk
+        p.integer_pv = self.ipv
+
+        # the constants
+        p.scale = self.scale if self.has_scale else (1.0 / sqrt(<double>E) if E > 0 else 1.0)
+        p.causal = self.causal_mode != 0
+        if self.causal_mode == 2:
+            p.causal_offset = S - L
+        elif self.causal_mode == 3:
+            p.causal_offset = self.diagonal
+        p.num_threads = self.threads
+        if self.has_window:
+            p.window_left = self.window_left
+            p.window_right = self.window_right
+        p.softcap = self.softcap
+        if self.has_window or alibi_slopes is not None:
+            # aligned by is_causal: to the first keys for True / "top_left", else to the last
+            p.align_offset = 0 if self.top_left else S - L
+
+        # operands
+        _expected(ex, p.batch_shape, nb, heads, L, E)
+        if _fill_view(&p.query, q, nb, 3, ex, False):
+            return _why(ARG_QUERY, RULE_SHAPE)
+        _expected(ex, p.batch_shape, nb, heads // group, S, E // cw)
+        if _fill_view(&p.key, k, nb, 3, ex, False):
+            return _why(ARG_KEY, RULE_SHAPE)
+        _expected(ex, p.batch_shape, nb, heads // group, S, Ev // cw)
+        if _fill_view(&p.value, v, nb, 3, ex, False):
+            return _why(ARG_VALUE, RULE_SHAPE)
+        if cw == 2 and ((E // 2 > 1 and p.key.col_stride != 1) or (Ev // 2 > 1 and p.value.col_stride != 1)):
+            return _why(ARG_KEY if E // 2 > 1 and p.key.col_stride != 1 else ARG_VALUE, RULE_LAYOUT)
+        if cw == 2:  # a single column: any stride, read as contiguous
+            p.key.col_stride = 1
+            p.value.col_stride = 1
+        if ks is None and self.group != 0:
+            return _why(ARG_GROUP_SIZE, RULE_VALUE)
+        if ks is not None:
+            if self.group and (E % self.group or Ev % self.group):
+                return _why(ARG_GROUP_SIZE, RULE_VALUE)
+            why = _fill_scales(&p, ks, vs, self.group, ex)
+            if why:
+                return _why(ARG_VALUE_SCALE if why == 3 else ARG_KEY_SCALE, RULE_SHAPE)
+        _expected(ex, p.batch_shape, nb, heads, L, S)  # the scores' shape: mask, slopes, sinks
+        if attn_mask is not None:
+            if not cnp.PyArray_CheckExact(attn_mask):
+                return _why(ARG_MASK, RULE_TYPE)
+            m = <cnp.ndarray>attn_mask
+            if cnp.PyArray_TYPE(m) == cnp.NPY_BOOL:
+                if not cnp.PyArray_ISALIGNED(m):
+                    return _why(ARG_MASK, RULE_LAYOUT)
+                p.mask_kind = SDPA_MASK_BOOL
+            elif _dtype_of(m) == cdt:
+                p.mask_kind = SDPA_MASK_ADDITIVE
+            else:
+                return _why(ARG_MASK, RULE_DTYPE)
+            if _fill_view(&p.mask, m, nb, 3, ex, False):
+                return _why(ARG_MASK, RULE_SHAPE)
+        if alibi_slopes is not None:
+            why = _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, nb, ex)
+            if why:
+                return why
+        if sinks is not None:
+            why = _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, nb, ex)
+            if why:
+                return why
+        if key_lengths is not None:
+            if not cnp.PyArray_CheckExact(key_lengths):
+                return _why(ARG_LENGTHS, RULE_TYPE)
+            kl = <cnp.ndarray>key_lengths
+            if cnp.PyArray_TYPE(kl) != cnp.NPY_INT64:
+                return _why(ARG_LENGTHS, RULE_DTYPE)
+            if not (cnp.PyArray_ISNOTSWAPPED(kl) and cnp.PyArray_ISALIGNED(kl) and cnp.PyArray_IS_C_CONTIGUOUS(kl)):
+                return _why(ARG_LENGTHS, RULE_LAYOUT)
+            if _fill_lengths(&p, kl):
+                return _why(ARG_LENGTHS, RULE_SHAPE)
+            for i in range(cnp.PyArray_SIZE(kl)):
+                if p.key_lengths[i] < 0:
+                    return _why(ARG_LENGTHS, RULE_VALUE)
+
+        # the outputs: out (checked) or new, the weights and lse new
+        mn = nb + 3 if nd >= 3 else 2
+        for i in range(nb):
+            dims[i] = p.batch_shape[i]
+        if nd >= 3:
+            dims[nb] = heads
+        dims[mn - 2] = L
         dims[mn - 1] = Ev
-        _expected(ex, p.batch_shape, nb, heads, L, S)
-        _fill_view(&p.weights, w, nb, 3, ex, True)
-    if return_lse is True:
-        lse = cnp.PyArray_EMPTY(mn - 1, dims, _typenum_of(cdt), 0)
-        _expected(ex, p.batch_shape, nb, heads, L, Ev)
-        _fill_view(&p.lse, lse, nb, 2, ex, True)
+        if out is not None:
+            if not cnp.PyArray_CheckExact(out):
+                return _why(ARG_OUT, RULE_TYPE)
+            o = <cnp.ndarray>out
+            if _dtype_of(o) != dt:
+                return _why(ARG_OUT, RULE_DTYPE)
+            if not cnp.PyArray_ISWRITEABLE(o):
+                return _why(ARG_OUT, RULE_LAYOUT)
+            if not (_no_self_overlap(o) and _disjoint(o, q) and _disjoint(o, k) and _disjoint(o, v)
+                    and _disjoint(o, m) and _disjoint(o, kl) and _disjoint(o, ks) and _disjoint(o, vs)
+                    and (alibi_slopes is None or _disjoint(o, <cnp.ndarray>alibi_slopes))
+                    and (sinks is None or _disjoint(o, <cnp.ndarray>sinks))):
+                return OUT_MAY_OVERLAP
+            _expected(ex, p.batch_shape, nb, heads, L, Ev)
+            if _fill_view(&p.out, o, nb, 3, ex, True):
+                return _why(ARG_OUT, RULE_SHAPE)
+        if self.weights:
+            nbytes = 8.0 if cdt == SDPA_FLOAT64 else 4.0
+            for i in range(mn - 1):
+                nbytes *= dims[i]
+            nbytes *= S
+            if _memory_bytes is not None and nbytes > _memory_bytes:
+                return _why(ARG_WEIGHTS, RULE_MEMORY)
+        if o is None:
+            o = cnp.PyArray_EMPTY(mn, dims, cnp.PyArray_TYPE(q), 0)  # the query's dtype
+            _expected(ex, p.batch_shape, nb, heads, L, Ev)
+            _fill_view(&p.out, o, nb, 3, ex, True)
+        if self.weights:
+            dims[mn - 1] = S
+            w = cnp.PyArray_EMPTY(mn, dims, _typenum_of(cdt), 0)
+            dims[mn - 1] = Ev
+            _expected(ex, p.batch_shape, nb, heads, L, S)
+            _fill_view(&p.weights, w, nb, 3, ex, True)
+        if self.lse:
+            lse = cnp.PyArray_EMPTY(mn - 1, dims, _typenum_of(cdt), 0)
+            _expected(ex, p.batch_shape, nb, heads, L, Ev)
+            _fill_view(&p.lse, lse, nb, 2, ex, True)
 
-    if cnp.PyArray_SIZE(o) or (w is not None and cnp.PyArray_SIZE(w)) \
-            or (lse is not None and cnp.PyArray_SIZE(lse)):
-        arrays = None
-        if _observer is not None:
-            arrays = {"q": q, "k": k, "v": v, "mask": m}
-        _execute(&p, _interruptible(), arrays)
-    if w is None and lse is None:
-        return o
-    if w is None:
-        return o, lse
-    if lse is None:
-        return o, w
-    return o, w, lse
+        if cnp.PyArray_SIZE(o) or (w is not None and cnp.PyArray_SIZE(w)) \
+                or (lse is not None and cnp.PyArray_SIZE(lse)):
+            arrays = None
+            if _observer is not None:
+                arrays = {"q": q, "k": k, "v": v, "mask": m}
+            _execute(&p, _interruptible(), arrays)
+        if w is None and lse is None:
+            return o
+        if w is None:
+            return o, lse
+        if lse is None:
+            return o, w
+        return o, w, lse
+
+
+def _call_of(tuple constants):
+    """The :class:`Call` of these constants, in the order of its ``constants``."""
+    c = constants
+    return Call(is_causal=c[0], scale=c[1], enable_gqa=c[2], window=c[3], softcap=c[4], num_threads=c[5],
+                return_weights=c[6], return_lse=c[7], kv_dtype=c[8], group_size=c[9], integer_qk=c[10],
+                integer_pv=c[11], diagonal=c[12])
+
+
+# the plain call's base: float keys and values
+cdef Call _plain = None
+
+
+def plain():
+    """The base :class:`Call` of float keys and values, whose
+    :meth:`Call.prepared` the public function asks for its options."""
+    global _plain
+    if _plain is None:
+        _plain = Call()
+    return _plain
 
 
 # ---------------------------------------------------------------- ragged and paged calls

@@ -8,7 +8,7 @@ from typing import (
 
 from . import _core
 
-_MAX_THREADS = 1 << 16
+_MAX_THREADS = _core.MAX_NUM_THREADS  # larger counts are taken as this
 
 
 def thread_count(num_threads: object, name: str = "num_threads") -> Optional[int]:

@@ -18,10 +18,10 @@ from . import _core
 from ._api import (
     ArrayInput,
     AttentionResult,
-    _attention_general,
     _single_or_half,
     count,
     float_dtype,
+    general,
     result_dtype,
 )
 
@@ -154,6 +154,7 @@ class KVCache:
         self._e, self._ev = fmt.head_dim, fmt.head_dim_v
         self._dtype = fmt.storage
         self._code = fmt.code  # the core's code of a quantized cache, 0 for float
+        self._bases: dict = {}  # prepared calls of this storage, by (integer_qk, integer_pv)
         self._int8 = self._code != 0  # quantized: scales, and dequantized keys / values
         self._width = fmt.width  # values a stored byte holds
         self._scaled = fmt.scaled
@@ -524,12 +525,6 @@ class KVCache:
         VNNI and portable kernels give the same bits.  Both switches together compute both
         products in integers.
         """
-        for name, flag, what in (("integer_qk", integer_qk, "keys"), ("integer_pv", integer_pv, "values")):
-            if flag is not False:
-                if flag is not True:
-                    raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-                if self._code not in (_core.QUANTIZED["int8"], _core.QUANTIZED["int4"]):
-                    raise ValueError(f"{name}: only int8 and int4 caches have integer {what}; this one is {self._name}")
         return self._attend(
             query, attn_mask, is_causal, scale, return_lse, out, num_threads,
             window, softcap, alibi_slopes, sinks, None, integer_qk, integer_pv,
@@ -559,12 +554,21 @@ class KVCache:
         takes as they are runs from the core's one entry (int8 and float caches
         alike); anything else takes the general path, which converts or raises
         naming the argument."""
+        if type(integer_qk) is bool and type(integer_pv) is bool:
+            base = self._bases.get((integer_qk, integer_pv))
+            if base is None:
+                base = self._bases[integer_qk, integer_pv] = self._format.call(integer_qk, integer_pv)
+        else:
+            base = self._format.call(integer_qk, integer_pv)  # the TypeError naming the switch
         if window is None and self._window is not None:
             window = (self._window - 1, 0)
         shape = getattr(query, "shape", None)
         if shape is None:
             shape = np.shape(cast(Any, query))
         gqa = (shape[-3] if len(shape) >= 3 else 1) != self._heads
+        call = base.prepared(is_causal, scale, gqa, window, softcap, num_threads, False, return_lse)
+        if diagonal is not None:
+            call = call.at_diagonal(diagonal)
         ks: Optional[np.ndarray] = None
         vs: Optional[np.ndarray] = None
         with self._lock:
@@ -572,21 +576,13 @@ class KVCache:
             k, v = self._k[:, :, :n], self._v[:, :, :n]
             if self._scaled:
                 ks, vs = self._ks[:, :, :n], self._vs[:, :, :n]
-        code = self._code or None
-        # the core's entry by position (a decoding step's fixed cost: no keyword
-        # parsing), then, if it declines, the general path by keyword
-        result = _core.attention(
-            query, k, v, attn_mask, is_causal, scale, gqa, False, return_lse, None, window, softcap,
-            alibi_slopes, sinks, out, num_threads, ks, vs, self._group, diagonal, code, integer_qk, integer_pv,
-        )
+        extras = None if alibi_slopes is None and sinks is None else (alibi_slopes, sinks, None)
+        result = call.run_cache(query, k, v, ks, vs, attn_mask, out, extras)
         if not isinstance(result, int):
             return result
-        return _attention_general(
-            query, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=gqa,
-            return_lse=return_lse, out=out, num_threads=num_threads, window=window,
-            softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, key_scale=ks,
-            value_scale=vs, group_size=self._group, diagonal=diagonal, kv_dtype=code,
-            integer_qk=integer_qk, integer_pv=integer_pv,
+        return general(
+            call, query, k, v, attn_mask=attn_mask, alibi_slopes=alibi_slopes, sinks=sinks, out=out,
+            key_scale=ks, value_scale=vs,
         )
 
     def result_dtype(self, query_dtype: Any) -> np.dtype:
@@ -723,6 +719,12 @@ class CacheFormat:
         """The ``kv_dtype`` the paged functions take for this storage (None for
         float and int8 arrays, which say what they hold)."""
         return None if self.code in (0, _core.QUANTIZED["int8"]) else self.name
+
+    def call(self, integer_qk: object = False, integer_pv: object = False) -> _core.Call:
+        """The base prepared call of this storage (see ``sdpa._core.Call``),
+        with the integer products asked for (checked there)."""
+        return _core.Call(kv_dtype=self.code or None, group_size=self.group, integer_qk=integer_qk,
+                          integer_pv=integer_pv)
 
     def allocate(self, rows: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Keys, values and scales for ``rows`` (leading dims) positions, each

@@ -41,6 +41,9 @@ from torch import Tensor
 from . import _api, _core
 from .layers import MultiHeadAttention
 
+# the base of the prepared calls: float keys and values
+_PLAIN = _core.plain()
+
 if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
     raise ImportError(
         f"sdpa.torch needs PyTorch >= 2.4 (torch.library.custom_op); found {torch.__version__}"
@@ -146,7 +149,8 @@ def _eager_call(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor
         m = None if mask is None else _eager_numpy(mask)
     except RuntimeError:  # a tensor numpy() cannot expose (negative bit, no storage)
         return None, False
-    result = _core.attention(q, k, v, attn_mask=m, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
+    call = _PLAIN.prepared(causal, scale, enable_gqa, None, None, None, False, False)
+    result = call.run(q, k, v, m)
     if not isinstance(result, np.ndarray):  # declined (the output alone was asked for)
         return None, True
     return _as_tensor(result), False
@@ -207,20 +211,19 @@ def _attention_tensors(
     eager call), so they go straight to the general path."""
     _check_tensors(query, key, value, attn_mask)
     _check_variants(query, window, alibi_slopes, sinks)
-    out = cast(np.ndarray, (_api._attention_general if declined else _api.attend)(
-        _as_numpy(query),
-        _as_numpy(key),
-        _as_numpy(value),
-        attn_mask=None if attn_mask is None else _as_numpy(attn_mask),
-        is_causal=is_causal,
-        scale=scale,
-        enable_gqa=enable_gqa,
-        window=None if window is None else (int(window[0]), int(window[1])),
-        softcap=softcap,
-        alibi_slopes=None if alibi_slopes is None else _per_head_numpy(alibi_slopes),
-        sinks=None if sinks is None else _per_head_numpy(sinks),
-    ))  # no weights nor lse asked for: the output alone
-    return _as_tensor(out)
+    call = _PLAIN.prepared(
+        is_causal, scale, enable_gqa, None if window is None else (int(window[0]), int(window[1])), softcap,
+        None, False, False,
+    )
+    q, k, v = _as_numpy(query), _as_numpy(key), _as_numpy(value)
+    m = None if attn_mask is None else _as_numpy(attn_mask)
+    slopes = None if alibi_slopes is None else _per_head_numpy(alibi_slopes)
+    logits = None if sinks is None else _per_head_numpy(sinks)
+    out = None if declined else call.run(q, k, v, m, None, slopes, logits)
+    if out is None or isinstance(out, int):
+        out = _api.general(call, q, k, v, attn_mask=m, alibi_slopes=slopes, sinks=logits)
+    # no weights nor lse asked for: the output alone
+    return _as_tensor(cast(np.ndarray, out))
 
 
 def _check_variants(
