@@ -342,13 +342,20 @@ def test_the_core_refuses_a_block_id_it_would_read(rng):
     bt = bt.copy()
     bt[2, 0] = kc.shape[0] + 5
     out = np.full((3, 8, 1, 32), 7.0, np.float32)
+    call = _core.plain().prepared(True, 0.2, False, None, None, None, False, False)
     with pytest.raises(ValueError, match="paged: a block id out of range"):
-        _core.paged_attention(q, kc, vc, bt, lens, True, 0.2, None, None, None, None, False, out, None,
-                              None, None, 0)
+        call.run_paged(q, kc, vc, bt, lens, None, None, out)
     assert (out == 7.0).all()
-    with pytest.raises(ValueError, match="paged"):
-        _core.paged_attention(q, kc, vc, bt[:, :1], lens, True, 0.2, None, None, None, None, False, out,
-                              None, None, None, 0)
+    with pytest.raises(ValueError, match="paged"):  # longer than its table
+        call.run_paged(q, kc, vc, np.ascontiguousarray(bt[:, :1]), lens, None, None, out)
+    assert (out == 7.0).all()
+    # arrays not in the core's form are declined as the dense entry declines them
+    code = call.run_paged(q, kc, vc, bt[:, :1], lens, None, None, out)
+    assert _core.reason(code).startswith("block_tables is not native")
+    code = call.run_paged(q, kc, vc, bt, lens.astype(np.int32), None, None, out)
+    assert _core.reason(code).startswith("seq_lens is not native")
+    code = call.run_paged(q, kc, vc, bt, lens, (kc, vc), None, out)
+    assert _core.reason(code).startswith("key_scale has a value")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BF16, "int8"])

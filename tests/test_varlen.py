@@ -146,3 +146,31 @@ def test_bad_shapes_and_out():
         sdpa.varlen_attention(q, q, q, [0, 7], [0, 7], window=(-3, 0))
     with pytest.raises(ValueError, match="sinks"):
         sdpa.varlen_attention(q, q, q, [0, 7], [0, 7], sinks=np.zeros(3))
+
+
+def test_the_core_declines_what_it_does_not_take_naming_the_argument(rng):
+    """The prepared call's varlen run declines arrays not in its form with a
+    reason code, as the dense run does, and options a packed call has no use
+    for; nothing is written."""
+    from sdpa import _core
+
+    q, k, v, cq, ck = packed(rng, [3, 2], [4, 5], 4, 2, 8, 8, np.float32)
+    cq = cq.astype(np.int64)
+    call = _core.plain().prepared(True, None, False, None, None, None, False, False)
+    out = np.full((5, 4, 8), 7.0, np.float32)
+    cases = [
+        ((q.astype(np.int32), k, v, cq, ck), "query has a dtype"),
+        ((q, k.astype(np.float64), v, cq, ck), "key has a dtype"),
+        ((q, k, v[:4], cq, ck), "value has a shape"),
+        ((q, k, v, cq.astype(np.int32), ck), "cu_seqlens_q has a shape"),
+        ((q, k, v, cq, ck[:-1]), "cu_seqlens_k has a shape"),
+        ((q, k, v, cq, list(ck)), "cu_seqlens_k is not of a type"),
+    ]
+    for args, reason in cases:
+        code = call.run_varlen(*args, None, out)
+        assert isinstance(code, int) and _core.reason(code).startswith(reason), (reason, code)
+    assert (out == 7.0).all()
+    weights = _core.plain().prepared(True, None, False, None, None, None, True, False)
+    assert _core.reason(weights.run_varlen(q, k, v, cq, ck)).startswith("return_weights has a value")
+    np.testing.assert_array_equal(call.run_varlen(q, k, v, cq, ck, None, out), sdpa.varlen_attention(
+        q, k, v, cq, ck, is_causal=True))

@@ -38,6 +38,7 @@ from ._checks import (
     _overlaps as _overlaps,
     _physical_memory_bytes as _physical_memory_bytes,
     count as count,
+    declined as declined,
     head_values as head_values,
     output_array as output_array,
     plan_shapes as plan_shapes,
@@ -321,7 +322,7 @@ def call_core(
                 return (cast(FloatArray, out), *result[1:])
             np.copyto(out, result)
             return cast(FloatArray, out)
-    raise ValueError(f"sdpa: {_core.reason(result)}")
+    raise declined(result)
 
 
 def prepare(kw: Dict[str, Any]) -> Tuple[_core.Call, Dict[str, Any]]:

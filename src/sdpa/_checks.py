@@ -221,15 +221,21 @@ _CACHE_NAMES = {code: name for name, code in _core.QUANTIZED.items()}
 def integer_switch(flag: object, name: str, kv_dtype: Optional[int]) -> bool:
     """``integer_qk=`` / ``integer_pv=`` checked: a bool, True only for int8
     and int4 caches (``kv_dtype`` their core code; None: a float cache)."""
-    if flag is False:
-        return False
-    if flag is not True:
+    if not isinstance(flag, (bool, np.bool_)):
         raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    if not flag:
+        return False
     if kv_dtype not in (_core.QUANTIZED["int8"], _core.QUANTIZED["int4"]):
         what = "keys" if name == "integer_qk" else "values"
         this = "a float cache" if kv_dtype is None else _CACHE_NAMES.get(kv_dtype, repr(kv_dtype))
         raise ValueError(f"{name}: only int8 and int4 caches have integer {what}; this one is {this}")
     return True
+
+
+def declined(code: int) -> ValueError:
+    """The error of arrays a prepared call declined (``sdpa._core.reason``
+    names the argument and the rule), where the caller has checked them."""
+    return ValueError(f"sdpa: {_core.reason(code)}")
 
 
 def call_constants(

@@ -666,7 +666,8 @@ def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarra
 ARGUMENTS = ("query", "key", "value", "attn_mask", "is_causal", "scale", "enable_gqa",
              "return_weights", "return_lse", "key_lengths", "window", "softcap",
              "alibi_slopes", "sinks", "out", "num_threads", "key_scale", "value_scale",
-             "group_size", "diagonal", "kv_dtype", "integer_qk", "integer_pv")
+             "group_size", "diagonal", "kv_dtype", "integer_qk", "integer_pv", "cu_seqlens_q", "cu_seqlens_k",
+             "block_tables", "seq_lens", "query_start_loc", "tree_mask")
 RULES = ("is not of a type the core takes as it is",
          "has a dtype the core does not take as it is, or one that does not go with the others",
          "has a shape that does not fit the problem",
@@ -679,7 +680,8 @@ cdef enum:
     ARG_QUERY, ARG_KEY, ARG_VALUE, ARG_MASK, ARG_CAUSAL, ARG_SCALE, ARG_GQA, ARG_WEIGHTS, \
         ARG_LSE, ARG_LENGTHS, ARG_WINDOW, ARG_SOFTCAP, ARG_ALIBI, ARG_SINKS, ARG_OUT, \
         ARG_THREADS, ARG_KEY_SCALE, ARG_VALUE_SCALE, ARG_GROUP_SIZE, ARG_DIAGONAL, ARG_KV_DTYPE, \
-        ARG_INTEGER_QK, ARG_INTEGER_PV
+        ARG_INTEGER_QK, ARG_INTEGER_PV, ARG_CU_Q, ARG_CU_K, ARG_TABLES, ARG_SEQ_LENS, ARG_QUERY_START, \
+        ARG_TREE
 cdef enum:
     RULE_TYPE, RULE_DTYPE, RULE_SHAPE, RULE_VALUE, RULE_LAYOUT, RULE_OVERLAP, RULE_MEMORY
 
@@ -688,7 +690,7 @@ OUT_MAY_OVERLAP = ARG_OUT * 8 + RULE_OVERLAP
 
 
 def reason(int code):
-    """A reason code of :func:`attention` in words: the argument, then the rule."""
+    """A reason code of a :class:`Call`'s runs in words: the argument, then the rule."""
     if not (0 <= code < 8 * len(ARGUMENTS)) or (code & 7) >= len(RULES):
         raise ValueError(f"sdpa._core.reason: {code} is not a reason code")
     return f"{ARGUMENTS[code >> 3]} {RULES[code & 7]}"
@@ -961,6 +963,54 @@ cdef class Call:
         return self._run(query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes, sinks,
                          out)
 
+    def run_varlen(self, query, key, value, cu_seqlens_q, cu_seqlens_k, extras=None, out=None, *,
+                   int plan_threads=-1):
+        """Packed sequences in one call (float keys and values; arrays as
+        :func:`sdpa.varlen_attention` checks them): query (T, Hq, E), key
+        (Tk, Hkv, E) and value (Tk, Hkv, Ev) of dtypes the core takes as they
+        are; cu_seqlens_q and cu_seqlens_k native, C-contiguous int64 prefix
+        sums (n + 1); ``extras`` None or (alibi_slopes, sinks), each (n, Hq)
+        of the compute type or None; out (T, Hq, Ev) of the query's dtype or
+        None.  Causal with the diagonal, the window and ALiBi counted from each
+        sequence's end (from its start for ``is_causal`` True).  Returns the
+        output, and the lse (T, Hq) with ``return_lse``, or a reason code.
+        With plan_threads >= 0 nothing is computed: it returns what the
+        planner makes of the call for that many threads (0: this machine's),
+        a dict."""
+        return _varlen(self, query, key, value, cu_seqlens_q, cu_seqlens_k, extras, out, plan_threads)
+
+    def run_paged(self, query, key_cache, value_cache, block_tables, seq_lens, scales=None, extras=None,
+                  out=None, *, int plan_threads=-1):
+        """Attention over paged caches of this call's format (arrays as
+        :func:`sdpa.paged_attention` checks them): query (B, Hq, L, E) of a
+        dtype the core takes, or packed (T, Hq, E) with query_start_loc;
+        key_cache (N, Hkv, bs, E / w) and value_cache (N, Hkv, bs, Ev / w)
+        of the format's storage (w 2 for int4); ``scales`` None or (key_scale,
+        value_scale), float32 (N, Hkv, bs, E / G or 1); int32 block_tables (B,
+        max_blocks) and int64 seq_lens (B,), both C-contiguous; ``extras``
+        None or (alibi_slopes, sinks, query_start_loc, tree_mask): (B, Hq) of
+        the compute type, native int64 prefix sums (B + 1), a bool (B, L, L)
+        (is_causal then False); out of the output's shape, (B, Hq, L, Ev) or
+        (T, Hq, Ev).  Row l of sequence b is at position seq_lens[b] - L_b +
+        l.  Returns the output, and the lse with ``return_lse``, or a reason
+        code.  A block id out of range where it is read, or a sequence longer
+        than its table, is a ValueError and nothing is written.
+        plan_threads as for :meth:`run_varlen`."""
+        return _paged(self, query, key_cache, value_cache, block_tables, seq_lens, scales, extras, out,
+                      plan_threads)
+
+    cdef void _fill_constants(self, sdpa_problem *p, int64_t E) noexcept:
+        """The call's constants into p (E: the head dim, for the default scale)."""
+        p.scale = self.scale if self.has_scale else (1.0 / sqrt(<double>E) if E > 0 else 1.0)
+        p.causal = self.causal_mode != 0
+        p.num_threads = self.threads
+        if self.has_window:
+            p.window_left = self.window_left
+            p.window_right = self.window_right
+        p.softcap = self.softcap
+        p.integer_qk = self.iqk
+        p.integer_pv = self.ipv
+
     cdef object _run(self, query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes,
                      sinks, out):
         cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None
@@ -1073,21 +1123,13 @@ cdef class Call:
         p.len_kv = S
         p.head_dim = E
         p.head_dim_v = Ev
-        p.integer_qk = self.iqk
-        p.integer_pv = self.ipv
 
         # the constants
-        p.scale = self.scale if self.has_scale else (1.0 / sqrt(<double>E) if E > 0 else 1.0)
-        p.causal = self.causal_mode != 0
+        self._fill_constants(&p, E)
         if self.causal_mode == 2:
             p.causal_offset = S - L
         elif self.causal_mode == 3:
             p.causal_offset = self.diagonal
-        p.num_threads = self.threads
-        if self.has_window:
-            p.window_left = self.window_left
-            p.window_right = self.window_right
-        p.softcap = self.softcap
         if self.has_window or alibi_slopes is not None:
             # aligned by is_causal: to the first keys for True / "top_left", else to the last
             p.align_offset = 0 if self.top_left else S - L
@@ -1303,42 +1345,49 @@ cdef int _fill_prefix_sums(const int64_t **dst, cnp.ndarray a, int64_t n):
     return 0
 
 
-cdef void _fill_variants(sdpa_problem *p, window, softcap):
-    if window is not None:
-        p.window_left = min(<int64_t>window[0], SDPA_MAX_POSITION)
-        p.window_right = min(<int64_t>window[1], SDPA_MAX_POSITION)
-    if softcap is not None:
-        p.softcap = softcap
-
-
-def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, bint causal, bint from_end, double scale, window,
-           softcap, alibi_slopes, sinks, bint return_lse, out, num_threads, int plan_threads=-1):
-    """Packed sequences in one call, arguments checked by
-    :func:`sdpa.varlen_attention`: query (T, Hq, E), key (Tk, Hkv, E) and value
-    (Tk, Hkv, Ev) of dtypes the core takes as they are; cu_seqlens_q and
-    cu_seqlens_k native, C-contiguous int64 prefix sums (n + 1); causal with
-    the diagonal, and with the window and ALiBi, counted from each sequence's
-    end when from_end (bottom-right), else from its start; alibi_slopes and
-    sinks (n, Hq) of the compute type or None; window a pair of ints or None;
-    softcap a float or None; out (T, Hq, Ev) of the query's dtype or None;
-    num_threads an int >= 1 or None.  Returns the output, and the lse (T, Hq)
-    with return_lse.  With plan_threads >= 0 nothing is computed: it returns
-    what the planner makes of the call for that many threads (0: this
-    machine's), a dict."""
-    cdef cnp.ndarray q = query, k = key, v = value, o, lse = None
+cdef object _varlen(Call c, query, key, value, cu_seqlens_q, cu_seqlens_k, extras, out, int plan_threads):
+    """:meth:`Call.run_varlen`."""
+    cdef cnp.ndarray q, k, v, o, lse = None
     cdef sdpa_problem p
     cdef int64_t ex[2]
     cdef cnp.npy_intp dims[3]
-    cdef int dt = _dtype_of(q), kvdt = _dtype_of(k), cdt
+    cdef int dt, kvdt, cdt, why
     cdef int64_t T, Hq, E, Tk, Hkv, Ev, n
-    if dt < 0 or q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or not _pairs(dt, kvdt) or _dtype_of(v) != kvdt:
-        raise ValueError("varlen: the core does not take these operands")
+    alibi_slopes, sinks = (None, None) if extras is None else extras
+    if c.kvdt >= 0:
+        return _why(ARG_KV_DTYPE, RULE_VALUE)
+    if c.causal_mode == 3:
+        return _why(ARG_DIAGONAL, RULE_VALUE)
+    if c.weights:
+        return _why(ARG_WEIGHTS, RULE_VALUE)
+    for a, arg in ((query, ARG_QUERY), (key, ARG_KEY), (value, ARG_VALUE), (cu_seqlens_q, ARG_CU_Q),
+                   (cu_seqlens_k, ARG_CU_K)):
+        if not cnp.PyArray_CheckExact(a):
+            return _why(arg, RULE_TYPE)
+    q, k, v = <cnp.ndarray>query, <cnp.ndarray>key, <cnp.ndarray>value
+    dt, kvdt = _dtype_of(q), _dtype_of(k)
+    if dt < 0:
+        return _why(ARG_QUERY, RULE_DTYPE)
+    if not _pairs(dt, kvdt):
+        return _why(ARG_KEY, RULE_DTYPE)
+    if _dtype_of(v) != kvdt:
+        return _why(ARG_VALUE, RULE_DTYPE)
+    if q.ndim != 3:
+        return _why(ARG_QUERY, RULE_SHAPE)
+    if k.ndim != 3:
+        return _why(ARG_KEY, RULE_SHAPE)
+    if v.ndim != 3:
+        return _why(ARG_VALUE, RULE_SHAPE)
     cdt = _compute_dtype(dt)
     T, Hq, E = q.shape[0], q.shape[1], q.shape[2]
     Tk, Hkv, Ev = k.shape[0], k.shape[1], v.shape[2]
-    n = cu_seqlens_q.shape[0] - 1
-    if Hkv < 1 or Hq % Hkv or k.shape[2] != E or v.shape[0] != Tk or v.shape[1] != Hkv or n < 0:
-        raise ValueError("varlen: the shapes do not fit")
+    n = (<cnp.ndarray>cu_seqlens_q).shape[0] - 1
+    if Hkv < 1 or Hq % Hkv or k.shape[2] != E:
+        return _why(ARG_KEY, RULE_SHAPE)
+    if v.shape[0] != Tk or v.shape[1] != Hkv:
+        return _why(ARG_VALUE, RULE_SHAPE)
+    if n < 0:
+        return _why(ARG_CU_Q, RULE_SHAPE)
     sdpa_problem_init(&p)
     p.dtype = <sdpa_dtype>dt
     if kvdt != dt:
@@ -1351,64 +1400,82 @@ def varlen(query, key, value, cu_seqlens_q, cu_seqlens_k, bint causal, bint from
     p.len_kv = Tk
     p.head_dim = E
     p.head_dim_v = Ev
-    p.scale = scale
-    p.causal = causal
-    p.offsets_from_end = from_end
-    _fill_variants(&p, window, softcap)
-    if _fill_prefix_sums(&p.cu_seqlens_q, cu_seqlens_q, n) or _fill_prefix_sums(&p.cu_seqlens_k, cu_seqlens_k, n):
-        raise ValueError("varlen: the prefix sums do not fit")
+    c._fill_constants(&p, E)
+    # the diagonal, the window and ALiBi count from each sequence's end unless
+    # the call is causal from the top left
+    p.offsets_from_end = c.causal_mode != 1
+    if _fill_prefix_sums(&p.cu_seqlens_q, cu_seqlens_q, n):
+        return _why(ARG_CU_Q, RULE_SHAPE)
+    if _fill_prefix_sums(&p.cu_seqlens_k, cu_seqlens_k, n):
+        return _why(ARG_CU_K, RULE_SHAPE)
     if _fill_packed(&p.query, q, Hq, T, E, False):
-        raise ValueError("varlen: query does not fit")
-    if _fill_packed(&p.key, k, Hkv, Tk, E, False) or _fill_packed(&p.value, v, Hkv, Tk, Ev, False):
-        raise ValueError("varlen: key or value does not fit")
+        return _why(ARG_QUERY, RULE_SHAPE)
+    if _fill_packed(&p.key, k, Hkv, Tk, E, False):
+        return _why(ARG_KEY, RULE_SHAPE)
+    if _fill_packed(&p.value, v, Hkv, Tk, Ev, False):
+        return _why(ARG_VALUE, RULE_SHAPE)
     ex[0], ex[1] = n, Hq
-    if alibi_slopes is not None and _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, 1, ex):
-        raise ValueError("varlen: alibi_slopes does not fit")
-    if sinks is not None and _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, 1, ex):
-        raise ValueError("varlen: sinks does not fit")
+    if alibi_slopes is not None:
+        why = _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, 1, ex)
+        if why:
+            return why
+    if sinks is not None:
+        why = _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, 1, ex)
+        if why:
+            return why
     dims[0], dims[1], dims[2] = T, Hq, Ev
-    o = cnp.PyArray_EMPTY(3, dims, cnp.PyArray_TYPE(q), 0) if out is None else <cnp.ndarray>out
-    if _dtype_of(o) != dt or not cnp.PyArray_ISWRITEABLE(o) or _fill_packed(&p.out, o, Hq, T, Ev, True):
-        raise ValueError("varlen: out does not fit")
-    if return_lse:
+    if out is None:
+        o = cnp.PyArray_EMPTY(3, dims, cnp.PyArray_TYPE(q), 0)
+    else:
+        if not cnp.PyArray_CheckExact(out):
+            return _why(ARG_OUT, RULE_TYPE)
+        o = <cnp.ndarray>out
+        if _dtype_of(o) != dt:
+            return _why(ARG_OUT, RULE_DTYPE)
+        if not cnp.PyArray_ISWRITEABLE(o):
+            return _why(ARG_OUT, RULE_LAYOUT)
+    if _fill_packed(&p.out, o, Hq, T, Ev, True):
+        return _why(ARG_OUT, RULE_SHAPE)
+    if c.lse:
         lse = cnp.PyArray_EMPTY(2, dims, _typenum_of(cdt), 0)
         _fill_packed(&p.lse, lse, Hq, T, -1, True)
-    p.num_threads = 0 if num_threads is None else min(<int>num_threads, MAX_THREADS)
-    return _finish_call(&p, plan_threads, q, k, v, None, o, lse, return_lse)
+    return _finish_call(&p, plan_threads, q, k, v, None, o, lse, c.lse)
 
 
-def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint causal, double scale,
-                    window, softcap, alibi_slopes, sinks, bint return_lse, out, num_threads,
-                    key_scale, value_scale, int64_t group_size, kv_dtype=None, bint integer_qk=False,
-                    query_start_loc=None, tree_mask=None, int plan_threads=-1, bint integer_pv=False):
-    """Attention over paged caches, arguments checked by :func:`sdpa.paged_attention`:
-    query (B, Hq, L, E) of a dtype the core takes, or packed (T, Hq, E) with
-    query_start_loc (native, C-contiguous int64 prefix sums, B + 1);
-    key_cache (N, Hkv, bs, E) and value_cache (N, Hkv, bs, Ev) of the cache's
-    dtype (int8 with float32 key_scale / value_scale (N, Hkv, bs, E / G or 1),
-    G = group_size); int32 block_tables (B, max_blocks) and int64 seq_lens
-    (B,), both C-contiguous; alibi_slopes and sinks (B, Hq) of the compute
-    type or None; window a pair of ints or None; softcap a float or None;
-    tree_mask a bool (B or 1, L, L) or None (causal then False); out of the
-    output's shape, (B, Hq, L, Ev) or (T, Hq, Ev), and the query's dtype, or
-    None; num_threads an int >= 1 or None.  Row l of sequence b is at position
-    seq_lens[b] - L_b + l.  Returns the output, and the lse ((B, Hq, L) or
-    (T, Hq)) with return_lse.  A block id out of range where it is read, or a
-    sequence longer than its table, is a ValueError and nothing is written.
-    ``kv_dtype`` (a value of :data:`QUANTIZED`) names a quantized cache's type
-    as for :func:`attention` (uint8 storage but for int8; int4 caches (N, Hkv,
-    bs, E / 2)); None: int8 when there are scales.  plan_threads as for
-    :func:`varlen`."""
-    cdef cnp.ndarray q = query, kc = key_cache, vc = value_cache, bt = block_tables, sl = seq_lens
-    cdef cnp.ndarray o, lse = None, ks = None, vs = None, tm = None
+cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens, scales, extras, out,
+                   int plan_threads):
+    """:meth:`Call.run_paged`."""
+    cdef cnp.ndarray q, kc, vc, bt, sl, o, lse = None, ks = None, vs = None, tm = None
     cdef sdpa_problem p
     cdef int64_t ex[MAX_DIMS]
     cdef cnp.npy_intp dims[4]
-    cdef int dt = _dtype_of(q), cdt
-    cdef bint packed = query_start_loc is not None
-    cdef int64_t B, Hq, L, T = 0, E, Ev, Hkv, bs, cw = 2 if kv_dtype == SDPA_INT4 else 1
-    if dt < 0 or q.ndim != (3 if packed else 4) or kc.ndim != 4 or vc.ndim != 4 or bt.ndim != 2 or sl.ndim != 1:
-        raise ValueError("paged_attention: the core does not take these operands")
+    cdef int dt, cdt, why, t
+    cdef bint packed
+    cdef int64_t B, Hq, L, T = 0, E, Ev, Hkv, bs, cw = 2 if c.kvdt == SDPA_INT4 else 1
+    alibi_slopes, sinks, query_start_loc, tree_mask = (None, None, None, None) if extras is None else extras
+    key_scale, value_scale = (None, None) if scales is None else scales
+    packed = query_start_loc is not None
+    if c.causal_mode > 1:  # a paged row's position is set by its sequence's length
+        return _why(ARG_CAUSAL if c.causal_mode == 2 else ARG_DIAGONAL, RULE_VALUE)
+    if c.weights:
+        return _why(ARG_WEIGHTS, RULE_VALUE)
+    for a, arg in ((query, ARG_QUERY), (key_cache, ARG_KEY), (value_cache, ARG_VALUE), (block_tables, ARG_TABLES),
+                   (seq_lens, ARG_SEQ_LENS)):
+        if not cnp.PyArray_CheckExact(a):
+            return _why(arg, RULE_TYPE)
+    q, kc, vc, bt, sl = <cnp.ndarray>query, <cnp.ndarray>key_cache, <cnp.ndarray>value_cache, \
+        <cnp.ndarray>block_tables, <cnp.ndarray>seq_lens
+    dt = _dtype_of(q)
+    if dt < 0:
+        return _why(ARG_QUERY, RULE_DTYPE)
+    if q.ndim != (3 if packed else 4):
+        return _why(ARG_QUERY, RULE_SHAPE)
+    if kc.ndim != 4:
+        return _why(ARG_KEY, RULE_SHAPE)
+    if vc.ndim != 4:
+        return _why(ARG_VALUE, RULE_SHAPE)
+    if bt.ndim != 2 or cnp.PyArray_TYPE(bt) != cnp.NPY_INT32 or not cnp.PyArray_IS_C_CONTIGUOUS(bt):
+        return _why(ARG_TABLES, RULE_LAYOUT if bt.ndim == 2 else RULE_SHAPE)
     cdt = _compute_dtype(dt)
     B = bt.shape[0]
     if packed:
@@ -1417,28 +1484,41 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
     else:
         Hq, L, E = q.shape[1], q.shape[2], q.shape[3]
         if q.shape[0] != B:
-            raise ValueError("paged_attention: the block table does not fit")
+            return _why(ARG_QUERY, RULE_SHAPE)
     Hkv, bs, Ev = kc.shape[1], kc.shape[2], vc.shape[3] * cw
-    if Hkv < 1 or Hq % Hkv or bs < 1 or cnp.PyArray_TYPE(bt) != cnp.NPY_INT32 \
-            or not cnp.PyArray_IS_C_CONTIGUOUS(bt):
-        raise ValueError("paged_attention: the block table does not fit")
+    if Hkv < 1 or Hq % Hkv or bs < 1 or kc.shape[3] * cw != E:
+        return _why(ARG_KEY, RULE_SHAPE)
+    if vc.shape[0] != kc.shape[0] or vc.shape[1] != Hkv or vc.shape[2] != bs:
+        return _why(ARG_VALUE, RULE_SHAPE)
     sdpa_problem_init(&p)
     p.dtype = <sdpa_dtype>dt
-    if kv_dtype is not None or key_scale is not None or value_scale is not None:
-        if key_scale is not None or value_scale is not None or kv_dtype is None or kv_dtype in (SDPA_INT8, SDPA_INT4):
-            if not (isinstance(key_scale, cnp.ndarray) and isinstance(value_scale, cnp.ndarray)):
-                raise ValueError("paged_attention: a quantized cache needs both scales")
+    if c.kvdt >= 0:
+        if key_scale is not None or value_scale is not None or c.kvdt == SDPA_INT8 or c.kvdt == SDPA_INT4:
+            if not cnp.PyArray_CheckExact(key_scale):
+                return _why(ARG_KEY_SCALE, RULE_TYPE)
+            if not cnp.PyArray_CheckExact(value_scale):
+                return _why(ARG_VALUE_SCALE, RULE_TYPE)
             ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
-        p.kv_dtype = SDPA_INT8 if kv_dtype is None else <sdpa_dtype>kv_dtype
-        p.integer_qk = integer_qk
-        p.integer_pv = integer_pv
-        if dt == SDPA_FLOAT64 or cnp.PyArray_TYPE(kc) != (cnp.NPY_INT8 if p.kv_dtype == SDPA_INT8 else cnp.NPY_UINT8) \
-                or cnp.PyArray_TYPE(vc) != cnp.PyArray_TYPE(kc):
-            raise ValueError("key_cache: its dtype does not go with the query's (paged_attention)")
+            if _dtype_of(ks) != SDPA_FLOAT32:
+                return _why(ARG_KEY_SCALE, RULE_DTYPE)
+            if _dtype_of(vs) != SDPA_FLOAT32:
+                return _why(ARG_VALUE_SCALE, RULE_DTYPE)
+        p.kv_dtype = <sdpa_dtype>c.kvdt
+        if dt == SDPA_FLOAT64:
+            return _why(ARG_QUERY, RULE_DTYPE)
+        t = cnp.NPY_INT8 if c.kvdt == SDPA_INT8 else cnp.NPY_UINT8
+        if cnp.PyArray_TYPE(kc) != t:
+            return _why(ARG_KEY, RULE_DTYPE)
+        if cnp.PyArray_TYPE(vc) != t:
+            return _why(ARG_VALUE, RULE_DTYPE)
     else:
+        if key_scale is not None or value_scale is not None:
+            return _why(ARG_KEY_SCALE if key_scale is not None else ARG_VALUE_SCALE, RULE_VALUE)
         p.kv_dtype = <sdpa_dtype>_dtype_of(kc)
-        if not _pairs(dt, p.kv_dtype) or _dtype_of(vc) != p.kv_dtype:
-            raise ValueError("key_cache: its dtype does not go with the query's (paged_attention)")
+        if not _pairs(dt, p.kv_dtype):
+            return _why(ARG_KEY, RULE_DTYPE)
+        if _dtype_of(vc) != p.kv_dtype:
+            return _why(ARG_VALUE, RULE_DTYPE)
     p.num_batch_dims = 1
     p.batch_shape[0] = B
     p.num_heads = Hq
@@ -1447,60 +1527,72 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
     p.len_kv = bt.shape[1] * bs
     p.head_dim = E
     p.head_dim_v = Ev
-    p.scale = scale
-    p.causal = causal
+    c._fill_constants(&p, E)
     p.block_table = <const int32_t *>cnp.PyArray_DATA(bt)
     p.block_table_stride = bt.shape[1]
     p.block_size = bs
     p.num_blocks = kc.shape[0]
-    if vc.shape[0] != kc.shape[0] or vc.shape[1] != Hkv or vc.shape[2] != bs or kc.shape[3] * cw != E:
-        raise ValueError("paged_attention: value_cache does not fit key_cache")
-    _fill_variants(&p, window, softcap)
     if packed:
-        if _fill_prefix_sums(&p.cu_seqlens_q, query_start_loc, B) or _fill_packed(&p.query, q, Hq, T, E, False):
-            raise ValueError("paged_attention: query does not fit")
+        if not cnp.PyArray_CheckExact(query_start_loc) or _fill_prefix_sums(&p.cu_seqlens_q, query_start_loc, B):
+            return _why(ARG_QUERY_START, RULE_SHAPE)
+        if _fill_packed(&p.query, q, Hq, T, E, False):
+            return _why(ARG_QUERY, RULE_SHAPE)
     else:
         _expected(ex, p.batch_shape, 1, Hq, L, E)
         if _fill_view(&p.query, q, 1, 3, ex, False):
-            raise ValueError("paged_attention: query does not fit")
-    ex[0] = kc.shape[0]
-    ex[1] = Hkv
-    ex[2] = bs
-    ex[3] = E // cw
+            return _why(ARG_QUERY, RULE_SHAPE)
+    ex[0], ex[1], ex[2], ex[3] = kc.shape[0], Hkv, bs, E // cw
     if _fill_view(&p.key, kc, 1, 3, ex, False):
-        raise ValueError("paged_attention: key_cache does not fit")
+        return _why(ARG_KEY, RULE_SHAPE)
     ex[3] = Ev // cw
     if _fill_view(&p.value, vc, 1, 3, ex, False):
-        raise ValueError("paged_attention: value_cache does not fit")
+        return _why(ARG_VALUE, RULE_SHAPE)
     if cw == 2:
-        if (E // 2 > 1 and p.key.col_stride != 1) or (Ev // 2 > 1 and p.value.col_stride != 1):
-            raise ValueError("paged_attention: an int4 cache's rows must be contiguous")
+        if E // 2 > 1 and p.key.col_stride != 1:
+            return _why(ARG_KEY, RULE_LAYOUT)
+        if Ev // 2 > 1 and p.value.col_stride != 1:
+            return _why(ARG_VALUE, RULE_LAYOUT)
         p.key.col_stride = 1
         p.value.col_stride = 1
+    if ks is None and c.group != 0:
+        return _why(ARG_GROUP_SIZE, RULE_VALUE)
     if ks is not None:
-        if _dtype_of(ks) != SDPA_FLOAT32 or _dtype_of(vs) != SDPA_FLOAT32:
-            raise ValueError("paged_attention: a quantized cache has float32 scales")
-        p.kv_group_size = group_size
-        ex[3] = E // group_size if group_size else 1
+        if c.group and (E % c.group or Ev % c.group):
+            return _why(ARG_GROUP_SIZE, RULE_VALUE)
+        p.kv_group_size = c.group
+        ex[3] = E // c.group if c.group else 1
         if _fill_view(&p.key_scale, ks, 1, 3, ex, False):
-            raise ValueError("paged_attention: key_scale does not fit")
-        ex[3] = Ev // group_size if group_size else 1
+            return _why(ARG_KEY_SCALE, RULE_SHAPE)
+        ex[3] = Ev // c.group if c.group else 1
         if _fill_view(&p.value_scale, vs, 1, 3, ex, False):
-            raise ValueError("paged_attention: value_scale does not fit")
+            return _why(ARG_VALUE_SCALE, RULE_SHAPE)
     ex[0], ex[1] = B, Hq
-    if alibi_slopes is not None and _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, 1, ex):
-        raise ValueError("paged_attention: alibi_slopes does not fit")
-    if sinks is not None and _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, 1, ex):
-        raise ValueError("paged_attention: sinks does not fit")
+    if alibi_slopes is not None:
+        why = _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, 1, ex)
+        if why:
+            return why
+    if sinks is not None:
+        why = _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, 1, ex)
+        if why:
+            return why
     if tree_mask is not None:
+        if not cnp.PyArray_CheckExact(tree_mask):
+            return _why(ARG_TREE, RULE_TYPE)
         tm = <cnp.ndarray>tree_mask
+        if cnp.PyArray_TYPE(tm) != cnp.NPY_BOOL:
+            return _why(ARG_TREE, RULE_DTYPE)
+        if packed or p.causal:  # a tree decides the last L positions itself
+            return _why(ARG_TREE, RULE_VALUE)
         _expected(ex, p.batch_shape, 1, 1, L, L)
         ex[1] = Hq
-        if packed or causal or cnp.PyArray_TYPE(tm) != cnp.NPY_BOOL or _fill_view(&p.mask, tm[:, None], 1, 3, ex, False):
-            raise ValueError("paged_attention: tree_mask does not fit")
+        if tm.ndim != 3 or _fill_view(&p.mask, tm[:, None], 1, 3, ex, False):
+            return _why(ARG_TREE, RULE_SHAPE)
         p.mask_kind = SDPA_MASK_BOOL
-    if cnp.PyArray_TYPE(sl) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(sl) or sl.shape[0] != B:
-        raise ValueError("paged_attention: seq_lens does not fit")
+    if cnp.PyArray_TYPE(sl) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(sl) \
+            or not cnp.PyArray_ISNOTSWAPPED(sl):
+        return _why(ARG_SEQ_LENS, RULE_LAYOUT)
+    if sl.ndim != 1 or sl.shape[0] != B:
+        return _why(ARG_SEQ_LENS, RULE_SHAPE)
     p.key_lengths = <const int64_t *>cnp.PyArray_DATA(sl)
     p.key_lengths_strides[0] = 1
     if packed:
@@ -1510,17 +1602,20 @@ def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, bint 
     if out is None:
         o = cnp.PyArray_EMPTY(3 if packed else 4, dims, cnp.PyArray_TYPE(q), 0)
     else:
+        if not cnp.PyArray_CheckExact(out):
+            return _why(ARG_OUT, RULE_TYPE)
         o = <cnp.ndarray>out
-        if _dtype_of(o) != dt or not cnp.PyArray_ISWRITEABLE(o):
-            raise ValueError("paged_attention: out does not fit")
+        if _dtype_of(o) != dt:
+            return _why(ARG_OUT, RULE_DTYPE)
+        if not cnp.PyArray_ISWRITEABLE(o):
+            return _why(ARG_OUT, RULE_LAYOUT)
     _expected(ex, p.batch_shape, 1, Hq, L, Ev)
     if (_fill_packed(&p.out, o, Hq, T, Ev, True) if packed else _fill_view(&p.out, o, 1, 3, ex, True)):
-        raise ValueError("paged_attention: out does not fit")
-    if return_lse:
+        return _why(ARG_OUT, RULE_SHAPE)
+    if c.lse:
         lse = cnp.PyArray_EMPTY(2 if packed else 3, dims, _typenum_of(cdt), 0)
         if packed:
             _fill_packed(&p.lse, lse, Hq, T, -1, True)
         else:
             _fill_view(&p.lse, lse, 1, 2, ex, True)
-    p.num_threads = 0 if num_threads is None else min(<int>num_threads, MAX_THREADS)
-    return _finish_call(&p, plan_threads, q, kc, vc, tm, o, lse, return_lse)
+    return _finish_call(&p, plan_threads, q, kc, vc, tm, o, lse, c.lse)

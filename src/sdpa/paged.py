@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import numbers
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
 from . import _core
-from ._checks import count, head_values, int64_copy, scale_of, softcap_value, window_sides
+from ._checks import count, declined, head_values, int64_copy
 from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
-from ._threads import thread_count
 from .kvcache import CacheFormat, cache_dtype
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
@@ -38,6 +37,7 @@ def _int_array(x: Any, name: str, ndim: int) -> Array:
 _STORED = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", "int8"))
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
 _INT4 = int(_core.QUANTIZED["int4"])
+_INT8 = int(_core.QUANTIZED["int8"])
 
 
 def _article(name: str) -> str:
@@ -230,9 +230,9 @@ def _paged_call(
     return_lse: bool = False, out: Optional[Array] = None, num_threads: Optional[int] = None,
     key_scale: Any = None, value_scale: Any = None, kv_dtype: Optional[str] = None, integer_qk: bool = False,
     query_start_loc: Any = None, integer_pv: bool = False,
-) -> Tuple[Tuple[Any, ...], Dict[str, Any], Tuple[Any, ...]]:
-    """:func:`paged_attention`'s arguments checked and in the core's form: the
-    positional and keyword arguments of ``_core.paged_attention``, and what
+) -> Tuple[_core.Call, Tuple[Any, ...], Tuple[Any, ...]]:
+    """:func:`paged_attention`'s arguments checked: the prepared call of its
+    options and cache format, the arrays of its ``run_paged``, and what
     explains a table the core refuses (the arguments of :func:`_tables`)."""
     q = _to_array(query, "query")
     packed = query_start_loc is not None
@@ -273,22 +273,14 @@ def _paged_call(
                                                     "float16, bfloat16, float32 or int8 caches")
             + f", got {kc.dtype}"
         )
-    if not isinstance(is_causal, (bool, np.bool_)):
+    if not isinstance(is_causal, (bool, np.bool_)):  # a paged row's position is its sequence's
         raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
-    for name, flag, what in (("integer_qk", integer_qk, "keys"), ("integer_pv", integer_pv, "values")):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-        if flag and not (kc.dtype == np.int8 or code == _INT4):
-            raise ValueError(f"{name}: only int8 and int4 caches have integer {what}")
-    iqk, ipv = bool(integer_qk), bool(integer_pv)
+    base = _base_call(code or (_INT8 if kc.dtype == np.int8 else 0), group, integer_qk, integer_pv)
     if packed:
         bt, sl = _tables(block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc")
     else:
         bt, sl = _tables_fast(block_tables, seq_lens, B, L, num_blocks, bs)
     cdt = _FLOAT64 if qdt == _FLOAT64 else _FLOAT32
-    sc = scale_of(scale, E)
-    win = None if window is None else window_sides(window)
-    cap = None if softcap is None else softcap_value(softcap)
     alibi = None if alibi_slopes is None else np.ascontiguousarray(
         np.broadcast_to(head_values(alibi_slopes, "alibi_slopes", (B,), Hq, cdt), (B, Hq)))
     sink = None if sinks is None else np.ascontiguousarray(
@@ -303,9 +295,8 @@ def _paged_call(
         if tree.shape not in ((L, L), (B, L, L)):
             raise ValueError(f"tree_mask: expected shape ({L}, {L}) or ({B}, {L}, {L}), got {tree.shape}")
         tree = np.ascontiguousarray(tree.reshape((-1, L, L)))  # a copy the caller cannot change mid-call
-    threads = thread_count(num_threads)
-    if not isinstance(return_lse, (bool, np.bool_)):
-        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    causal = bool(is_causal) and tree is None  # under a tree, the tree decides the last L positions
+    call = base.prepared(causal, scale, False, window, softcap, num_threads, False, return_lse)
     full_shape = out_shape + (Ev,)
     if out is not None:
         if not isinstance(out, np.ndarray):
@@ -322,11 +313,10 @@ def _paged_call(
                 raise ValueError(f"out: overlaps {name}")
     if q.dtype != qdt or not q.flags.aligned:
         q = np.require(q, qdt, ["A"])
-    causal = bool(is_causal) and tree is None  # under a tree, the tree decides the last L positions
-    args = (q, kc, vc, bt, sl, causal, sc, win, cap, alibi, sink, bool(return_lse), out, threads, ks, vs, group,
-            code or None, iqk)
-    kw = {"query_start_loc": qsl, "tree_mask": tree, "integer_pv": ipv}
-    return args, kw, (block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc" if packed else "query")
+    scales = None if ks is None else (ks, vs)
+    extras = None if alibi is None and sink is None and qsl is None and tree is None else (alibi, sink, qsl, tree)
+    tables = (block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc" if packed else "query")
+    return call, (q, kc, vc, bt, sl, scales, extras, out), tables
 
 
 def paged_attention(
@@ -466,16 +456,19 @@ def paged_attention(
     >>> out.shape
     (4, 4, 8)
     """
-    args, kw, tables = _paged_call(
+    call, args, tables = _paged_call(
         query, key_cache, value_cache, block_tables, seq_lens, is_causal=is_causal, scale=scale, window=window,
         softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, tree_mask=tree_mask, return_lse=return_lse,
         out=out, num_threads=num_threads, key_scale=key_scale, value_scale=value_scale, kv_dtype=kv_dtype,
         integer_qk=integer_qk, query_start_loc=query_start_loc, integer_pv=integer_pv)
     try:
-        return _core.paged_attention(*args, **kw)
+        result = call.run_paged(*args)
     except ValueError:  # the core checked the table (nothing written): say where it is wrong
         _tables(*tables)
         raise
+    if isinstance(result, int):
+        raise declined(result)
+    return result
 
 
 def paged_plan(query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, *,
@@ -486,10 +479,32 @@ def paged_plan(query: Any, key_cache: Any, value_cache: Any, block_tables: Any, 
     order their tasks run (a shared prefix's has ``members`` > 0) and each work
     item's estimated cost (ns on one core).  For the tests and
     ``python -m sdpa.bench --plan``."""
-    args, ckw, _ = _paged_call(query, key_cache, value_cache, block_tables, seq_lens, **kw)
-    ckw["plan_threads"] = count(threads, "threads")
-    plan: Dict[str, Any] = _core.paged_attention(*args, **ckw)
-    return plan
+    call, args, _ = _paged_call(query, key_cache, value_cache, block_tables, seq_lens, **kw)
+    plan = call.run_paged(*args, plan_threads=count(threads, "threads"))
+    if isinstance(plan, int):
+        raise declined(plan)
+    return cast(Dict[str, Any], plan)
+
+
+# the base prepared calls of the cache formats paged_attention has seen, by
+# (code, group_size, integer_qk, integer_pv); past this many it starts again
+_BASES: Dict[Tuple[int, int, bool, bool], _core.Call] = {}
+_MAX_BASES = 64
+
+
+def _base_call(code: int, group: int, integer_qk: object, integer_pv: object) -> _core.Call:
+    """The base prepared call of a cache format (``code`` 0: float), its
+    integer switches checked by ``sdpa._core.Call``."""
+    if type(integer_qk) is not bool or type(integer_pv) is not bool:
+        return _core.Call(kv_dtype=code or None, group_size=group, integer_qk=integer_qk, integer_pv=integer_pv)
+    key = (code, group, integer_qk, integer_pv)
+    base = _BASES.get(key)
+    if base is None:
+        base = _core.Call(kv_dtype=code or None, group_size=group, integer_qk=integer_qk, integer_pv=integer_pv)
+        if len(_BASES) >= _MAX_BASES:
+            _BASES.clear()
+        _BASES[key] = base
+    return base
 
 
 def paged_write(

@@ -6,7 +6,7 @@ features) array.  Each sequence attends to its own keys only.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Literal, Optional, Tuple, Union, overload
+from typing import Any, Dict, Literal, Optional, Tuple, Union, cast, overload
 
 import numpy as np
 
@@ -16,19 +16,14 @@ from ._api import (
     ArrayInput,
     FloatArray,
     _as_operand,
-    _causal_offset,
     _check_real,
     _to_array,
     compute_dtype,
     head_values,
     operand_dtypes,
     output_array,
-    scale_of,
-    softcap_value,
-    thread_count,
-    window_sides,
 )
-from ._checks import count, int64_copy
+from ._checks import count, declined, int64_copy
 
 __all__ = ["varlen_attention", "varlen_plan"]
 
@@ -148,14 +143,17 @@ def varlen_attention(
     TypeError
         Unsupported dtypes or argument types.
     """
-    args, no_heads = _varlen_call(query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal, scale=scale,
-                                  window=window, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                                  return_lse=return_lse, out=out, num_threads=num_threads)
-    result = args[13]
+    call, args, no_heads = _varlen_call(
+        query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal, scale=scale, window=window,
+        softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, return_lse=return_lse, out=out,
+        num_threads=num_threads)
+    result = args[-1]
     if no_heads:
         return (result, np.empty((result.shape[0], 0), dtype=compute_dtype(result.dtype))) if return_lse else result
     # one core call: the sequences are planned and computed together
-    got = _core.varlen(*args)
+    got = call.run_varlen(*args)
+    if isinstance(got, int):
+        raise declined(got)
     return got if return_lse else result
 
 
@@ -167,10 +165,11 @@ def varlen_plan(query: ArrayInput, key: ArrayInput, value: ArrayInput, cu_seqlen
     array}``, one part per sequence in the order their tasks run, and each work
     item's estimated cost (ns on one core).  For the tests and
     ``python -m sdpa.bench --plan``."""
-    args, _ = _varlen_call(query, key, value, cu_seqlens_q, cu_seqlens_k, **kw)
-    planning: Dict[str, Any] = {"plan_threads": count(threads, "threads")}
-    plan: Dict[str, Any] = _core.varlen(*args, **planning)
-    return plan
+    call, args, _ = _varlen_call(query, key, value, cu_seqlens_q, cu_seqlens_k, **kw)
+    plan = call.run_varlen(*args, plan_threads=count(threads, "threads"))
+    if isinstance(plan, int):
+        raise declined(plan)
+    return cast(Dict[str, Any], plan)
 
 
 def _varlen_call(
@@ -178,9 +177,12 @@ def _varlen_call(
     is_causal: Union[bool, str] = False, scale: Optional[float] = None, window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None, alibi_slopes: Optional[ArrayInput] = None, sinks: Optional[ArrayInput] = None,
     return_lse: bool = False, out: Optional[Array] = None, num_threads: Optional[int] = None,
-) -> Tuple[Tuple[Any, ...], bool]:
-    """:func:`varlen_attention`'s arguments checked and in the form of
-    ``_core.varlen``'s, and whether there are no query heads (no call then)."""
+) -> Tuple[_core.Call, Tuple[Any, ...], bool]:
+    """:func:`varlen_attention`'s arguments checked: the prepared call of its
+    options, the arrays of its ``run_varlen`` (the output last), and whether
+    there are no query heads (no call then)."""
+    # the options, checked first and once
+    call = _core.plain().prepared(is_causal, scale, False, window, softcap, num_threads, False, return_lse)
     q = _to_array(query, "query")
     k = _to_array(key, "key")
     v = _to_array(value, "value")
@@ -213,14 +215,6 @@ def _varlen_call(
     q = _as_operand(q, dtype)
     k, v = (_as_operand(a, kv_dtype) for a in (k, v))
 
-    scale_value = scale_of(scale, E)
-    causal, _ = _causal_offset(is_causal, 0, 0)  # checked; the core aligns each sequence
-    # the diagonal, the window and ALiBi count from each sequence's end unless
-    # the call is causal from the top left (True, "top_left")
-    from_end = not causal or is_causal == "bottom_right"
-    threads = thread_count(num_threads)
-    win = None if window is None else window_sides(window)
-    cap = None if softcap is None else softcap_value(softcap)
     per_seq: Dict[str, Optional[Array]] = {"alibi_slopes": None, "sinks": None}
     for values, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
         if values is not None:
@@ -230,6 +224,5 @@ def _varlen_call(
 
     operands = given + [(q, "query"), (k, "key"), (v, "value")]
     result = output_array(out, (total_q, Hq, Ev), dtype, operands, shapes)
-    args = (q, k, v, cq, ck, bool(causal), from_end, scale_value, win, cap, per_seq["alibi_slopes"],
-            per_seq["sinks"], bool(return_lse), result, threads)
-    return args, Hq == 0
+    extras = None if alibi_slopes is None and sinks is None else (per_seq["alibi_slopes"], per_seq["sinks"])
+    return call, (q, k, v, cq, ck, extras, result), Hq == 0
