@@ -54,100 +54,133 @@ static int prefix_sums(const int64_t *cu, int64_t n, int64_t total) {
     return 1;
 }
 
+/* A rule broken: the status, with the name of the field that broke it in
+ * *field (sdpa_check's report). */
+#define REFUSE(status, name)        \
+    do {                            \
+        if (field) *field = (name); \
+        return (status);            \
+    } while (0)
+
 /* The rules of a ragged batch (sdpa.h), and of offsets counted from the end. */
-static sdpa_status validate_ragged(const sdpa_problem *p, int64_t count) {
+static sdpa_status validate_ragged(const sdpa_problem *p, int64_t count, const char **field) {
     const int ragged = p->cu_seqlens_q || p->cu_seqlens_k;
-    if (!ragged) return p->offsets_from_end && p->block_size == 0 ? SDPA_ERR_BAD_RAGGED : SDPA_OK;
-    if (p->num_batch_dims != 1 || p->weights.data || (p->cu_seqlens_k && (p->block_size != 0 || p->key_lengths)) ||
-        (p->mask_kind != SDPA_MASK_NONE && (p->cu_seqlens_q || p->block_size == 0)))
-        return SDPA_ERR_BAD_RAGGED;
-    if (p->cu_seqlens_q && !prefix_sums(p->cu_seqlens_q, count, p->len_q)) return SDPA_ERR_BAD_RAGGED;
-    if (p->cu_seqlens_k && !prefix_sums(p->cu_seqlens_k, count, p->len_kv)) return SDPA_ERR_BAD_RAGGED;
+    if (!ragged) {
+        if (p->offsets_from_end && p->block_size == 0) REFUSE(SDPA_ERR_BAD_RAGGED, "offsets_from_end");
+        return SDPA_OK;
+    }
+    if (p->num_batch_dims != 1) REFUSE(SDPA_ERR_BAD_RAGGED, "num_batch_dims");
+    if (p->weights.data) REFUSE(SDPA_ERR_BAD_RAGGED, "weights");
+    if (p->cu_seqlens_k && (p->block_size != 0 || p->key_lengths))
+        REFUSE(SDPA_ERR_BAD_RAGGED, p->block_size != 0 ? "block_size" : "key_lengths");
+    if (p->mask_kind != SDPA_MASK_NONE && (p->cu_seqlens_q || p->block_size == 0))
+        REFUSE(SDPA_ERR_BAD_RAGGED, "mask_kind");
+    if (p->cu_seqlens_q && !prefix_sums(p->cu_seqlens_q, count, p->len_q)) REFUSE(SDPA_ERR_BAD_RAGGED, "cu_seqlens_q");
+    if (p->cu_seqlens_k && !prefix_sums(p->cu_seqlens_k, count, p->len_kv)) REFUSE(SDPA_ERR_BAD_RAGGED, "cu_seqlens_k");
     if (p->cu_seqlens_q && p->block_size > 0)  /* a sequence holds its query rows */
         for (int64_t b = 0; b < count; b++)
-            if (seq_rows(p, b) > key_limit(p, b)) return SDPA_ERR_BAD_RAGGED;
+            if (seq_rows(p, b) > key_limit(p, b)) REFUSE(SDPA_ERR_BAD_RAGGED, "key_lengths");
     return SDPA_OK;
 }
 
-sdpa_status sdpa_validate(const sdpa_problem *p, int64_t *batch_count) {
+/* Every rule of sdpa.h on *p, in one place: SDPA_OK, or the status of the
+ * first rule broken and (field not NULL) the name of the field that broke it. */
+static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count, const char **field) {
     const sdpa_dtype kvdt = kv_dtype_of(p);
     const int quantized = sdpa_is_quantized(kvdt);
     /* int8 and int4 need both scales; float8 either may be missing (no scale) */
     const int needs_scales = kvdt == SDPA_INT8 || kvdt == SDPA_INT4;
     if (p->dtype == SDPA_FLOAT64) {
-        if (kvdt != SDPA_FLOAT64) return SDPA_ERR_BAD_DTYPE;
-    } else if (!is_single_or_half(p->dtype) || (!is_single_or_half(kvdt) && !quantized)) {
-        return SDPA_ERR_BAD_DTYPE;
+        if (kvdt != SDPA_FLOAT64) REFUSE(SDPA_ERR_BAD_DTYPE, "kv_dtype");
+    } else if (!is_single_or_half(p->dtype)) {
+        REFUSE(SDPA_ERR_BAD_DTYPE, "dtype");
+    } else if (!is_single_or_half(kvdt) && !quantized) {
+        REFUSE(SDPA_ERR_BAD_DTYPE, "kv_dtype");
     }
     if (quantized && (p->kv_group_size < 0 || (p->kv_group_size > 0 && (p->head_dim % p->kv_group_size != 0 ||
                                                                         p->head_dim_v % p->kv_group_size != 0))))
-        return SDPA_ERR_BAD_SHAPE;
+        REFUSE(SDPA_ERR_BAD_SHAPE, "kv_group_size");
     /* int4: whole bytes (pairs of values) per row and per group, read along the row */
-    if (kvdt == SDPA_INT4 && (p->head_dim % 2 || p->head_dim_v % 2 || p->kv_group_size % 2 ||
-                              (p->len_kv > 0 && ((p->head_dim > 0 && p->key.col_stride != 1) ||
-                                                 (p->head_dim_v > 0 && p->value.col_stride != 1)))))
-        return SDPA_ERR_BAD_SHAPE;
-    if (p->num_batch_dims < 0 || p->num_batch_dims > SDPA_MAX_BATCH_DIMS) return SDPA_ERR_BAD_SHAPE;
-    if (p->num_heads < 0 || p->len_q < 0 || p->len_kv < 0 || p->head_dim < 0 || p->head_dim_v < 0)
-        return SDPA_ERR_BAD_SHAPE;
-    if (p->len_q > INT32_MAX || p->head_dim > INT32_MAX || p->head_dim_v > INT32_MAX ||
-        p->len_kv > SDPA_MAX_POSITION)
-        return SDPA_ERR_BAD_SHAPE;
-    if (p->gqa_group < 1 || p->num_heads % p->gqa_group != 0) return SDPA_ERR_BAD_GQA;
+    if (kvdt == SDPA_INT4) {
+        if (p->head_dim % 2) REFUSE(SDPA_ERR_BAD_SHAPE, "head_dim");
+        if (p->head_dim_v % 2) REFUSE(SDPA_ERR_BAD_SHAPE, "head_dim_v");
+        if (p->kv_group_size % 2) REFUSE(SDPA_ERR_BAD_SHAPE, "kv_group_size");
+        if (p->len_kv > 0 && p->head_dim > 0 && p->key.col_stride != 1) REFUSE(SDPA_ERR_BAD_SHAPE, "key");
+        if (p->len_kv > 0 && p->head_dim_v > 0 && p->value.col_stride != 1) REFUSE(SDPA_ERR_BAD_SHAPE, "value");
+    }
+    if (p->num_batch_dims < 0 || p->num_batch_dims > SDPA_MAX_BATCH_DIMS) REFUSE(SDPA_ERR_BAD_SHAPE, "num_batch_dims");
+    if (p->num_heads < 0) REFUSE(SDPA_ERR_BAD_SHAPE, "num_heads");
+    if (p->len_q < 0 || p->len_q > INT32_MAX) REFUSE(SDPA_ERR_BAD_SHAPE, "len_q");
+    if (p->len_kv < 0 || p->len_kv > SDPA_MAX_POSITION) REFUSE(SDPA_ERR_BAD_SHAPE, "len_kv");
+    if (p->head_dim < 0 || p->head_dim > INT32_MAX) REFUSE(SDPA_ERR_BAD_SHAPE, "head_dim");
+    if (p->head_dim_v < 0 || p->head_dim_v > INT32_MAX) REFUSE(SDPA_ERR_BAD_SHAPE, "head_dim_v");
+    if (p->gqa_group < 1 || p->num_heads % p->gqa_group != 0) REFUSE(SDPA_ERR_BAD_GQA, "gqa_group");
     if (p->mask_kind != SDPA_MASK_NONE && p->mask_kind != SDPA_MASK_BOOL &&
         p->mask_kind != SDPA_MASK_ADDITIVE)
-        return SDPA_ERR_BAD_MASK;
-    if (p->num_threads < 0) return SDPA_ERR_BAD_THREADS;
+        REFUSE(SDPA_ERR_BAD_MASK, "mask_kind");
+    if (p->num_threads < 0) REFUSE(SDPA_ERR_BAD_THREADS, "num_threads");
     const int64_t big = SDPA_MAX_POSITION;
-    if (p->window_left < -1 || p->window_left > big || p->window_right < -1 || p->window_right > big)
-        return SDPA_ERR_BAD_VARIANT;
-    if (!(p->softcap >= 0) || p->softcap == (double)INFINITY) return SDPA_ERR_BAD_VARIANT;
-    if ((has_window(p) || p->alibi.data) &&
-        (p->align_offset < -big || p->align_offset > big || p->len_q > big))
-        return SDPA_ERR_BAD_VARIANT;
+    if (p->window_left < -1 || p->window_left > big) REFUSE(SDPA_ERR_BAD_VARIANT, "window_left");
+    if (p->window_right < -1 || p->window_right > big) REFUSE(SDPA_ERR_BAD_VARIANT, "window_right");
+    if (!(p->softcap >= 0) || p->softcap == (double)INFINITY) REFUSE(SDPA_ERR_BAD_VARIANT, "softcap");
+    if ((has_window(p) || p->alibi.data) && (p->align_offset < -big || p->align_offset > big))
+        REFUSE(SDPA_ERR_BAD_VARIANT, "align_offset");
+    if ((has_window(p) || p->alibi.data) && p->len_q > big) REFUSE(SDPA_ERR_BAD_VARIANT, "len_q");
     int64_t count = 1, tmp;
     for (int d = 0; d < p->num_batch_dims; d++) {
-        if (p->batch_shape[d] < 0) return SDPA_ERR_BAD_SHAPE;
-        if (!mul_ok(count, p->batch_shape[d], &count)) return SDPA_ERR_OVERFLOW;
+        if (p->batch_shape[d] < 0) REFUSE(SDPA_ERR_BAD_SHAPE, "batch_shape");
+        if (!mul_ok(count, p->batch_shape[d], &count)) REFUSE(SDPA_ERR_OVERFLOW, "batch_shape");
     }
     /* a packed query's rows are counted once, not per sequence */
     const int64_t qcount = p->cu_seqlens_q ? (count > 0) : count;
-    if (!mul_ok(qcount, p->num_heads, &tmp)) return SDPA_ERR_OVERFLOW;
-    if (!mul_ok(tmp, p->len_q, &tmp)) return SDPA_ERR_OVERFLOW;
+    if (!mul_ok(qcount, p->num_heads, &tmp)) REFUSE(SDPA_ERR_OVERFLOW, "num_heads");
+    if (!mul_ok(tmp, p->len_q, &tmp)) REFUSE(SDPA_ERR_OVERFLOW, "len_q");
     if (!mul_ok(tmp, p->len_kv > p->head_dim_v ? p->len_kv : p->head_dim_v, &tmp))
-        return SDPA_ERR_OVERFLOW;
+        REFUSE(SDPA_ERR_OVERFLOW, p->len_kv > p->head_dim_v ? "len_kv" : "head_dim_v");
     int64_t work = qcount * p->num_heads * p->len_q;
     if (p->block_size != 0) {  /* paged: every block id that would be read */
         int64_t span;
+        if (p->block_size < 0 || p->block_size > SDPA_MAX_POSITION) REFUSE(SDPA_ERR_BAD_PAGES, "block_size");
+        if (p->num_batch_dims != 1) REFUSE(SDPA_ERR_BAD_PAGES, "num_batch_dims");
+        if (!p->key_lengths) REFUSE(SDPA_ERR_BAD_PAGES, "key_lengths");
         /* a mask only as a bool tree over the last positions, without causality */
-        const int bad_mask = p->mask_kind == SDPA_MASK_ADDITIVE ||
-                             (p->mask_kind == SDPA_MASK_BOOL && (p->causal || p->cu_seqlens_q));
-        if (p->block_size < 0 || p->block_size > SDPA_MAX_POSITION || p->num_batch_dims != 1 || !p->key_lengths ||
-            bad_mask || p->weights.data || p->num_blocks < 0 || p->block_table_stride < 0 ||
-            !mul_ok(count, p->block_table_stride, &span))
-            return SDPA_ERR_BAD_PAGES;
-        if (work > 0 && p->len_kv > 0 && !p->block_table) return SDPA_ERR_NULL_POINTER;
+        if (p->mask_kind == SDPA_MASK_ADDITIVE || (p->mask_kind == SDPA_MASK_BOOL && (p->causal || p->cu_seqlens_q)))
+            REFUSE(SDPA_ERR_BAD_PAGES, "mask_kind");
+        if (p->weights.data) REFUSE(SDPA_ERR_BAD_PAGES, "weights");
+        if (p->num_blocks < 0) REFUSE(SDPA_ERR_BAD_PAGES, "num_blocks");
+        if (p->block_table_stride < 0 || !mul_ok(count, p->block_table_stride, &span))
+            REFUSE(SDPA_ERR_BAD_PAGES, "block_table_stride");
+        if (work > 0 && p->len_kv > 0 && !p->block_table) REFUSE(SDPA_ERR_NULL_POINTER, "block_table");
         for (int64_t b = 0; work > 0 && b < count; b++) {
             const int64_t len = p->key_lengths[batch_offset_of(p, p->key_lengths_strides, b)];
-            if (len < 0 || len > p->len_kv) return SDPA_ERR_BAD_PAGES;
+            if (len < 0 || len > p->len_kv) REFUSE(SDPA_ERR_BAD_PAGES, "key_lengths");
             const int32_t *row = p->block_table + b * p->block_table_stride;
             for (int64_t j = 0; j < (len + p->block_size - 1) / p->block_size; j++)
-                if (row[j] < 0 || row[j] >= p->num_blocks) return SDPA_ERR_BAD_PAGES;
-            if (p->mask_kind == SDPA_MASK_BOOL && len < p->len_q) return SDPA_ERR_BAD_PAGES;  /* the tree's positions */
+                if (row[j] < 0 || row[j] >= p->num_blocks) REFUSE(SDPA_ERR_BAD_PAGES, "block_table");
+            if (p->mask_kind == SDPA_MASK_BOOL && len < p->len_q)  /* the tree's positions */
+                REFUSE(SDPA_ERR_BAD_PAGES, "key_lengths");
         }
     }
-    const sdpa_status ragged = validate_ragged(p, count);
+    const sdpa_status ragged = validate_ragged(p, count, field);
     if (ragged != SDPA_OK) return ragged;
     if (work > 0) {
-        if (!p->query.data || !p->out.data) return SDPA_ERR_NULL_POINTER;
-        if (p->len_kv > 0 && (!p->key.data || !p->value.data)) return SDPA_ERR_NULL_POINTER;
-        if (needs_scales && p->len_kv > 0 && (!p->key_scale.data || !p->value_scale.data))
-            return SDPA_ERR_NULL_POINTER;
+        if (!p->query.data) REFUSE(SDPA_ERR_NULL_POINTER, "query");
+        if (!p->out.data) REFUSE(SDPA_ERR_NULL_POINTER, "out");
+        if (p->len_kv > 0 && !p->key.data) REFUSE(SDPA_ERR_NULL_POINTER, "key");
+        if (p->len_kv > 0 && !p->value.data) REFUSE(SDPA_ERR_NULL_POINTER, "value");
+        if (needs_scales && p->len_kv > 0 && !p->key_scale.data) REFUSE(SDPA_ERR_NULL_POINTER, "key_scale");
+        if (needs_scales && p->len_kv > 0 && !p->value_scale.data) REFUSE(SDPA_ERR_NULL_POINTER, "value_scale");
         if (p->mask_kind != SDPA_MASK_NONE && p->len_kv > 0 && !p->mask.data)
-            return SDPA_ERR_NULL_POINTER;
+            REFUSE(SDPA_ERR_NULL_POINTER, "mask");
     }
     *batch_count = count;
     return SDPA_OK;
+}
+
+#undef REFUSE
+
+sdpa_status sdpa_validate(const sdpa_problem *p, int64_t *batch_count) {
+    return validate(p, batch_count, NULL);
 }
 
 /* ---- public API ---- */
@@ -176,6 +209,17 @@ void sdpa_problem_init_sized(sdpa_problem *p, size_t struct_size) {
  * sdpa_attention refuses the struct. */
 void(sdpa_problem_init)(sdpa_problem *p) {
     if (p) memset(p, 0, 8);
+}
+
+sdpa_status sdpa_check(const sdpa_problem *p, const char **field) {
+    if (field) *field = NULL;
+    if (!p) return SDPA_ERR_NULL_POINTER;
+    if (p->struct_size != sizeof(*p)) {  /* before reading anything else */
+        if (field) *field = "struct_size";
+        return SDPA_ERR_ABI;
+    }
+    int64_t batch_count = 0;
+    return validate(p, &batch_count, field);
 }
 
 sdpa_status sdpa_attention(const sdpa_problem *p) {

@@ -331,6 +331,16 @@ SDPA_API void(sdpa_problem_init)(sdpa_problem *p);
  * are left as they were. */
 SDPA_API sdpa_status sdpa_attention(const sdpa_problem *p);
 
+/* Checks *p against every rule sdpa_attention holds it to, computing and
+ * writing nothing (a paged problem's block table and lengths are read, as
+ * sdpa_attention reads them): SDPA_OK, or the status sdpa_attention would
+ * return, and then, when field is not NULL, *field names the sdpa_problem
+ * field that broke the rule ("window_left", "block_table", "cu_seqlens_q",
+ * ...; a static string), NULL where there is none to name (p itself NULL).
+ * Statuses that only computing can give (SDPA_ERR_NO_MEMORY,
+ * SDPA_ERR_INTERRUPTED, SDPA_ERR_BAD_ISA) are not checked.  Thread safe. */
+SDPA_API sdpa_status sdpa_check(const sdpa_problem *p, const char **field);
+
 /* Quantizes `rows` rows of `cols` floats (src, rows src_row_stride apart) to
  * int8, symmetric, round to nearest (ties to even): each group of group_size
  * consecutive columns (0: the whole row) gets the scale max|x| / 127 (0 for a

@@ -90,6 +90,7 @@ cdef extern from "sdpa.h" nogil:
                                    int64_t group_size, int8_t *dst, int64_t dst_row_stride, float *scales,
                                    int64_t scale_row_stride)
     sdpa_status sdpa_attention(const sdpa_problem *p)
+    sdpa_status sdpa_check(const sdpa_problem *p, const char **field)
     const char *sdpa_status_message(sdpa_status status)
     int sdpa_has_openmp()
     int sdpa_default_num_threads()

@@ -551,7 +551,12 @@ cdef object _execute(sdpa_problem *p, bint interruptible, dict arrays):
         env = os.environ.get('SDPA_ISA')
         raise ValueError("sdpa: " + (f"SDPA_ISA={env!r}: " if env else "")
                          + (isa_env_error() or sdpa_status_message(status).decode()))
-    raise ValueError("sdpa: " + sdpa_status_message(status).decode())
+    # a rule of sdpa.h broken: the core names the field
+    cdef const char *field = NULL
+    text = "sdpa: " + sdpa_status_message(status).decode()
+    if sdpa_check(p, &field) == status and field != NULL:
+        text += f" (sdpa_problem.{field.decode()})"
+    raise ValueError(text)
 
 
 cdef inline bint _interruptible():

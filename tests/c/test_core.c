@@ -644,6 +644,100 @@ static void check_status(sdpa_status got, sdpa_status want, const char *what) {
     check(got == want, "status: %s -> %d (%s), want %d", what, (int)got, sdpa_status_message(got), (int)want);
 }
 
+/* sdpa_check on a problem one field has broken: the status sdpa_attention
+ * returns, and the name of that field. */
+static void check_field(sdpa_problem *p, sdpa_status want, const char *want_field, const char *what) {
+    const char *field = "unset";
+    const sdpa_status got = sdpa_check(p, &field);
+    check(got == want && field && strcmp(field, want_field) == 0, "sdpa_check: %s -> %d (%s), field %s; want %d, %s",
+          what, (int)got, sdpa_status_message(got), field ? field : "NULL", (int)want, want_field);
+    check_status(sdpa_attention(p), want, what);
+    check(sdpa_check(p, NULL) == want, "sdpa_check without a field: %s", what);
+}
+
+static void test_check(void) {
+    sdpa_problem p;
+    const char *field = "unset";
+    check(sdpa_check(NULL, &field) == SDPA_ERR_NULL_POINTER && field == NULL, "sdpa_check(NULL)");
+    valid_problem(&p);
+    vo[0] = 12345.0f;
+    field = "unset";
+    check(sdpa_check(&p, &field) == SDPA_OK && field == NULL && vo[0] == 12345.0f,
+          "sdpa_check: a valid problem is SDPA_OK, names no field and computes nothing");
+    valid_problem(&p);
+    p.dtype = (sdpa_dtype)7;
+    check_field(&p, SDPA_ERR_BAD_DTYPE, "dtype", "dtype 7");
+    valid_problem(&p);
+    p.kv_dtype = SDPA_FLOAT64;
+    check_field(&p, SDPA_ERR_BAD_DTYPE, "kv_dtype", "a float32 query with float64 keys");
+    const char *names[] = {"num_heads", "len_q", "len_kv", "head_dim", "head_dim_v"};
+    for (int i = 0; i < 5; i++) {
+        valid_problem(&p);
+        int64_t *sizes[] = {&p.num_heads, &p.len_q, &p.len_kv, &p.head_dim, &p.head_dim_v};
+        *sizes[i] = -1;
+        check_field(&p, SDPA_ERR_BAD_SHAPE, names[i], names[i]);
+    }
+    valid_problem(&p);
+    p.num_batch_dims = 1;
+    p.batch_shape[0] = -3;
+    check_field(&p, SDPA_ERR_BAD_SHAPE, "batch_shape", "batch_shape[0] = -3");
+    valid_problem(&p);
+    p.gqa_group = 0;
+    check_field(&p, SDPA_ERR_BAD_GQA, "gqa_group", "gqa_group 0");
+    valid_problem(&p);
+    p.mask_kind = (sdpa_mask_kind)9;
+    check_field(&p, SDPA_ERR_BAD_MASK, "mask_kind", "mask kind 9");
+    valid_problem(&p);
+    p.num_threads = -2;
+    check_field(&p, SDPA_ERR_BAD_THREADS, "num_threads", "num_threads -2");
+    valid_problem(&p);
+    p.window_left = -2;
+    check_field(&p, SDPA_ERR_BAD_VARIANT, "window_left", "window_left -2");
+    valid_problem(&p);
+    p.window_right = SDPA_MAX_POSITION + 1;
+    check_field(&p, SDPA_ERR_BAD_VARIANT, "window_right", "window_right past SDPA_MAX_POSITION");
+    valid_problem(&p);
+    p.softcap = -1.0;
+    check_field(&p, SDPA_ERR_BAD_VARIANT, "softcap", "softcap -1");
+    valid_problem(&p);
+    p.offsets_from_end = 1;
+    check_field(&p, SDPA_ERR_BAD_RAGGED, "offsets_from_end", "offsets from the end of a dense problem");
+    valid_problem(&p);
+    p.value.data = NULL;
+    check_field(&p, SDPA_ERR_NULL_POINTER, "value", "no value data");
+    valid_problem(&p);
+    p.out.data = NULL;
+    check_field(&p, SDPA_ERR_NULL_POINTER, "out", "no output");
+    /* paged: a block id out of range where it is read */
+    int32_t table[1] = {3};
+    int64_t lengths[1] = {2};
+    valid_problem(&p);
+    p.num_batch_dims = 1;
+    p.batch_shape[0] = 1;
+    p.block_size = 2;
+    p.num_blocks = 1;
+    p.block_table = table;
+    p.block_table_stride = 1;
+    p.key_lengths = lengths;
+    check_field(&p, SDPA_ERR_BAD_PAGES, "block_table", "block id 3 of 1 block");
+    table[0] = 0;
+    lengths[0] = 5;
+    check_field(&p, SDPA_ERR_BAD_PAGES, "key_lengths", "a length past the table");
+    /* ragged: prefix sums that do not end at the rows */
+    int64_t cu[2] = {0, 1};
+    valid_problem(&p);
+    p.num_batch_dims = 1;
+    p.batch_shape[0] = 1;
+    p.cu_seqlens_q = cu;
+    check_field(&p, SDPA_ERR_BAD_RAGGED, "cu_seqlens_q", "cu_seqlens_q ending at 1 of 2 rows");
+    sdpa_problem other;
+    valid_problem(&other);
+    other.struct_size = 8;
+    field = "unset";
+    check(sdpa_check(&other, &field) == SDPA_ERR_ABI && field && strcmp(field, "struct_size") == 0,
+          "sdpa_check: another struct's size");
+}
+
 static int stop_now(void *data) {
     ++*(int *)data;
     return 1;
@@ -2198,6 +2292,7 @@ int main(int argc, char **argv) {
 
     const clock_t t0 = clock();
     test_statuses();
+    test_check();
     sdpa_set_isa(initial_isa);
     test_seed_example(SDPA_FLOAT32);
     test_seed_example(SDPA_FLOAT64);
