@@ -135,6 +135,8 @@ def test_core_entry_declines_with_the_argument_and_writes_nothing(rng, why, chan
         (dict(group_size=4.0), TypeError, "group_size"),
         (dict(group_size=4), ValueError, "group_size"),  # groups belong to a quantized cache
         (dict(integer_qk=True), ValueError, "integer_qk"),
+        (dict(kv_dtype=float(_core.QUANTIZED["int8"])), ValueError, "kv_dtype"),
+        (dict(kv_dtype=_core.QUANTIZED["int8"], group_size=2**63), ValueError, "group_size"),
     ],
 )
 def test_options_are_checked_once_when_the_call_is_made(rng, option, error, argument):
@@ -143,7 +145,7 @@ def test_options_are_checked_once_when_the_call_is_made(rng, option, error, argu
         _core.Call(**option)
     with pytest.raises(error, match=f"^{argument}:"):
         _api.core_attention(q, k, v, **option)
-    public = {n: x for n, x in option.items() if n not in ("group_size", "integer_qk")}
+    public = {n: x for n, x in option.items() if n not in ("group_size", "integer_qk", "kv_dtype")}
     if public:
         with pytest.raises(error, match=f"^{argument}:"):
             sdpa.scaled_dot_product_attention(q, k, v, **public)
@@ -190,6 +192,10 @@ def test_prepared_calls_are_kept_by_their_options_and_survive_pickling():
     # the number kept is bounded: a caller cycling through scales does not grow it without end
     for i in range(2 * _core.MAX_PREPARED_CALLS):
         plain.prepared(False, 1.0 + i, False, None, None, None, False, False)
+    assert plain.prepared_count() <= _core.MAX_PREPARED_CALLS
+    # many keys of one call (thread counts past the largest are taken as it) are bounded too
+    for i in range(2 * _core.MAX_PREPARED_CALLS):
+        plain.prepared(False, None, False, None, None, _core.MAX_NUM_THREADS + i, False, False)
     assert plain.prepared_count() <= _core.MAX_PREPARED_CALLS
 
 

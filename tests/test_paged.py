@@ -353,7 +353,7 @@ def test_the_core_refuses_a_block_id_it_would_read(rng):
     code = call.run_paged(q, kc, vc, bt[:, :1], lens, None, None, out)
     assert _core.reason(code).startswith("block_tables is not native")
     code = call.run_paged(q, kc, vc, bt, lens.astype(np.int32), None, None, out)
-    assert _core.reason(code).startswith("seq_lens is not native")
+    assert _core.reason(code).startswith("seq_lens has a dtype")
     code = call.run_paged(q, kc, vc, bt, lens, (kc, vc), None, out)
     assert _core.reason(code).startswith("key_scale has a value")
 
@@ -755,3 +755,16 @@ def test_byte_swapped_and_mixed_float8_caches_are_refused_by_name(rng):
     e5 = np.zeros((4, 1, 16, 8), ml_dtypes.float8_e5m2)
     with pytest.raises(TypeError, match="value_cache: dtype float8_e5m2 differs from key_cache's float8_e4m3fn"):
         sdpa.paged_attention(q, e4, e5, [[0]], [1])
+
+
+def test_flags_of_a_paged_call_are_bools(rng):
+    """is_causal and return_lse of a paged call take bools (NumPy's too), not
+    other truthy values: a paged row's position is its sequence's, and an lse
+    asked for by accident would change the result's type."""
+    q, kc, vc, bt, lens = problem(rng, L=1)
+    for name in ("is_causal", "return_lse"):
+        for bad in (1, "no", None):
+            with pytest.raises(TypeError, match=f"^{name}: expected a bool"):
+                sdpa.paged_attention(q, kc, vc, bt, lens, **{name: bad})
+    out, lse = sdpa.paged_attention(q, kc, vc, bt, lens, return_lse=np.True_)
+    np.testing.assert_array_equal(out, sdpa.paged_attention(q, kc, vc, bt, lens))

@@ -170,6 +170,9 @@ def test_the_core_declines_what_it_does_not_take_naming_the_argument(rng):
         code = call.run_varlen(*args, None, out)
         assert isinstance(code, int) and _core.reason(code).startswith(reason), (reason, code)
     assert (out == 7.0).all()
+    # a 0-d prefix sum, an output of another rank: declined, not a crash nor numpy's error
+    assert _core.reason(call.run_varlen(q, k, v, np.array(0, np.int64), ck)).startswith("cu_seqlens_q has a shape")
+    assert _core.reason(call.run_varlen(q, k, v, cq, ck, None, out[0])).startswith("out has a shape")
     weights = _core.plain().prepared(True, None, False, None, None, None, True, False)
     assert _core.reason(weights.run_varlen(q, k, v, cq, ck)).startswith("return_weights has a value")
     np.testing.assert_array_equal(call.run_varlen(q, k, v, cq, ck, None, out), sdpa.varlen_attention(

@@ -263,9 +263,11 @@ def call_constants(
     ValueError names the argument that breaks its rule."""
     from ._threads import thread_count
 
-    if kv_dtype is not None and kv_dtype not in _CACHE_NAMES:
+    if kv_dtype is not None and (type(kv_dtype) is not int or kv_dtype not in _CACHE_NAMES):
         raise ValueError(f"kv_dtype: expected None or a code of sdpa._core.QUANTIZED, got {kv_dtype!r}")
     group = count(group_size, "group_size")
+    if group > _INT64_MAX // 2:
+        raise ValueError(f"group_size: {group} is beyond any head dim")
     if group and kv_dtype is None:
         raise ValueError(f"group_size: a float cache has no scale groups, got {group}")
     if diagonal is not None:

@@ -872,11 +872,11 @@ cdef class Call:
         self.scale = scale if scale is not None else 0.0
         self.gqa = enable_gqa
         self.has_window = window is not None
-        if window is not None:
-            self.window_left = min(<int64_t>window[0], SDPA_MAX_POSITION)
-            self.window_right = min(<int64_t>window[1], SDPA_MAX_POSITION)
+        if window is not None:  # sides past SDPA_MAX_POSITION already taken as it (call_constants)
+            self.window_left = window[0]
+            self.window_right = window[1]
         self.softcap = softcap if softcap is not None else 0.0
-        self.threads = 0 if num_threads is None else min(<int64_t>num_threads, MAX_THREADS)
+        self.threads = 0 if num_threads is None else num_threads  # at most MAX_THREADS (call_constants)
         self.weights = return_weights
         self.lse = return_lse
         self.kvdt = -1 if kv_dtype is None else kv_dtype
@@ -929,7 +929,7 @@ cdef class Call:
         found = self._prepared.get(canonical)
         if found is not None:
             call = found
-        elif len(self._prepared) + 2 > MAX_PREPARED:
+        if len(self._prepared) + 2 > MAX_PREPARED:  # whatever key is added: many can mean one call
             self._prepared.clear()
         self._prepared[canonical] = call
         if key is not None:
@@ -1078,8 +1078,8 @@ cdef class Call:
             if kvdt == SDPA_INT4:
                 cw = 2
 
-        # the sizes: the one derivation in the core (sdpa._checks.plan_shapes explains
-        # what does not fit)
+        # the sizes, as sdpa._checks.plan_shapes derives them for the general path
+        # (which explains what does not fit); tests/test_boundary.py holds the two equal
         L = shapes[0][nds[0] - 2]
         E = shapes[0][nds[0] - 1]
         S = shapes[1][nds[1] - 2]
@@ -1336,6 +1336,8 @@ cdef int _fill_packed(sdpa_view *view, cnp.ndarray a, int64_t heads, int64_t row
     after the other.  Returns 0, or 1 when it does not fit."""
     cdef int64_t ex[3]
     ex[0], ex[1], ex[2] = heads, rows, cols
+    if cnp.PyArray_NDIM(a) != (2 if cols < 0 else 3):
+        return 1
     if cols < 0:
         return _fill_view(view, a.T, 0, 2, ex, output)
     return _fill_view(view, a.transpose(1, 0, 2), 0, 3, ex, output)
@@ -1344,7 +1346,8 @@ cdef int _fill_packed(sdpa_view *view, cnp.ndarray a, int64_t heads, int64_t row
 cdef int _fill_prefix_sums(const int64_t **dst, cnp.ndarray a, int64_t n):
     """n + 1 native int64 prefix sums, C-contiguous (checked in sdpa.varlen / sdpa.paged)."""
     if cnp.PyArray_TYPE(a) != cnp.NPY_INT64 or cnp.PyArray_NDIM(a) != 1 or a.shape[0] != n + 1 \
-            or not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISNOTSWAPPED(a):
+            or not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISNOTSWAPPED(a) \
+            or not cnp.PyArray_ISALIGNED(a):
         return 1
     dst[0] = <const int64_t *>cnp.PyArray_DATA(a)
     return 0
@@ -1386,6 +1389,8 @@ cdef object _varlen(Call c, query, key, value, cu_seqlens_q, cu_seqlens_k, extra
     cdt = _compute_dtype(dt)
     T, Hq, E = q.shape[0], q.shape[1], q.shape[2]
     Tk, Hkv, Ev = k.shape[0], k.shape[1], v.shape[2]
+    if cnp.PyArray_NDIM(<cnp.ndarray>cu_seqlens_q) != 1:
+        return _why(ARG_CU_Q, RULE_SHAPE)
     n = (<cnp.ndarray>cu_seqlens_q).shape[0] - 1
     if Hkv < 1 or Hq % Hkv or k.shape[2] != E:
         return _why(ARG_KEY, RULE_SHAPE)
@@ -1479,8 +1484,12 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
         return _why(ARG_KEY, RULE_SHAPE)
     if vc.ndim != 4:
         return _why(ARG_VALUE, RULE_SHAPE)
-    if bt.ndim != 2 or cnp.PyArray_TYPE(bt) != cnp.NPY_INT32 or not cnp.PyArray_IS_C_CONTIGUOUS(bt):
-        return _why(ARG_TABLES, RULE_LAYOUT if bt.ndim == 2 else RULE_SHAPE)
+    if bt.ndim != 2:
+        return _why(ARG_TABLES, RULE_SHAPE)
+    if cnp.PyArray_TYPE(bt) != cnp.NPY_INT32:
+        return _why(ARG_TABLES, RULE_DTYPE)
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(bt) and cnp.PyArray_ISNOTSWAPPED(bt) and cnp.PyArray_ISALIGNED(bt)):
+        return _why(ARG_TABLES, RULE_LAYOUT)
     cdt = _compute_dtype(dt)
     B = bt.shape[0]
     if packed:
@@ -1593,8 +1602,9 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
         if tm.ndim != 3 or _fill_view(&p.mask, tm[:, None], 1, 3, ex, False):
             return _why(ARG_TREE, RULE_SHAPE)
         p.mask_kind = SDPA_MASK_BOOL
-    if cnp.PyArray_TYPE(sl) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(sl) \
-            or not cnp.PyArray_ISNOTSWAPPED(sl):
+    if cnp.PyArray_TYPE(sl) != cnp.NPY_INT64:
+        return _why(ARG_SEQ_LENS, RULE_DTYPE)
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(sl) and cnp.PyArray_ISNOTSWAPPED(sl) and cnp.PyArray_ISALIGNED(sl)):
         return _why(ARG_SEQ_LENS, RULE_LAYOUT)
     if sl.ndim != 1 or sl.shape[0] != B:
         return _why(ARG_SEQ_LENS, RULE_SHAPE)

@@ -295,6 +295,8 @@ def _paged_call(
         if tree.shape not in ((L, L), (B, L, L)):
             raise ValueError(f"tree_mask: expected shape ({L}, {L}) or ({B}, {L}, {L}), got {tree.shape}")
         tree = np.ascontiguousarray(tree.reshape((-1, L, L)))  # a copy the caller cannot change mid-call
+    if not isinstance(return_lse, (bool, np.bool_)):  # stricter than the dense call: a paged call's own rule
+        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
     causal = bool(is_causal) and tree is None  # under a tree, the tree decides the last L positions
     call = base.prepared(causal, scale, False, window, softcap, num_threads, False, return_lse)
     full_shape = out_shape + (Ev,)
