@@ -799,6 +799,43 @@ cdef int _fill_head_values(sdpa_view *view, values, int argument, int cdt, int n
     return 0
 
 
+cdef int _storage(int code, int dt, cnp.ndarray k, cnp.ndarray v, key_scale, value_scale, int *kvdt) except -1:
+    """Whether keys, values and scales fit a query of dtype dt: float keys and
+    values of a dtype that pairs with it, without scales, for code -1; else the
+    storage of the quantized code (int8, or uint8 for float8 and int4) with
+    float32 scale arrays (both; int8 and int4 need them, float8 may go
+    without) and a float32 or 16-bit query.  0 with *kvdt the keys' dtype,
+    or the reason code."""
+    cdef int t
+    if code < 0:
+        if key_scale is not None or value_scale is not None:
+            return _why(ARG_KEY_SCALE if key_scale is not None else ARG_VALUE_SCALE, RULE_VALUE)
+        kvdt[0] = _dtype_of(k)
+        if not _pairs(dt, kvdt[0]):
+            return _why(ARG_KEY, RULE_DTYPE)
+        if _dtype_of(v) != kvdt[0]:
+            return _why(ARG_VALUE, RULE_DTYPE)
+        return 0
+    kvdt[0] = code
+    if key_scale is not None or value_scale is not None or code == SDPA_INT8 or code == SDPA_INT4:
+        if not cnp.PyArray_CheckExact(key_scale):
+            return _why(ARG_KEY_SCALE, RULE_TYPE)
+        if not cnp.PyArray_CheckExact(value_scale):
+            return _why(ARG_VALUE_SCALE, RULE_TYPE)
+        if _dtype_of(<cnp.ndarray>key_scale) != SDPA_FLOAT32:
+            return _why(ARG_KEY_SCALE, RULE_DTYPE)
+        if _dtype_of(<cnp.ndarray>value_scale) != SDPA_FLOAT32:
+            return _why(ARG_VALUE_SCALE, RULE_DTYPE)
+    if dt == SDPA_FLOAT64:
+        return _why(ARG_QUERY, RULE_DTYPE)
+    t = cnp.NPY_INT8 if code == SDPA_INT8 else cnp.NPY_UINT8
+    if cnp.PyArray_TYPE(k) != t:
+        return _why(ARG_KEY, RULE_DTYPE)
+    if cnp.PyArray_TYPE(v) != t:
+        return _why(ARG_VALUE, RULE_DTYPE)
+    return 0
+
+
 cdef object _call_constants = None  # sdpa._checks.call_constants, imported at first use
 
 # prepared calls a base keeps by their options; past this many it starts again
@@ -1047,36 +1084,13 @@ cdef class Call:
         if dt < 0:
             return _why(ARG_QUERY, RULE_DTYPE)
         cdt = _compute_dtype(dt)
-        if self.kvdt < 0:
-            if key_scale is not None or value_scale is not None:
-                return _why(ARG_KEY_SCALE if key_scale is not None else ARG_VALUE_SCALE, RULE_VALUE)
-            kvdt = _dtype_of(k)
-            if not _pairs(dt, kvdt):
-                return _why(ARG_KEY, RULE_DTYPE)
-            if _dtype_of(v) != kvdt:
-                return _why(ARG_VALUE, RULE_DTYPE)
-        else:
-            # a quantized cache: int8 or uint8 storage, float32 scales, a float32 or 16-bit query
-            kvdt = self.kvdt
-            if key_scale is not None or value_scale is not None or kvdt == SDPA_INT8 or kvdt == SDPA_INT4:
-                if not cnp.PyArray_CheckExact(key_scale):
-                    return _why(ARG_KEY_SCALE, RULE_TYPE)
-                if not cnp.PyArray_CheckExact(value_scale):
-                    return _why(ARG_VALUE_SCALE, RULE_TYPE)
-                ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
-                if _dtype_of(ks) != SDPA_FLOAT32:
-                    return _why(ARG_KEY_SCALE, RULE_DTYPE)
-                if _dtype_of(vs) != SDPA_FLOAT32:
-                    return _why(ARG_VALUE_SCALE, RULE_DTYPE)
-            if dt == SDPA_FLOAT64:
-                return _why(ARG_QUERY, RULE_DTYPE)
-            t = cnp.NPY_INT8 if kvdt == SDPA_INT8 else cnp.NPY_UINT8
-            if cnp.PyArray_TYPE(k) != t:
-                return _why(ARG_KEY, RULE_DTYPE)
-            if cnp.PyArray_TYPE(v) != t:
-                return _why(ARG_VALUE, RULE_DTYPE)
-            if kvdt == SDPA_INT4:
-                cw = 2
+        why = _storage(self.kvdt, dt, k, v, key_scale, value_scale, &kvdt)
+        if why:
+            return why
+        if key_scale is not None:  # checked by _storage: both scales, float32 arrays
+            ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
+        if kvdt == SDPA_INT4:
+            cw = 2
 
         # the sizes, as sdpa._checks.plan_shapes derives them for the general path
         # (which explains what does not fit); tests/test_boundary.py holds the two equal
@@ -1459,7 +1473,7 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
     cdef sdpa_problem p
     cdef int64_t ex[MAX_DIMS]
     cdef cnp.npy_intp dims[4]
-    cdef int dt, cdt, why, t
+    cdef int dt, cdt, why, kvdt
     cdef bint packed
     cdef int64_t B, Hq, L, T = 0, E, Ev, Hkv, bs, cw = 2 if c.kvdt == SDPA_INT4 else 1
     alibi_slopes, sinks, query_start_loc, tree_mask = (None, None, None, None) if extras is None else extras
@@ -1506,33 +1520,12 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
         return _why(ARG_VALUE, RULE_SHAPE)
     sdpa_problem_init(&p)
     p.dtype = <sdpa_dtype>dt
-    if c.kvdt >= 0:
-        if key_scale is not None or value_scale is not None or c.kvdt == SDPA_INT8 or c.kvdt == SDPA_INT4:
-            if not cnp.PyArray_CheckExact(key_scale):
-                return _why(ARG_KEY_SCALE, RULE_TYPE)
-            if not cnp.PyArray_CheckExact(value_scale):
-                return _why(ARG_VALUE_SCALE, RULE_TYPE)
-            ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
-            if _dtype_of(ks) != SDPA_FLOAT32:
-                return _why(ARG_KEY_SCALE, RULE_DTYPE)
-            if _dtype_of(vs) != SDPA_FLOAT32:
-                return _why(ARG_VALUE_SCALE, RULE_DTYPE)
-        p.kv_dtype = <sdpa_dtype>c.kvdt
-        if dt == SDPA_FLOAT64:
-            return _why(ARG_QUERY, RULE_DTYPE)
-        t = cnp.NPY_INT8 if c.kvdt == SDPA_INT8 else cnp.NPY_UINT8
-        if cnp.PyArray_TYPE(kc) != t:
-            return _why(ARG_KEY, RULE_DTYPE)
-        if cnp.PyArray_TYPE(vc) != t:
-            return _why(ARG_VALUE, RULE_DTYPE)
-    else:
-        if key_scale is not None or value_scale is not None:
-            return _why(ARG_KEY_SCALE if key_scale is not None else ARG_VALUE_SCALE, RULE_VALUE)
-        p.kv_dtype = <sdpa_dtype>_dtype_of(kc)
-        if not _pairs(dt, p.kv_dtype):
-            return _why(ARG_KEY, RULE_DTYPE)
-        if _dtype_of(vc) != p.kv_dtype:
-            return _why(ARG_VALUE, RULE_DTYPE)
+    why = _storage(c.kvdt, dt, kc, vc, key_scale, value_scale, &kvdt)
+    if why:
+        return why
+    p.kv_dtype = <sdpa_dtype>kvdt
+    if key_scale is not None:  # checked by _storage: both scales, float32 arrays
+        ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
     p.num_batch_dims = 1
     p.batch_shape[0] = B
     p.num_heads = Hq
