@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple, Union, cast
+from typing import Any, Dict, Optional, Tuple, Union, cast
 
 import numpy as np
 
@@ -154,7 +154,7 @@ class KVCache:
         self._e, self._ev = fmt.head_dim, fmt.head_dim_v
         self._dtype = fmt.storage
         self._code = fmt.code  # the core's code of a quantized cache, 0 for float
-        self._bases: dict = {}  # prepared calls of this storage, by (integer_qk, integer_pv)
+        self._base = fmt.call()  # the prepared calls of this storage, without integer products
         self._int8 = self._code != 0  # quantized: scales, and dequantized keys / values
         self._width = fmt.width  # values a stored byte holds
         self._scaled = fmt.scaled
@@ -554,12 +554,10 @@ class KVCache:
         takes as they are runs from the core's one entry (int8 and float caches
         alike); anything else takes the general path, which converts or raises
         naming the argument."""
-        if type(integer_qk) is bool and type(integer_pv) is bool:
-            base = self._bases.get((integer_qk, integer_pv))
-            if base is None:
-                base = self._bases[integer_qk, integer_pv] = self._format.call(integer_qk, integer_pv)
+        if integer_qk is False and integer_pv is False:  # the common call: its base kept by the cache
+            base = self._base
         else:
-            base = self._format.call(integer_qk, integer_pv)  # the TypeError naming the switch
+            base = base_call(self._code, self._group, integer_qk, integer_pv)
         if window is None and self._window is not None:
             window = (self._window - 1, 0)
         shape = getattr(query, "shape", None)
@@ -723,8 +721,7 @@ class CacheFormat:
     def call(self, integer_qk: object = False, integer_pv: object = False) -> _core.Call:
         """The base prepared call of this storage (see ``sdpa._core.Call``),
         with the integer products asked for (checked there)."""
-        return _core.Call(kv_dtype=self.code or None, group_size=self.group, integer_qk=integer_qk,
-                          integer_pv=integer_pv)
+        return base_call(self.code, self.group, integer_qk, integer_pv)
 
     def allocate(self, rows: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Keys, values and scales for ``rows`` (leading dims) positions, each
@@ -795,3 +792,25 @@ def dequantize(code: int, data: np.ndarray, scales: Optional[np.ndarray]) -> np.
         return values
     width = values.shape[-1] // max(scales.shape[-1], 1)
     return cast(np.ndarray, values * np.repeat(scales, width, axis=-1))
+
+
+# the base prepared calls of the cache formats met so far, by (code,
+# group_size, integer_qk, integer_pv); past this many it starts again
+_BASES: Dict[Tuple[int, int, bool, bool], _core.Call] = {}
+_MAX_BASES = 64
+
+
+def base_call(code: int, group: int, integer_qk: object, integer_pv: object) -> _core.Call:
+    """The base prepared call (``sdpa._core.Call``) of a cache format (``code``
+    the core's code of its quantized storage, 0 for float keys and values),
+    kept by its key; the integer switches are checked by the Call."""
+    if type(integer_qk) is not bool or type(integer_pv) is not bool:
+        return _core.Call(kv_dtype=code or None, group_size=group, integer_qk=integer_qk, integer_pv=integer_pv)
+    key = (code, group, integer_qk, integer_pv)
+    base = _BASES.get(key)
+    if base is None:
+        base = _core.Call(kv_dtype=code or None, group_size=group, integer_qk=integer_qk, integer_pv=integer_pv)
+        if len(_BASES) >= _MAX_BASES:
+            _BASES.clear()
+        _BASES[key] = base
+    return base

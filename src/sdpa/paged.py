@@ -19,7 +19,7 @@ import numpy as np
 from . import _core
 from ._checks import count, declined, head_values, int64_copy
 from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
-from .kvcache import CacheFormat, cache_dtype
+from .kvcache import CacheFormat, base_call, cache_dtype
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
 
@@ -275,7 +275,7 @@ def _paged_call(
         )
     if not isinstance(is_causal, (bool, np.bool_)):  # a paged row's position is its sequence's
         raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
-    base = _base_call(code or (_INT8 if kc.dtype == np.int8 else 0), group, integer_qk, integer_pv)
+    base = base_call(code or (_INT8 if kc.dtype == np.int8 else 0), group, integer_qk, integer_pv)
     if packed:
         bt, sl = _tables(block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc")
     else:
@@ -486,27 +486,6 @@ def paged_plan(query: Any, key_cache: Any, value_cache: Any, block_tables: Any, 
     if isinstance(plan, int):
         raise declined(plan)
     return cast(Dict[str, Any], plan)
-
-
-# the base prepared calls of the cache formats paged_attention has seen, by
-# (code, group_size, integer_qk, integer_pv); past this many it starts again
-_BASES: Dict[Tuple[int, int, bool, bool], _core.Call] = {}
-_MAX_BASES = 64
-
-
-def _base_call(code: int, group: int, integer_qk: object, integer_pv: object) -> _core.Call:
-    """The base prepared call of a cache format (``code`` 0: float), its
-    integer switches checked by ``sdpa._core.Call``."""
-    if type(integer_qk) is not bool or type(integer_pv) is not bool:
-        return _core.Call(kv_dtype=code or None, group_size=group, integer_qk=integer_qk, integer_pv=integer_pv)
-    key = (code, group, integer_qk, integer_pv)
-    base = _BASES.get(key)
-    if base is None:
-        base = _core.Call(kv_dtype=code or None, group_size=group, integer_qk=integer_qk, integer_pv=integer_pv)
-        if len(_BASES) >= _MAX_BASES:
-            _BASES.clear()
-        _BASES[key] = base
-    return base
 
 
 def paged_write(
