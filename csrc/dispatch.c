@@ -101,6 +101,28 @@ static int complete_f64(kernels_f64 *dst, const kernels_f64 *ref) {
 }
 #undef SDPA_FILL
 
+/* A set's half-width table, completed: its panel kernels its own or the
+ * portable ones (which take any width), the rest its set's (the same bits at
+ * either width).  Its address, or NULL (and nr 0) where the set declares none,
+ * or not gemm and the softmax update at a width less than its own. */
+#define SDPA_PORTABLE_PANEL(name) \
+    if (!h->name) h->name = portable->name;
+#define SDPA_COMPLETE_HALF(T, name, complete)                                                                \
+    static const T *name(T *h, const T *set, const T *portable) {                                            \
+        if (h->nr <= 0 || h->nr >= set->nr || !h->gemm || !h->online_softmax_update) {                     \
+            memset(h, 0, sizeof(*h));                                                                       \
+            return NULL;                                                                                    \
+        }                                                                                                   \
+        SDPA_PANEL_KERNELS(SDPA_PORTABLE_PANEL)                                                             \
+        complete(h, set);                                                                                   \
+        h->half = NULL;                                                                                     \
+        return h;                                                                                           \
+    }
+SDPA_COMPLETE_HALF(kernels_f32, complete_half_f32, complete_f32)
+SDPA_COMPLETE_HALF(kernels_f64, complete_half_f64, complete_f64)
+#undef SDPA_COMPLETE_HALF
+#undef SDPA_PORTABLE_PANEL
+
 int sdpa_complete_table(kernel_table *dst, const kernel_table *src) {
     *dst = *src;
     int filled = complete_f32(&dst->f32, &sdpa_kernels_scalar.f32) + complete_f64(&dst->f64, &sdpa_kernels_scalar.f64);
@@ -115,6 +137,8 @@ int sdpa_complete_table(kernel_table *dst, const kernel_table *src) {
         if (!src->f64.gemm) dst->f64.gemm = NULL, filled--;
         if (!src->f64.online_softmax_update) dst->f64.online_softmax_update = NULL, filled--;
     }
+    dst->f32.half = complete_half_f32(&dst->f32_half, &dst->f32, &sdpa_kernels_scalar.f32);
+    dst->f64.half = complete_half_f64(&dst->f64_half, &dst->f64, &sdpa_kernels_scalar.f64);
     return filled;
 }
 
@@ -134,6 +158,16 @@ int sdpa_table_is_complete(const kernel_table *kt) {
     {
         const kernels_f64 *k = &kt->f64;
         SDPA_TYPED_KERNELS(SDPA_COUNT_SET, double)
+    }
+    if (kt->f32.half) {
+        const kernels_f32 *k = kt->f32.half;
+        SDPA_TYPED_KERNELS(SDPA_COUNT_SET, float)
+        all += k->nr <= 0 || k->nr >= kt->f32.nr;
+    }
+    if (kt->f64.half) {
+        const kernels_f64 *k = kt->f64.half;
+        SDPA_TYPED_KERNELS(SDPA_COUNT_SET, double)
+        all += k->nr <= 0 || k->nr >= kt->f64.nr;
     }
     return set == all && kt->f32.nr > 0 && kt->f64.nr > 0;
 }

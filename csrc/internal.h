@@ -340,12 +340,28 @@ typedef struct kernels_f32 {
     int nr; /* panel width: query rows per vector block (tiles: make_plan) */
     SDPA_TYPED_KERNELS(SDPA_KERNEL_FIELD, float)
     kernels_bf16 bf16;
+    /* the same kernels at a narrower panel (kernel_table.f32_half), or NULL:
+     * set by sdpa_complete_table */
+    const struct kernels_f32 *half;
 } kernels_f32;
 
 typedef struct kernels_f64 {
     int nr;
     SDPA_TYPED_KERNELS(SDPA_KERNEL_FIELD, double)
+    const struct kernels_f64 *half;
 } kernels_f64;
+
+/* The kernels whose layout is the panel's (built for one width nr): a set's
+ * half-width table declares its own, or the portable ones (any width) serve;
+ * gemm and online_softmax_update it must declare. */
+#define SDPA_PANEL_KERNELS(X) X(mask_add) X(mask_bool) X(pack_q) X(store_rows) X(pack_q_half) X(store_rows_half)
+/* A half-width table's entries from a panel-only instance of suffix suf
+ * (kernels/simd_impl.h with SIMD_PANELS_ONLY): the products and the softmax
+ * update, and for float the masks, query panels and finished rows too. */
+#define SDPA_HALF_KERNELS(suf) .nr = panel_rows_##suf, .gemm = gemm_##suf, .online_softmax_update = online_softmax_update_##suf
+#define SDPA_HALF_KERNELS_F32(suf)                                                                               \
+    SDPA_HALF_KERNELS(suf), .mask_add = mask_add_##suf, .mask_bool = mask_bool_##suf, .pack_q = pack_q_##suf, \
+        .store_rows = store_rows_##suf, .pack_q_half = pack_q_half_##suf, .store_rows_half = store_rows_half_##suf
 
 /* The CPU (and OS) features a kernel set needs: dispatch.c runs the best set
  * whose features the machine has. */
@@ -371,6 +387,15 @@ typedef struct kernel_table {
     int bf16_products; /* 1: f32.bf16 is the set's (bfloat16 problems multiply pairs), 0: none */
     kernels_f32 f32;
     kernels_f64 f64;
+    /* Optional: the panel kernels at half the set's width (nr 0: none), for a
+     * tiled task's last panel when its rows fit in it (the tails of L: four
+     * rows past a multiple of 32 no longer pay for 32).  A row's products and
+     * softmax are the same operations in the same order at either width, so
+     * its bits do not depend on the panel it lands in.  sdpa_complete_table
+     * takes the other entries from the set's own table and points f32.half /
+     * f64.half here. */
+    kernels_f32 f32_half;
+    kernels_f64 f64_half;
 } kernel_table;
 
 /* dst = src with every entry src does not set taken from the portable kernels,

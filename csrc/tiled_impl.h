@@ -49,6 +49,14 @@ static void FN(task_coords)(const sdpa_problem *p, const plan *pl, int64_t task,
     *h0 = unit % units * pg;
 }
 
+/* The kernels of a panel of prows rows: the set's half-width table where the
+ * rows fit in it (a task's last panel, the tail of L), else the set's own.
+ * Every panel still takes nr rows of the scratch; one of half width is laid
+ * out at its own width (pk->nr) there.  The bfloat16 pairs keep their width. */
+static inline const KT *FN(panel_kernels)(const KT *kern, int prows, int pairs) {
+    return kern->half && !pairs && prows <= kern->half->nr ? kern->half : kern;
+}
+
 /* The position of row r of a task's unit (pack_g rows a position). */
 static inline int64_t FN(row_position)(const plan *pl, int64_t r) { return r / pl->tiled.pack_g; }
 
@@ -82,18 +90,18 @@ static T *FN(weights_row)(const sdpa_problem *p, const plan *pl, int64_t b, int6
     return (T *)view_at(p, &p->weights, b, h0 + r % pg, sizeof(T)) + r / pg * p->weights.row_stride;
 }
 
-/* Panel pn of a task's rows (from row l0 of the unit at (b, h0)), scaled, as
- * Q^T (E x nr) in panel: a kernel reads rows of contiguous elements from their
- * pointers, strided ones are read element by element. */
+/* The prows rows from row r0 of the unit at (b, h0), scaled, as a panel of Q^T
+ * (E x nr, nr the width of kern's panels): a kernel reads rows of contiguous
+ * elements from their pointers, strided ones are read element by element. */
 static void FN(pack_panel)(const sdpa_problem *p, const plan *pl, const KT *kern, T *panel, int64_t b, int64_t h0,
-                           int64_t l0, int pn, int prows) {
+                           int64_t r0, int prows) {
     const int nr = kern->nr;
     const int64_t E = p->head_dim, cs = p->query.col_stride;
     const sdpa_dtype qdt = p->dtype;
     const size_t qe = sdpa_dtype_size(qdt);
     const T scale = (T)p->scale;
     char *rows[SDPA_MAX_PANEL];
-    FN(unit_rows)(p, pl, &p->query, b, h0, l0 + (int64_t)pn * nr, prows, qe, rows);
+    FN(unit_rows)(p, pl, &p->query, b, h0, r0, prows, qe, rows);
     if (cs == 1 && qdt == TDT) {
         kern->pack_q(panel, nr, (const T *const *)rows, prows, E, scale);
     } else if (cs == 1) {  /* 16-bit, widened */
@@ -197,8 +205,8 @@ static void FN(pv_pairs)(const kernels_f32 *kern, int Ev, int nk, const uint32_t
 /* A task's rows [l0, l0 + rows) of the unit at (b, h0) finished: their lse
  * (with the sink joining the denominator), output rows (acc / l, stored a
  * panel at a time through their pointers) and weights. */
-static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *kern, int64_t b, int64_t h0, int64_t l0,
-                            int rows, T *acc, T *row_m, T *row_l, int64_t S_b) {
+static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *kern, int pairs, int64_t b, int64_t h0,
+                            int64_t l0, int rows, T *acc, T *row_m, T *row_l, int64_t S_b) {
     const int64_t Ev = p->head_dim_v, pg = pl->tiled.pack_g, oc = p->out.col_stride;
     const int nr = pl->path.nr;
     const sdpa_dtype odt = pl->path.out_dtype;
@@ -215,19 +223,21 @@ static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *ker
     }
     for (int pn = 0; pn * nr < rows; pn++) {
         const int x0 = pn * nr, prows = rows - x0 < nr ? rows - x0 : nr;
+        const KT *pk = FN(panel_kernels)(kern, prows, pairs);
+        const int pnr = pk->nr;
         const T *pacc = acc + (int64_t)pn * Ev * nr;
         char *out[SDPA_MAX_PANEL];
         FN(unit_rows)(p, pl, &p->out, b, h0, l0 + x0, prows, oe, out);
         if (oc == 1 && odt == TDT) {
-            kern->store_rows((T *const *)out, pacc, nr, row_l + x0, prows, Ev);
+            pk->store_rows((T *const *)out, pacc, pnr, row_l + x0, prows, Ev);
         } else if (oc == 1) {
-            kern->store_rows_half(odt, (uint16_t *const *)out, pacc, nr, row_l + x0, prows, Ev);
+            pk->store_rows_half(odt, (uint16_t *const *)out, pacc, pnr, row_l + x0, prows, Ev);
         } else {  /* strided: element by element, the same values */
             for (int x = 0; x < prows; x++) {
                 const T l = row_l[x0 + x], inv = l == 0 ? 0 : 1 / l;
                 /* a row with no visible key gives zeros (even if a V row it multiplied
                  * by a zero weight held NaN); NaN in l passes through */
-                for (int64_t c = 0; c < Ev; c++) FN(store)(out[x], c * oc, odt, l == 0 ? 0 : pacc[c * nr + x] * inv);
+                for (int64_t c = 0; c < Ev; c++) FN(store)(out[x], c * oc, odt, l == 0 ? 0 : pacc[c * pnr + x] * inv);
             }
         }
     }
@@ -311,8 +321,10 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
      * -inf, which any scale > 0 keeps */
     const int fold = bf16 && scale > 0 && scale < (T)INFINITY && p->softcap == 0 && !p->alibi.data &&
                      p->mask_kind != SDPA_MASK_ADDITIVE && !weights;
+    const int pairs = bf16;
 #else
     const int64_t qpanel = E;
+    const int pairs = 0;
 #endif
 
     const int64_t l0 = qb * tile_q;  /* the task's first row */
@@ -395,6 +407,8 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
         for (int pn = 0; pn < panels; pn++) {
             const int64_t r0 = l0 + (int64_t)pn * nr;
             const int prows = (int)(R - r0 < nr ? R - r0 : nr);
+            const KT *pk = FN(panel_kernels)(kern, prows, pairs);  /* the panel's kernels and width */
+            const int pnr = pk->nr;
             /* the panel's first and last positions, and its first row's place in its position */
             const int64_t p0 = FN(row_position)(pl, r0), p1 = FN(row_position)(pl, r0 + prows - 1);
             const int phase = (int)(r0 % pg);
@@ -437,7 +451,7 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
                         continue;
                     }
 #endif
-                    FN(pack_panel)(p, pl, kern, panel, b, h, l0, packed_q, gn);
+                    FN(pack_panel)(p, pl, FN(panel_kernels)(kern, gn, pairs), panel, b, h, g0, gn);
                 }
                 if (packed_q < panels && pg == 1) {
                     const int64_t rn = l0 + (int64_t)packed_q * nr;
@@ -484,19 +498,19 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
                 const char *ka;
                 kv_scales none;
                 for (int64_t a = sp, m; (m = kv_next(&ksrc, &cur, &ka, &none, 0)) > 0; a += m)
-                    kern->gemm((int)m, E, (const T *)ka, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st + (a - sp) * nr,
-                               nr, 0);
+                    pk->gemm((int)m, E, (const T *)ka, ksr, ksc, qt + (int64_t)pn * E * nr, pnr, st + (a - sp) * pnr,
+                             pnr, 0);
                 PROF_MARK(PH_QK);
             } else {
-                kern->gemm(nk, E, kt + j0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, nr, st, nr, 0);
+                pk->gemm(nk, E, kt + j0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, pnr, st, pnr, 0);
                 PROF_MARK(PH_QK);
             }
             const int diagonal = p->causal && sp + nk - 1 > p0 + p->causal_offset;
-            FN(apply_tile_modifiers)(p, kern, st, nr, p0, (int)pg, phase, prows, sp, nk, kv_end, tile_mask,
+            FN(apply_tile_modifiers)(p, pk, st, pnr, p0, (int)pg, phase, prows, sp, nk, kv_end, tile_mask,
                                      diagonal || win_edge, slope, cap);
             if (weights)
                 for (int x = 0; x < prows; x++)
-                    FN(store_raw_scores)(p, FN(weights_row)(p, pl, b, h, r0 + x), st + x, nr, sp, nk);
+                    FN(store_raw_scores)(p, FN(weights_row)(p, pl, b, h, r0 + x), st + x, pnr, sp, nk);
             PROF_MARK(PH_MASK);
             scores += (int64_t)nk * prows;
 
@@ -509,22 +523,22 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
                 continue;
             }
 #endif
-            kern->online_softmax_update(st, nk, pmax, psum, pacc, Ev);
+            pk->online_softmax_update(st, nk, pmax, psum, pacc, Ev);
             PROF_MARK(PH_SOFTMAX);
             if (paged_products) {
                 kv_cursor cur = kv_walk(&vsrc, sp, sp + nk);
                 const char *va;
                 kv_scales none;
                 for (int64_t a = sp, m; (m = kv_next(&vsrc, &cur, &va, &none, 0)) > 0; a += m)
-                    kern->gemm((int)Ev, (int)m, (const T *)va, vsc, vsr, st + (a - sp) * nr, nr, pacc, nr, 1);
+                    pk->gemm((int)Ev, (int)m, (const T *)va, vsc, vsr, st + (a - sp) * pnr, pnr, pacc, pnr, 1);
             } else {
-                kern->gemm((int)Ev, nk, vt + j0 * vsr, vsc, vsr, st, nr, pacc, nr, 1);
+                pk->gemm((int)Ev, nk, vt + j0 * vsr, vsc, vsr, st, pnr, pacc, pnr, 1);
             }
             PROF_MARK(PH_PV);
         }
     }
 
-    FN(finish_rows)(p, pl, kern, b, h, l0, rows, acc, row_m, row_l, S_b);
+    FN(finish_rows)(p, pl, kern, pairs, b, h, l0, rows, acc, row_m, row_l, S_b);
     PROF_MARK(PH_EPILOGUE);
     if (prof) prof[PH_SCORES] += (uint64_t)scores;
 }

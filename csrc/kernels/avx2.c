@@ -231,6 +231,28 @@ static inline double hmax_nan_pd(__m256d v) {
 #include "simd_impl.h"
 #include "simd_end.h"
 
+/* the panel kernels at half the width (kernel_table's *_half) */
+#include "avx2_f32.h"
+#undef SUF
+#undef NV
+#define SUF avx2_f32h
+#define NV 1
+#define SIMD_PANELS_ONLY
+#include "simd_impl.h"
+#undef SIMD_PANELS_ONLY
+#include "simd_end.h"
+
+/* the panel kernels at half the width (kernel_table's *_half) */
+#include "avx2_f64.h"
+#undef SUF
+#undef NV
+#define SUF avx2_f64h
+#define NV 1
+#define SIMD_PANELS_ONLY
+#include "simd_impl.h"
+#undef SIMD_PANELS_ONLY
+#include "simd_end.h"
+
 
 /* Row-mode copies (internal.h): one multiply per element, as the driver's loops. */
 static void scale_copy_avx2(float *dst, const float *src, int64_t n, float scale) {
@@ -452,6 +474,8 @@ const kernel_table sdpa_kernels_avx2 = {
     .f64 = {.nr = panel_rows_avx2_f64,
             .gemm = gemm_avx2_f64, .online_softmax_update = online_softmax_update_avx2_f64, .exp = exp_avx2_f64, .softcap = softcap_avx2_f64,
             .dot = dot_avx2_f64, .pv_rows = pv_rows_avx2_f64, .row_online_softmax_update = row_online_softmax_update_avx2_f64},
+    .f32_half = {SDPA_HALF_KERNELS_F32(avx2_f32h)},
+    .f64_half = {SDPA_HALF_KERNELS(avx2_f64h)},
 };
 
 #endif /* SDPA_HAVE_X86_KERNELS */

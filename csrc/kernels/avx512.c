@@ -215,6 +215,28 @@ static inline double hmax_nan_pd(__m512d v) {
 #include "simd_impl.h"
 #include "simd_end.h"
 
+/* the panel kernels at half the width (kernel_table's *_half) */
+#include "avx512_f32.h"
+#undef SUF
+#undef NV
+#define SUF avx512_f32h
+#define NV 1
+#define SIMD_PANELS_ONLY
+#include "simd_impl.h"
+#undef SIMD_PANELS_ONLY
+#include "simd_end.h"
+
+/* the panel kernels at half the width (kernel_table's *_half) */
+#include "avx512_f64.h"
+#undef SUF
+#undef NV
+#define SUF avx512_f64h
+#define NV 1
+#define SIMD_PANELS_ONLY
+#include "simd_impl.h"
+#undef SIMD_PANELS_ONLY
+#include "simd_end.h"
+
 
 /* Row-mode copies (internal.h): one multiply per element, as the driver's loops. */
 static void scale_copy_avx512(float *dst, const float *src, int64_t n, float scale) {
@@ -908,12 +930,15 @@ const sdpa_peak_fn sdpa_peak_vnni_avx512 = peak_vnni_avx512;
     .exp = exp_avx512_f64, .softcap = softcap_avx512_f64, .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64,  \
     .row_online_softmax_update = row_online_softmax_update_avx512_f64
 #define AVX512_FEATURES (SDPA_FEATURE_AVX2 | SDPA_FEATURE_AVX512)
+#define AVX512_HALF_KERNELS                                                                                    \
+    .f32_half = {SDPA_HALF_KERNELS_F32(avx512_f32h)}, .f64_half = {SDPA_HALF_KERNELS(avx512_f64h)}
 
 const kernel_table sdpa_kernels_avx512 = {
     .name = "avx512",
     .features = AVX512_FEATURES,
     .f32 = {AVX512_F32_KERNELS},
     .f64 = {AVX512_F64_KERNELS},
+    AVX512_HALF_KERNELS,
 };
 
 /* The avx512 set plus bfloat16 dot products for bfloat16 problems. */
@@ -923,6 +948,7 @@ const kernel_table sdpa_kernels_avx512_bf16 = {
     .bf16_products = 1,
     .f32 = {AVX512_F32_KERNELS, .bf16 = {.gemm_bf16 = gemm_bf16_avx512, BF16_PAIR_KERNELS}},
     .f64 = {AVX512_F64_KERNELS},
+    AVX512_HALF_KERNELS,
 };
 
 #if SDPA_HAVE_AMX_KERNELS
@@ -935,6 +961,7 @@ const kernel_table sdpa_kernels_amx = {
             .bf16 = {.gemm_bf16 = gemm_bf16_amx, BF16_PAIR_KERNELS, .values_by_feature = 1, .pairs_block = 16,
                      .tiles_begin = tiles_begin_amx, .tiles_end = tiles_end_amx}},
     .f64 = {AVX512_F64_KERNELS},
+    AVX512_HALF_KERNELS,
 };
 #endif
 
@@ -948,12 +975,14 @@ const kernel_table sdpa_kernels_amx_emulated = {
             .bf16 = {.gemm_bf16 = gemm_bf16_amx_emulated, BF16_PAIR_KERNELS, .values_by_feature = 1,
                      .pairs_block = 16, .tiles_begin = tiles_begin_amx_emulated, .tiles_end = tiles_end_amx_emulated}},
     .f64 = {AVX512_F64_KERNELS},
+    AVX512_HALF_KERNELS,
 };
 
 #undef AVX512_F32_KERNELS
 #undef AVX512_F64_KERNELS
 #undef BF16_PAIR_KERNELS
 #undef AVX512_FEATURES
+#undef AVX512_HALF_KERNELS
 
 _Static_assert((int)bf16_panel_rows == (int)panel_rows_avx512_f32, "the bfloat16 panel is the float32 one");
 _Static_assert((int)panel_rows_avx512_f32 == 32, "the AMX kernel's C and B tiles cover a panel of 32 rows");

@@ -194,6 +194,28 @@ static void widen_neon(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n
 #include "simd_impl.h"
 #include "simd_end.h"
 
+/* the panel kernels at half the width (kernel_table's *_half) */
+#include "neon_f32.h"
+#undef SUF
+#undef NV
+#define SUF neon_f32h
+#define NV 2
+#define SIMD_PANELS_ONLY
+#include "simd_impl.h"
+#undef SIMD_PANELS_ONLY
+#include "simd_end.h"
+
+/* the panel kernels at half the width (kernel_table's *_half) */
+#include "neon_f64.h"
+#undef SUF
+#undef NV
+#define SUF neon_f64h
+#define NV 2
+#define SIMD_PANELS_ONLY
+#include "simd_impl.h"
+#undef SIMD_PANELS_ONLY
+#include "simd_end.h"
+
 /* Row-mode copies (internal.h): one multiply per element, as the driver's loops. */
 static void scale_copy_neon(float *dst, const float *src, int64_t n, float scale) {
     const float32x4_t s = vdupq_n_f32(scale);
@@ -226,6 +248,7 @@ static void scale_copy_d_neon(float *dst, const float *src, int64_t n, double in
     .nr = panel_rows_neon_f64, .gemm = gemm_neon_f64, .online_softmax_update = online_softmax_update_neon_f64,    \
     .exp = exp_neon_f64, .softcap = softcap_neon_f64, .dot = dot_neon_f64, .pv_rows = pv_rows_neon_f64,          \
     .row_online_softmax_update = row_online_softmax_update_neon_f64
+#define NEON_HALF_KERNELS .f32_half = {SDPA_HALF_KERNELS_F32(neon_f32h)}, .f64_half = {SDPA_HALF_KERNELS(neon_f64h)}
 
 /* The roofline report's probe (internal.h). */
 static double peak_fma_neon(int64_t iters) {
@@ -247,6 +270,7 @@ const kernel_table sdpa_kernels_neon = {
     .features = SDPA_FEATURE_NEON,
     .f32 = {NEON_F32_KERNELS},
     .f64 = {NEON_F64_KERNELS},
+    NEON_HALF_KERNELS,
 };
 
 #if SDPA_HAVE_NEON_EXT_KERNELS
@@ -261,6 +285,7 @@ const kernel_table sdpa_kernels_neon_bf16 = {
             .bf16 = {.gemm_bf16 = gemm_bf16_neon, .pack_q_pairs = pack_q_pairs_neon,
                      .pack_v_pairs = pack_v_pairs_neon, .online_softmax_pairs = online_softmax_pairs_neon}},
     .f64 = {NEON_F64_KERNELS},
+    NEON_HALF_KERNELS,
 };
 
 int (*const sdpa_dot_qi_neon)(sdpa_dtype, int, int, int64_t, int64_t, const int8_t *, int64_t, const float *,

@@ -31,6 +31,11 @@
  *   V_HMAX_NAN(v)          the largest lane, NaN if a lane is NaN
  *   S_EXP(x)               libm's exp for T with the kernels' cut (internal.h)
  *   RESCALE(a, f)          a * f, without a subnormal product for a tiny f (internal.h)
+ *
+ * With SIMD_PANELS_ONLY defined, only the panel kernels (gemm, the softmax
+ * update, masks, query panels and finished rows) are built: a set's half-width
+ * instance, NV halved under another SUF, for a task's last panel when its rows
+ * fit (kernel_table.f32_half).
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -133,6 +138,7 @@ static void FN(online_softmax_update)(T *s, int n, T *row_max, T *row_sum, T *ac
         }
 }
 
+#ifndef SIMD_PANELS_ONLY /* the element-wise kernels take no panel width */
 /* x[i] = cap * tanh(x[i] / cap), tanh(y) as 1 - 2 / (e^(2y) + 1): exact at the
  * ends (+-cap for +-inf), NaN kept; absolute error a few ulp of cap. */
 static void FN(softcap)(T *x, int64_t n, T cap) {
@@ -155,6 +161,8 @@ static void FN(exp)(T *x, int64_t n) {
         for (int l = 0; i + l < n; l++) x[i + l] = tmp[l];
     }
 }
+
+#endif
 
 /* ---- masks on a transposed score tile ---- */
 
@@ -349,6 +357,8 @@ static void FN(store_rows_half)(sdpa_dtype dt, uint16_t *const *rows, const T *a
 #undef ROWS_HALF
 #undef ROW_ES
 #endif
+
+#ifndef SIMD_PANELS_ONLY /* a panel-only instance (a set's half width) has no row kernels */
 
 /* ---- row kernels ---- */
 
@@ -743,6 +753,8 @@ static void FN(row_online_softmax_update)(T *s, int n, T *row_max, T *row_sum, T
     for (int64_t c = 0; c < evv; c += LANES) V_STOREU(acc + c, V_MUL(V_LOADU(acc + c), va));
     for (int64_t c = evv; c < ev; c++) acc[c] *= alpha;
 }
+
+#endif /* SIMD_PANELS_ONLY */
 
 #undef NR
 #undef FN
