@@ -66,9 +66,9 @@ void sdpa_testing_set_fold_group(int min_group) { sdpa_atomic_store(&forced_fold
 void sdpa_testing_set_packing(int mode) { sdpa_atomic_store(&forced_packing, mode == 1 || mode == 2 ? mode : 0); }
 
 void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk) {
-    sdpa_atomic_store(&forced_tile_q, tile_q > 0 ? tile_q : 0);
-    sdpa_atomic_store(&forced_tile_k, tile_k > 0 ? tile_k : 0);
-    sdpa_atomic_store(&forced_chunk, chunk > 0 ? chunk : 0);
+    sdpa_atomic_store(&forced_tile_q, tile_q > 0 && tile_q <= SDPA_TESTING_MAX_TILE ? tile_q : 0);
+    sdpa_atomic_store(&forced_tile_k, tile_k > 0 && tile_k <= SDPA_TESTING_MAX_TILE ? tile_k : 0);
+    sdpa_atomic_store(&forced_chunk, chunk > 0 && chunk <= SDPA_TESTING_MAX_CHUNK ? chunk : 0);
 }
 
 /* ---- one part's plan ---- */

@@ -437,6 +437,7 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
     int nthreads = threads_asked ? threads_asked : c->num_threads;
     if (nthreads == 0) nthreads = sdpa_call_default_threads();
     if (!threads_asked && nthreads > sdpa_max_threads()) nthreads = sdpa_max_threads();
+    if (nthreads > SDPA_MAX_THREADS) nthreads = SDPA_MAX_THREADS;
     if (nthreads < 1) nthreads = 1;
     if ((int64_t)nthreads > units) nthreads = (int)(units > 0 ? units : 1);
     /* waking a thread costs tens of microseconds: by default give each at least

@@ -40,14 +40,15 @@ static float abs_max(const float *x, int64_t n) {
 
 /* dst[i] = round(x[i] / scale) in [-127, 127] (convert.h) */
 static void round_to_int8(const float *x, int64_t n, float scale, int8_t *dst) {
-    for (int64_t i = 0; i < n; i++) dst[i] = (int8_t)(int)sdpa_round_quotient(x[i], scale, 127.0f);
+    for (int64_t i = 0; i < n; i++) dst[i] = (int8_t)(int)sdpa_round_quotient(x[i], scale, SDPA_INT8_MAX);
 }
 
 /* dst[i] = the nibble of round(x[i] / scale) + 8, in [-7, 7]: value c in
  * byte c / 2, low nibble first (n even, dst written whole) */
 static void round_to_int4(const float *x, int64_t n, float scale, uint8_t *dst) {
     for (int64_t i = 0; i < n; i += 2) {
-        const int a = (int)sdpa_round_quotient(x[i], scale, 7.0f), b = (int)sdpa_round_quotient(x[i + 1], scale, 7.0f);
+        const int a = (int)sdpa_round_quotient(x[i], scale, SDPA_INT4_MAX);
+        const int b = (int)sdpa_round_quotient(x[i + 1], scale, SDPA_INT4_MAX);
         dst[i / 2] = (uint8_t)((unsigned)(a + 8) | ((unsigned)(b + 8) << 4));
     }
 }
@@ -63,10 +64,10 @@ static void round_to_fp8(sdpa_dtype dt, const float *x, int64_t n, float scale, 
 /* the largest stored magnitude of each dtype */
 static float quantized_max(sdpa_dtype dt) {
     switch (dt) {
-        case SDPA_INT8: return 127.0f;
-        case SDPA_INT4: return 7.0f;
-        case SDPA_FP8_E4M3: return 448.0f;
-        default: return 57344.0f;
+        case SDPA_INT8: return SDPA_INT8_MAX;
+        case SDPA_INT4: return SDPA_INT4_MAX;
+        case SDPA_FP8_E4M3: return SDPA_FP8_E4M3_MAX;
+        default: return SDPA_FP8_E5M2_MAX;
     }
 }
 

@@ -28,7 +28,10 @@ int sdpa_set_flush_to_zero(int on);
 
 /* Forces the blocking of later calls (attention.c): query rows per task
  * (rounded up to the panel width), keys per tile, keys per row-mode chunk; 0
- * restores the rule for that one. */
+ * restores the rule for that one, and so does a value out of range (tiles in
+ * 1..SDPA_TESTING_MAX_TILE, chunks in 1..SDPA_TESTING_MAX_CHUNK). */
+#define SDPA_TESTING_MAX_TILE 4096
+#define SDPA_TESTING_MAX_CHUNK 65536
 void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk);
 
 /* Forces whether later tiled calls pack K and V once per call (attention.c):

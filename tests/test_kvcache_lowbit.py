@@ -44,6 +44,23 @@ def test_fp8_decoding_table_is_ml_dtypes(name):
     np.testing.assert_array_equal(np.signbit(mine[ok]), np.signbit(theirs[ok]))
 
 
+def test_quantized_maxima_are_the_formats():
+    """sdpa.h names each format's largest stored magnitude (the one place it is
+    written): float8's are ml_dtypes' finite maxima, int8's and int4's their
+    symmetric ranges; a cache scales max|x| to it."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    top = _core.QUANTIZED_MAX
+    assert set(top) == set(_core.QUANTIZED)
+    for name in FP8:
+        assert top[name] == float(ml_dtypes.finfo(getattr(ml_dtypes, name)).max)
+    assert (top["int8"], top["int4"]) == (127.0, 7.0)
+    x = np.linspace(-3, 3, 32, dtype=np.float32).reshape(1, 1, 1, 32)
+    for name in _core.QUANTIZED:
+        cache = sdpa.KVCache(1, 1, 2, 32, dtype=name)
+        cache.append(x, x)
+        np.testing.assert_allclose(cache.key_scales.ravel(), np.float32(3) / np.float32(top[name]), rtol=1e-7)
+
+
 @pytest.mark.parametrize("name", FP8)
 @pytest.mark.parametrize("group", [None, 16])
 def test_fp8_rounding_is_ml_dtypes(rng, name, group):

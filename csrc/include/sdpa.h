@@ -37,6 +37,17 @@ extern "C" {
  * of SDPA_MAX_POSITION already shows every key. */
 #define SDPA_MAX_POSITION ((int64_t)1 << 61)
 
+/* A thread count above this is taken as this (a sanity bound, not a tuning
+ * knob: a call never takes more threads than it has units of work). */
+#define SDPA_MAX_THREADS 65536
+
+/* The largest magnitude each quantized kv_dtype stores (sdpa_quantize scales
+ * max|x| to it): int8 127, int4 7, float8 e4m3fn 448, e5m2 57344. */
+#define SDPA_INT8_MAX 127.0f
+#define SDPA_INT4_MAX 7.0f
+#define SDPA_FP8_E4M3_MAX 448.0f
+#define SDPA_FP8_E5M2_MAX 57344.0f
+
 /* integer_pv: the keys whose weights share one scale (a run of a key tile). */
 #define SDPA_PV_KEYS 64
 

@@ -30,6 +30,11 @@ cdef extern from "sdpa.h" nogil:
         SDPA_MASK_ADDITIVE
     enum: SDPA_MAX_BATCH_DIMS
     int64_t SDPA_MAX_POSITION
+    enum: SDPA_MAX_THREADS
+    float SDPA_INT8_MAX
+    float SDPA_INT4_MAX
+    float SDPA_FP8_E4M3_MAX
+    float SDPA_FP8_E5M2_MAX
     ctypedef int (*sdpa_interrupt_fn)(void *user_data) noexcept
     ctypedef struct sdpa_view:
         void *data
@@ -115,6 +120,8 @@ cdef extern from "testing.h" nogil:
     void sdpa_fp_flags_in_threads(int num_threads, int *flags)
     int sdpa_set_flush_to_zero(int on)
     const char *sdpa_isa_env_error()
+    enum: SDPA_TESTING_MAX_TILE
+    enum: SDPA_TESTING_MAX_CHUNK
     void sdpa_testing_set_blocking(int tile_q, int tile_k, int chunk)
     void sdpa_testing_set_packing(int mode)
     void sdpa_testing_set_fold_group(int min_group)

@@ -43,10 +43,9 @@ ISAS = _isa_names()
 cdef enum:
     # dims of a full operand: batch dims, then (head, row, column)
     MAX_DIMS = SDPA_MAX_BATCH_DIMS + 3
-    # thread counts above this are taken as this (a sanity bound, not a tuning knob)
-    MAX_THREADS = 1 << 16
 
-MAX_NUM_THREADS = MAX_THREADS
+# thread counts above this are taken as this (sdpa.h: a sanity bound, not a tuning knob)
+MAX_NUM_THREADS = SDPA_MAX_THREADS
 
 
 # ---------------------------------------------------------------- facts
@@ -211,8 +210,10 @@ def set_blocking(int tile_q=0, int tile_k=0, int chunk=0):
     """Forces the blocking of later calls, process-wide (for tests): query rows
     per task (rounded up to the panel width), keys per tile, keys per chunk in
     row mode; 0 restores the rule for that one."""
-    if tile_q < 0 or tile_k < 0 or chunk < 0 or tile_q > 4096 or tile_k > 4096 or chunk > 65536:
-        raise ValueError("set_blocking: tile_q and tile_k in 0..4096, chunk in 0..65536")
+    if (tile_q < 0 or tile_k < 0 or chunk < 0 or tile_q > SDPA_TESTING_MAX_TILE or tile_k > SDPA_TESTING_MAX_TILE
+            or chunk > SDPA_TESTING_MAX_CHUNK):
+        raise ValueError(f"set_blocking: tile_q and tile_k in 0..{SDPA_TESTING_MAX_TILE}, "
+                         f"chunk in 0..{SDPA_TESTING_MAX_CHUNK}")
     sdpa_testing_set_blocking(tile_q, tile_k, chunk)
 
 
@@ -593,6 +594,9 @@ cdef int _fill_scales(sdpa_problem *p, cnp.ndarray k_scale, cnp.ndarray v_scale,
 
 # the quantized key/value dtypes by name, and their core codes
 QUANTIZED = {"int8": SDPA_INT8, "float8_e4m3fn": SDPA_FP8_E4M3, "float8_e5m2": SDPA_FP8_E5M2, "int4": SDPA_INT4}
+# the largest magnitude each stores (sdpa.h), by name
+QUANTIZED_MAX = {"int8": SDPA_INT8_MAX, "float8_e4m3fn": SDPA_FP8_E4M3_MAX, "float8_e5m2": SDPA_FP8_E5M2_MAX,
+                 "int4": SDPA_INT4_MAX}
 
 
 def quantize(int code, cnp.ndarray src not None, cnp.ndarray dst not None, scales, int64_t group_size=0):
@@ -913,7 +917,7 @@ cdef class Call:
             self.window_left = window[0]
             self.window_right = window[1]
         self.softcap = softcap if softcap is not None else 0.0
-        self.threads = 0 if num_threads is None else num_threads  # at most MAX_THREADS (call_constants)
+        self.threads = 0 if num_threads is None else num_threads  # at most SDPA_MAX_THREADS (call_constants)
         self.weights = return_weights
         self.lse = return_lse
         self.kvdt = -1 if kv_dtype is None else kv_dtype

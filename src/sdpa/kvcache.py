@@ -613,7 +613,7 @@ CACHE_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "float8_e4m
 # the quantized caches: the core's codes by name, names by code
 _NAMES = {code: name for name, code in _core.QUANTIZED.items()}
 _FP8_CODES = (_core.QUANTIZED["float8_e4m3fn"], _core.QUANTIZED["float8_e5m2"])
-_FP8_MAX = {_core.QUANTIZED["float8_e4m3fn"]: 448.0, _core.QUANTIZED["float8_e5m2"]: 57344.0}
+_FP8_MAX = {_core.QUANTIZED[name]: _core.QUANTIZED_MAX[name] for name in ("float8_e4m3fn", "float8_e5m2")}
 
 
 def _quantized_name(dtype: Any) -> Optional[str]:

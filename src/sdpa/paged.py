@@ -567,7 +567,7 @@ def paged_write(
         kind = "int8" if not code else next(n for n, c in _core.QUANTIZED.items() if c == code)
         kf = np.require(k[keep], np.float32, ["C", "A"])
         vf = np.require(v[keep], np.float32, ["C", "A"])
-        top = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}.get(kind)
+        top = _core.QUANTIZED_MAX[kind] if kind.startswith("float8") else None
         for a, name in ((kf, "key"), (vf, "value")):
             if not np.isfinite(a).all():
                 raise ValueError(f"{name}: {_article(kind)} {kind} cache holds finite values only; got NaN or inf")
