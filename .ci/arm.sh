@@ -30,10 +30,8 @@ command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static)
    -e /usr/aarch64-linux-gnu/lib/libc.so ]] || need+=(libc6-dev-arm64-cross)
 if ((${#need[@]})); then
     echo "== installing ${need[*]}"
-    SUDO=""
-    [[ "$(id -u)" == 0 ]] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+    . "$ROOT/.ci/apt.sh"
+    ci_apt_install "${need[@]}"
 fi
 
 if [[ -n "${SDPA_ARM_BUILD_DIR:-}" ]]; then

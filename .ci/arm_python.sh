@@ -17,13 +17,12 @@ else
     WORK="$(mktemp -d "${TMPDIR:-/tmp}/sdpa-armpy.XXXXXX")"
     trap 'rm -rf "$WORK"' EXIT
 fi
-SUDO=""
-[[ "$(id -u)" == 0 ]] || SUDO="sudo"
 
 echo "== Debian's arm64 CPython and NumPy, unpacked into $WORK/root"
+. "$ROOT/.ci/apt.sh"
 if ! dpkg --print-foreign-architectures | grep -qx arm64; then
-    $SUDO dpkg --add-architecture arm64
-    $SUDO apt-get update -qq
+    ci_locked dpkg --add-architecture arm64
+    ci_apt update -qq
 fi
 mkdir -p "$WORK/debs" "$WORK/root"
 roots=(python3.11-minimal:arm64 libpython3.11-stdlib:arm64 libpython3.11-dev:arm64 python3-numpy:arm64)
@@ -32,7 +31,7 @@ roots=(python3.11-minimal:arm64 libpython3.11-stdlib:arm64 libpython3.11-dev:arm
 pkgs=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks --no-replaces \
         --no-enhances --no-pre-depends "${roots[@]}" 2>/dev/null | grep -E '^[a-z0-9].*:arm64$' | sort -u |
     grep -v -E '^(dpkg|tar|install-info|libatlas3-base|libblis4|libopenblas0|python3:|python3\.11:|libc-dev-bin|linux-libc-dev|libc6-dev|libcrypt-dev|libnsl-dev|libtirpc-dev|rpcsvc-proto|libexpat1-dev|zlib1g-dev)')
-(cd "$WORK/debs" && apt-get download $pkgs >/dev/null 2>&1)
+(cd "$WORK/debs" && ci_apt download $pkgs >/dev/null 2>&1)
 for d in "$WORK"/debs/*.deb; do dpkg -x "$d" "$WORK/root"; done
 LIBDIR="$WORK/root/usr/lib/aarch64-linux-gnu"
 ln -sf blas/libblas.so.3 "$LIBDIR/libblas.so.3"

@@ -50,9 +50,9 @@ echo "== examples"
 "$BUILD/sdpa_paged_decode"
 
 echo "== valgrind memcheck: sdpa_test_core --quick"
-if ! command -v valgrind >/dev/null; then  # CI runs as root
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind
+if ! command -v valgrind >/dev/null; then
+    . "$ROOT/.ci/apt.sh"
+    ci_apt_install valgrind
 fi
 OMP_NUM_THREADS=2 valgrind --tool=memcheck --error-exitcode=1 --leak-check=full \
     --suppressions="$ROOT/tests/c/valgrind.supp" \

@@ -19,8 +19,8 @@ start=$SECONDS
 llvm_lib="${SDPA_LLVM_LIB:-$(ls -d /usr/lib/llvm-*/lib 2>/dev/null | sort -V | tail -n 1)}"
 if [[ -z "$llvm_lib" || ! -e "$llvm_lib/libarcher.so" ]]; then
     if [[ "$(id -u)" -eq 0 ]] && command -v apt-get >/dev/null; then
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libomp-14-dev >/dev/null
+        . "$here/apt.sh"
+        ci_apt_install libomp-14-dev
         llvm_lib=/usr/lib/llvm-14/lib
     else
         echo "tsan: needs LLVM's libomp with libarcher.so (Debian: libomp-14-dev)" >&2
