@@ -19,7 +19,7 @@ import numpy as np
 from . import _core
 from ._checks import count, declined, head_values, int64_copy
 from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
-from .kvcache import CacheFormat, base_call, cache_dtype
+from .kvcache import _FP8_CODES, _NAMES, CacheFormat, base_call, cache_dtype
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
 
@@ -47,19 +47,20 @@ def _article(name: str) -> str:
 
 def _storage_code(kc: Array, vc: Array, kv_dtype: Optional[str]) -> Tuple[Array, Array, int]:
     """The caches as the core reads them (float8 arrays of ml_dtypes as uint8)
-    and the core's code of a quantized type other than int8 (0 for the rest)."""
+    and the core's code of their quantized format (0 for float caches), as
+    CacheFormat.code has it."""
     name = kc.dtype.name
     if kv_dtype is None:
         if name in _FP8 and vc.dtype == kc.dtype:  # ml_dtypes' float8 arrays say their format
             return kc.view(np.uint8), vc.view(np.uint8), int(_core.QUANTIZED[name])
-        return kc, vc, 0
+        return kc, vc, _INT8 if kc.dtype == np.int8 and vc.dtype == np.int8 else 0
     if kv_dtype not in _core.QUANTIZED:
         raise ValueError(f"kv_dtype: expected one of {', '.join(map(repr, _core.QUANTIZED))}, got {kv_dtype!r}")
     if kv_dtype == "int8":
         for a, arg in ((kc, "key_cache"), (vc, "value_cache")):
             if a.dtype != np.int8:
                 raise TypeError(f"{arg}: an int8 cache is stored as int8, got dtype {a.dtype}")
-        return kc, vc, 0
+        return kc, vc, _INT8
     if name in _FP8 and name == kv_dtype and vc.dtype == kc.dtype:
         kc, vc = kc.view(np.uint8), vc.view(np.uint8)
     for a, arg in ((kc, "key_cache"), (vc, "value_cache")):
@@ -71,9 +72,9 @@ def _storage_code(kc: Array, vc: Array, kv_dtype: Optional[str]) -> Tuple[Array,
 def _cache_pair(
     key_cache: Any, value_cache: Any, key_scale: Any, value_scale: Any, kv_dtype: Optional[str] = None,
 ) -> Tuple[Array, Array, Optional[Array], Optional[Array], int, int]:
-    """The caches (and scales, group size, and the core's code of a float8 or
-    int4 cache, else 0) checked: 4-dim, one dtype that a KV cache stores,
-    matching blocks, heads and block size."""
+    """The caches (and scales, group size, and the core's code of a quantized
+    cache, else 0) checked: 4-dim, one dtype that a KV cache stores, matching
+    blocks, heads and block size."""
     kc = _to_array(key_cache, "key_cache")
     vc = _to_array(value_cache, "value_cache")
     for a, name in ((kc, "key_cache"), (vc, "value_cache")):
@@ -109,9 +110,8 @@ def _cache_pair(
         )
     if kc.shape[1] < 1 or kc.shape[2] < 1:
         raise ValueError(f"key_cache: needs at least one head and a block size >= 1, got shape {kc.shape}")
-    quantized = kc.dtype == np.int8 or code != 0
-    kind = "int8" if not code else next(n for n, c in _core.QUANTIZED.items() if c == code)
-    if not quantized or (code and code != _INT4 and key_scale is None and value_scale is None):
+    kind = _NAMES.get(code, "")
+    if not code or (code in _FP8_CODES and key_scale is None and value_scale is None):
         if key_scale is not None or value_scale is not None:
             raise ValueError(f"key_scale, value_scale: only a quantized cache has scales; this one is {kc.dtype}")
         return kc, vc, None, None, 0, code  # float, or float8 without scales
@@ -275,7 +275,7 @@ def _paged_call(
         )
     if not isinstance(is_causal, (bool, np.bool_)):  # a paged row's position is its sequence's
         raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
-    base = base_call(code or (_INT8 if kc.dtype == np.int8 else 0), group, integer_qk, integer_pv)
+    base = base_call(code, group, integer_qk, integer_pv)
     if packed:
         bt, sl = _tables(block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc")
     else:
@@ -563,8 +563,8 @@ def paged_write(
     if np.unique(used).size != used.size:
         raise ValueError("slot_mapping: two tokens go to one slot")
     blocks, rows = used // bs, used % bs
-    if (ks is not None and vs is not None) or code:
-        kind = "int8" if not code else next(n for n, c in _core.QUANTIZED.items() if c == code)
+    if code:
+        kind = _NAMES[code]
         kf = np.require(k[keep], np.float32, ["C", "A"])
         vf = np.require(v[keep], np.float32, ["C", "A"])
         top = _core.QUANTIZED_MAX[kind] if kind.startswith("float8") else None
@@ -579,10 +579,9 @@ def paged_write(
         qv = np.empty((1, n, Hkv, Ev // width), kc.dtype)
         sk = None if ks is None else np.empty((1, n, Hkv, ks.shape[3]), np.float32)
         sv = None if vs is None else np.empty((1, n, Hkv, vs.shape[3]), np.float32)
-        qcode = code or int(_core.QUANTIZED["int8"])
-        _core.quantize(qcode, kf[None], qk, sk, group)
+        _core.quantize(code, kf[None], qk, sk, group)
         if not latent:
-            _core.quantize(qcode, vf[None], qv, sv, group)
+            _core.quantize(code, vf[None], qv, sv, group)
         kc[blocks, :, rows, :] = qk[0]
         if ks is not None and sk is not None:
             ks[blocks, :, rows, :] = sk[0]
