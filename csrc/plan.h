@@ -33,7 +33,8 @@ typedef struct plan {
         int integer_pv;        /* row path: P V of int8 / int4 values in integers */
         sdpa_pv_qi_fn pv_qi;
         int nr;                /* the kernel set's panel width                   */
-        int nr_half;           /* its half-width panel's (a task's tail), or nr  */
+        int nr_half;           /* a task's last panel's width where its rows fit
+                                  (the set's half-width table), or nr: none   */
     } path;
     struct {
         int tile_q, tile_k;    /* tile_q a multiple of nr; tile_k sets the order of sums */

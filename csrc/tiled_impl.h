@@ -50,11 +50,12 @@ static void FN(task_coords)(const sdpa_problem *p, const plan *pl, int64_t task,
 }
 
 /* The kernels of a panel of prows rows: the set's half-width table where the
- * rows fit in it (a task's last panel, the tail of L), else the set's own.
- * Every panel still takes nr rows of the scratch; one of half width is laid
- * out at its own width (pk->nr) there.  The bfloat16 pairs keep their width. */
-static inline const KT *FN(panel_kernels)(const KT *kern, int prows, int pairs) {
-    return kern->half && !pairs && prows <= kern->half->nr ? kern->half : kern;
+ * plan has one (plan.path.nr_half: not for the bfloat16 pairs) and the rows
+ * fit in it (a task's last panel, the tail of L), else the set's own.  Every
+ * panel still takes nr rows of the scratch; one of half width is laid out at
+ * its own width (pk->nr) there. */
+static inline const KT *FN(panel_kernels)(const plan *pl, const KT *kern, int prows) {
+    return prows <= pl->path.nr_half && pl->path.nr_half < pl->path.nr ? kern->half : kern;
 }
 
 /* The position of row r of a task's unit (pack_g rows a position). */
@@ -205,8 +206,8 @@ static void FN(pv_pairs)(const kernels_f32 *kern, int Ev, int nk, const uint32_t
 /* A task's rows [l0, l0 + rows) of the unit at (b, h0) finished: their lse
  * (with the sink joining the denominator), output rows (acc / l, stored a
  * panel at a time through their pointers) and weights. */
-static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *kern, int pairs, int64_t b, int64_t h0,
-                            int64_t l0, int rows, T *acc, T *row_m, T *row_l, int64_t S_b) {
+static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *kern, int64_t b, int64_t h0, int64_t l0,
+                            int rows, T *acc, T *row_m, T *row_l, int64_t S_b) {
     const int64_t Ev = p->head_dim_v, pg = pl->tiled.pack_g, oc = p->out.col_stride;
     const int nr = pl->path.nr;
     const sdpa_dtype odt = pl->path.out_dtype;
@@ -223,7 +224,7 @@ static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *ker
     }
     for (int pn = 0; pn * nr < rows; pn++) {
         const int x0 = pn * nr, prows = rows - x0 < nr ? rows - x0 : nr;
-        const KT *pk = FN(panel_kernels)(kern, prows, pairs);
+        const KT *pk = FN(panel_kernels)(pl, kern, prows);
         const int pnr = pk->nr;
         const T *pacc = acc + (int64_t)pn * Ev * nr;
         char *out[SDPA_MAX_PANEL];
@@ -321,10 +322,8 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
      * -inf, which any scale > 0 keeps */
     const int fold = bf16 && scale > 0 && scale < (T)INFINITY && p->softcap == 0 && !p->alibi.data &&
                      p->mask_kind != SDPA_MASK_ADDITIVE && !weights;
-    const int pairs = bf16;
 #else
     const int64_t qpanel = E;
-    const int pairs = 0;
 #endif
 
     const int64_t l0 = qb * tile_q;  /* the task's first row */
@@ -407,7 +406,7 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
         for (int pn = 0; pn < panels; pn++) {
             const int64_t r0 = l0 + (int64_t)pn * nr;
             const int prows = (int)(R - r0 < nr ? R - r0 : nr);
-            const KT *pk = FN(panel_kernels)(kern, prows, pairs);  /* the panel's kernels and width */
+            const KT *pk = FN(panel_kernels)(pl, kern, prows);  /* the panel's kernels and width */
             const int pnr = pk->nr;
             /* the panel's first and last positions, and its first row's place in its position */
             const int64_t p0 = FN(row_position)(pl, r0), p1 = FN(row_position)(pl, r0 + prows - 1);
@@ -451,7 +450,7 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
                         continue;
                     }
 #endif
-                    FN(pack_panel)(p, pl, FN(panel_kernels)(kern, gn, pairs), panel, b, h, g0, gn);
+                    FN(pack_panel)(p, pl, FN(panel_kernels)(pl, kern, gn), panel, b, h, g0, gn);
                 }
                 if (packed_q < panels && pg == 1) {
                     const int64_t rn = l0 + (int64_t)packed_q * nr;
@@ -538,7 +537,7 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
         }
     }
 
-    FN(finish_rows)(p, pl, kern, pairs, b, h, l0, rows, acc, row_m, row_l, S_b);
+    FN(finish_rows)(p, pl, kern, b, h, l0, rows, acc, row_m, row_l, S_b);
     PROF_MARK(PH_EPILOGUE);
     if (prof) prof[PH_SCORES] += (uint64_t)scores;
 }

@@ -233,25 +233,15 @@ static inline double hmax_nan_pd(__m256d v) {
 
 /* the panel kernels at half the width (kernel_table's *_half) */
 #include "avx2_f32.h"
-#undef SUF
-#undef NV
-#define SUF avx2_f32h
-#define NV 1
-#define SIMD_PANELS_ONLY
-#include "simd_impl.h"
-#undef SIMD_PANELS_ONLY
-#include "simd_end.h"
+#define SIMD_HALF_SUF avx2_f32h
+#define SIMD_HALF_NV 1
+#include "simd_half.h"
 
 /* the panel kernels at half the width (kernel_table's *_half) */
 #include "avx2_f64.h"
-#undef SUF
-#undef NV
-#define SUF avx2_f64h
-#define NV 1
-#define SIMD_PANELS_ONLY
-#include "simd_impl.h"
-#undef SIMD_PANELS_ONLY
-#include "simd_end.h"
+#define SIMD_HALF_SUF avx2_f64h
+#define SIMD_HALF_NV 1
+#include "simd_half.h"
 
 
 /* Row-mode copies (internal.h): one multiply per element, as the driver's loops. */

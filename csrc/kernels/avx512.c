@@ -217,25 +217,15 @@ static inline double hmax_nan_pd(__m512d v) {
 
 /* the panel kernels at half the width (kernel_table's *_half) */
 #include "avx512_f32.h"
-#undef SUF
-#undef NV
-#define SUF avx512_f32h
-#define NV 1
-#define SIMD_PANELS_ONLY
-#include "simd_impl.h"
-#undef SIMD_PANELS_ONLY
-#include "simd_end.h"
+#define SIMD_HALF_SUF avx512_f32h
+#define SIMD_HALF_NV 1
+#include "simd_half.h"
 
 /* the panel kernels at half the width (kernel_table's *_half) */
 #include "avx512_f64.h"
-#undef SUF
-#undef NV
-#define SUF avx512_f64h
-#define NV 1
-#define SIMD_PANELS_ONLY
-#include "simd_impl.h"
-#undef SIMD_PANELS_ONLY
-#include "simd_end.h"
+#define SIMD_HALF_SUF avx512_f64h
+#define SIMD_HALF_NV 1
+#include "simd_half.h"
 
 
 /* Row-mode copies (internal.h): one multiply per element, as the driver's loops. */

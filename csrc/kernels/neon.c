@@ -196,25 +196,15 @@ static void widen_neon(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n
 
 /* the panel kernels at half the width (kernel_table's *_half) */
 #include "neon_f32.h"
-#undef SUF
-#undef NV
-#define SUF neon_f32h
-#define NV 2
-#define SIMD_PANELS_ONLY
-#include "simd_impl.h"
-#undef SIMD_PANELS_ONLY
-#include "simd_end.h"
+#define SIMD_HALF_SUF neon_f32h
+#define SIMD_HALF_NV 2
+#include "simd_half.h"
 
 /* the panel kernels at half the width (kernel_table's *_half) */
 #include "neon_f64.h"
-#undef SUF
-#undef NV
-#define SUF neon_f64h
-#define NV 2
-#define SIMD_PANELS_ONLY
-#include "simd_impl.h"
-#undef SIMD_PANELS_ONLY
-#include "simd_end.h"
+#define SIMD_HALF_SUF neon_f64h
+#define SIMD_HALF_NV 2
+#include "simd_half.h"
 
 /* Row-mode copies (internal.h): one multiply per element, as the driver's loops. */
 static void scale_copy_neon(float *dst, const float *src, int64_t n, float scale) {

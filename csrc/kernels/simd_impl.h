@@ -32,7 +32,7 @@
  *   S_EXP(x)               libm's exp for T with the kernels' cut (internal.h)
  *   RESCALE(a, f)          a * f, without a subnormal product for a tiny f (internal.h)
  *
- * With SIMD_PANELS_ONLY defined, only the panel kernels (gemm, the softmax
+ * With SIMD_PANELS_ONLY defined (simd_half.h), only the panel kernels (gemm, the softmax
  * update, masks, query panels and finished rows) are built: a set's half-width
  * instance, NV halved under another SUF, for a task's last panel when its rows
  * fit (kernel_table.f32_half).
