@@ -101,16 +101,15 @@ static void widen_avx512(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t
     if (i < n) sdpa_widen_portable(dt, src + i, dst + i, n - i);
 }
 
-/* 16 float8 e4m3fn values, widened exactly: the byte in a float16's upper
- * half, shifted right by one (sign copied) and the copy cleared, is the value
- * as a float16 whose exponent bias is 8 more (so times 256 after); S.1111.111,
- * NaN, is the only pattern that gives 480 */
+/* 16 float8 e4m3fn values, each divided by 256 (exactly): the byte
+ * sign-extended to 16 bits and shifted left by 7, with bit 14 cleared, is the
+ * value as a float16 whose exponent bias is 8 more (subnormals alike).
+ * S.1111.111 (NaN) gives NaN. */
 static inline __m512 load_e4m3_ps(const uint8_t *p) {
-    const __m256i w = _mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p)), 8);
-    const __m256i h = _mm256_and_si256(_mm256_srai_epi16(w, 1), _mm256_set1_epi16((short)0xbf80));
-    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(h, _mm256_set1_epi16(0x7fff)),
-                                                  _mm256_set1_epi16(0x3f80));
-    return _mm512_mask_mov_ps(_mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f)), nan, _mm512_set1_ps(NAN));
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    const __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16((short)0xbf80));
+    const __mmask16 num = _mm_cmpneq_epi8_mask(_mm_or_si128(b, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xff));
+    return _mm512_mask_cvtph_ps(_mm512_set1_ps(NAN), num, h);
 }
 
 /* 16 float8 e5m2 values: the upper bytes of float16s */

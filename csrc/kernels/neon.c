@@ -142,17 +142,15 @@ static inline float32x4_t load_e5m2_ps(const uint8_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(vshll_n_u8(load_bytes(p, 4), 8))));
 }
 
-/* 4 float8 e4m3fn values, as load_e4m3_ps of avx2.c: the byte in a float16's
- * upper half, shifted right by one (sign copied) and the copy cleared, is the
- * value as a float16 whose exponent bias is 8 more (times 256 after);
- * S.1111.111, NaN, is the only pattern that gives 480 */
+/* 4 float8 e4m3fn values, each divided by 256, as load_e4m3_ps of avx2.c:
+ * the byte sign-extended and shifted left by 7, bit 14 cleared, is the value
+ * as a float16 whose exponent bias is 8 more; S.1111.111 (NaN) gives NaN */
 static inline float32x4_t load_e4m3_ps(const uint8_t *p) {
-    const int16x4_t w = vreinterpret_s16_u16(vget_low_u16(vshll_n_u8(load_bytes(p, 4), 8)));
-    const int16x4_t h = vand_s16(vshr_n_s16(w, 1), vdup_n_s16((int16_t)0xbf80));
+    const int16x4_t w = vget_low_s16(vmovl_s8(vreinterpret_s8_u8(load_bytes(p, 4))));
+    const int16x4_t h = vand_s16(vshl_n_s16(w, 7), vdup_n_s16((int16_t)0xbf80));
     const uint16x4_t nan = vceq_s16(vand_s16(h, vdup_n_s16(0x7fff)), vdup_n_s16(0x3f80));
-    const float32x4_t f = vmulq_f32(vcvt_f32_f16(vreinterpret_f16_s16(h)), vdupq_n_f32(256.0f));
     const uint32x4_t nan32 = vreinterpretq_u32_s32(vmovl_s16(vreinterpret_s16_u16(nan)));
-    return vbslq_f32(nan32, vdupq_n_f32(NAN), f);
+    return vbslq_f32(nan32, vdupq_n_f32(NAN), vcvt_f32_f16(vreinterpret_f16_s16(h)));
 }
 
 /* 4 int4 values from 2 bytes (low nibble first, each the value plus 8) */

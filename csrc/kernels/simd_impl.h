@@ -396,6 +396,16 @@ static inline __attribute__((always_inline)) V FN(scaled)(V kv, const int kind, 
     return V_MUL(kv, V_SET1((T)gs->base[j * gs->rs + (c >> gs->shift) * gs->cs]));
 }
 
+/* V_LOADU_E4M3 widens float8 e4m3fn values divided by 256 (float16s of a bias
+ * 8 more), so that the multiply by 256 is done once a sum, not once a vector:
+ * the dot's scores are multiplied by it, and P V's accumulators divided by it
+ * on their way in and multiplied on their way out.  A power of two: the same
+ * bits as widening each value exactly, unless a product or a partial sum falls
+ * below float's normal range (2^-126 after the division). */
+static inline __attribute__((always_inline)) V FN(e4m3_post)(V x, const int kind, T factor) {
+    return KV_BASE(kind) == KV_E4M3 ? V_MUL(x, V_SET1(factor)) : x;
+}
+
 static inline __attribute__((always_inline)) V FN(load_kv)(const char *p, const int kind) {
 #ifdef V_LOADU_BF16
     if (kind == KV_BF16) return V_LOADU_BF16((const uint16_t *)p);
@@ -460,7 +470,8 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, c
                 }
             }
             T r[DOT_RB * 4] __attribute__((aligned(64)));
-            for (int b = 0; b < DOT_RB * 4 / LANES; b++) V_STORE(r + b * LANES, V_HSUM_LANES(acc + b * LANES));
+            for (int b = 0; b < DOT_RB * 4 / LANES; b++)
+                V_STORE(r + b * LANES, FN(e4m3_post)(V_HSUM_LANES(acc + b * LANES), kind, (T)256));
             for (int x = 0; x < DOT_RB && x0 + x < m; x++)
                 for (int t = 0; t < 4; t++) {
                     T tail = 0;
@@ -497,7 +508,7 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
                     acc[t] = V_FMA(qv, FN(scaled)(FN(load_kv)(kj + t * ldk * es + KV_COL(kind, c), kind), kind, gs, j + t, c),
                                    acc[t]);
             }
-            V r = V_HSUM_LANES(acc);
+            V r = FN(e4m3_post)(V_HSUM_LANES(acc), kind, (T)256);
             if (ev < e) {
                 T tail[LANES] __attribute__((aligned(64)));
                 for (int t = 0; t < LANES; t++) {
@@ -517,7 +528,7 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
             V a = V_ZERO();
             for (int64_t c = 0; c < ev; c += LANES)
                 a = V_FMA(V_LOADU(qx + c), FN(scaled)(FN(load_kv)(kj + KV_COL(kind, c), kind), kind, gs, j, c), a);
-            T r = V_HSUM(a);
+            T r = KV_BASE(kind) == KV_E4M3 ? V_HSUM(a) * (T)256 : V_HSUM(a);
             for (int64_t c = ev; c < e; c++) r += qx[c] * FN(scalar_kv)(kj, c, kind);
             s[x * lds + j] = r;
         }
@@ -531,7 +542,7 @@ static inline __attribute__((always_inline)) void FN(pv_rows_block)(
     const int64_t es = KV_SIZE(kind);
     V a[4][8];
     for (int x = 0; x < mr; x++)
-        for (int t = 0; t < nvb; t++) a[x][t] = V_LOADU(acc + x * ldacc + t * LANES);
+        for (int t = 0; t < nvb; t++) a[x][t] = FN(e4m3_post)(V_LOADU(acc + x * ldacc + t * LANES), kind, (T)(1.0 / 256));
     for (int j = 0; j < n; j++) {
         V vv[8];
         for (int t = 0; t < nvb; t++)
@@ -543,7 +554,7 @@ static inline __attribute__((always_inline)) void FN(pv_rows_block)(
         }
     }
     for (int x = 0; x < mr; x++)
-        for (int t = 0; t < nvb; t++) V_STOREU(acc + x * ldacc + t * LANES, a[x][t]);
+        for (int t = 0; t < nvb; t++) V_STOREU(acc + x * ldacc + t * LANES, FN(e4m3_post)(a[x][t], kind, (T)256));
 }
 
 static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kind, const FN(gscale) *gs, int m, int n,
