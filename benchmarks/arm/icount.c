@@ -23,6 +23,9 @@ static const bench_case CASES[] = {
     {"decode-int8", SDPA_FLOAT32, SDPA_INT8, 8, 2, 1, 256, 64, 0},
     {"decode-int8-iqk", SDPA_FLOAT32, SDPA_INT8, 8, 2, 1, 256, 64, 1},
     {"decode-int4-iqk", SDPA_FLOAT32, SDPA_INT4, 8, 2, 1, 256, 64, 1},
+    {"decode-int4", SDPA_FLOAT32, SDPA_INT4, 8, 2, 1, 256, 64, 0},
+    {"decode-e4m3", SDPA_FLOAT32, SDPA_FP8_E4M3, 8, 2, 1, 256, 64, 0},
+    {"decode-e5m2", SDPA_FLOAT32, SDPA_FP8_E5M2, 8, 2, 1, 256, 64, 0},
     {"prefill-f32", SDPA_FLOAT32, SDPA_FLOAT32, 2, 2, 128, 128, 64, 0},
     {"prefill-bf16", SDPA_BFLOAT16, SDPA_BFLOAT16, 2, 2, 128, 128, 64, 0},
     {"prefill-f64", SDPA_FLOAT64, SDPA_FLOAT64, 2, 2, 64, 64, 64, 0},
@@ -67,7 +70,8 @@ int main(int argc, char **argv) {
     }
     const int repeat = atoi(argv[3]);
     const int64_t H = c->heads, Hk = c->kv_heads, L = c->len_q, S = c->len_kv, E = c->dim;
-    const int quantized = c->kv_dtype == SDPA_INT8 || c->kv_dtype == SDPA_INT4;
+    const int quantized = c->kv_dtype == SDPA_INT8 || c->kv_dtype == SDPA_INT4 || c->kv_dtype == SDPA_FP8_E4M3 ||
+                          c->kv_dtype == SDPA_FP8_E5M2;
     void *q = fill(c->dtype, (size_t)(H * L * E), 1), *out = calloc((size_t)(H * L * E), esize(c->dtype));
     void *k, *v;
     float *ks = NULL, *vs = NULL;

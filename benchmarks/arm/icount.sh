@@ -13,7 +13,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/sdpa-icount.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
 CASES=("$@")
-((${#CASES[@]})) || CASES=(decode-f32 decode-bf16-cache decode-int8 decode-int8-iqk decode-int4-iqk prefill-f32 prefill-bf16 prefill-f64)
+((${#CASES[@]})) || CASES=(decode-f32 decode-bf16-cache decode-int8 decode-int8-iqk decode-int4-iqk decode-int4 decode-e4m3 decode-e5m2 prefill-f32 prefill-bf16 prefill-f64)
 SETS=(scalar neon neon_bf16)
 
 # the library's own flags (setup.py, CMakeLists.txt)

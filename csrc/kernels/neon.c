@@ -142,15 +142,23 @@ static inline float32x4_t load_e5m2_ps(const uint8_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(vshll_n_u8(load_bytes(p, 4), 8))));
 }
 
-/* 4 float8 e4m3fn values, each divided by 256, as load_e4m3_ps of avx2.c:
- * the byte sign-extended and shifted left by 7, bit 14 cleared, is the value
- * as a float16 whose exponent bias is 8 more; S.1111.111 (NaN) gives NaN */
+/* float8 e4m3fn values (int16 lanes, the bytes sign-extended) each divided by
+ * 256, as float16 bits: shifted left by 7 with bit 14 cleared, the value as a
+ * float16 whose exponent bias is 8 more (as load_e4m3_ps of avx2.c);
+ * S.1111.111, the only pattern that gives 1.875, becomes a float16 NaN */
+static inline int16x4_t e4m3_half4(int16x4_t w) {
+    const int16x4_t h = vand_s16(vshl_n_s16(w, 7), vdup_n_s16((int16_t)0xbf80));
+    return vbsl_s16(vceq_s16(vand_s16(h, vdup_n_s16(0x7fff)), vdup_n_s16(0x3f80)), vdup_n_s16(0x7e00), h);
+}
+static inline int16x8_t e4m3_half8(int16x8_t w) {
+    const int16x8_t h = vandq_s16(vshlq_n_s16(w, 7), vdupq_n_s16((int16_t)0xbf80));
+    return vbslq_s16(vceqq_s16(vandq_s16(h, vdupq_n_s16(0x7fff)), vdupq_n_s16(0x3f80)), vdupq_n_s16(0x7e00), h);
+}
+
+/* 4 float8 e4m3fn values, each divided by 256 */
 static inline float32x4_t load_e4m3_ps(const uint8_t *p) {
     const int16x4_t w = vget_low_s16(vmovl_s8(vreinterpret_s8_u8(load_bytes(p, 4))));
-    const int16x4_t h = vand_s16(vshl_n_s16(w, 7), vdup_n_s16((int16_t)0xbf80));
-    const uint16x4_t nan = vceq_s16(vand_s16(h, vdup_n_s16(0x7fff)), vdup_n_s16(0x3f80));
-    const uint32x4_t nan32 = vreinterpretq_u32_s32(vmovl_s16(vreinterpret_s16_u16(nan)));
-    return vbslq_f32(nan32, vdupq_n_f32(NAN), vcvt_f32_f16(vreinterpret_f16_s16(h)));
+    return vcvt_f32_f16(vreinterpret_f16_s16(e4m3_half4(w)));
 }
 
 /* 4 int4 values from 2 bytes (low nibble first, each the value plus 8) */
@@ -159,6 +167,35 @@ static inline float32x4_t load_i4_ps(const uint8_t *p) {
     const uint8x8_t z = vzip1_u8(vand_u8(b, vdup_n_u8(15)), vshr_n_u8(b, 4));
     const int8x8_t x = vsub_s8(vreinterpret_s8_u8(z), vdup_n_s8(8));
     return vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(x))));
+}
+
+/* The same values 16 at a time, into o[0..3], from one load: 16 bytes (int4: 8) */
+static inline void widen_s8x16(int8x16_t b, float32x4_t *o) {
+    const int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_high_s8(b);
+    o[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+    o[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
+    o[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+    o[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
+}
+static inline void widen_f16x16(int16x8_t lo, int16x8_t hi, float32x4_t *o) {
+    o[0] = vcvt_f32_f16(vget_low_f16(vreinterpretq_f16_s16(lo)));
+    o[1] = vcvt_high_f32_f16(vreinterpretq_f16_s16(lo));
+    o[2] = vcvt_f32_f16(vget_low_f16(vreinterpretq_f16_s16(hi)));
+    o[3] = vcvt_high_f32_f16(vreinterpretq_f16_s16(hi));
+}
+static inline void load16_i8_ps(const int8_t *p, float32x4_t *o) { widen_s8x16(vld1q_s8(p), o); }
+static inline void load16_e5m2_ps(const uint8_t *p, float32x4_t *o) {
+    const uint8x16_t b = vld1q_u8(p);
+    widen_f16x16(vreinterpretq_s16_u16(vshll_n_u8(vget_low_u8(b), 8)), vreinterpretq_s16_u16(vshll_high_n_u8(b, 8)), o);
+}
+static inline void load16_e4m3_ps(const uint8_t *p, float32x4_t *o) {
+    const int8x16_t b = vld1q_s8((const int8_t *)p);
+    widen_f16x16(e4m3_half8(vmovl_s8(vget_low_s8(b))), e4m3_half8(vmovl_high_s8(b)), o);
+}
+static inline void load16_i4_ps(const uint8_t *p, float32x4_t *o) {
+    const uint8x8_t b = vld1_u8(p), lo = vand_u8(b, vdup_n_u8(15)), hi = vshr_n_u8(b, 4);
+    const uint8x16_t z = vcombine_u8(vzip1_u8(lo, hi), vzip2_u8(lo, hi));
+    widen_s8x16(vsubq_s8(vreinterpretq_s8_u8(z), vdupq_n_s8(8)), o);
 }
 
 /* 4 floats rounded to bfloat16 as sdpa_f32_to_bf16 does (to nearest even, a

@@ -30,6 +30,10 @@
 #undef V_STOREU_F16
 #undef V_LOADU_I8
 #undef V_LOADU_E4M3
+#undef V_LOAD16_I8
+#undef V_LOAD16_E4M3
+#undef V_LOAD16_E5M2
+#undef V_LOAD16_I4
 #undef V_LOADU_E5M2
 #undef V_LOADU_I4
 #undef V_TRANSPOSE

@@ -423,6 +423,25 @@ static inline __attribute__((always_inline)) V FN(load_kv)(const char *p, const 
     return V_LOADU((const T *)p);
 }
 
+/* Sets with 4-lane vectors may widen a quantized row's bytes 16 values a load
+ * (V_LOAD16_*, into 4 vectors): KV_WIDE(kind) says whether a kind's rows are
+ * read so, 4 vectors at a time where 4 lie ahead; load_kv4 gives the values
+ * load_kv gives for the 4. */
+#if defined(V_LOAD16_I8) && LANES == 4
+#define KV_WIDE(kind) (KV_BASE(kind) >= KV_I8)
+static inline __attribute__((always_inline)) void FN(load_kv4)(const char *p, const int kind, V *o) {
+    if (KV_BASE(kind) == KV_I8) V_LOAD16_I8((const int8_t *)p, o);
+    else if (KV_BASE(kind) == KV_E4M3) V_LOAD16_E4M3((const uint8_t *)p, o);
+    else if (KV_BASE(kind) == KV_E5M2) V_LOAD16_E5M2((const uint8_t *)p, o);
+    else V_LOAD16_I4((const uint8_t *)p, o);
+}
+#else
+#define KV_WIDE(kind) 0
+static inline __attribute__((always_inline)) void FN(load_kv4)(const char *p, const int kind, V *o) {
+    for (int u = 0; u < 4; u++) o[u] = FN(load_kv)(p + KV_COL(kind, u * LANES), kind);
+}
+#endif
+
 /* value c of a row of a kind */
 static inline __attribute__((always_inline)) T FN(scalar_kv)(const char *row, int64_t c, const int kind) {
     if (kind == KV_BF16) return (T)sdpa_bf16_to_f32(((const uint16_t *)row)[c]);
@@ -460,7 +479,20 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, c
             for (int x = 0; x < DOT_RB; x++) qx[x] = q + (x0 + x < m ? x0 + x : m - 1) * ldq;  /* past m: a copy */
             V acc[DOT_RB * 4];
             for (int i = 0; i < DOT_RB * 4; i++) acc[i] = V_ZERO();
-            for (int64_t c = 0; c < ev; c += LANES) {
+            int64_t c = 0;
+            for (; KV_WIDE(kind) && c + 4 * LANES <= ev; c += 4 * LANES) {  /* 4 vectors a key from one load */
+                V kw[4][4];
+                for (int t = 0; t < 4; t++) {
+                    FN(load_kv4)(kj + t * ldk * es + KV_COL(kind, c), kind, kw[t]);
+                    for (int u = 0; u < 4; u++) kw[t][u] = FN(scaled)(kw[t][u], kind, gs, j + t, c + u * LANES);
+                }
+                for (int u = 0; u < 4; u++)
+                    for (int x = 0; x < DOT_RB; x++) {
+                        V qv = V_LOADU(qx[x] + c + u * LANES);
+                        for (int t = 0; t < 4; t++) acc[x * 4 + t] = V_FMA(qv, kw[t][u], acc[x * 4 + t]);
+                    }
+            }
+            for (; c < ev; c += LANES) {
                 V kv[4];
                 for (int t = 0; t < 4; t++)
                     kv[t] = FN(scaled)(FN(load_kv)(kj + t * ldk * es + KV_COL(kind, c), kind), kind, gs, j + t, c);
@@ -502,7 +534,17 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
             const T *qx = q + x * ldq;
             V acc[LANES];
             for (int t = 0; t < LANES; t++) acc[t] = V_ZERO();
-            for (int64_t c = 0; c < ev; c += LANES) {
+            int64_t c = 0;
+            for (; KV_WIDE(kind) && c + 4 * LANES <= ev; c += 4 * LANES) {  /* 4 vectors a key from one load */
+                for (int t = 0; t < LANES; t++) {
+                    V kw[4];
+                    FN(load_kv4)(kj + t * ldk * es + KV_COL(kind, c), kind, kw);
+                    for (int u = 0; u < 4; u++)
+                        acc[t] = V_FMA(V_LOADU(qx + c + u * LANES), FN(scaled)(kw[u], kind, gs, j + t, c + u * LANES),
+                                       acc[t]);
+                }
+            }
+            for (; c < ev; c += LANES) {
                 V qv = V_LOADU(qx + c);
                 for (int t = 0; t < LANES; t++)
                     acc[t] = V_FMA(qv, FN(scaled)(FN(load_kv)(kj + t * ldk * es + KV_COL(kind, c), kind), kind, gs, j + t, c),
@@ -545,9 +587,12 @@ static inline __attribute__((always_inline)) void FN(pv_rows_block)(
         for (int t = 0; t < nvb; t++) a[x][t] = FN(e4m3_post)(V_LOADU(acc + x * ldacc + t * LANES), kind, (T)(1.0 / 256));
     for (int j = 0; j < n; j++) {
         V vv[8];
-        for (int t = 0; t < nvb; t++)
-            vv[t] = FN(scaled)(FN(load_kv)(v + (int64_t)j * ldv * es + KV_COL(kind, t * LANES), kind), kind, gs, j,
-                               c0 + t * LANES);
+        const char *vj = v + (int64_t)j * ldv * es;
+        if (KV_WIDE(kind) && nvb % 4 == 0)
+            for (int t = 0; t < nvb; t += 4) FN(load_kv4)(vj + KV_COL(kind, t * LANES), kind, vv + t);
+        else
+            for (int t = 0; t < nvb; t++) vv[t] = FN(load_kv)(vj + KV_COL(kind, t * LANES), kind);
+        for (int t = 0; t < nvb; t++) vv[t] = FN(scaled)(vv[t], kind, gs, j, c0 + t * LANES);
         for (int x = 0; x < mr; x++) {
             V w = V_SET1(p[x * ldp + j]);
             for (int t = 0; t < nvb; t++) a[x][t] = V_FMA(w, vv[t], a[x][t]);
@@ -727,6 +772,7 @@ static int FN(pv_rows_q_grouped)(sdpa_dtype dt, int m, int n, int64_t ev, int64_
 #undef KV_BASE
 #undef KV_SIZE
 #undef KV_COL
+#undef KV_WIDE
 
 static void FN(row_online_softmax_update)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
     const int nv = n / LANES * LANES;

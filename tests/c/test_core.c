@@ -1534,14 +1534,17 @@ static void test_quantized_attention(sdpa_dtype dt, int integer_qk, const float 
     uint8_t *kq = (uint8_t *)xcalloc((size_t)H * S * rb, 1), *vq = (uint8_t *)xcalloc((size_t)H * S * rb, 1);
     float *ks = (float *)xcalloc((size_t)H * S * E, sizeof(float)), *vs = (float *)xcalloc((size_t)H * S * E, sizeof(float));
     const int groups[3] = {0, 8, -1}; /* -1: float8 without scales */
-    const int lens[2] = {1, 20};
+    /* L = 1 and 2: 2 and 4 query rows a key/value head on the row path (the
+     * 4-key blocks of its dot); L = 20: the tiled path.  integer_qk's rows of
+     * L > 1 are checked by tests/test_kvcache_lowbit.py. */
+    const int lens[3] = {1, 20, 2};
     for (int gi = 0; gi < (fp8 ? 3 : 2); gi++) {
         const int g = groups[gi] < 0 ? 0 : groups[gi], ng = (int)sdpa_int8_scales_per_row(E, g), gw = g ? g : E;
         float *ksp = groups[gi] < 0 ? NULL : ks, *vsp = groups[gi] < 0 ? NULL : vs;
         int ok = sdpa_quantize(dt, kf, E, H * S, E, g, kq, rb, ksp, ng) == SDPA_OK &&
                  sdpa_quantize(dt, vf, E, H * S, E, g, vq, rb, vsp, ng) == SDPA_OK;
         check(ok, "%s: sdpa_quantize, group %d%s", name, g, ksp ? "" : ", no scales");
-        for (int li = 0; li < 2; li++) {
+        for (int li = 0; li < (integer_qk ? 2 : 3); li++) {
             const int L = lens[li];
             float *q = (float *)xcalloc((size_t)H * G * L * E, sizeof(float)), *out = (float *)xcalloc((size_t)H * G * L * E, sizeof(float));
             double *qd = (double *)xcalloc((size_t)H * G * L * E, sizeof(double));  /* the query the scores see */
