@@ -47,6 +47,15 @@ typedef struct interrupt_state {
     unsigned callbacks;     /* thread 0 only: times the callback ran */
 } interrupt_state;
 
+/* What a thread's scratch holds of the row path's query rows between its
+ * tasks: group g's of part pt (scaled, and rounded to int8 for integer_qk),
+ * or nothing (pt NULL).  A group's chunks are neighbours in the work list, so
+ * a thread prepares a group's rows once, not once a chunk. */
+typedef struct row_memo {
+    const void *pt;
+    int64_t g;
+} row_memo;
+
 static double monotonic_seconds(void) {
 #ifdef _OPENMP
     return omp_get_wtime();

@@ -28,8 +28,8 @@
 
 /* One work item, unless the call was interrupted.  A row-path group of one
  * chunk is merged by the task that computed it (no second pass). */
-static void FN(do_task)(const call_plan *cp, const KT *kern, T *scratch, char *block, int packing, int64_t item,
-                        int tid, interrupt_state *irq, uint64_t *prof) {
+static void FN(do_task)(const call_plan *cp, const KT *kern, T *scratch, row_memo *memo, char *block, int packing,
+                        int64_t item, int tid, interrupt_state *irq, uint64_t *prof) {
     if (should_stop(irq, tid)) return;
     int64_t t;
     const part *pt = plan_item(cp, item, &t);
@@ -38,11 +38,12 @@ static void FN(do_task)(const call_plan *cp, const KT *kern, T *scratch, char *b
         /* one chunk: the partial in scratch, merged (finished) at once */
         T *slot = pl->row.num_chunks == 1 ? scratch + pl->scratch.partial
                                           : (T *)(void *)(block + pt->partial_at) + t * pl->row.partial_elems;
-        FN(run_row_task)(pt, kern, scratch, slot, t, irq, tid);
+        FN(run_row_task)(pt, kern, scratch, memo, slot, t, irq, tid);
         if (pl->row.num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(pt, kern, slot, t);
         return;
     }
     const T *packed = packing && pl->pack.on ? (const T *)(const void *)(block + pt->packed_at) : NULL;
+    memo->pt = NULL;  /* a tiled task writes over the scratch */
 #if HAS_BF16
     if (pl->bf16.on) kern->bf16.tiles_begin();
     FN(run_task)(cp, item, pt, kern, scratch, packed, t, irq, tid, prof);
@@ -73,10 +74,11 @@ static void FN(do_row_merge)(const call_plan *cp, const KT *kern, char *block, i
 
 static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
     const int nthreads = cp->num_threads;
-    /* per thread: scratch, a merge's accumulator, the phase counters */
+    /* per thread: its row_memo, scratch, a merge's accumulator, the phase counters */
     const size_t scratch_bytes = (cp->scratch_elems * sizeof(T) + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN;
     const size_t prof_bytes = cp->profile ? SDPA_ALIGN * ((PH_COUNT * 8 + SDPA_ALIGN - 1) / SDPA_ALIGN) : 0;
-    const size_t per_thread = scratch_bytes + cp->merge_bytes + prof_bytes;
+    const size_t memo_bytes = (sizeof(row_memo) + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN;
+    const size_t per_thread = memo_bytes + scratch_bytes + cp->merge_bytes + prof_bytes;
     const size_t threads_bytes = per_thread * (size_t)nthreads;
     int packing = cp->packed_bytes > 0;
     char *mem = (char *)aligned_block(threads_bytes + cp->block_bytes);
@@ -105,14 +107,17 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
 
     interrupt_state irq;
     interrupt_start(&irq, cp->call);
-#define THREAD_SCRATCH(t) ((T *)(void *)(mem + (size_t)(t) * per_thread))
-#define THREAD_MERGE(t) ((double *)(void *)(mem + (size_t)(t) * per_thread + scratch_bytes))
-#define THREAD_PROF(t) (cp->profile ? (uint64_t *)(void *)(mem + (size_t)(t) * per_thread + scratch_bytes + cp->merge_bytes) : NULL)
+#define THREAD_MEMO(t) ((row_memo *)(void *)(mem + (size_t)(t) * per_thread))
+#define THREAD_SCRATCH(t) ((T *)(void *)(mem + (size_t)(t) * per_thread + memo_bytes))
+#define THREAD_MERGE(t) ((double *)(void *)(mem + (size_t)(t) * per_thread + memo_bytes + scratch_bytes))
+#define THREAD_PROF(t) \
+    (cp->profile ? (uint64_t *)(void *)(mem + (size_t)(t) * per_thread + memo_bytes + scratch_bytes + cp->merge_bytes) : NULL)
     if (nthreads == 1) {  /* no OpenMP region at all (also what a forked child needs) */
         for (int64_t j = 0; j < cp->num_copies; j++) FN(run_copy)(cp, &cp->copies[j]);
         for (int64_t u = 0; u < num_units; u++) FN(do_pack)(cp, kern, block, u, 0, &irq, THREAD_PROF(0));
+        THREAD_MEMO(0)->pt = NULL;
         for (int64_t t = 0; t < num_items; t++)
-            FN(do_task)(cp, kern, THREAD_SCRATCH(0), block, packing, t, 0, &irq, THREAD_PROF(0));
+            FN(do_task)(cp, kern, THREAD_SCRATCH(0), THREAD_MEMO(0), block, packing, t, 0, &irq, THREAD_PROF(0));
         for (int64_t r = 0; r < num_rmerges && !sdpa_atomic_load(&irq.stop); r++) FN(do_row_merge)(cp, kern, block, r);
         for (int64_t g = 0; g < cp->num_merges && !sdpa_atomic_load(&irq.stop); g++)
             FN(merge_parts)(cp, &cp->merges[g], THREAD_MERGE(0));
@@ -126,6 +131,8 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
             const fp_mode own_mode = fp_mode_get();
             fp_mode_adopt(caller_mode);
             T *mine = THREAD_SCRATCH(tid);
+            row_memo *memo = THREAD_MEMO(tid);
+            memo->pt = NULL;
             uint64_t *prof = THREAD_PROF(tid);
             if (cp->num_copies) {  /* before any pack or task reads them */
 #pragma omp for schedule(dynamic, 1)
@@ -136,7 +143,8 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
                 for (int64_t u = 0; u < num_units; u++) FN(do_pack)(cp, kern, block, u, tid, &irq, prof);
             }
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < num_items; t++) FN(do_task)(cp, kern, mine, block, packing, t, tid, &irq, prof);
+            for (int64_t t = 0; t < num_items; t++)
+                FN(do_task)(cp, kern, mine, memo, block, packing, t, tid, &irq, prof);
             if (num_rmerges) {  /* after the barrier above: every chunk is done */
 #pragma omp for schedule(static)
                 for (int64_t r = 0; r < num_rmerges; r++)
@@ -153,6 +161,7 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
     }
     if (cp->profile)
         for (int t = 0; t < nthreads; t++) profile_add(THREAD_PROF(t));
+#undef THREAD_MEMO
 #undef THREAD_SCRATCH
 #undef THREAD_MERGE
 #undef THREAD_PROF

@@ -180,7 +180,7 @@ static void FN(row_values_int)(const sdpa_problem *p, const plan *pl, T *scratch
     }
 }
 
-static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *slot, int64_t task,
+static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_memo *memo, T *slot, int64_t task,
                              interrupt_state *irq, int tid) {
     const sdpa_problem *p = &pt->p;
     const plan *pl = &pt->pl;
@@ -226,14 +226,18 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, T *slot
     float *q8s = iqk ? (float *)(void *)(q8 + ((size_t)M * (size_t)E + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN) : NULL;
 
     const T scale = (T)p->scale, cap = FN(softcap_value)(p);
-    for (int x = 0; x < M; x++) {
-        const int64_t h = hkv * group + x / L, l = x % L;
-        const char *qr = (const char *)view_at(p, &p->query, b, h, qe) + l * p->query.row_stride * (int64_t)qe;
-        if (qdt == TDT && p->query.col_stride == 1)
-            kern->scale_copy(qs + (int64_t)x * E, (const T *)qr, E, scale);
-        else
-            FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
-        if (iqk) FN(quantize_query)(qs + (int64_t)x * E, E, q8 + (int64_t)x * E, q8s + x);
+    if (memo->pt != (const void *)pt || memo->g != g) {  /* the rows, unless this thread's last task prepared them */
+        for (int x = 0; x < M; x++) {
+            const int64_t h = hkv * group + x / L, l = x % L;
+            const char *qr = (const char *)view_at(p, &p->query, b, h, qe) + l * p->query.row_stride * (int64_t)qe;
+            if (qdt == TDT && p->query.col_stride == 1)
+                kern->scale_copy(qs + (int64_t)x * E, (const T *)qr, E, scale);
+            else
+                FN(load_scaled)(qs + (int64_t)x * E, qr, E, p->query.col_stride, qdt, scale);
+            if (iqk) FN(quantize_query)(qs + (int64_t)x * E, E, q8 + (int64_t)x * E, q8s + x);
+        }
+        memo->pt = pt;
+        memo->g = g;
     }
 
     for (int64_t s0 = s_begin; s0 < s_end; s0 += tile_k) {

@@ -122,6 +122,44 @@ def test_mixed_batch_matches_the_reference_on_every_kernel_set(isa, rng, dtype):
             assert np.array_equal(lse[a:z], alone_lse[0].T), f"sequence {b}"
 
 
+@pytest.mark.parametrize("integer_qk", [False, True])
+@pytest.mark.parametrize("threads", [1, 8])
+def test_mixed_batch_of_chunked_decodes_and_prefills(isa, rng, integer_qk, threads):
+    """Decoding rows over keys in several chunks (a thread prepares a group's
+    query rows once for the chunks it takes in a row) beside prefill chunks on
+    the tiled path, which write over the threads' scratch: one thread, every
+    task in turn, and 8, whose work list is sorted by cost; each sequence as
+    alone, bit for bit, and the float64 reference on the query as the kernels
+    see it."""
+    from sdpa import _core
+
+    lens = [300, 90, 260, 70]
+    rows = [1, 20, 1, 24]  # prefill chunks of 80 and 96 rows a key/value head: the tiled path
+    cache, ids = filled_cache(rng, "int8", lens, bs=16, hkv=2, e=64)
+    bt, sl = cache.tables(ids)
+    qsl = np.concatenate([[0], np.cumsum(rows)])
+    q = rng.standard_normal((int(qsl[-1]), 8, 64)).astype(np.float32)
+    _core.set_blocking(0, 0, 64)  # chunks of 64 keys: 5 and 4 chunks a decoding group
+    try:
+        out = cache.attend(ids, q, query_start_loc=qsl, integer_qk=integer_qk, num_threads=threads)
+        for b, s in enumerate(ids):
+            a, z = int(qsl[b]), int(qsl[b + 1])
+            alone = cache.attend([s], q[a:z].transpose(1, 0, 2)[None], integer_qk=integer_qk, num_threads=1)
+            assert np.array_equal(out[a:z], alone[0].transpose(1, 0, 2)), f"sequence {b}"
+    finally:
+        _core.set_blocking(0, 0, 0)
+    seen = q.astype(np.float64)
+    if integer_qk:  # the decoding rows rounded to int8, each with its scale
+        scaled = q * np.float32(1 / 8)
+        qscale = np.abs(scaled).max(-1, keepdims=True) / np.float32(127)
+        rounded = np.clip(np.round(scaled / qscale), -127, 127) * qscale.astype(np.float64) * 8
+        for b in range(len(lens)):
+            if rows[b] == 1:
+                seen[qsl[b]] = rounded[qsl[b]]
+    ref, _ = mixed_reference(seen, qsl, cache, bt, sl)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("kw", [{}, {"is_causal": False}, {"window": (20, 0), "softcap": 4.0},
                                 {"sinks": "per-head"}, {"alibi_slopes": "per-sequence"}])
 def test_mixed_batch_variants(rng, kw):
