@@ -74,11 +74,11 @@ static void FN(do_row_merge)(const call_plan *cp, const KT *kern, char *block, i
 
 static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
     const int nthreads = cp->num_threads;
-    /* per thread: its row_memo, scratch, a merge's accumulator, the phase counters */
+    /* per thread: scratch, a merge's accumulator, the phase counters, its row_memo */
     const size_t scratch_bytes = (cp->scratch_elems * sizeof(T) + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN;
     const size_t prof_bytes = cp->profile ? SDPA_ALIGN * ((PH_COUNT * 8 + SDPA_ALIGN - 1) / SDPA_ALIGN) : 0;
     const size_t memo_bytes = (sizeof(row_memo) + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN;
-    const size_t per_thread = memo_bytes + scratch_bytes + cp->merge_bytes + prof_bytes;
+    const size_t per_thread = scratch_bytes + cp->merge_bytes + prof_bytes + memo_bytes;
     const size_t threads_bytes = per_thread * (size_t)nthreads;
     int packing = cp->packed_bytes > 0;
     char *mem = (char *)aligned_block(threads_bytes + cp->block_bytes);
@@ -107,11 +107,10 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
 
     interrupt_state irq;
     interrupt_start(&irq, cp->call);
-#define THREAD_MEMO(t) ((row_memo *)(void *)(mem + (size_t)(t) * per_thread))
-#define THREAD_SCRATCH(t) ((T *)(void *)(mem + (size_t)(t) * per_thread + memo_bytes))
-#define THREAD_MERGE(t) ((double *)(void *)(mem + (size_t)(t) * per_thread + memo_bytes + scratch_bytes))
-#define THREAD_PROF(t) \
-    (cp->profile ? (uint64_t *)(void *)(mem + (size_t)(t) * per_thread + memo_bytes + scratch_bytes + cp->merge_bytes) : NULL)
+#define THREAD_SCRATCH(t) ((T *)(void *)(mem + (size_t)(t) * per_thread))
+#define THREAD_MERGE(t) ((double *)(void *)(mem + (size_t)(t) * per_thread + scratch_bytes))
+#define THREAD_PROF(t) (cp->profile ? (uint64_t *)(void *)(mem + (size_t)(t) * per_thread + scratch_bytes + cp->merge_bytes) : NULL)
+#define THREAD_MEMO(t) ((row_memo *)(void *)(mem + (size_t)(t) * per_thread + scratch_bytes + cp->merge_bytes + prof_bytes))
     if (nthreads == 1) {  /* no OpenMP region at all (also what a forked child needs) */
         for (int64_t j = 0; j < cp->num_copies; j++) FN(run_copy)(cp, &cp->copies[j]);
         for (int64_t u = 0; u < num_units; u++) FN(do_pack)(cp, kern, block, u, 0, &irq, THREAD_PROF(0));
