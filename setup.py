@@ -91,7 +91,8 @@ class BuildExt(build_ext):
             base = ["/O2"]
         else:
             # -fno-wrapv undoes the -fwrapv of CPython's own flags, which the compiler
-            # is handed first: the core has no signed overflow (UBSan runs its tests),
+            # is handed first: the core has no signed overflow (the C library, which
+            # CMake builds without the flag, runs its tests and fuzz harness under UBSan),
             # and with wrapping the row kernels' address arithmetic cost decoding over
             # a bfloat16 cache 10% on Zen 4 (benchmarks/RESULTS.md, 2026-12-04 later)
             base = ["-O3", "-std=c11", "-fno-math-errno", "-fno-wrapv", "-fvisibility=hidden",

@@ -39,7 +39,10 @@ static void FN(do_task)(const call_plan *cp, const KT *kern, T *scratch, row_mem
         T *slot = pl->row.num_chunks == 1 ? scratch + pl->scratch.partial
                                           : (T *)(void *)(block + pt->partial_at) + t * pl->row.partial_elems;
         FN(run_row_task)(pt, kern, scratch, memo, slot, t, irq, tid);
-        if (pl->row.num_chunks == 1 && !sdpa_atomic_load(&irq->stop)) FN(merge_rows)(pt, kern, slot, t);
+        if (pl->row.num_chunks == 1) {
+            if (!sdpa_atomic_load(&irq->stop)) FN(merge_rows)(pt, kern, slot, t);
+            memo->pt = NULL;  /* its partial, in the scratch, lies where another part's rows may */
+        }
         return;
     }
     const T *packed = packing && pl->pack.on ? (const T *)(const void *)(block + pt->packed_at) : NULL;

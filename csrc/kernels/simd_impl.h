@@ -401,7 +401,8 @@ static inline __attribute__((always_inline)) V FN(scaled)(V kv, const int kind, 
  * the dot's scores are multiplied by it, and P V's accumulators divided by it
  * on their way in and multiplied on their way out.  A power of two: the same
  * bits as widening each value exactly, unless a product or a partial sum falls
- * below float's normal range (2^-126 after the division). */
+ * below float's normal range after the division (2^-126; with the caller's
+ * flush-to-zero, values below 2^-118 flush) or reached infinity before it. */
 static inline __attribute__((always_inline)) V FN(e4m3_post)(V x, const int kind, T factor) {
     return KV_BASE(kind) == KV_E4M3 ? V_MUL(x, V_SET1(factor)) : x;
 }
