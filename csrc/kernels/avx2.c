@@ -122,12 +122,13 @@ static void widen_avx2(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t n
 /* 8 float8 e4m3fn values, each divided by 256 (exactly): the byte
  * sign-extended to 16 bits and shifted left by 7, with bit 14 cleared, is the
  * value as a float16 whose exponent bias is 8 more (subnormals alike).
- * S.1111.111 (NaN), the only pattern that gives 1.875, gives NaN. */
+ * S.1111.111 (NaN), the only pattern that gives 1.875, becomes a float16 NaN
+ * before the conversion. */
 static inline __m256 load_e4m3_ps(const uint8_t *p) {
     const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
     const __m128i h = _mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16((short)0xbf80));
     const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7fff)), _mm_set1_epi16(0x3f80));
-    return _mm256_blendv_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(NAN), _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan)));
+    return _mm256_cvtph_ps(_mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan));
 }
 
 /* 8 float8 e5m2 values: the upper bytes of float16s */

@@ -142,14 +142,10 @@ static inline float32x4_t load_e5m2_ps(const uint8_t *p) {
     return vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(vshll_n_u8(load_bytes(p, 4), 8))));
 }
 
-/* float8 e4m3fn values (int16 lanes, the bytes sign-extended) each divided by
- * 256, as float16 bits: shifted left by 7 with bit 14 cleared, the value as a
- * float16 whose exponent bias is 8 more (as load_e4m3_ps of avx2.c);
+/* 8 float8 e4m3fn values (int16 lanes, the bytes sign-extended) each divided
+ * by 256, as float16 bits: shifted left by 7 with bit 14 cleared, the value as
+ * a float16 whose exponent bias is 8 more (as load_e4m3_ps of avx2.c);
  * S.1111.111, the only pattern that gives 1.875, becomes a float16 NaN */
-static inline int16x4_t e4m3_half4(int16x4_t w) {
-    const int16x4_t h = vand_s16(vshl_n_s16(w, 7), vdup_n_s16((int16_t)0xbf80));
-    return vbsl_s16(vceq_s16(vand_s16(h, vdup_n_s16(0x7fff)), vdup_n_s16(0x3f80)), vdup_n_s16(0x7e00), h);
-}
 static inline int16x8_t e4m3_half8(int16x8_t w) {
     const int16x8_t h = vandq_s16(vshlq_n_s16(w, 7), vdupq_n_s16((int16_t)0xbf80));
     return vbslq_s16(vceqq_s16(vandq_s16(h, vdupq_n_s16(0x7fff)), vdupq_n_s16(0x3f80)), vdupq_n_s16(0x7e00), h);
@@ -157,8 +153,8 @@ static inline int16x8_t e4m3_half8(int16x8_t w) {
 
 /* 4 float8 e4m3fn values, each divided by 256 */
 static inline float32x4_t load_e4m3_ps(const uint8_t *p) {
-    const int16x4_t w = vget_low_s16(vmovl_s8(vreinterpret_s8_u8(load_bytes(p, 4))));
-    return vcvt_f32_f16(vreinterpret_f16_s16(e4m3_half4(w)));
+    const int16x8_t h = e4m3_half8(vmovl_s8(vreinterpret_s8_u8(load_bytes(p, 4))));
+    return vcvt_f32_f16(vget_low_f16(vreinterpretq_f16_s16(h)));
 }
 
 /* 4 int4 values from 2 bytes (low nibble first, each the value plus 8) */

@@ -403,6 +403,7 @@ static inline __attribute__((always_inline)) V FN(scaled)(V kv, const int kind, 
  * bits as widening each value exactly, unless a product or a partial sum falls
  * below float's normal range after the division (2^-126; with the caller's
  * flush-to-zero, values below 2^-118 flush) or reached infinity before it. */
+#define KV_E4M3_UNIT 256 /* V_LOADU_E4M3's value of 1 is 1 / KV_E4M3_UNIT */
 static inline __attribute__((always_inline)) V FN(e4m3_post)(V x, const int kind, T factor) {
     return KV_BASE(kind) == KV_E4M3 ? V_MUL(x, V_SET1(factor)) : x;
 }
@@ -504,7 +505,7 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, c
             }
             T r[DOT_RB * 4] __attribute__((aligned(64)));
             for (int b = 0; b < DOT_RB * 4 / LANES; b++)
-                V_STORE(r + b * LANES, FN(e4m3_post)(V_HSUM_LANES(acc + b * LANES), kind, (T)256));
+                V_STORE(r + b * LANES, FN(e4m3_post)(V_HSUM_LANES(acc + b * LANES), kind, (T)KV_E4M3_UNIT));
             for (int x = 0; x < DOT_RB && x0 + x < m; x++)
                 for (int t = 0; t < 4; t++) {
                     T tail = 0;
@@ -551,7 +552,7 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
                     acc[t] = V_FMA(qv, FN(scaled)(FN(load_kv)(kj + t * ldk * es + KV_COL(kind, c), kind), kind, gs, j + t, c),
                                    acc[t]);
             }
-            V r = FN(e4m3_post)(V_HSUM_LANES(acc), kind, (T)256);
+            V r = FN(e4m3_post)(V_HSUM_LANES(acc), kind, (T)KV_E4M3_UNIT);
             if (ev < e) {
                 T tail[LANES] __attribute__((aligned(64)));
                 for (int t = 0; t < LANES; t++) {
@@ -571,7 +572,7 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
             V a = V_ZERO();
             for (int64_t c = 0; c < ev; c += LANES)
                 a = V_FMA(V_LOADU(qx + c), FN(scaled)(FN(load_kv)(kj + KV_COL(kind, c), kind), kind, gs, j, c), a);
-            T r = KV_BASE(kind) == KV_E4M3 ? V_HSUM(a) * (T)256 : V_HSUM(a);
+            T r = KV_BASE(kind) == KV_E4M3 ? V_HSUM(a) * (T)KV_E4M3_UNIT : V_HSUM(a);
             for (int64_t c = ev; c < e; c++) r += qx[c] * FN(scalar_kv)(kj, c, kind);
             s[x * lds + j] = r;
         }
@@ -585,7 +586,7 @@ static inline __attribute__((always_inline)) void FN(pv_rows_block)(
     const int64_t es = KV_SIZE(kind);
     V a[4][8];
     for (int x = 0; x < mr; x++)
-        for (int t = 0; t < nvb; t++) a[x][t] = FN(e4m3_post)(V_LOADU(acc + x * ldacc + t * LANES), kind, (T)(1.0 / 256));
+        for (int t = 0; t < nvb; t++) a[x][t] = FN(e4m3_post)(V_LOADU(acc + x * ldacc + t * LANES), kind, (T)(1.0 / KV_E4M3_UNIT));
     for (int j = 0; j < n; j++) {
         V vv[8];
         const char *vj = v + (int64_t)j * ldv * es;
@@ -600,7 +601,7 @@ static inline __attribute__((always_inline)) void FN(pv_rows_block)(
         }
     }
     for (int x = 0; x < mr; x++)
-        for (int t = 0; t < nvb; t++) V_STOREU(acc + x * ldacc + t * LANES, FN(e4m3_post)(a[x][t], kind, (T)256));
+        for (int t = 0; t < nvb; t++) V_STOREU(acc + x * ldacc + t * LANES, FN(e4m3_post)(a[x][t], kind, (T)KV_E4M3_UNIT));
 }
 
 static inline __attribute__((always_inline)) void FN(pv_rows_kind)(const int kind, const FN(gscale) *gs, int m, int n,
@@ -774,6 +775,7 @@ static int FN(pv_rows_q_grouped)(sdpa_dtype dt, int m, int n, int64_t ev, int64_
 #undef KV_SIZE
 #undef KV_COL
 #undef KV_WIDE
+#undef KV_E4M3_UNIT
 
 static void FN(row_online_softmax_update)(T *s, int n, T *row_max, T *row_sum, T *acc, int64_t ev) {
     const int nv = n / LANES * LANES;
