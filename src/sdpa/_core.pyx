@@ -574,22 +574,42 @@ cdef void _expected(int64_t *dst, const int64_t *batch, int nb, int64_t h, int64
     dst[nb + 2] = c
 
 
-cdef int _fill_scales(sdpa_problem *p, cnp.ndarray k_scale, cnp.ndarray v_scale, int64_t group_size,
-                      int64_t *ex) noexcept:
-    """The views of an int8 problem's scales, whose sizes p already holds:
-    (batch..., Hkv, S, E / G) and (batch..., Hkv, S, Ev / G), G = group_size (0:
-    one scale per row).  Returns 0; 2 when group_size does not divide E and Ev;
-    1 when the key scales do not fit, 3 when the value scales do not."""
-    cdef int nb = p.num_batch_dims
-    cdef int64_t hkv = p.num_heads // p.gqa_group
-    if group_size < 0 or (group_size > 0 and (p.head_dim % group_size or p.head_dim_v % group_size)):
-        return 2
-    p.kv_group_size = group_size
-    _expected(ex, p.batch_shape, nb, hkv, p.len_kv, p.head_dim // group_size if group_size else 1)
-    if _fill_view(&p.key_scale, k_scale, nb, 3, ex, False):
-        return 1
-    _expected(ex, p.batch_shape, nb, hkv, p.len_kv, p.head_dim_v // group_size if group_size else 1)
-    return 3 if _fill_view(&p.value_scale, v_scale, nb, 3, ex, False) else 0
+cdef inline int _fill_cache(sdpa_problem *p, cnp.ndarray k, cnp.ndarray v, cnp.ndarray ks, cnp.ndarray vs,
+                            int64_t group, int nb, const int64_t *outer, int64_t hkv, int64_t rows, int64_t *ex) noexcept:
+    """The views of a cache's keys and values, (outer..., hkv, rows, E / w) and
+    (outer..., hkv, rows, Ev / w) with w = 2 for int4 (two values a byte, read
+    along the row), and of a quantized cache's scales ks and vs (None: none),
+    (outer..., hkv, rows, E / G or 1) and the same with Ev, G = group (0: one
+    scale a row); p holds the dtypes and head dims, outer the nb dims before
+    the heads (the batch dims, or a paged cache's blocks).  The one home of
+    these rules for dense and paged calls: 0, or the reason code."""
+    cdef int64_t cw = 2 if p.kv_dtype == SDPA_INT4 else 1
+    cdef int64_t E = p.head_dim, Ev = p.head_dim_v
+    _expected(ex, outer, nb, hkv, rows, E // cw)
+    if _fill_view(&p.key, k, nb, 3, ex, False):
+        return _why(ARG_KEY, RULE_SHAPE)
+    _expected(ex, outer, nb, hkv, rows, Ev // cw)
+    if _fill_view(&p.value, v, nb, 3, ex, False):
+        return _why(ARG_VALUE, RULE_SHAPE)
+    if cw == 2:  # whole bytes along a row; a single column: any stride, read as contiguous
+        if E // 2 > 1 and p.key.col_stride != 1:
+            return _why(ARG_KEY, RULE_LAYOUT)
+        if Ev // 2 > 1 and p.value.col_stride != 1:
+            return _why(ARG_VALUE, RULE_LAYOUT)
+        p.key.col_stride = 1
+        p.value.col_stride = 1
+    if ks is None:
+        return _why(ARG_GROUP_SIZE, RULE_VALUE) if group else 0
+    if group and (E % group or Ev % group):
+        return _why(ARG_GROUP_SIZE, RULE_VALUE)
+    p.kv_group_size = group
+    _expected(ex, outer, nb, hkv, rows, E // group if group else 1)
+    if _fill_view(&p.key_scale, ks, nb, 3, ex, False):
+        return _why(ARG_KEY_SCALE, RULE_SHAPE)
+    _expected(ex, outer, nb, hkv, rows, Ev // group if group else 1)
+    if _fill_view(&p.value_scale, vs, nb, 3, ex, False):
+        return _why(ARG_VALUE_SCALE, RULE_SHAPE)
+    return 0
 
 
 # the quantized key/value dtypes by name, and their core codes
@@ -800,6 +820,29 @@ cdef int _fill_head_values(sdpa_view *view, values, int argument, int cdt, int n
         return _why(argument, RULE_DTYPE)
     if _fill_view(view, <cnp.ndarray>values, nb, 1, ex, False):
         return _why(argument, RULE_SHAPE)
+    return 0
+
+
+cdef inline int _fill_heads(sdpa_problem *p, alibi_slopes, sinks, int cdt, int nb, const int64_t *ex) noexcept:
+    """A call's per-head values, each None or as :func:`_fill_head_values`
+    takes it, ex the (batch..., heads) they broadcast to; 0 or the reason."""
+    cdef int why = 0
+    if alibi_slopes is not None:
+        why = _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, nb, ex)
+    if not why and sinks is not None:
+        why = _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, nb, ex)
+    return why
+
+
+cdef inline int _out_checked(out, int dt) noexcept:
+    """out=: an ndarray of the query's dtype dt, writeable; 0 or the reason
+    (its shape is checked where its view is filled)."""
+    if not cnp.PyArray_CheckExact(out):
+        return _why(ARG_OUT, RULE_TYPE)
+    if _dtype_of(<cnp.ndarray>out) != dt:
+        return _why(ARG_OUT, RULE_DTYPE)
+    if not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>out):
+        return _why(ARG_OUT, RULE_LAYOUT)
     return 0
 
 
@@ -1161,25 +1204,9 @@ cdef class Call:
         _expected(ex, p.batch_shape, nb, heads, L, E)
         if _fill_view(&p.query, q, nb, 3, ex, False):
             return _why(ARG_QUERY, RULE_SHAPE)
-        _expected(ex, p.batch_shape, nb, heads // group, S, E // cw)
-        if _fill_view(&p.key, k, nb, 3, ex, False):
-            return _why(ARG_KEY, RULE_SHAPE)
-        _expected(ex, p.batch_shape, nb, heads // group, S, Ev // cw)
-        if _fill_view(&p.value, v, nb, 3, ex, False):
-            return _why(ARG_VALUE, RULE_SHAPE)
-        if cw == 2 and ((E // 2 > 1 and p.key.col_stride != 1) or (Ev // 2 > 1 and p.value.col_stride != 1)):
-            return _why(ARG_KEY if E // 2 > 1 and p.key.col_stride != 1 else ARG_VALUE, RULE_LAYOUT)
-        if cw == 2:  # a single column: any stride, read as contiguous
-            p.key.col_stride = 1
-            p.value.col_stride = 1
-        if ks is None and self.group != 0:
-            return _why(ARG_GROUP_SIZE, RULE_VALUE)
-        if ks is not None:
-            if self.group and (E % self.group or Ev % self.group):
-                return _why(ARG_GROUP_SIZE, RULE_VALUE)
-            why = _fill_scales(&p, ks, vs, self.group, ex)
-            if why:
-                return _why(ARG_VALUE_SCALE if why == 3 else ARG_KEY_SCALE, RULE_SHAPE)
+        why = _fill_cache(&p, k, v, ks, vs, self.group, nb, p.batch_shape, heads // group, S, ex)
+        if why:
+            return why
         _expected(ex, p.batch_shape, nb, heads, L, S)  # the scores' shape: mask, slopes, sinks
         if attn_mask is not None:
             if not cnp.PyArray_CheckExact(attn_mask):
@@ -1195,14 +1222,9 @@ cdef class Call:
                 return _why(ARG_MASK, RULE_DTYPE)
             if _fill_view(&p.mask, m, nb, 3, ex, False):
                 return _why(ARG_MASK, RULE_SHAPE)
-        if alibi_slopes is not None:
-            why = _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, nb, ex)
-            if why:
-                return why
-        if sinks is not None:
-            why = _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, nb, ex)
-            if why:
-                return why
+        why = _fill_heads(&p, alibi_slopes, sinks, cdt, nb, ex)
+        if why:
+            return why
         if key_lengths is not None:
             if not cnp.PyArray_CheckExact(key_lengths):
                 return _why(ARG_LENGTHS, RULE_TYPE)
@@ -1226,13 +1248,10 @@ cdef class Call:
         dims[mn - 2] = L
         dims[mn - 1] = Ev
         if out is not None:
-            if not cnp.PyArray_CheckExact(out):
-                return _why(ARG_OUT, RULE_TYPE)
+            why = _out_checked(out, dt)
+            if why:
+                return why
             o = <cnp.ndarray>out
-            if _dtype_of(o) != dt:
-                return _why(ARG_OUT, RULE_DTYPE)
-            if not cnp.PyArray_ISWRITEABLE(o):
-                return _why(ARG_OUT, RULE_LAYOUT)
             if not (_no_self_overlap(o) and _disjoint(o, q) and _disjoint(o, k) and _disjoint(o, v)
                     and _disjoint(o, m) and _disjoint(o, kl) and _disjoint(o, ks) and _disjoint(o, vs)
                     and (alibi_slopes is None or _disjoint(o, <cnp.ndarray>alibi_slopes))
@@ -1391,13 +1410,12 @@ cdef object _varlen(Call c, query, key, value, cu_seqlens_q, cu_seqlens_k, extra
         if not cnp.PyArray_CheckExact(a):
             return _why(arg, RULE_TYPE)
     q, k, v = <cnp.ndarray>query, <cnp.ndarray>key, <cnp.ndarray>value
-    dt, kvdt = _dtype_of(q), _dtype_of(k)
+    dt = _dtype_of(q)
     if dt < 0:
         return _why(ARG_QUERY, RULE_DTYPE)
-    if not _pairs(dt, kvdt):
-        return _why(ARG_KEY, RULE_DTYPE)
-    if _dtype_of(v) != kvdt:
-        return _why(ARG_VALUE, RULE_DTYPE)
+    why = _storage(-1, dt, k, v, None, None, &kvdt)
+    if why:
+        return why
     if q.ndim != 3:
         return _why(ARG_QUERY, RULE_SHAPE)
     if k.ndim != 3:
@@ -1443,25 +1461,17 @@ cdef object _varlen(Call c, query, key, value, cu_seqlens_q, cu_seqlens_k, extra
     if _fill_packed(&p.value, v, Hkv, Tk, Ev, False):
         return _why(ARG_VALUE, RULE_SHAPE)
     ex[0], ex[1] = n, Hq
-    if alibi_slopes is not None:
-        why = _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, 1, ex)
-        if why:
-            return why
-    if sinks is not None:
-        why = _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, 1, ex)
-        if why:
-            return why
+    why = _fill_heads(&p, alibi_slopes, sinks, cdt, 1, ex)
+    if why:
+        return why
     dims[0], dims[1], dims[2] = T, Hq, Ev
     if out is None:
         o = cnp.PyArray_EMPTY(3, dims, cnp.PyArray_TYPE(q), 0)
     else:
-        if not cnp.PyArray_CheckExact(out):
-            return _why(ARG_OUT, RULE_TYPE)
+        why = _out_checked(out, dt)
+        if why:
+            return why
         o = <cnp.ndarray>out
-        if _dtype_of(o) != dt:
-            return _why(ARG_OUT, RULE_DTYPE)
-        if not cnp.PyArray_ISWRITEABLE(o):
-            return _why(ARG_OUT, RULE_LAYOUT)
     if _fill_packed(&p.out, o, Hq, T, Ev, True):
         return _why(ARG_OUT, RULE_SHAPE)
     if c.lse:
@@ -1552,40 +1562,13 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
         _expected(ex, p.batch_shape, 1, Hq, L, E)
         if _fill_view(&p.query, q, 1, 3, ex, False):
             return _why(ARG_QUERY, RULE_SHAPE)
-    ex[0], ex[1], ex[2], ex[3] = kc.shape[0], Hkv, bs, E // cw
-    if _fill_view(&p.key, kc, 1, 3, ex, False):
-        return _why(ARG_KEY, RULE_SHAPE)
-    ex[3] = Ev // cw
-    if _fill_view(&p.value, vc, 1, 3, ex, False):
-        return _why(ARG_VALUE, RULE_SHAPE)
-    if cw == 2:
-        if E // 2 > 1 and p.key.col_stride != 1:
-            return _why(ARG_KEY, RULE_LAYOUT)
-        if Ev // 2 > 1 and p.value.col_stride != 1:
-            return _why(ARG_VALUE, RULE_LAYOUT)
-        p.key.col_stride = 1
-        p.value.col_stride = 1
-    if ks is None and c.group != 0:
-        return _why(ARG_GROUP_SIZE, RULE_VALUE)
-    if ks is not None:
-        if c.group and (E % c.group or Ev % c.group):
-            return _why(ARG_GROUP_SIZE, RULE_VALUE)
-        p.kv_group_size = c.group
-        ex[3] = E // c.group if c.group else 1
-        if _fill_view(&p.key_scale, ks, 1, 3, ex, False):
-            return _why(ARG_KEY_SCALE, RULE_SHAPE)
-        ex[3] = Ev // c.group if c.group else 1
-        if _fill_view(&p.value_scale, vs, 1, 3, ex, False):
-            return _why(ARG_VALUE_SCALE, RULE_SHAPE)
+    why = _fill_cache(&p, kc, vc, ks, vs, c.group, 1, &p.num_blocks, Hkv, bs, ex)
+    if why:
+        return why
     ex[0], ex[1] = B, Hq
-    if alibi_slopes is not None:
-        why = _fill_head_values(&p.alibi, alibi_slopes, ARG_ALIBI, cdt, 1, ex)
-        if why:
-            return why
-    if sinks is not None:
-        why = _fill_head_values(&p.sinks, sinks, ARG_SINKS, cdt, 1, ex)
-        if why:
-            return why
+    why = _fill_heads(&p, alibi_slopes, sinks, cdt, 1, ex)
+    if why:
+        return why
     if tree_mask is not None:
         if not cnp.PyArray_CheckExact(tree_mask):
             return _why(ARG_TREE, RULE_TYPE)
@@ -1614,13 +1597,10 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
     if out is None:
         o = cnp.PyArray_EMPTY(3 if packed else 4, dims, cnp.PyArray_TYPE(q), 0)
     else:
-        if not cnp.PyArray_CheckExact(out):
-            return _why(ARG_OUT, RULE_TYPE)
+        why = _out_checked(out, dt)
+        if why:
+            return why
         o = <cnp.ndarray>out
-        if _dtype_of(o) != dt:
-            return _why(ARG_OUT, RULE_DTYPE)
-        if not cnp.PyArray_ISWRITEABLE(o):
-            return _why(ARG_OUT, RULE_LAYOUT)
     _expected(ex, p.batch_shape, 1, Hq, L, Ev)
     if (_fill_packed(&p.out, o, Hq, T, Ev, True) if packed else _fill_view(&p.out, o, 1, 3, ex, True)):
         return _why(ARG_OUT, RULE_SHAPE)
