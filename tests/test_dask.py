@@ -98,6 +98,20 @@ def test_chunked_mask(rng, mask_kind, as_dask):
     _close(got, want)
 
 
+@pytest.mark.parametrize("kv_heads", [(1, 4), (4, 1), (1, 2)])
+def test_chunked_gqa_with_a_broadcast_key_or_value_head(rng, kv_heads):
+    """enable_gqa with one of key and value broadcasting its single head: the
+    group is that of the heads both have, as the single call derives it."""
+    hk, hv = kv_heads
+    q = rng.standard_normal((1, 4, 3, 16)).astype(np.float32)
+    k = rng.standard_normal((1, hk, 40, 16)).astype(np.float32)
+    v = rng.standard_normal((1, hv, 40, 16)).astype(np.float32)
+    kd = da.from_array(k, chunks=(1, hk, 16, 16))
+    vd = da.from_array(v, chunks=(1, hv, 16, 16))
+    got = sd.scaled_dot_product_attention(q, kd, vd, enable_gqa=True).compute(scheduler="sync")
+    _close(got, sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float16", "bfloat16"])
 def test_chunked_dtypes(rng, dtype):
     if dtype == "bfloat16":

@@ -119,9 +119,9 @@ def test_inputs_are_not_written(rng):
 @pytest.mark.parametrize("cu,error,match", [
     ([1, 3, 7], ValueError, "cu_seqlens_q: must start at 0"),
     ([0, 5, 3, 7], ValueError, "non-decreasing"),
-    ([0, 3, 6], ValueError, "ends at 6, but the packed array holds 7 rows"),
+    ([0, 3, 6], ValueError, "ends at 6, but the packed query holds 7 rows"),
     ([[0, 7]], ValueError, "1-D"),
-    ([0.0, 7.0], TypeError, "int32 or int64"),
+    ([0.0, 7.0], TypeError, "expected integers"),
     ([0, 3, 5, 7], ValueError, "as many sequences"),
 ])
 def test_bad_prefix_sums(cu, error, match):

@@ -40,6 +40,8 @@ from ._checks import (
     count as count,
     declined as declined,
     head_values as head_values,
+    key_lengths_checked as key_lengths_checked,
+    mask_checked as mask_checked,
     output_array as output_array,
     plan_shapes as plan_shapes,
     scale_of as scale_of,
@@ -428,44 +430,19 @@ def general(
     if attn_mask is not None:
         m = _to_array(attn_mask, "attn_mask")
         given.append((m, "attn_mask"))
+        mask_checked(m.dtype, m.shape, weights_shape, shapes)
         if m.dtype == np.bool_:
             if not m.flags.aligned:
                 m = np.array(m, order="C")
-        elif m.dtype.kind == "f" or _is_bfloat16(m.dtype):
+        else:
             _check_real(m, "attn_mask")
             m = _as_operand(m, cdtype)
-        else:
-            raise TypeError(
-                f"attn_mask: expected a bool mask (True = takes part) or a float mask (added to "
-                f"the scores), got dtype {m.dtype}"
-            )
-        try:
-            ok = np.broadcast_shapes(m.shape, weights_shape) == weights_shape
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"attn_mask: shape {m.shape} does not broadcast to the scores' shape "
-                f"{weights_shape} (..., heads, L, S); got {shapes}"
-            )
 
     lengths: Optional[Array] = None
     if key_lengths is not None:
         kl = _to_array(key_lengths, "key_lengths")
         given.append((kl, "key_lengths"))
-        if kl.dtype.kind not in "iu":
-            raise TypeError(f"key_lengths: expected integers, got dtype {kl.dtype}")
-        try:
-            ok = np.broadcast_shapes(kl.shape, batch_shape) == batch_shape
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"key_lengths: shape {kl.shape} does not broadcast to the batch dims {batch_shape} "
-                f"(the dims before the head dim); got {shapes}"
-            )
-        if kl.size and int(kl.min()) < 0:
-            raise ValueError(f"key_lengths: must be >= 0, got a minimum of {int(kl.min())}")
+        key_lengths_checked(kl, batch_shape, shapes)
         lengths = np.array(np.minimum(kl, S), dtype=np.int64, order="C")  # a new, native, contiguous array
 
     heads = {

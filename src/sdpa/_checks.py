@@ -23,6 +23,7 @@ from ._dtypes import (
     Array,
     _as_operand,
     _check_real,
+    _is_bfloat16,
     _to_array,
 )
 
@@ -86,6 +87,71 @@ def int64_copy(a: Array, name: str) -> Array:
         t = int(np.argmax(a > np.iinfo(np.int64).max))
         raise ValueError(f"{name}: entry {t} is {int(a.ravel()[t])}, beyond int64")
     return a.astype(np.int64)
+
+
+def broadcasts_to(shape: Tuple[int, ...], target: Tuple[int, ...]) -> bool:
+    """Whether an array of ``shape`` broadcasts to ``target`` unchanged."""
+    try:
+        return tuple(np.broadcast_shapes(shape, target)) == tuple(target)
+    except ValueError:
+        return False
+
+
+def int_array(x: Any, name: str, ndim: Optional[int] = None) -> Array:
+    """``x`` as an array of integers (bool not), of ``ndim`` dims when given:
+    TypeError / ValueError naming ``name`` otherwise."""
+    a = _to_array(x, name)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got dtype {a.dtype}")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {a.shape}")
+    return a
+
+
+def prefix_sums(value: Any, name: str, total: int, what: str) -> Array:
+    """Prefix sums of n lengths (``cu_seqlens_q``, ``query_start_loc``): n + 1
+    integers from 0, never decreasing, ending at ``total``, the rows of the
+    packed array (``what``); a native int64 copy (the core reads it without
+    the GIL)."""
+    a = int_array(value, name)
+    if a.ndim != 1 or a.shape[0] < 1:
+        raise ValueError(f"{name}: expected a 1-D array of (number of sequences + 1) prefix sums, got shape {a.shape}")
+    c = int64_copy(a, name)
+    if c[0] != 0:
+        raise ValueError(f"{name}: must start at 0, got {int(c[0])}")
+    if np.any(np.diff(c) < 0):
+        raise ValueError(f"{name}: must be non-decreasing (prefix sums of the lengths)")
+    if c[-1] != total:
+        raise ValueError(f"{name}: ends at {int(c[-1])}, but {what} holds {total} rows")
+    return c
+
+
+def mask_checked(dtype: np.dtype[Any], shape: Tuple[int, ...], scores_shape: Tuple[int, ...], shapes: str) -> None:
+    """``attn_mask=`` of ``dtype`` and ``shape``: bool (True takes part) or
+    float (added to the scores), broadcasting to the scores' shape."""
+    if dtype != np.bool_ and dtype.kind != "f" and not _is_bfloat16(dtype):
+        raise TypeError(
+            f"attn_mask: expected a bool mask (True = takes part) or a float mask (added to "
+            f"the scores), got dtype {dtype}"
+        )
+    if not broadcasts_to(shape, scores_shape):
+        raise ValueError(
+            f"attn_mask: shape {shape} does not broadcast to the scores' shape "
+            f"{scores_shape} (..., heads, L, S); got {shapes}"
+        )
+
+
+def key_lengths_checked(kl: Array, batch_shape: Tuple[int, ...], shapes: str) -> None:
+    """``key_lengths=``: integers >= 0 broadcasting to the batch dims."""
+    if kl.dtype.kind not in "iu":
+        raise TypeError(f"key_lengths: expected integers, got dtype {kl.dtype}")
+    if not broadcasts_to(kl.shape, batch_shape):
+        raise ValueError(
+            f"key_lengths: shape {kl.shape} does not broadcast to the batch dims {batch_shape} "
+            f"(the dims before the head dim); got {shapes}"
+        )
+    if kl.size and int(kl.min()) < 0:
+        raise ValueError(f"key_lengths: must be >= 0, got a minimum of {int(kl.min())}")
 
 
 def _causal_offset(is_causal: Union[bool, str], L: int, S: int) -> Tuple[bool, int]:
@@ -202,11 +268,7 @@ def head_values(
         raise TypeError(f"{name}: expected real numbers, got dtype bool")
     _check_real(a, name)
     target = batch_shape + (heads,)
-    try:
-        ok = np.broadcast_shapes(a.shape, target) == target
-    except ValueError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(a.shape, target):
         raise ValueError(
             f"{name}: shape {a.shape} does not broadcast to (batch..., query heads) {target}; "
             "give one value per query head, (Hq,) or (batch..., Hq)"

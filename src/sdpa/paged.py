@@ -17,22 +17,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 import numpy as np
 
 from . import _core
-from ._checks import count, declined, head_values, int64_copy
+from ._checks import count, declined, head_values, int64_copy, int_array, prefix_sums
 from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
 from .kvcache import _FP8_CODES, _NAMES, CacheFormat, base_call, cache_dtype
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
 
 Array = np.ndarray
-
-def _int_array(x: Any, name: str, ndim: int) -> Array:
-    a = _to_array(x, name)
-    if a.dtype.kind not in "iu" or a.dtype == np.bool_:
-        raise TypeError(f"{name}: expected integers, got dtype {a.dtype}")
-    if a.ndim != ndim:
-        raise ValueError(f"{name}: expected {ndim} dims, got shape {a.shape}")
-    return a
-
 
 _STORED = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", "int8"))
 _FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -147,8 +138,8 @@ def _tables(
     entry a sequence reads is a block id, every length fits its table and
     holds the sequence's query rows (`rows`: one count for all, or one per
     sequence, given by `rows_name`)."""
-    bt = _int_array(block_tables, "block_tables", 2)
-    sl = _int_array(seq_lens, "seq_lens", 1)
+    bt = int_array(block_tables, "block_tables", 2)
+    sl = int_array(seq_lens, "seq_lens", 1)
     if bt.shape[0] != B:
         raise ValueError(f"block_tables: expected one row per sequence ({B}), got shape {bt.shape}")
     if sl.shape != (B,):
@@ -210,17 +201,7 @@ def _tables_fast(
 
 def _query_start_loc(value: Any, T: int) -> Array:
     """vLLM's query_start_loc: B + 1 int prefix sums from 0, never decreasing, ending at T."""
-    a = _int_array(value, "query_start_loc", 1)
-    if a.shape[0] < 1:
-        raise ValueError("query_start_loc: expected (number of sequences + 1) prefix sums, got an empty array")
-    c = int64_copy(a, "query_start_loc")  # a copy: the core reads it without the GIL
-    if c[0] != 0:
-        raise ValueError(f"query_start_loc: must start at 0, got {int(c[0])}")
-    if np.any(np.diff(c) < 0):
-        raise ValueError("query_start_loc: must be non-decreasing (prefix sums of the query rows)")
-    if c[-1] != T:
-        raise ValueError(f"query_start_loc: ends at {int(c[-1])}, but the packed query holds {T} rows")
-    return c
+    return prefix_sums(value, "query_start_loc", T, "the packed query")
 
 
 def _paged_call(
@@ -549,7 +530,7 @@ def paged_write(
     T = k.shape[0]
     if v.shape[0] != T:
         raise ValueError(f"value: {v.shape[0]} tokens, key has {T}")
-    slots = _int_array(slot_mapping, "slot_mapping", 1)
+    slots = int_array(slot_mapping, "slot_mapping", 1)
     if slots.shape != (T,):
         raise ValueError(f"slot_mapping: expected shape ({T},), one slot a token, got {slots.shape}")
     past = slots >= num_blocks * bs  # before any cast: a uint64 slot must not wrap to a skipped one

@@ -23,26 +23,9 @@ from ._api import (
     operand_dtypes,
     output_array,
 )
-from ._checks import count, declined, int64_copy
+from ._checks import count, declined, prefix_sums
 
 __all__ = ["varlen_attention", "varlen_plan"]
-
-
-def _cu_seqlens(value: Any, name: str, total: int) -> np.ndarray:
-    """Prefix sums of the lengths: 1-D ints from 0, non-decreasing, ending at ``total``."""
-    a = _to_array(value, name)
-    if a.dtype.kind not in "iu" or a.dtype == np.bool_:
-        raise TypeError(f"{name}: expected int32 or int64 prefix sums, got dtype {a.dtype}")
-    if a.ndim != 1 or a.shape[0] < 1:
-        raise ValueError(f"{name}: expected a 1-D array of (number of sequences + 1) prefix sums, got shape {a.shape}")
-    c = int64_copy(a, name)  # a copy: the core reads it without the GIL
-    if c[0] != 0:
-        raise ValueError(f"{name}: must start at 0, got {int(c[0])}")
-    if np.any(np.diff(c) < 0):
-        raise ValueError(f"{name}: must be non-decreasing (prefix sums of the lengths)")
-    if c[-1] != total:
-        raise ValueError(f"{name}: ends at {int(c[-1])}, but the packed array holds {total} rows")
-    return c
 
 
 @overload
@@ -201,8 +184,8 @@ def _varlen_call(
     Ev = v.shape[2]
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"the query heads must be a multiple of the key/value heads (dim 1); got {shapes}")
-    cq = _cu_seqlens(cu_seqlens_q, "cu_seqlens_q", total_q)
-    ck = _cu_seqlens(cu_seqlens_k, "cu_seqlens_k", total_k)
+    cq = prefix_sums(cu_seqlens_q, "cu_seqlens_q", total_q, "the packed query")
+    ck = prefix_sums(cu_seqlens_k, "cu_seqlens_k", total_k, "the packed key")
     if cq.shape != ck.shape:
         raise ValueError(
             f"cu_seqlens_q and cu_seqlens_k must describe as many sequences; got {cq.shape[0] - 1} "

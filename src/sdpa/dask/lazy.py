@@ -16,6 +16,8 @@ from .._api import (
     _is_bfloat16,
     attend,
     compute_dtype,
+    key_lengths_checked,
+    mask_checked,
     operand_dtypes,
     plan_shapes,
     scale_of,
@@ -153,9 +155,6 @@ def scaled_dot_product_attention(
     q = _as_dask(query, "query")
     k = _as_dask(key, "key")
     v = _as_dask(value, "value")
-    for a, name in ((q, "query"), (k, "key"), (v, "value")):
-        if a.ndim < 2:
-            raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {a.shape}")
     if isinstance(split_every, bool) or not isinstance(split_every, int) or split_every < 2:
         raise ValueError(f"split_every: expected an int >= 2, got {split_every!r}")
     threads = thread_count(num_threads)
@@ -170,9 +169,8 @@ def scaled_dot_product_attention(
     nb = len(plan.batch_shape)
     q, k, v = (_lift(a, nb + 3) for a in (q, k, v))
     heads = plan.heads
-    hkv = k.shape[-3]
-    group = heads // hkv if enable_gqa and hkv and heads % hkv == 0 and hkv != heads else 1
-    kv_heads = heads // group if heads else hkv
+    group = plan.group
+    kv_heads = heads // group if heads else (v.shape[-3] if k.shape[-3] == 1 else k.shape[-3])
     q = da.broadcast_to(q, plan.batch_shape + (heads, L, E))
     k = da.broadcast_to(k, plan.batch_shape + (kv_heads, S, E))
     v = da.broadcast_to(v, plan.batch_shape + (kv_heads, S, Ev))
@@ -202,17 +200,8 @@ def scaled_dot_product_attention(
     mask_block = None
     if attn_mask is not None:
         m = attn_mask if isinstance(attn_mask, da.Array) else np.asarray(attn_mask)
-        if m.dtype != np.bool_ and m.dtype.kind != "f" and m.dtype.name != "bfloat16":
-            raise TypeError(
-                f"attn_mask: expected a bool mask (True = takes part) or a float mask (added to "
-                f"the scores), got dtype {m.dtype}"
-            )
         full = plan.batch_shape + (heads, L, S)
-        if m.ndim > len(full) or any(d not in (1, n) for d, n in zip(m.shape[::-1], full[::-1])):
-            raise ValueError(
-                f"attn_mask: shape {m.shape} does not broadcast to the scores' shape {full} "
-                f"(..., heads, L, S)"
-            )
+        mask_checked(m.dtype, m.shape, full, f"query {q.shape}, key {k.shape}, value {v.shape}")
         m = _lift(m, len(full))
         target = batch_chunks + (head_chunks, l_chunks, s_chunks)
         if isinstance(m, da.Array):  # its chunks: the target's along the axes it does not broadcast
@@ -234,16 +223,8 @@ def scaled_dot_product_attention(
     lengths = None
     if key_lengths is not None:
         kl = np.asarray(key_lengths.compute() if isinstance(key_lengths, da.Array) else key_lengths)
-        if kl.dtype.kind not in "iu":
-            raise TypeError(f"key_lengths: expected integers, got dtype {kl.dtype}")
-        try:
-            lengths = np.broadcast_to(kl, plan.batch_shape).astype(np.int64)
-        except ValueError:
-            raise ValueError(
-                f"key_lengths: shape {kl.shape} does not broadcast to the batch dims {plan.batch_shape}"
-            ) from None
-        if lengths.size and int(lengths.min()) < 0:
-            raise ValueError(f"key_lengths: must be >= 0, got a minimum of {int(lengths.min())}")
+        key_lengths_checked(kl, plan.batch_shape, f"query {q.shape}, key {k.shape}, value {v.shape}")
+        lengths = np.broadcast_to(kl, plan.batch_shape).astype(np.int64)
 
     kd = k.to_delayed(optimize_graph=False)
     vd = v.to_delayed(optimize_graph=False)
