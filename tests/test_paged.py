@@ -318,7 +318,8 @@ def bad_calls(q, kc, vc, bt, lens):
         ({"is_causal": "yes"}, TypeError, "is_causal"),
         ({"key_scale": np.ones((1,), np.float32)}, ValueError, "only a quantized cache"),
         ({"out": np.empty((3, 8, 2, 31), np.float32)}, ValueError, "out: expected shape"),
-        ({"out": q[:, :, :, :32]}, ValueError, "out: overlaps query"),
+        ({"out": q[:, :, :, :32]}, ValueError, "out: overlaps the memory of query"),
+        ({"out": np.full((3, 8, 2, 32), 7.0)}, TypeError, "out: expected dtype float32"),
     ]
 
 
@@ -377,6 +378,25 @@ def test_paged_write(rng, dtype):
         np.testing.assert_allclose(got_k[s // 4, :, s % 4], k[t], atol=tol, rtol=tol)
         np.testing.assert_allclose(got_v[s // 4, :, s % 4], v[t], atol=tol, rtol=tol)
     assert np.count_nonzero(got_k.any(axis=-1)) == 3 * 2  # the skipped token wrote nothing
+
+
+def test_a_float64_query_on_a_quantized_cache_is_computed_in_float32(rng):
+    """The rule of KVCache.attend: a quantized cache takes a float32 or 16-bit
+    query; a float64 one is read as float32, and so is the output."""
+    kc = np.zeros((4, 2, 4, 8), np.int8)
+    vc = np.zeros((4, 2, 4, 8), np.int8)
+    ks = np.zeros((4, 2, 4, 1), np.float32)
+    vs = np.zeros((4, 2, 4, 1), np.float32)
+    sdpa.paged_write(rng.standard_normal((7, 2, 8)), rng.standard_normal((7, 2, 8)), kc, vc, np.arange(7),
+                     key_scale=ks, value_scale=vs)
+    q = rng.standard_normal((1, 4, 1, 8))
+    bt, lens = np.array([[0, 1]], np.int32), np.array([7])
+    got = sdpa.paged_attention(q, kc, vc, bt, lens, key_scale=ks, value_scale=vs)
+    want = sdpa.paged_attention(q.astype(np.float32), kc, vc, bt, lens, key_scale=ks, value_scale=vs)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    cache = sdpa.KVCache(1, 2, 8, 8, dtype="int8")
+    assert cache.result_dtype(np.float64) == got.dtype
 
 
 def test_paged_write_checks_everything_first(rng):

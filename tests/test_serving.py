@@ -294,7 +294,7 @@ BAD_STARTS = [
     ([0, 2, 3], "ends at 3"),
     ([0, 4], "expected 3 prefix sums"),
     ([0.0, 2.0, 4.0], "expected integers"),
-    ([[0, 2, 4]], "expected 1 dims"),
+    ([[0, 2, 4]], "expected a 1-D array"),
 ]
 
 

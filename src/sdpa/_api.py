@@ -64,6 +64,7 @@ from ._dtypes import (
     compute_dtype as compute_dtype,
     float_dtype as float_dtype,
     operand_dtypes as operand_dtypes,
+    quantized_query_dtype as quantized_query_dtype,
     result_dtype as result_dtype,
 )
 from ._threads import (
@@ -409,7 +410,7 @@ def general(
         if a.ndim < 2:
             raise ValueError(f"{name}: expected at least 2 dims (..., seq, features), got shape {a.shape}")
     if quantized:
-        dtype = (q.dtype if _single_or_half(q.dtype) else _FLOAT32).newbyteorder("=")
+        dtype = quantized_query_dtype(q.dtype)
     else:
         dtype, kv_float = operand_dtypes(q.dtype, k.dtype, v.dtype)  # dtype: the query's and the output's
         k, v = (_as_operand(a, kv_float) for a in (k, v))

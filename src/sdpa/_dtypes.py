@@ -128,6 +128,16 @@ def result_dtype(*dtypes: Any) -> np.dtype[Any]:
     return operand_dtypes(*dtypes)[0]
 
 
+def quantized_query_dtype(dtype: Any) -> np.dtype[Any]:
+    """The dtype a query against a quantized cache (int8, float8, int4) is
+    read in, and the output's: its own when float32 or 16-bit, else float32
+    (quantized values have no float64 products).  The rule of
+    :meth:`sdpa.KVCache.attend`, the dense call's ``key_scale`` path and
+    :func:`sdpa.paged_attention` alike."""
+    dt = np.dtype(dtype)
+    return dt.newbyteorder("=") if _single_or_half(dt) else _FLOAT32
+
+
 def compute_dtype(dtype: Any) -> np.dtype[Any]:
     """What a problem whose output is ``dtype`` computes in, and returns weights
     and lse in: float64 for float64, else float32."""

@@ -18,10 +18,10 @@ from . import _core
 from ._api import (
     ArrayInput,
     AttentionResult,
-    _single_or_half,
     count,
     float_dtype,
     general,
+    quantized_query_dtype,
     result_dtype,
 )
 
@@ -587,7 +587,7 @@ class KVCache:
         """The dtype of :meth:`attend`'s output for a query of ``query_dtype``."""
         qdt = np.dtype(query_dtype)
         if self._int8:
-            return qdt if _single_or_half(qdt) else np.dtype(np.float32)
+            return quantized_query_dtype(qdt)
         return result_dtype(qdt, self._dtype, self._dtype)
 
     def reset(self) -> None:

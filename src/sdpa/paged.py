@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 import numpy as np
 
 from . import _core
-from ._checks import count, declined, head_values, int64_copy, int_array, prefix_sums
-from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype
+from ._checks import count, declined, head_values, int64_copy, int_array, output_array, prefix_sums
+from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype, quantized_query_dtype
 from .kvcache import _FP8_CODES, _NAMES, CacheFormat, base_call, cache_dtype
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
@@ -225,6 +225,8 @@ def _paged_call(
     except TypeError:
         raise TypeError(f"query: expected float16, bfloat16, float32 or float64, got dtype {q.dtype}") from None
     kc, vc, ks, vs, group, code = _cache_pair(key_cache, value_cache, key_scale, value_scale, kv_dtype)
+    if code:
+        qdt = quantized_query_dtype(qdt)
     bt0 = _to_array(block_tables, "block_tables")
     if packed:
         T, Hq, E = q.shape
@@ -248,10 +250,10 @@ def _paged_call(
         raise ValueError(f"key_cache: {Ek} features a key, the query has {E}")
     if Hq % Hkv:
         raise ValueError(f"query: {Hq} heads is not a multiple of the caches' {Hkv} key/value heads")
-    if (qdt == _FLOAT64) != (kc.dtype == _FLOAT64) or (code and qdt == _FLOAT64):
+    if not code and (qdt == _FLOAT64) != (kc.dtype == _FLOAT64):
         raise TypeError(
             f"key_cache: a {qdt} query attends " + ("a float64 cache" if qdt == _FLOAT64 else
-                                                    "float16, bfloat16, float32 or int8 caches")
+                                                    "float16, bfloat16, float32 or quantized caches")
             + f", got {kc.dtype}"
         )
     if not isinstance(is_causal, (bool, np.bool_)):  # a paged row's position is its sequence's
@@ -280,20 +282,13 @@ def _paged_call(
         raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
     causal = bool(is_causal) and tree is None  # under a tree, the tree decides the last L positions
     call = base.prepared(causal, scale, False, window, softcap, num_threads, False, return_lse)
-    full_shape = out_shape + (Ev,)
     if out is not None:
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"out: expected a numpy.ndarray, got {type(out).__name__}")
-        if out.shape != full_shape or out.dtype != qdt:
-            raise ValueError(f"out: expected shape {full_shape} and dtype {qdt}, got {out.shape} {out.dtype}")
-        if not out.flags.writeable:
-            raise ValueError("out: is read-only")
-        for a, name in ((q, "query"), (kc, "key_cache"), (vc, "value_cache"), (ks, "key_scale"),
-                        (vs, "value_scale"), (block_tables, "block_tables"), (seq_lens, "seq_lens"),
-                        (alibi_slopes, "alibi_slopes"), (sinks, "sinks"), (tree_mask, "tree_mask"),
-                        (query_start_loc, "query_start_loc")):
-            if isinstance(a, np.ndarray) and np.shares_memory(out, a):
-                raise ValueError(f"out: overlaps {name}")
+        operands = [(a, name) for a, name in (
+            (q, "query"), (kc, "key_cache"), (vc, "value_cache"), (ks, "key_scale"), (vs, "value_scale"),
+            (block_tables, "block_tables"), (seq_lens, "seq_lens"), (alibi_slopes, "alibi_slopes"),
+            (sinks, "sinks"), (tree_mask, "tree_mask"), (query_start_loc, "query_start_loc"))
+            if isinstance(a, np.ndarray)]
+        output_array(out, out_shape + (Ev,), qdt, operands, f"query {q.shape}, key_cache {kc.shape}")
     if q.dtype != qdt or not q.flags.aligned:
         q = np.require(q, qdt, ["A"])
     scales = None if ks is None else (ks, vs)
@@ -335,7 +330,9 @@ def paged_attention(
     Parameters
     ----------
     query : array_like, shape (B, Hq, L, E), or (T, Hq, E) with ``query_start_loc``
-        float16, bfloat16, float32 or float64.  Row ``i`` of sequence ``b`` is
+        float16, bfloat16, float32 or float64 (against a quantized cache a
+        float64 query is read as float32, as :meth:`sdpa.KVCache.attend` reads
+        it, and the output is float32).  Row ``i`` of sequence ``b`` is
         position ``seq_lens[b] - L + i``.  L = 1 is decoding; L > 1 chunked
         prefill or speculative verification.
     key_cache, value_cache : ndarray, shapes (num_blocks, Hkv, block_size, E) and (..., Ev)
