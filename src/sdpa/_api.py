@@ -66,6 +66,7 @@ from ._dtypes import (
     operand_dtypes as operand_dtypes,
     quantized_query_dtype as quantized_query_dtype,
     result_dtype as result_dtype,
+    width_of as width_of,
 )
 from ._threads import (
     _MAX_THREADS as _MAX_THREADS,
@@ -418,7 +419,7 @@ def general(
     q = _as_operand(q, dtype)
 
     # an int4 cache's columns hold two values each
-    width = 2 if code == _core.QUANTIZED["int4"] else 1
+    width = width_of(code)
     k_shape, v_shape = k.shape[:-1] + (k.shape[-1] * width,), v.shape[:-1] + (v.shape[-1] * width,)
     plan = plan_shapes(q.shape, k_shape, v_shape, call.enable_gqa)
     S = plan.S

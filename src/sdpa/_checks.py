@@ -20,6 +20,9 @@ import numpy as np
 
 from . import _core
 from ._dtypes import (
+    INT4,
+    INT8,
+    QUANTIZED_NAMES,
     Array,
     _as_operand,
     _check_real,
@@ -276,8 +279,6 @@ def head_values(
     return _as_operand(a, cdtype)
 
 
-# the quantized caches' names by the core's code, for messages
-_CACHE_NAMES = {code: name for name, code in _core.QUANTIZED.items()}
 
 
 def integer_switch(flag: object, name: str, kv_dtype: Optional[int]) -> bool:
@@ -287,9 +288,9 @@ def integer_switch(flag: object, name: str, kv_dtype: Optional[int]) -> bool:
         raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
     if not flag:
         return False
-    if kv_dtype not in (_core.QUANTIZED["int8"], _core.QUANTIZED["int4"]):
+    if kv_dtype not in (INT8, INT4):
         what = "keys" if name == "integer_qk" else "values"
-        this = "a float cache" if kv_dtype is None else _CACHE_NAMES.get(kv_dtype, repr(kv_dtype))
+        this = "a float cache" if kv_dtype is None else QUANTIZED_NAMES.get(kv_dtype, repr(kv_dtype))
         raise ValueError(f"{name}: only int8 and int4 caches have integer {what}; this one is {this}")
     return True
 
@@ -325,7 +326,7 @@ def call_constants(
     ValueError names the argument that breaks its rule."""
     from ._threads import thread_count
 
-    if kv_dtype is not None and (type(kv_dtype) is not int or kv_dtype not in _CACHE_NAMES):
+    if kv_dtype is not None and (type(kv_dtype) is not int or kv_dtype not in QUANTIZED_NAMES):
         raise ValueError(f"kv_dtype: expected None or a code of sdpa._core.QUANTIZED, got {kv_dtype!r}")
     group = count(group_size, "group_size")
     if group > _INT64_MAX // 2:

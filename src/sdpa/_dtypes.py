@@ -12,8 +12,26 @@ from typing import (
 import numpy as np
 import numpy.typing as npt
 
+from . import _core
+
 _FLOAT32 = np.dtype(np.float32)
 _FLOAT64 = np.dtype(np.float64)
+
+#: The float dtypes sdpa computes and stores natively.
+FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
+#: The quantized formats of a KV cache, by the core's code (``_core.QUANTIZED``
+#: has the codes by name).
+QUANTIZED_NAMES = {int(code): name for name, code in _core.QUANTIZED.items()}
+INT8 = int(_core.QUANTIZED["int8"])
+INT4 = int(_core.QUANTIZED["int4"])
+FP8_NAMES = tuple(name for name in _core.QUANTIZED if name.startswith("float8"))
+FP8_CODES = tuple(int(_core.QUANTIZED[name]) for name in FP8_NAMES)
+
+
+def width_of(code: Any) -> int:
+    """The values a stored element of the format ``code`` holds: 2 for int4
+    (two a byte), else 1."""
+    return 2 if code == INT4 else 1
 
 
 def _is_bfloat16(dt: np.dtype[Any]) -> bool:
@@ -156,12 +174,13 @@ def _as_operand(a: Array, dtype: np.dtype[Any]) -> Array:
 def float_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
     """A storage dtype: float16, bfloat16, float32 or float64 (TypeError naming
     ``name`` otherwise).  The one check of the dtypes of caches and layers."""
+    expected = f"{', '.join(FLOAT_NAMES[:-1])} or {FLOAT_NAMES[-1]}"
     try:
         dt: np.dtype[Any] = np.dtype(dtype)
     except TypeError:
-        raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {dtype!r}") from None
+        raise TypeError(f"{name}: expected {expected}, got {dtype!r}") from None
     # kind "f" also holds ml_dtypes' 8-bit floats (float8_e5m2, ...), which
     # nothing in sdpa computes or stores
     if not (dt.kind == "f" and dt.itemsize in (2, 4, 8)) and not _is_bfloat16(dt):
-        raise TypeError(f"{name}: expected float16, bfloat16, float32 or float64, got {dt}")
+        raise TypeError(f"{name}: expected {expected}, got {dt}")
     return dt.newbyteorder("=")

@@ -24,6 +24,7 @@ from ._api import (
     quantized_query_dtype,
     result_dtype,
 )
+from ._dtypes import FLOAT_NAMES, FP8_CODES, FP8_NAMES, INT8, QUANTIZED_NAMES, width_of
 
 __all__ = ["KVCache", "KVCacheFullError", "CacheFormat"]
 
@@ -608,12 +609,12 @@ class KVCache:
         )
 
 
-CACHE_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "float8_e4m3fn", "float8_e5m2", "int4")
+CACHE_DTYPES = FLOAT_NAMES + tuple(_core.QUANTIZED)
 
-# the quantized caches: the core's codes by name, names by code
-_NAMES = {code: name for name, code in _core.QUANTIZED.items()}
-_FP8_CODES = (_core.QUANTIZED["float8_e4m3fn"], _core.QUANTIZED["float8_e5m2"])
-_FP8_MAX = {_core.QUANTIZED[name]: _core.QUANTIZED_MAX[name] for name in ("float8_e4m3fn", "float8_e5m2")}
+# the quantized caches: names by the core's code
+_NAMES = QUANTIZED_NAMES
+_FP8_CODES = FP8_CODES
+_FP8_MAX = {int(_core.QUANTIZED[name]): _core.QUANTIZED_MAX[name] for name in FP8_NAMES}
 
 
 def _quantized_name(dtype: Any) -> Optional[str]:
@@ -686,7 +687,7 @@ class CacheFormat:
         storage = cache_dtype(dtype)
         code = quantized_code(dtype)
         name = _NAMES.get(code, str(storage))
-        width = 2 if code == _core.QUANTIZED["int4"] else 1
+        width = width_of(code)
         if scale not in ("absmax", None):
             raise ValueError(f'scale: expected "absmax" or None, got {scale!r}')
         if scale is None and code not in _FP8_CODES:
@@ -716,7 +717,7 @@ class CacheFormat:
     def kv_dtype(self) -> Optional[str]:
         """The ``kv_dtype`` the paged functions take for this storage (None for
         float and int8 arrays, which say what they hold)."""
-        return None if self.code in (0, _core.QUANTIZED["int8"]) else self.name
+        return None if self.code in (0, INT8) else self.name
 
     def call(self, integer_qk: object = False, integer_pv: object = False) -> _core.Call:
         """The base prepared call of this storage (see ``sdpa._core.Call``),

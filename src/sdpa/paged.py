@@ -18,7 +18,17 @@ import numpy as np
 
 from . import _core
 from ._checks import count, declined, head_values, int64_copy, int_array, output_array, prefix_sums
-from ._dtypes import _FLOAT32, _FLOAT64, _is_bfloat16, _to_array, float_dtype, quantized_query_dtype
+from ._dtypes import (
+    _FLOAT32,
+    _FLOAT64,
+    FP8_NAMES,
+    INT8,
+    _is_bfloat16,
+    _to_array,
+    float_dtype,
+    quantized_query_dtype,
+    width_of,
+)
 from .kvcache import _FP8_CODES, _NAMES, CacheFormat, base_call, cache_dtype
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
@@ -26,9 +36,6 @@ __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
 Array = np.ndarray
 
 _STORED = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", "int8"))
-_FP8 = ("float8_e4m3fn", "float8_e5m2")
-_INT4 = int(_core.QUANTIZED["int4"])
-_INT8 = int(_core.QUANTIZED["int8"])
 
 
 def _article(name: str) -> str:
@@ -42,17 +49,17 @@ def _storage_code(kc: Array, vc: Array, kv_dtype: Optional[str]) -> Tuple[Array,
     CacheFormat.code has it."""
     name = kc.dtype.name
     if kv_dtype is None:
-        if name in _FP8 and vc.dtype == kc.dtype:  # ml_dtypes' float8 arrays say their format
+        if name in FP8_NAMES and vc.dtype == kc.dtype:  # ml_dtypes' float8 arrays say their format
             return kc.view(np.uint8), vc.view(np.uint8), int(_core.QUANTIZED[name])
-        return kc, vc, _INT8 if kc.dtype == np.int8 and vc.dtype == np.int8 else 0
+        return kc, vc, INT8 if kc.dtype == np.int8 and vc.dtype == np.int8 else 0
     if kv_dtype not in _core.QUANTIZED:
         raise ValueError(f"kv_dtype: expected one of {', '.join(map(repr, _core.QUANTIZED))}, got {kv_dtype!r}")
     if kv_dtype == "int8":
         for a, arg in ((kc, "key_cache"), (vc, "value_cache")):
             if a.dtype != np.int8:
                 raise TypeError(f"{arg}: an int8 cache is stored as int8, got dtype {a.dtype}")
-        return kc, vc, _INT8
-    if name in _FP8 and name == kv_dtype and vc.dtype == kc.dtype:
+        return kc, vc, INT8
+    if name in FP8_NAMES and name == kv_dtype and vc.dtype == kc.dtype:
         kc, vc = kc.view(np.uint8), vc.view(np.uint8)
     for a, arg in ((kc, "key_cache"), (vc, "value_cache")):
         if a.dtype != np.uint8:
@@ -111,7 +118,7 @@ def _cache_pair(
                          "of features)")
     ks = np.asarray(key_scale)
     vs = np.asarray(value_scale)
-    width = 2 if code == _INT4 else 1
+    width = width_of(code)
     E, Ev = kc.shape[3] * width, vc.shape[3] * width
     group = 0
     for a, name, cols in ((ks, "key_scale", E), (vs, "value_scale", Ev)):
@@ -244,7 +251,7 @@ def _paged_call(
         rows = L
         out_shape = (B, Hq, L)
     num_blocks, Hkv, bs, Ek = kc.shape
-    width = 2 if code == _INT4 else 1
+    width = width_of(code)
     Ek, Ev = Ek * width, vc.shape[3] * width
     if Ek != E:
         raise ValueError(f"key_cache: {Ek} features a key, the query has {E}")
@@ -509,7 +516,7 @@ def paged_write(
         if a is not None and not a.flags.writeable:
             raise ValueError(f"{name}: is read-only")
     num_blocks, Hkv, bs, E = kc.shape
-    width = 2 if code == _INT4 else 1
+    width = width_of(code)
     E, Ev = E * width, vc.shape[3] * width
     latent = value is None
     if latent and not (np.shares_memory(vc, kc) and (ks is None or vs is None or np.shares_memory(vs, ks))):
