@@ -24,7 +24,7 @@ from ._api import (
     quantized_query_dtype,
     result_dtype,
 )
-from ._dtypes import FLOAT_NAMES, FP8_CODES, FP8_NAMES, INT8, QUANTIZED_NAMES, width_of
+from ._dtypes import FLOAT_NAMES, FP8_CODES, FP8_NAMES, INT8, QUANTIZED_NAMES, _check_real, width_of
 
 __all__ = ["KVCache", "KVCacheFullError", "CacheFormat"]
 
@@ -379,8 +379,7 @@ class KVCache:
         expected_k = (self._batch, self._heads, "T", self._e)
         expected_v = (self._batch, self._heads, "T", self._ev)
         for a, name, expected in ((k, "k", expected_k), (v, "v", expected_v)):
-            if a.dtype.kind not in "biuf" and a.dtype.name != "bfloat16":
-                raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}")
+            _check_real(a, name)
             if (
                 a.ndim != 4
                 or a.shape[:2] != expected[:2]

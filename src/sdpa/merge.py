@@ -19,7 +19,7 @@ from typing import Any, List, Sequence, Tuple, Union
 
 import numpy as np
 
-from ._api import _is_bfloat16
+from ._dtypes import _check_real, _is_bfloat16
 
 __all__ = ["merge_attention"]
 
@@ -49,11 +49,7 @@ def _split(arg: Any, name: str) -> List[np.ndarray]:
     if not parts:
         raise ValueError(f"{name}: needs at least one chunk, got none")
     for i, a in enumerate(parts):
-        if a.dtype.kind not in "biuf" and not _is_bfloat16(a.dtype):
-            raise TypeError(
-                f"{name}[{i}]: expected real numbers (bool, integers, float16, bfloat16, "
-                f"float32 or float64), got dtype {a.dtype}"
-            )
+        _check_real(a, f"{name}[{i}]")
     return parts
 
 

@@ -19,12 +19,12 @@ import numpy as np
 from . import _core
 from ._checks import count, declined, head_values, int64_copy, int_array, output_array, prefix_sums
 from ._dtypes import (
-    _FLOAT32,
     _FLOAT64,
     FP8_NAMES,
     INT8,
-    _is_bfloat16,
+    _check_real,
     _to_array,
+    compute_dtype,
     float_dtype,
     quantized_query_dtype,
     width_of,
@@ -270,7 +270,7 @@ def _paged_call(
         bt, sl = _tables(block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc")
     else:
         bt, sl = _tables_fast(block_tables, seq_lens, B, L, num_blocks, bs)
-    cdt = _FLOAT64 if qdt == _FLOAT64 else _FLOAT32
+    cdt = compute_dtype(qdt)
     alibi = None if alibi_slopes is None else np.ascontiguousarray(
         np.broadcast_to(head_values(alibi_slopes, "alibi_slopes", (B,), Hq, cdt), (B, Hq)))
     sink = None if sinks is None else np.ascontiguousarray(
@@ -527,8 +527,7 @@ def paged_write(
     k = _to_array(key, "key")
     v = k[..., :Ev] if latent else _to_array(value, "value")
     for a, name, cols in ((k, "key", E), (v, "value", Ev)):
-        if (a.dtype.kind not in "biuf" and not _is_bfloat16(a.dtype)):
-            raise TypeError(f"{name}: expected real numbers, got dtype {a.dtype}")
+        _check_real(a, name)
         if a.ndim != 3 or a.shape[1:] != (Hkv, cols):
             raise ValueError(f"{name}: expected shape (T, {Hkv}, {cols}), got {a.shape}")
     T = k.shape[0]

@@ -229,11 +229,13 @@ def _attention_tensors(
 def _check_variants(
     query: Tensor, window: Optional[List[int]], alibi_slopes: Optional[Tensor], sinks: Optional[Tensor]
 ) -> None:
-    """TypeError/ValueError for a ``window`` that is not two ints, and for
-    ``alibi_slopes`` / ``sinks`` that are not float tensors on the query's device
-    (their values and shapes are checked by :func:`sdpa.scaled_dot_product_attention`)."""
+    """The TypeError of :func:`sdpa._checks.window_sides` for a ``window``
+    that is not a pair (its sides may be symbolic here), and TypeError /
+    ValueError for ``alibi_slopes`` / ``sinks`` that are not float tensors on
+    the query's device (their values and shapes are checked by
+    :func:`sdpa.scaled_dot_product_attention`)."""
     if window is not None and len(window) != 2:
-        raise ValueError(f"window: expected (left, right), got {tuple(window)}")
+        _api.window_sides(window)
     for t, name in ((alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
         if t is None:
             continue
