@@ -59,7 +59,7 @@ if _core.isa_env_error():  # every call would fail: say so now, once
 
     _warnings.warn(
         f"sdpa: SDPA_ISA={_os.environ.get('SDPA_ISA')!r}: {_core.isa_env_error()}; every call "
-        f"will raise ValueError. This CPU supports: {', '.join(n for n in _core.ISAS if _core.isa_supported(n))}",
+        f"will raise ValueError. This CPU supports: {', '.join(_core.isas_supported())}",
         RuntimeWarning,
         stacklevel=2,
     )
@@ -77,7 +77,7 @@ def config() -> Dict[str, Any]:
     the kernel ``integer_qk`` scores run on now (``integer_qk``: "avx512_vnni",
     "avx_vnni" for the avx2 set, "neon_dotprod" for the neon sets, or
     "portable" on a CPU or kernel set without them)."""
-    isas: List[str] = [name for name in _core.ISAS if _core.isa_supported(name)]
+    isas: List[str] = _core.isas_supported()
     l1d, l2 = _core.cache_sizes()
     return {
         "version": __version__,

@@ -69,6 +69,11 @@ def isa_supported(name):
     return bool(sdpa_isa_supported(name.encode()))
 
 
+def isas_supported():
+    """The kernel sets of ISAS this CPU runs, in ISAS's order."""
+    return [n for n in ISAS if isa_supported(n)]
+
+
 def isa_named():
     """The kernel set in use when it was named (SDPA_ISA, :func:`set_isa`), or
     None when it is the default choice."""
@@ -84,7 +89,7 @@ def set_isa(name):
         return
     if sdpa_set_isa(name.encode()) != SDPA_OK:
         raise ValueError(f"kernel set {name!r} is unknown or not supported by this CPU; "
-                         f"supported: {[n for n in ISAS if isa_supported(n)]}")
+                         f"supported: {isas_supported()}")
 
 
 def has_openmp():

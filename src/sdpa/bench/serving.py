@@ -171,7 +171,7 @@ def _cases(rng: np.random.Generator, quick: bool) -> Iterator[Case]:
     # paged decoding against the contiguous call, on every kernel set
     S = 4096 // f["decode"]
     bf16 = _bf16()
-    for isa in [s for s in _core.ISAS if _core.isa_supported(s)]:
+    for isa in _core.isas_supported():
         for dt in [np.dtype(np.float32)] + ([bf16] if bf16 is not None else []):
             for bsz in (16, 128):
                 kc2, vc2, bt2, sl2, k2, v2 = _pool(rng, 8, S, bsz, hkv, e, e, dt)
@@ -222,7 +222,7 @@ class _nothing:
 
 def case_count(quick: bool = False) -> int:
     """How many cases :func:`iter_serving` runs on this machine (for the progress bar)."""
-    sets = sum(_core.isa_supported(s) for s in _core.ISAS)
+    sets = len(_core.isas_supported())
     return len(SERVING_CASES) + sets * (2 if _bf16() is not None else 1) * 2
 
 

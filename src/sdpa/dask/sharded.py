@@ -222,7 +222,6 @@ class ShardedKVCache:
         too many positions raise here and change nothing."""
         k = np.asarray(k)
         v = np.asarray(v)
-        self._spec.check_fits(*_cache_dims(k, v))
         k, v = self._spec._checked(k, v)  # what one shard's append would refuse
         T = k.shape[2]
         with self._lock:
@@ -364,15 +363,3 @@ class ShardedKVCache:
             f"head_dim_v={s.head_dim_v}, dtype={s.quantization or s.dtype}, length={self.length}, "
             f"capacity={self.capacity}, shards={self._lengths} on {self._workers})"
         )
-
-
-def _cache_dims(k: np.ndarray, v: np.ndarray) -> Tuple[int, int, int, int]:
-    """(batch, heads, head_dim, head_dim_v) of an append's k and v, checked."""
-    for a, name in ((k, "k"), (v, "v")):
-        if a.ndim != 4:
-            raise ValueError(f"{name}: expected shape (batch, num_kv_heads, T, head_dim), got {a.shape}")
-    if k.shape[:3] != v.shape[:3] or k.shape[2] < 1:
-        raise ValueError(
-            f"k, v: expected the same (batch, num_kv_heads, T >= 1) dims, got {k.shape} and {v.shape}"
-        )
-    return k.shape[0], k.shape[1], k.shape[3], v.shape[3]
