@@ -404,17 +404,7 @@ class KVCache:
             k = np.require(k, np.float32, ["C", "A"])
             v = np.require(v, np.float32, ["C", "A"])
             for a, name in ((k, "k"), (v, "v")):
-                if not np.isfinite(a).all():
-                    article = "an" if self._name.startswith("int") else "a"
-                    raise ValueError(f"{name}: {article} {self._name} cache holds "
-                                     "finite values only; got NaN or inf")
-                if not self._scaled:
-                    top = _FP8_MAX[self._code]
-                    if a.size and float(np.abs(a).max()) > top:
-                        raise ValueError(
-                            f"{name}: a {self._name} cache without scales holds values up to {top:g} "
-                            f"in magnitude; got {float(np.abs(a).max()):g} (use scale=\"absmax\")"
-                        )
+                check_storable(a, name, self._code, self._scaled)
         return k, v
 
     def _append(self, k: Any, v: Any) -> int:
@@ -614,6 +604,26 @@ CACHE_DTYPES = FLOAT_NAMES + tuple(_core.QUANTIZED)
 _NAMES = QUANTIZED_NAMES
 _FP8_CODES = FP8_CODES
 _FP8_MAX = {int(_core.QUANTIZED[name]): _core.QUANTIZED_MAX[name] for name in FP8_NAMES}
+
+
+def article(name: str) -> str:
+    """ "an" before a format's name that starts with "int", else "a"."""
+    return "an" if name.startswith("int") else "a"
+
+
+def check_storable(a: np.ndarray, name: str, code: int, scaled: bool) -> None:
+    """ValueError naming ``name`` unless the float32 values ``a`` can be
+    stored in the quantized format ``code`` (``scaled``: with scales): finite,
+    and within a float8 format's range where it has no scales.  The rule of
+    :meth:`KVCache.append` and :func:`sdpa.paged_write` alike."""
+    kind = _NAMES[code]
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name}: {article(kind)} {kind} cache holds finite values only; got NaN or inf")
+    if not scaled and code in _FP8_MAX and a.size:
+        top, got = _FP8_MAX[code], float(np.abs(a).max())
+        if got > top:
+            raise ValueError(f"{name}: {article(kind)} {kind} cache without scales holds values up to {top:g} in "
+                             f"magnitude; got {got:g} (scales would take them)")
 
 
 def _quantized_name(dtype: Any) -> Optional[str]:

@@ -29,18 +29,13 @@ from ._dtypes import (
     quantized_query_dtype,
     width_of,
 )
-from .kvcache import _FP8_CODES, _NAMES, CacheFormat, base_call, cache_dtype
+from .kvcache import _FP8_CODES, _NAMES, CacheFormat, article, base_call, cache_dtype, check_storable
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
 
 Array = np.ndarray
 
 _STORED = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", "int8"))
-
-
-def _article(name: str) -> str:
-    """ "an" before "int8" and "int4", "a" before "float8_..."."""
-    return "an" if name.startswith("int") else "a"
 
 
 def _storage_code(kc: Array, vc: Array, kv_dtype: Optional[str]) -> Tuple[Array, Array, int]:
@@ -63,7 +58,7 @@ def _storage_code(kc: Array, vc: Array, kv_dtype: Optional[str]) -> Tuple[Array,
         kc, vc = kc.view(np.uint8), vc.view(np.uint8)
     for a, arg in ((kc, "key_cache"), (vc, "value_cache")):
         if a.dtype != np.uint8:
-            raise TypeError(f"{arg}: {_article(kv_dtype)} {kv_dtype} cache is stored as uint8, got dtype {a.dtype}")
+            raise TypeError(f"{arg}: {article(kv_dtype)} {kv_dtype} cache is stored as uint8, got dtype {a.dtype}")
     return kc, vc, int(_core.QUANTIZED[kv_dtype])
 
 
@@ -114,7 +109,7 @@ def _cache_pair(
             raise ValueError(f"key_scale, value_scale: only a quantized cache has scales; this one is {kc.dtype}")
         return kc, vc, None, None, 0, code  # float, or float8 without scales
     if key_scale is None or value_scale is None:
-        raise ValueError(f"key_scale, value_scale: {_article(kind)} {kind} cache needs both (float32, one per group "
+        raise ValueError(f"key_scale, value_scale: {article(kind)} {kind} cache needs both (float32, one per group "
                          "of features)")
     ks = np.asarray(key_scale)
     vs = np.asarray(value_scale)
@@ -548,16 +543,10 @@ def paged_write(
         raise ValueError("slot_mapping: two tokens go to one slot")
     blocks, rows = used // bs, used % bs
     if code:
-        kind = _NAMES[code]
         kf = np.require(k[keep], np.float32, ["C", "A"])
         vf = np.require(v[keep], np.float32, ["C", "A"])
-        top = _core.QUANTIZED_MAX[kind] if kind.startswith("float8") else None
         for a, name in ((kf, "key"), (vf, "value")):
-            if not np.isfinite(a).all():
-                raise ValueError(f"{name}: {_article(kind)} {kind} cache holds finite values only; got NaN or inf")
-            if ks is None and top is not None and a.size and float(np.abs(a).max()) > top:
-                raise ValueError(f"{name}: {_article(kind)} {kind} cache without scales holds values up to {top:g} in "
-                                 f"magnitude; got {float(np.abs(a).max()):g}")
+            check_storable(a, name, code, ks is not None)
         n = kf.shape[0]
         qk = np.empty((1, n, Hkv, E // width), kc.dtype)
         qv = np.empty((1, n, Hkv, Ev // width), kc.dtype)
