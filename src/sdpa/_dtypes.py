@@ -28,6 +28,12 @@ FP8_NAMES = tuple(name for name in _core.QUANTIZED if name.startswith("float8"))
 FP8_CODES = tuple(int(_core.QUANTIZED[name]) for name in FP8_NAMES)
 
 
+def needs_scales(code: Any) -> bool:
+    """Whether the quantized format ``code`` is stored only with scales: int8
+    and int4 are; float8 holds values up to its range without them."""
+    return code not in FP8_CODES
+
+
 def width_of(code: Any) -> int:
     """The values a stored element of the format ``code`` holds: 2 for int4
     (two a byte), else 1."""

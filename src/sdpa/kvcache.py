@@ -24,7 +24,16 @@ from ._api import (
     quantized_query_dtype,
     result_dtype,
 )
-from ._dtypes import FLOAT_NAMES, FP8_CODES, FP8_NAMES, INT8, QUANTIZED_NAMES, _check_real, width_of
+from ._dtypes import (
+    FLOAT_NAMES,
+    FP8_CODES,
+    FP8_NAMES,
+    INT8,
+    QUANTIZED_NAMES,
+    _check_real,
+    needs_scales,
+    width_of,
+)
 
 __all__ = ["KVCache", "KVCacheFullError", "CacheFormat"]
 
@@ -699,7 +708,7 @@ class CacheFormat:
         width = width_of(code)
         if scale not in ("absmax", None):
             raise ValueError(f'scale: expected "absmax" or None, got {scale!r}')
-        if scale is None and code not in _FP8_CODES:
+        if scale is None and needs_scales(code):
             raise ValueError(f"scale: only a float8 cache may go without scales; this one is {name}")
         scaled = code != 0 and scale is not None
         group = 0

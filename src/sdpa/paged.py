@@ -26,10 +26,11 @@ from ._dtypes import (
     _to_array,
     compute_dtype,
     float_dtype,
+    needs_scales,
     quantized_query_dtype,
     width_of,
 )
-from .kvcache import _FP8_CODES, _NAMES, CacheFormat, article, base_call, cache_dtype, check_storable
+from .kvcache import _NAMES, CacheFormat, article, base_call, cache_dtype, check_storable
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
 
@@ -49,16 +50,12 @@ def _storage_code(kc: Array, vc: Array, kv_dtype: Optional[str]) -> Tuple[Array,
         return kc, vc, INT8 if kc.dtype == np.int8 and vc.dtype == np.int8 else 0
     if kv_dtype not in _core.QUANTIZED:
         raise ValueError(f"kv_dtype: expected one of {', '.join(map(repr, _core.QUANTIZED))}, got {kv_dtype!r}")
-    if kv_dtype == "int8":
-        for a, arg in ((kc, "key_cache"), (vc, "value_cache")):
-            if a.dtype != np.int8:
-                raise TypeError(f"{arg}: an int8 cache is stored as int8, got dtype {a.dtype}")
-        return kc, vc, INT8
     if name in FP8_NAMES and name == kv_dtype and vc.dtype == kc.dtype:
         kc, vc = kc.view(np.uint8), vc.view(np.uint8)
+    storage = cache_dtype(kv_dtype)
     for a, arg in ((kc, "key_cache"), (vc, "value_cache")):
-        if a.dtype != np.uint8:
-            raise TypeError(f"{arg}: {article(kv_dtype)} {kv_dtype} cache is stored as uint8, got dtype {a.dtype}")
+        if a.dtype != storage:
+            raise TypeError(f"{arg}: {article(kv_dtype)} {kv_dtype} cache is stored as {storage}, got dtype {a.dtype}")
     return kc, vc, int(_core.QUANTIZED[kv_dtype])
 
 
@@ -77,10 +74,6 @@ def _cache_pair(
             )
     kc, vc, code = _storage_code(kc, vc, kv_dtype)
     for a, name in ((kc, "key_cache"), (vc, "value_cache")):
-        if a.ndim != 4:
-            raise ValueError(
-                f"{name}: expected shape (num_blocks, num_kv_heads, block_size, features), got {a.shape}"
-            )
         if a.dtype not in _STORED and not code:
             if a.dtype == np.uint8:
                 raise TypeError(f"{name}: a uint8 cache holds float8 or int4 values: name which with kv_dtype "
@@ -104,7 +97,7 @@ def _cache_pair(
     if kc.shape[1] < 1 or kc.shape[2] < 1:
         raise ValueError(f"key_cache: needs at least one head and a block size >= 1, got shape {kc.shape}")
     kind = _NAMES.get(code, "")
-    if not code or (code in _FP8_CODES and key_scale is None and value_scale is None):
+    if not code or (not needs_scales(code) and key_scale is None and value_scale is None):
         if key_scale is not None or value_scale is not None:
             raise ValueError(f"key_scale, value_scale: only a quantized cache has scales; this one is {kc.dtype}")
         return kc, vc, None, None, 0, code  # float, or float8 without scales
