@@ -408,7 +408,7 @@ def test_variant_keywords_match_reference(dtype, name, causal):
         out = st.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True, **ours_causal, **kwargs)
     expected = reference_of(q, k, v, is_causal=ref_causal, **kwargs)
     assert type(out) is torch.Tensor and out.dtype == dtype and out.shape == (2, 4, 7, 8)
-    tol_dtype = {torch.float32: np.float32, torch.float64: np.float64}.get(dtype) or st._numpy_bfloat16()
+    tol_dtype = {torch.float32: np.float32, torch.float64: np.float64}.get(dtype) or st.numpy_bfloat16()
     assert_close(out.double().numpy(), expected, tol_dtype)
 
 
@@ -643,7 +643,7 @@ def test_fallback_for_bfloat16_without_ml_dtypes(monkeypatch):
     def missing():
         raise TypeError("no ml_dtypes")
 
-    monkeypatch.setattr(st, "_numpy_bfloat16", missing)
+    monkeypatch.setattr(st, "numpy_bfloat16", missing)
     q = torch.randn(2, 4, 5, 8, dtype=torch.bfloat16)
     with torch.no_grad(), st.patch(fallback=True), pytest.warns(st.FallbackWarning, match="ml_dtypes"):
         out = F.scaled_dot_product_attention(q, q, q)

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from . import _api, _core
+from ._tensors import DTYPES, SINGLE_OR_HALF, as_numpy, as_tensor, check_on_cpu, eager_numpy, numpy_bfloat16
 from .layers import MultiHeadAttention
 
 # the base of the prepared calls: float keys and values
@@ -62,8 +63,6 @@ __all__ = [
     "layer_from_module",
 ]
 
-_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-_SINGLE_OR_HALF = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _check_nested(query: Any, key: Any, value: Any, attn_mask: Any) -> None:
@@ -95,46 +94,24 @@ def _check_tensors(
             continue
         if not isinstance(t, Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cpu" and not (allow_meta and t.device.type == "meta"):
-            raise ValueError(f"{name}: sdpa runs on the CPU; got a tensor on {t.device}")
+        if not (allow_meta and t.device.type == "meta"):
+            check_on_cpu(t, name)
         if t.device != query.device:
             raise ValueError(f"{name}: expected a tensor on {query.device} like the query, got one on {t.device}")
     for t, name in ((query, "query"), (key, "key"), (value, "value")):
-        if t.dtype not in _DTYPES:
+        if t.dtype not in DTYPES:
             raise TypeError(f"{name}: expected float32, float64, bfloat16 or float16, got {t.dtype}")
     same = query.dtype == key.dtype == value.dtype
     # beyond torch: a float32 or 16-bit query may attend 16-bit or float32 keys and values
-    mixed = key.dtype == value.dtype and all(t.dtype in _SINGLE_OR_HALF for t in (query, key, value))
+    mixed = key.dtype == value.dtype and all(t.dtype in SINGLE_OR_HALF for t in (query, key, value))
     if not (same or mixed):
         raise TypeError(
             "query, key and value must have the same dtype (or be float32/bfloat16/float16, key "
             f"and value alike); got {query.dtype}, {key.dtype} and {value.dtype}"
         )
-    if attn_mask is not None and attn_mask.dtype not in (torch.bool,) + _DTYPES:
+    if attn_mask is not None and attn_mask.dtype not in (torch.bool,) + DTYPES:
         raise TypeError(f"attn_mask: expected a bool mask or a float mask, got {attn_mask.dtype}")
     return query.dtype
-
-
-_bfloat16: Any = None  # ml_dtypes.bfloat16, once a bfloat16 tensor has come
-
-
-def _numpy_bfloat16() -> Any:
-    global _bfloat16
-    if _bfloat16 is None:
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise TypeError(
-                "bfloat16 tensors need ml_dtypes (NumPy's bfloat16 dtype): pip install ml_dtypes"
-            ) from None
-        _bfloat16 = np.dtype(ml_dtypes.bfloat16)
-    return _bfloat16
-
-
-def _as_numpy(t: Tensor) -> Any:
-    """The tensor's memory as a NumPy array, no copy (bfloat16 as ml_dtypes'
-    bfloat16); detach(): the data without the autograd history."""
-    return _eager_numpy(t.detach())
 
 
 def _eager_call(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor], causal: Union[bool, str],
@@ -145,29 +122,15 @@ def _eager_call(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor
     go on to the operator's body, whose checks explain the problem, and to the
     general path without a second try)."""
     try:
-        q, k, v = _eager_numpy(query), _eager_numpy(key), _eager_numpy(value)
-        m = None if mask is None else _eager_numpy(mask)
+        q, k, v = eager_numpy(query), eager_numpy(key), eager_numpy(value)
+        m = None if mask is None else eager_numpy(mask)
     except RuntimeError:  # a tensor numpy() cannot expose (negative bit, no storage)
         return None, False
     call = _PLAIN.prepared(causal, scale, enable_gqa, None, None, None, False, False)
     result = call.run(q, k, v, m)
     if not isinstance(result, np.ndarray):  # declined (the output alone was asked for)
         return None, True
-    return _as_tensor(result), False
-
-
-def _eager_numpy(t: Tensor) -> Any:
-    """:func:`_as_numpy` of a tensor that requires no grad (no detach needed)."""
-    if t.dtype is torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_numpy_bfloat16())
-    return t.numpy()
-
-
-def _as_tensor(a: np.ndarray) -> Tensor:
-    """A NumPy result as a tensor over the same memory."""
-    if a.dtype.kind == "V":  # ml_dtypes' bfloat16 (asking a dtype its name costs a microsecond)
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
+    return as_tensor(result), False
 
 
 @torch.library.custom_op("sdpa::attention", mutates_args=())
@@ -215,15 +178,15 @@ def _attention_tensors(
         is_causal, scale, enable_gqa, None if window is None else (int(window[0]), int(window[1])), softcap,
         None, False, False,
     )
-    q, k, v = _as_numpy(query), _as_numpy(key), _as_numpy(value)
-    m = None if attn_mask is None else _as_numpy(attn_mask)
+    q, k, v = as_numpy(query), as_numpy(key), as_numpy(value)
+    m = None if attn_mask is None else as_numpy(attn_mask)
     slopes = None if alibi_slopes is None else _per_head_numpy(alibi_slopes)
     logits = None if sinks is None else _per_head_numpy(sinks)
     out = None if declined else call.run(q, k, v, m, None, slopes, logits)
     if out is None or isinstance(out, int):
         out = _api.general(call, q, k, v, attn_mask=m, alibi_slopes=slopes, sinks=logits)
     # no weights nor lse asked for: the output alone
-    return _as_tensor(cast(np.ndarray, out))
+    return as_tensor(cast(np.ndarray, out))
 
 
 def _check_variants(
@@ -439,7 +402,7 @@ def _from_causal_bias(
     return None, "bottom_right"
 
 
-_EAGER_DTYPES = _DTYPES
+_EAGER_DTYPES = DTYPES
 
 
 def _plain_eager(query: Any, key: Any, value: Any, attn_mask: Any) -> bool:
@@ -504,7 +467,7 @@ def _fallback_reason(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p
         return f"dtypes sdpa does not take ({exc})"
     if torch.bfloat16 in (query.dtype, key.dtype, value.dtype):
         try:
-            _numpy_bfloat16()
+            numpy_bfloat16()
         except TypeError:
             return "bfloat16 tensors (sdpa needs ml_dtypes for them: pip install ml_dtypes)"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):

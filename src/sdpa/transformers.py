@@ -65,6 +65,7 @@ import torch
 from torch import Tensor
 
 from ._api import scaled_dot_product_attention as _attention
+from ._tensors import DTYPES, as_numpy, as_tensor, check_on_cpu
 
 __all__ = ["DEFAULT_NAME", "register", "attention_forward"]
 
@@ -131,28 +132,11 @@ def register(name: str = DEFAULT_NAME) -> str:
 
 # ------------------------------------------------------------------ tensors
 
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-_bfloat16: Any = None
-
-
 def _numpy(t: Tensor, name: str) -> Any:
-    """The tensor's memory as a NumPy array, no copy (bfloat16 as ml_dtypes')."""
-    global _bfloat16
-    if t.requires_grad:
-        t = t.detach()
-    if t.dtype == torch.bfloat16:
-        if _bfloat16 is None:
-            try:
-                import ml_dtypes
-            except ImportError:
-                raise TypeError(
-                    f"{name}: bfloat16 tensors need ml_dtypes (NumPy's bfloat16 dtype): pip install ml_dtypes"
-                ) from None
-            _bfloat16 = np.dtype(ml_dtypes.bfloat16)
-        return t.view(torch.int16).numpy().view(_bfloat16)
+    """The tensor's memory as a NumPy array, no copy (bfloat16 as ml_dtypes'):
+    :func:`sdpa._tensors.as_numpy`, its errors naming ``name``."""
     try:
-        return t.numpy()
+        return as_numpy(t)
     except (RuntimeError, TypeError) as exc:
         raise TypeError(f"{name}: sdpa cannot read this tensor ({exc})") from None
 
@@ -340,11 +324,10 @@ def attention_forward(
     named = (("query", query), ("key", key), ("value", value), ("s_aux", s_aux),
              ("position_bias", position_bias), ("attention_mask", attention_mask))
     for name, t in named:
-        if isinstance(t, Tensor) and t.device.type != "cpu":
-            raise ValueError(f"{name}: sdpa runs on the CPU; got a tensor on {t.device}")
+        check_on_cpu(t, name)
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"{name}: expected float32, bfloat16, float16 or float64, got {t.dtype}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{name}: expected float32, float64, bfloat16 or float16, got {t.dtype}")
     if torch.is_grad_enabled():
         for name, t in named:
             if isinstance(t, Tensor) and t.requires_grad:
@@ -429,7 +412,7 @@ def attention_forward(
     else:
         out_array = _attention(*operands, **arguments)
     if output is None:
-        output = _tensor(out_array).transpose(-2, -3).contiguous()
+        output = as_tensor(out_array).transpose(-2, -3).contiguous()
     weights: Optional[Tensor] = None
     if weights_array is not None:
         weights = torch.from_numpy(weights_array).to(query.dtype)
@@ -438,8 +421,4 @@ def attention_forward(
     return output, weights
 
 
-def _tensor(a: np.ndarray) -> Tensor:
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
 
