@@ -156,9 +156,14 @@ double sdpa_now_ns(void);
 #define SDPA_ALIGN 64
 
 /* Without an explicit thread count (num_threads 0, or the Python layer's
- * process-wide setting), each thread of a call gets at least this much work
- * (flops): waking a thread costs tens of microseconds. */
-#define SDPA_MIN_FLOPS_PER_THREAD 4e6
+ * process-wide setting), each thread of a call gets at least this much work:
+ * its flops plus SDPA_WORK_PER_BYTE for each byte of keys and values it reads
+ * (a decoding step's reads, not its products, set its time).  Measured on 2
+ * cores (benchmarks/RESULTS.md 2026-12-04, "threads of a small call"): a
+ * second thread gains from about 1e6 of this work a thread, and costs a few
+ * microseconds below it. */
+#define SDPA_MIN_WORK_PER_THREAD 1e6
+#define SDPA_WORK_PER_BYTE 2.0
 
 /* The thread count of calls with num_threads 0, set for the process by the
  * Python layer (sdpa.set_num_threads); 0: the OpenMP default.  Either way a

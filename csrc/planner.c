@@ -373,7 +373,7 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
     const sdpa_problem *c = cp->call;
     const size_t ce = compute_size(c);
     size_t at = 0, scratch = 0;
-    double flops = 0;
+    double flops = 0, kv_bytes = 0;
     int64_t units = 0;
     for (int32_t i = 0; i < cp->num_parts; i++) {
         part *pt = &cp->parts[i];
@@ -395,6 +395,9 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
         const sdpa_problem *p = &pt->p;
         flops += 2.0 * (double)pt->batch_count * (double)p->num_heads * (double)p->len_q * (double)p->len_kv *
                  (double)(p->head_dim + p->head_dim_v);
+        const sdpa_dtype kvdt = kv_dtype_of(p);
+        kv_bytes += (double)pt->batch_count * (double)(p->num_heads / p->gqa_group) * (double)p->len_kv *
+                    (double)(p->head_dim + p->head_dim_v) * (kvdt == SDPA_INT4 ? 0.5 : (double)sdpa_dtype_size(kvdt));
         units += pl->num_tasks;
     }
     for (int32_t i = 0; i < cp->num_parts; i++) {  /* gathered and staged rows */
@@ -440,10 +443,11 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
     if (nthreads > SDPA_MAX_THREADS) nthreads = SDPA_MAX_THREADS;
     if (nthreads < 1) nthreads = 1;
     if ((int64_t)nthreads > units) nthreads = (int)(units > 0 ? units : 1);
-    /* waking a thread costs tens of microseconds: by default give each at least
-     * SDPA_MIN_FLOPS_PER_THREAD of work (results do not depend on the count); an
-     * explicit thread count is taken as asked */
-    const double by_work = flops / SDPA_MIN_FLOPS_PER_THREAD;
+    /* starting and joining threads costs microseconds: by default give each at
+     * least SDPA_MIN_WORK_PER_THREAD of work, the flops plus SDPA_WORK_PER_BYTE a
+     * byte of keys and values read (a decoding step is bound by its reads;
+     * results do not depend on the count); an explicit count is taken as asked */
+    const double by_work = (flops + SDPA_WORK_PER_BYTE * kv_bytes) / SDPA_MIN_WORK_PER_THREAD;
     if (c->num_threads == 0 && !threads_asked && by_work < (double)nthreads) nthreads = by_work < 1 ? 1 : (int)by_work;
 #ifndef _OPENMP
     if (!threads_asked) nthreads = 1;

@@ -77,7 +77,7 @@ def test_set_and_reset():
 
 
 def large_problem():
-    """Work enough for 3 threads of at least 4 MFLOP each: 2*2*3*128*128*(64+64) = 25 MFLOP."""
+    """Work enough for many threads: 2*2*3*128*128*(64+64) = 25 MFLOP."""
     rng = np.random.default_rng(6)
     return tuple(rng.standard_normal((2, 3, 128, 64)).astype(np.float32) for _ in range(3))
 
@@ -92,20 +92,21 @@ def test_calls_use_the_set_value(core_threads):
     sdpa.scaled_dot_product_attention(q.astype(np.float64), k, v)  # the general path too
     sdpa.set_num_threads(None)
     sdpa.scaled_dot_product_attention(q, k, v)
-    default = min(_core.default_num_threads(), 6)  # 25 MFLOP: at most 6 threads of 4
+    default = min(_core.default_num_threads(), 26)  # 25 MFLOP and 0.8 MB read: at most 26 threads of 1
     assert core_threads == planned(default, 3, 1, 3, 3, default)
 
 
 def test_set_value_gives_small_problems_fewer_threads(core_threads):
-    """Like the OpenMP default, the set value is capped at 4 MFLOP of work per
-    thread (waking threads costs more than a small problem); an explicit
-    num_threads= is taken as asked."""
-    q, k, v = small_problem()  # 2*2*3*17*17*16 flops: one thread
+    """Like the OpenMP default, the set value is capped at 1 MFLOP of work per
+    thread, a byte of keys and values counting as 2 (starting threads costs
+    more than a small problem); an explicit num_threads= is taken as asked."""
+    q, k, v = small_problem()  # 2*2*3*17*17*16 flops, 2*3*17*16*8 bytes: one thread
     sdpa.set_num_threads(3)
     sdpa.scaled_dot_product_attention(q, k, v)
     sdpa.scaled_dot_product_attention(q, k, v, scale=0.5, return_lse=True)
     sdpa.scaled_dot_product_attention(q, k, v, num_threads=3)
-    q2, k2, v2 = (np.concatenate([a] * 13, axis=-2).astype(np.float32) for a in (q, k, v))  # 169x: 2 threads
+    # 7x the rows and keys in float32: 2*2*3*119*119*16 = 2.7 MFLOP and 2*3*119*16*4 bytes: 2 threads
+    q2, k2, v2 = (np.concatenate([a] * 7, axis=-2).astype(np.float32) for a in (q, k, v))
     sdpa.scaled_dot_product_attention(q2, k2, v2)
     assert core_threads == planned(1, 1, 3, 2)
 

@@ -193,7 +193,8 @@ typedef struct sdpa_problem {
     int64_t key_lengths_strides[SDPA_MAX_BATCH_DIMS];
 
     int32_t num_threads;   /* 0 = the OpenMP default, fewer for small problems
-                              (at least 4 MFLOP a thread); n > 0: n threads.
+                              (at least 1 MFLOP a thread, a byte of keys and
+                              values read counting as 2); n > 0: n threads.
                               Either is capped at sdpa_max_threads().        */
     sdpa_interrupt_fn interrupt;  /* optional */
     void *interrupt_data;

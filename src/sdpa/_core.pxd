@@ -108,7 +108,6 @@ cdef extern from "sdpa.h" nogil:
     const char *sdpa_isa()
 
 cdef extern from "internal.h" nogil:
-    double SDPA_MIN_FLOPS_PER_THREAD
     void sdpa_set_threads_setting(int n)
     int sdpa_threads_setting()
     const char *sdpa_isa_named()

@@ -30,8 +30,9 @@ def set_num_threads(num_threads: Optional[int]) -> None:
     with ``threadpoolctl.threadpool_limits(n, user_api="openmp")``, else one thread
     per CPU.  The setting holds for the whole process (every Python thread); an
     explicit ``num_threads=`` argument still wins over it.  Like the OpenMP default,
-    the set value is a most: a small problem gets fewer threads (at least 4 MFLOP of
-    work each), since waking a thread costs more than it saves there; only
+    the set value is a most: a small problem gets fewer threads (at least 1 MFLOP of
+    work each, a byte of keys and values read counting as 2 flops), since starting
+    a thread costs more than it saves there; only
     ``num_threads=`` is taken as asked.  Results do not depend on the thread count.
 
     Raises
