@@ -65,6 +65,13 @@ __all__ = [
 
 
 
+# what the eager call asks torch each time, bound once
+_BF16 = torch.bfloat16
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_mode = torch._C._is_torch_function_mode_enabled
+_functorch_transforms = torch._C._are_functorch_transforms_active
+
+
 def _check_nested(query: Any, key: Any, value: Any, attn_mask: Any) -> None:
     """TypeError for nested tensors, which torch's dispatcher would refuse with a
     bare NotImplementedError."""
@@ -112,25 +119,6 @@ def _check_tensors(
     if attn_mask is not None and attn_mask.dtype not in (torch.bool,) + DTYPES:
         raise TypeError(f"attn_mask: expected a bool mask or a float mask, got {attn_mask.dtype}")
     return query.dtype
-
-
-def _eager_call(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor], causal: Union[bool, str],
-                scale: Optional[float], enable_gqa: bool) -> Tuple[Optional[Tensor], bool]:
-    """Plain eager tensors (:func:`_plain_eager`) straight to the core: torch's
-    dispatcher costs more than the attention of a decoding step.  Returns the
-    result, or None and whether the core declined the arrays as they are (they
-    go on to the operator's body, whose checks explain the problem, and to the
-    general path without a second try)."""
-    try:
-        q, k, v = eager_numpy(query), eager_numpy(key), eager_numpy(value)
-        m = None if mask is None else eager_numpy(mask)
-    except RuntimeError:  # a tensor numpy() cannot expose (negative bit, no storage)
-        return None, False
-    call = _PLAIN.prepared(causal, scale, enable_gqa, None, None, None, False, False)
-    result = call.run(q, k, v, m)
-    if not isinstance(result, np.ndarray):  # declined (the output alone was asked for)
-        return None, True
-    return as_tensor(result), False
 
 
 @torch.library.custom_op("sdpa::attention", mutates_args=())
@@ -302,22 +290,41 @@ def scaled_dot_product_attention(
     RuntimeError
         Gradients are required: grad mode is on and an input requires grad.
     """
+    declined = False  # the core has declined the arrays as they are
+    mask: Any = attn_mask
+    causal: Union[bool, str] = is_causal
+    if attn_mask is not None and type(attn_mask) is not Tensor:
+        mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
+    # the common eager call, straight to the core (torch's dispatcher costs more
+    # than the attention of a decoding step): plain CPU tensors of sdpa's dtypes,
+    # none requiring grad, not traced or compiled, under no dispatch or function
+    # mode and no functorch transform; written out here, as each function call
+    # costs a tenth of a microsecond
+    if (dropout_p == 0.0 and window is None and softcap is None and alibi_slopes is None and sinks is None
+            and type(query) is Tensor and type(key) is Tensor and type(value) is Tensor
+            and not (query.requires_grad or key.requires_grad or value.requires_grad)
+            and query.is_cpu and key.is_cpu and value.is_cpu
+            and (qd := query.dtype) in DTYPES and (kd := key.dtype) in DTYPES and (vd := value.dtype) in DTYPES
+            and (mask is None or (type(mask) is Tensor and mask.is_cpu and not mask.requires_grad))
+            and not (torch.compiler.is_compiling() or _dispatch_modes() or _function_mode()
+                     or _functorch_transforms())):
+        try:
+            q = query.numpy() if qd is not _BF16 else eager_numpy(query)
+            k = key.numpy() if kd is not _BF16 else eager_numpy(key)
+            v = value.numpy() if vd is not _BF16 else eager_numpy(value)
+            m = None if mask is None else eager_numpy(mask)
+        except RuntimeError:  # a tensor numpy() cannot expose (negative bit, no storage): the operator's body
+            pass
+        else:
+            result = _PLAIN.prepared(causal, scale, enable_gqa, None, None, None, False, False).run(q, k, v, m)
+            if type(result) is np.ndarray:
+                return as_tensor(result)
+            declined = True  # the operator's body explains, and the general path computes without a second try
     if dropout_p != 0.0:
         raise ValueError(
             f"dropout_p: sdpa has no dropout, got {dropout_p}; pass 0.0 (as models do in eval mode), "
             "or use sdpa.torch.patch(fallback=True) to let torch compute the calls with dropout"
         )
-    mask: Any = attn_mask
-    causal: Union[bool, str] = is_causal
-    if attn_mask is not None and type(attn_mask) is not Tensor:
-        mask, causal = _from_causal_bias(query, key, attn_mask, is_causal)
-    declined = False
-    plain = window is None and softcap is None and alibi_slopes is None and sinks is None
-    if plain and _plain_eager(query, key, value, mask):
-        # the common eager call (no tensor requires grad), straight to the core
-        fast, declined = _eager_call(query, key, value, mask, causal, scale, enable_gqa)
-        if fast is not None:
-            return fast
     if torch.is_grad_enabled():
         for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask"),
                         (alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
@@ -337,7 +344,8 @@ def scaled_dot_product_attention(
         if not isinstance(window, (tuple, list, Tensor)):
             _api.window_sides(window)  # the TypeError of a window that is not a pair
         sides = list(window)
-    if not plain and isinstance(query, Tensor):  # a TypeError naming the argument, not the dispatcher's RuntimeError
+    if not (window is None and softcap is None and alibi_slopes is None and sinks is None) \
+            and isinstance(query, Tensor):  # a TypeError naming the argument, not the dispatcher's RuntimeError
         _check_variants(query, sides, alibi_slopes, sinks)
     if sides is not None:  # ints (not floats or bools), sides past 2**61 taken as 2**61, as sdpa's own
         sides = list(_api.window_sides([s.item() if isinstance(s, Tensor) else s for s in sides]))
@@ -400,25 +408,6 @@ def _from_causal_bias(
     if variant == CausalVariant.UPPER_LEFT or L == S:
         return None, True
     return None, "bottom_right"
-
-
-_EAGER_DTYPES = DTYPES
-
-
-def _plain_eager(query: Any, key: Any, value: Any, attn_mask: Any) -> bool:
-    """Plain CPU tensors in eager mode, none requiring grad: not being traced or
-    compiled, under no dispatch or function mode, no functorch transform."""
-    for t in (query, key, value):
-        if type(t) is not Tensor or not t.is_cpu or t.requires_grad or t.dtype not in _EAGER_DTYPES:
-            return False
-    if attn_mask is not None and (type(attn_mask) is not Tensor or not attn_mask.is_cpu or attn_mask.requires_grad):
-        return False
-    return not (
-        torch.compiler.is_compiling()
-        or torch._C._len_torch_dispatch_stack()
-        or torch._C._is_torch_function_mode_enabled()
-        or torch._C._are_functorch_transforms_active()
-    )
 
 
 # ------------------------------------------------------------------ layers
