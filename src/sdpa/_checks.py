@@ -281,6 +281,14 @@ def head_values(
 
 
 
+def per_sequence(values: object, name: str, n: int, heads: int, cdtype: np.dtype[Any]) -> Array:
+    """ALiBi slopes or sinks of a ragged or paged batch of ``n`` sequences:
+    (Hq,) or (n, Hq) given, checked as :func:`head_values`, as a native
+    C-contiguous (n, Hq) array of the compute type (a copy the caller cannot
+    change during the call)."""
+    return np.ascontiguousarray(np.broadcast_to(head_values(values, name, (n,), heads, cdtype), (n, heads)))
+
+
 def integer_switch(flag: object, name: str, kv_dtype: Optional[int]) -> bool:
     """``integer_qk=`` / ``integer_pv=`` checked: a bool, True only for int8
     and int4 caches (``kv_dtype`` their core code; None: a float cache)."""

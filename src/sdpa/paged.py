@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 import numpy as np
 
 from . import _core
-from ._checks import count, declined, head_values, int64_copy, int_array, output_array, prefix_sums
+from ._checks import count, declined, int64_copy, int_array, output_array, per_sequence, prefix_sums
 from ._dtypes import (
     _FLOAT64,
     FP8_NAMES,
@@ -259,10 +259,8 @@ def _paged_call(
     else:
         bt, sl = _tables_fast(block_tables, seq_lens, B, L, num_blocks, bs)
     cdt = compute_dtype(qdt)
-    alibi = None if alibi_slopes is None else np.ascontiguousarray(
-        np.broadcast_to(head_values(alibi_slopes, "alibi_slopes", (B,), Hq, cdt), (B, Hq)))
-    sink = None if sinks is None else np.ascontiguousarray(
-        np.broadcast_to(head_values(sinks, "sinks", (B,), Hq, cdt), (B, Hq)))
+    alibi = None if alibi_slopes is None else per_sequence(alibi_slopes, "alibi_slopes", B, Hq, cdt)
+    sink = None if sinks is None else per_sequence(sinks, "sinks", B, Hq, cdt)
     tree = None
     if tree_mask is not None:
         if packed:

@@ -19,11 +19,10 @@ from ._api import (
     _check_real,
     _to_array,
     compute_dtype,
-    head_values,
     operand_dtypes,
     output_array,
 )
-from ._checks import count, declined, prefix_sums
+from ._checks import count, declined, per_sequence, prefix_sums
 
 __all__ = ["varlen_attention", "varlen_plan"]
 
@@ -203,7 +202,7 @@ def _varlen_call(
         if values is not None:
             original = _to_array(values, name)
             given.append((original, name))
-            per_seq[name] = np.broadcast_to(head_values(original, name, (n,), Hq, cdtype), (n, Hq))
+            per_seq[name] = per_sequence(original, name, n, Hq, cdtype)
 
     operands = given + [(q, "query"), (k, "key"), (v, "value")]
     result = output_array(out, (total_q, Hq, Ev), dtype, operands, shapes)

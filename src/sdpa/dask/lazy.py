@@ -28,6 +28,21 @@ from ..merge import merge_attention
 Partial = Tuple[np.ndarray, np.ndarray]
 
 
+# ---- the chunks ------------------------------------------------------------------------
+
+
+def _chunk_diagonal(causal: bool, offset: int, l0: int, s0: int) -> Optional[int]:
+    """The diagonal of query rows from ``l0`` over the keys of a chunk from
+    ``s0``, in the chunk's own positions (row i sees key j <= i + diagonal),
+    for a call causal with ``offset``; None when it is not causal."""
+    return offset + l0 - s0 if causal else None
+
+
+def _sees_chunk(diagonal: Optional[int], rows: int) -> bool:
+    """Whether any of ``rows`` query rows with ``diagonal`` sees a key of its chunk."""
+    return diagonal is None or (rows > 0 and rows - 1 + diagonal >= 0)
+
+
 # ---- the tasks -------------------------------------------------------------------------
 
 def _compute_query(q: np.ndarray) -> np.ndarray:
@@ -244,8 +259,8 @@ def scaled_dot_product_attention(
                 parts = []
                 for si, sc in enumerate(s_chunks):
                     s0 = s_starts[si]
-                    diagonal = offset + l0 - s0 if causal else None
-                    if causal and sc and L and l0 + lc - 1 + offset - s0 < 0:
+                    diagonal = _chunk_diagonal(causal, offset, l0, s0)
+                    if sc and L and not _sees_chunk(diagonal, lc):
                         continue  # no row of this block sees a key of this chunk
                     chunk_lengths = None
                     if lengths is not None:

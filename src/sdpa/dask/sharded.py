@@ -17,7 +17,7 @@ from .._api import (
     thread_count,
 )
 from ..kvcache import KVCache, KVCacheFullError
-from .lazy import Partial, _compute_query, _merge, _starts
+from .lazy import Partial, _chunk_diagonal, _compute_query, _merge, _sees_chunk, _starts
 
 # ---- a KV cache split across workers -------------------------------------------------------
 
@@ -291,13 +291,14 @@ class ShardedKVCache:
         shards, args = [], []
         for i, n in enumerate(self._lengths):
             s0 = starts[i]
-            if n == 0 or (causal and L and L - 1 + offset - s0 < 0):
+            diagonal = _chunk_diagonal(causal, offset, 0, s0)
+            if n == 0 or (L and not _sees_chunk(diagonal, L)):
                 continue  # holds nothing a row can see
             m = mask
             if mask is not None and mask.shape[-1] == S and S > 1:
                 m = mask[..., s0:s0 + n]
             shards.append(i)
-            args.append((m, offset - s0 if causal else None))
+            args.append((m, diagonal))
         dtype = s.result_dtype(q.dtype)
         cdtype = compute_dtype(dtype)
         if shards:
