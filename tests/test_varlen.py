@@ -134,7 +134,7 @@ def test_bad_shapes_and_out():
     q = np.zeros((7, 4, 8))
     with pytest.raises(ValueError, match="query: expected 3 dims"):
         sdpa.varlen_attention(q[0], q, q, [0, 4], [0, 7])
-    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+    with pytest.raises(ValueError, match="query: 4 heads is not a multiple of the key's 3 key/value heads"):
         sdpa.varlen_attention(q, q[:, :3], q[:, :3], [0, 7], [0, 7])
     with pytest.raises(ValueError, match="same last dim"):
         sdpa.varlen_attention(q, q[..., :4], q, [0, 7], [0, 7])

@@ -281,6 +281,15 @@ def head_values(
 
 
 
+def grouped_heads(hq: int, hkv: int, of: str) -> int:
+    """The query heads per key/value head of a call whose GQA follows from the
+    head counts (varlen, paged): ValueError unless ``hq`` is a multiple of
+    ``hkv`` (those of ``of``)."""
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"query: {hq} heads is not a multiple of {of}'s {hkv} key/value heads")
+    return hq // hkv
+
+
 def per_sequence(values: object, name: str, n: int, heads: int, cdtype: np.dtype[Any]) -> Array:
     """ALiBi slopes or sinks of a ragged or paged batch of ``n`` sequences:
     (Hq,) or (n, Hq) given, checked as :func:`head_values`, as a native

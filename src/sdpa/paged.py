@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 import numpy as np
 
 from . import _core
-from ._checks import count, declined, int64_copy, int_array, output_array, per_sequence, prefix_sums
+from ._checks import count, declined, grouped_heads, int64_copy, int_array, output_array, per_sequence, prefix_sums
 from ._dtypes import (
     _FLOAT64,
     FP8_NAMES,
@@ -243,8 +243,7 @@ def _paged_call(
     Ek, Ev = Ek * width, vc.shape[3] * width
     if Ek != E:
         raise ValueError(f"key_cache: {Ek} features a key, the query has {E}")
-    if Hq % Hkv:
-        raise ValueError(f"query: {Hq} heads is not a multiple of the caches' {Hkv} key/value heads")
+    grouped_heads(Hq, Hkv, "the caches")
     if not code and (qdt == _FLOAT64) != (kc.dtype == _FLOAT64):
         raise TypeError(
             f"key_cache: a {qdt} query attends " + ("a float64 cache" if qdt == _FLOAT64 else

@@ -22,7 +22,7 @@ from ._api import (
     operand_dtypes,
     output_array,
 )
-from ._checks import count, declined, per_sequence, prefix_sums
+from ._checks import count, declined, grouped_heads, per_sequence, prefix_sums
 
 __all__ = ["varlen_attention", "varlen_plan"]
 
@@ -181,8 +181,7 @@ def _varlen_call(
     if v.shape[:2] != (total_k, Hkv):
         raise ValueError(f"key and value must have the same rows and heads (dims 0 and 1); got {shapes}")
     Ev = v.shape[2]
-    if Hkv == 0 or Hq % Hkv:
-        raise ValueError(f"the query heads must be a multiple of the key/value heads (dim 1); got {shapes}")
+    grouped_heads(Hq, Hkv, "the key")
     cq = prefix_sums(cu_seqlens_q, "cu_seqlens_q", total_q, "the packed query")
     ck = prefix_sums(cu_seqlens_k, "cu_seqlens_k", total_k, "the packed key")
     if cq.shape != ck.shape:
