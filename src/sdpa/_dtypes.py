@@ -34,6 +34,10 @@ def needs_scales(code: Any) -> bool:
     return code not in FP8_CODES
 
 
+#: Why a bfloat16 tensor cannot be read without ml_dtypes, and the cure.
+NEEDS_ML_DTYPES = "bfloat16 tensors need ml_dtypes (NumPy's bfloat16 dtype): pip install ml_dtypes"
+
+
 def width_of(code: Any) -> int:
     """The values a stored element of the format ``code`` holds: 2 for int4
     (two a byte), else 1."""
@@ -83,7 +87,7 @@ def _to_array(x: Any, name: str) -> Array:
         try:
             import ml_dtypes
         except ImportError:
-            raise TypeError(f"{name}: a bfloat16 tensor needs ml_dtypes (pip install ml_dtypes)") from None
+            raise TypeError(f"{name}: {NEEDS_ML_DTYPES}") from None
         import torch
 
         try:

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._dtypes import NEEDS_ML_DTYPES
+
 #: The tensor dtypes sdpa computes natively.
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 SINGLE_OR_HALF = (torch.float32, torch.bfloat16, torch.float16)
@@ -23,9 +25,7 @@ def numpy_bfloat16() -> Any:
         try:
             import ml_dtypes
         except ImportError:
-            raise TypeError(
-                "bfloat16 tensors need ml_dtypes (NumPy's bfloat16 dtype): pip install ml_dtypes"
-            ) from None
+            raise TypeError(NEEDS_ML_DTYPES) from None
         _bfloat16 = np.dtype(ml_dtypes.bfloat16)
     return _bfloat16
 

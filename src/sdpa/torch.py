@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from . import _api, _core
+from ._dtypes import NEEDS_ML_DTYPES
 from ._tensors import DTYPES, SINGLE_OR_HALF, as_numpy, as_tensor, check_on_cpu, eager_numpy, numpy_bfloat16
 from .layers import MultiHeadAttention
 
@@ -458,7 +459,7 @@ def _fallback_reason(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p
         try:
             numpy_bfloat16()
         except TypeError:
-            return "bfloat16 tensors (sdpa needs ml_dtypes for them: pip install ml_dtypes)"
+            return f"bfloat16 tensors ({NEEDS_ML_DTYPES})"
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return (
             "calls that need gradients (grad mode is on and an input requires grad; sdpa has no "
