@@ -169,7 +169,7 @@ def quantized_query_dtype(dtype: Any) -> np.dtype[Any]:
 def compute_dtype(dtype: Any) -> np.dtype[Any]:
     """What a problem whose output is ``dtype`` computes in, and returns weights
     and lse in: float64 for float64, else float32."""
-    return _FLOAT64 if np.dtype(dtype) == _FLOAT64 else _FLOAT32
+    return _FLOAT64 if _FLOAT64 == dtype else _FLOAT32  # a dtype compares equal to its names and types
 
 
 def _as_operand(a: Array, dtype: np.dtype[Any]) -> Array:
