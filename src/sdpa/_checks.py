@@ -31,6 +31,7 @@ from ._dtypes import (
 )
 
 MAX_BATCH_DIMS = _core.MAX_BATCH_DIMS
+_INT64_MAX = (1 << 63) - 1
 
 _TooHardError: Type[Exception] = getattr(np, "exceptions", np).TooHardError
 # the stubs of some NumPy releases only allow max_work in {0, -1}; any int works
@@ -86,8 +87,8 @@ def int64_copy(a: Array, name: str) -> Array:
     """An integer array as int64, a copy; unsigned values beyond int64 are
     refused (a cast would wrap them to negative numbers, which mean other
     things: a skipped slot, an unused entry)."""
-    if a.dtype.kind == "u" and a.dtype.itemsize >= 8 and a.size and int(a.max()) > np.iinfo(np.int64).max:
-        t = int(np.argmax(a > np.iinfo(np.int64).max))
+    if a.dtype.kind == "u" and a.dtype.itemsize >= 8 and a.size and int(a.max()) > _INT64_MAX:
+        t = int(np.argmax(a > _INT64_MAX))
         raise ValueError(f"{name}: entry {t} is {int(a.ravel()[t])}, beyond int64")
     return a.astype(np.int64)
 
@@ -298,12 +299,18 @@ def per_sequence(values: object, name: str, n: int, heads: int, cdtype: np.dtype
     return np.ascontiguousarray(np.broadcast_to(head_values(values, name, (n,), heads, cdtype), (n, heads)))
 
 
-def integer_switch(flag: object, name: str, kv_dtype: Optional[int]) -> bool:
+def flag(value: object, name: str) -> bool:
+    """A switch given strictly: a bool (NumPy's too), as a bool; TypeError
+    naming ``name`` otherwise (1, "yes" and None are refused)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def integer_switch(value: object, name: str, kv_dtype: Optional[int]) -> bool:
     """``integer_qk=`` / ``integer_pv=`` checked: a bool, True only for int8
     and int4 caches (``kv_dtype`` their core code; None: a float cache)."""
-    if not isinstance(flag, (bool, np.bool_)):
-        raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-    if not flag:
+    if not flag(value, name):
         return False
     if kv_dtype not in (INT8, INT4):
         what = "keys" if name == "integer_qk" else "values"
@@ -373,7 +380,6 @@ def call_constants(
     )
 
 
-_INT64_MAX = (1 << 63) - 1
 
 
 class ShapePlan(NamedTuple):

@@ -24,6 +24,7 @@ from ._api import (
     quantized_query_dtype,
     result_dtype,
 )
+from ._checks import flag
 from ._dtypes import (
     FLOAT_NAMES,
     FP8_CODES,
@@ -724,8 +725,7 @@ class CacheFormat:
         if width == 2 and (e % 2 or ev % 2):
             raise ValueError(f"head_dim: an int4 cache holds two values a byte, so head_dim ({e}) and "
                              f"head_dim_v ({ev}) must be even")
-        if not isinstance(latent, (bool, np.bool_)):
-            raise TypeError(f"latent: expected a bool, got {type(latent).__name__}")
+        flag(latent, "latent")
         if latent and ev > e:
             raise ValueError(f"head_dim_v: a latent cache's values are the first head_dim_v of the keys' {e} "
                              f"features; got {ev}")

@@ -15,6 +15,7 @@ from ._api import (
     result_dtype,
     scaled_dot_product_attention,
 )
+from ._checks import flag
 from .kvcache import KVCache, cache_dtype
 
 __all__ = ["MultiHeadAttention"]
@@ -121,11 +122,8 @@ class MultiHeadAttention:
         integer_pv: bool = False,
     ) -> None:
         self._configure(embed_dim, num_heads, num_kv_heads, head_dim, dtype, window, sinks)
-        for name, flag in (("integer_qk", integer_qk), ("integer_pv", integer_pv)):
-            if not isinstance(flag, (bool, np.bool_)):
-                raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-        self.integer_qk = bool(integer_qk)
-        self.integer_pv = bool(integer_pv)
+        self.integer_qk = flag(integer_qk, "integer_qk")
+        self.integer_pv = flag(integer_pv, "integer_pv")
         if kv_cache_dtype is not None:  # checked now, not at the first new_cache
             cache_dtype(kv_cache_dtype, "kv_cache_dtype")
         self.kv_cache_dtype: Any = kv_cache_dtype

@@ -17,7 +17,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, cast
 import numpy as np
 
 from . import _core
-from ._checks import count, declined, grouped_heads, int64_copy, int_array, output_array, per_sequence, prefix_sums
+from ._checks import (
+    count,
+    declined,
+    flag,
+    grouped_heads,
+    int64_copy,
+    int_array,
+    output_array,
+    per_sequence,
+    prefix_sums,
+)
 from ._dtypes import (
     _FLOAT64,
     FP8_NAMES,
@@ -250,8 +260,7 @@ def _paged_call(
                                                     "float16, bfloat16, float32 or quantized caches")
             + f", got {kc.dtype}"
         )
-    if not isinstance(is_causal, (bool, np.bool_)):  # a paged row's position is its sequence's
-        raise TypeError(f"is_causal: expected a bool, got {type(is_causal).__name__}")
+    flag(is_causal, "is_causal")  # no "bottom_right": a paged row's position is its sequence's
     base = base_call(code, group, integer_qk, integer_pv)
     if packed:
         bt, sl = _tables(block_tables, seq_lens, B, rows, num_blocks, bs, "query_start_loc")
@@ -270,8 +279,7 @@ def _paged_call(
         if tree.shape not in ((L, L), (B, L, L)):
             raise ValueError(f"tree_mask: expected shape ({L}, {L}) or ({B}, {L}, {L}), got {tree.shape}")
         tree = np.ascontiguousarray(tree.reshape((-1, L, L)))  # a copy the caller cannot change mid-call
-    if not isinstance(return_lse, (bool, np.bool_)):  # stricter than the dense call: a paged call's own rule
-        raise TypeError(f"return_lse: expected a bool, got {type(return_lse).__name__}")
+    flag(return_lse, "return_lse")  # stricter than the dense call: a paged call's own rule
     causal = bool(is_causal) and tree is None  # under a tree, the tree decides the last L positions
     call = base.prepared(causal, scale, False, window, softcap, num_threads, False, return_lse)
     if out is not None:
