@@ -415,7 +415,13 @@ def plan_shapes(
     Sizes may be symbolic (``torch.SymInt``, under ``torch.compile`` with dynamic
     shapes or ``torch.export``): they are compared, which guards on their
     relations, but never turned into ints, which would fix their values; pass
-    ``broadcast`` (``torch.broadcast_shapes``) to broadcast such batch dims."""
+    ``broadcast`` (``torch.broadcast_shapes``) to broadcast such batch dims.
+
+    ``sdpa._core.Call`` derives the same sizes from the arrays in Cython for
+    the calls it takes as they are: it cannot call into Python per call, and
+    this function must take symbolic sizes, so the rule is written in both;
+    tests/test_boundary.py holds the two equal.
+    """
     qs, ks, vs = (tuple(_size(n) for n in s) for s in (query_shape, key_shape, value_shape))
     for shape, name in ((qs, "query"), (ks, "key"), (vs, "value")):
         if len(shape) < 2:
