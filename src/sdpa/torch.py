@@ -64,8 +64,6 @@ __all__ = [
     "layer_from_module",
 ]
 
-
-
 # what the eager call asks torch each time, bound once
 _BF16 = torch.bfloat16
 _dispatch_modes = torch._C._len_torch_dispatch_stack
