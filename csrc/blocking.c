@@ -435,7 +435,7 @@ double sdpa_part_flops(const part *pt) {
            (double)p->len_q * row_keys(p);
 }
 
-static double kv_bytes(const sdpa_problem *p) {
+double sdpa_kv_value_bytes(const sdpa_problem *p) {
     const sdpa_dtype dt = kv_dtype_of(p);
     return dt == SDPA_INT4 ? 0.5 : (double)sdpa_dtype_size(dt);
 }
@@ -451,7 +451,7 @@ double sdpa_task_cost(const part *pt, int64_t t) {
         double keys = visible_keys(p, b, 0, p->len_q) - (double)(chunk * pl->blocking.chunk_len);
         if (keys > (double)pl->blocking.chunk_len) keys = (double)pl->blocking.chunk_len;
         if (keys < 0) keys = 0;
-        const double flops = 2.0 * width * keys * (double)pl->row.rows, bytes = width * keys * kv_bytes(p);
+        const double flops = 2.0 * width * keys * (double)pl->row.rows, bytes = width * keys * sdpa_kv_value_bytes(p);
         const double ns = flops / COST_ROW_FLOPS_PER_NS, ns_mem = bytes / COST_BYTES_PER_NS;
         return COST_TASK_NS + (ns > ns_mem ? ns : ns_mem);
     }

@@ -189,6 +189,8 @@ int sdpa_call_default_threads(void);
 /* The cost model: a part's work (flops of the scores its rows see) and the
  * estimated cost of its task t (ns on one core). */
 double sdpa_part_flops(const part *pt);
+/* The bytes a stored key or value element takes (0.5 for int4). */
+double sdpa_kv_value_bytes(const sdpa_problem *p);
 double sdpa_task_cost(const part *pt, int64_t t);
 
 /* Checks a problem against sdpa.h's rules (attention.c); *batch_count is the

@@ -395,9 +395,8 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
         const sdpa_problem *p = &pt->p;
         flops += 2.0 * (double)pt->batch_count * (double)p->num_heads * (double)p->len_q * (double)p->len_kv *
                  (double)(p->head_dim + p->head_dim_v);
-        const sdpa_dtype kvdt = kv_dtype_of(p);
         kv_bytes += (double)pt->batch_count * (double)(p->num_heads / p->gqa_group) * (double)p->len_kv *
-                    (double)(p->head_dim + p->head_dim_v) * (kvdt == SDPA_INT4 ? 0.5 : (double)sdpa_dtype_size(kvdt));
+                    (double)(p->head_dim + p->head_dim_v) * sdpa_kv_value_bytes(p);
         units += pl->num_tasks;
     }
     for (int32_t i = 0; i < cp->num_parts; i++) {  /* gathered and staged rows */

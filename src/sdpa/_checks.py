@@ -147,8 +147,7 @@ def mask_checked(dtype: np.dtype[Any], shape: Tuple[int, ...], scores_shape: Tup
 
 def key_lengths_checked(kl: Array, batch_shape: Tuple[int, ...], shapes: str) -> None:
     """``key_lengths=``: integers >= 0 broadcasting to the batch dims."""
-    if kl.dtype.kind not in "iu":
-        raise TypeError(f"key_lengths: expected integers, got dtype {kl.dtype}")
+    int_array(kl, "key_lengths")
     if not broadcasts_to(kl.shape, batch_shape):
         raise ValueError(
             f"key_lengths: shape {kl.shape} does not broadcast to the batch dims {batch_shape} "

@@ -579,6 +579,12 @@ cdef void _expected(int64_t *dst, const int64_t *batch, int nb, int64_t h, int64
     dst[nb + 2] = c
 
 
+cdef inline int64_t _width(int code) noexcept:
+    """The values a stored element of the storage ``code`` holds: 2 for int4
+    (two a byte, low nibble first), else 1."""
+    return 2 if code == SDPA_INT4 else 1
+
+
 cdef inline int _fill_cache(sdpa_problem *p, cnp.ndarray k, cnp.ndarray v, cnp.ndarray ks, cnp.ndarray vs,
                             int64_t group, int nb, const int64_t *outer, int64_t hkv, int64_t rows, int64_t *ex) noexcept:
     """The views of a cache's keys and values, (outer..., hkv, rows, E / w) and
@@ -588,7 +594,7 @@ cdef inline int _fill_cache(sdpa_problem *p, cnp.ndarray k, cnp.ndarray v, cnp.n
     scale a row); p holds the dtypes and head dims, outer the nb dims before
     the heads (the batch dims, or a paged cache's blocks).  The one home of
     these rules for dense and paged calls: 0, or the reason code."""
-    cdef int64_t cw = 2 if p.kv_dtype == SDPA_INT4 else 1
+    cdef int64_t cw = _width(p.kv_dtype)
     cdef int64_t E = p.head_dim, Ev = p.head_dim_v
     _expected(ex, outer, nb, hkv, rows, E // cw)
     if _fill_view(&p.key, k, nb, 3, ex, False):
@@ -657,7 +663,7 @@ def quantize(int code, cnp.ndarray src not None, cnp.ndarray dst not None, scale
         raise TypeError("sdpa._core.quantize: operands of the wrong kind")
     n, h, rows, cols = sh[0], sh[1], sh[2], sh[3]
     groups = cols // group_size if group_size > 0 else 1
-    width = 2 if code == SDPA_INT4 else 1
+    width = _width(code)
     for i in range(4):
         if cnp.PyArray_DIMS(dst)[i] != (sh[i] if i < 3 else (cols + width - 1) // width) \
                 or (sc is not None and cnp.PyArray_DIMS(sc)[i] != (sh[i] if i < 3 else groups)):
@@ -1113,7 +1119,7 @@ cdef class Call:
         cdef int nds[3]
         cdef int nd, nb, mn, i, j, t, dt, kvdt, cdt, why
         cdef int64_t hq, hk, hv, hkv, heads, group, L, S, E, Ev, size, n
-        cdef int64_t cw = 1  # values a stored column holds: 2 for int4
+        cdef int64_t cw  # values a stored column holds: 2 for int4
         cdef int64_t ex[MAX_DIMS]
         cdef cnp.npy_intp dims[MAX_DIMS]
         cdef sdpa_problem p
@@ -1141,8 +1147,7 @@ cdef class Call:
             return why
         if key_scale is not None:  # checked by _storage: both scales, float32 arrays
             ks, vs = <cnp.ndarray>key_scale, <cnp.ndarray>value_scale
-        if kvdt == SDPA_INT4:
-            cw = 2
+        cw = _width(kvdt)
 
         # the sizes, as sdpa._checks.plan_shapes derives them for the general path
         # (which explains what does not fit); tests/test_boundary.py holds the two equal
@@ -1494,7 +1499,7 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
     cdef cnp.npy_intp dims[4]
     cdef int dt, cdt, why, kvdt
     cdef bint packed
-    cdef int64_t B, Hq, L, T = 0, E, Ev, Hkv, bs, cw = 2 if c.kvdt == SDPA_INT4 else 1
+    cdef int64_t B, Hq, L, T = 0, E, Ev, Hkv, bs, cw = _width(c.kvdt)
     alibi_slopes, sinks, query_start_loc, tree_mask = (None, None, None, None) if extras is None else extras
     key_scale, value_scale = (None, None) if scales is None else scales
     packed = query_start_loc is not None

@@ -27,7 +27,6 @@ from ._api import (
 from ._checks import flag
 from ._dtypes import (
     FLOAT_NAMES,
-    FP8_CODES,
     FP8_NAMES,
     INT8,
     QUANTIZED_NAMES,
@@ -210,7 +209,7 @@ class KVCache:
     def quantization(self) -> Optional[str]:
         """``"int8"``, ``"float8_e4m3fn"``, ``"float8_e5m2"`` or ``"int4"`` for a
         quantized cache; None for a float one."""
-        return _NAMES.get(self._code)
+        return QUANTIZED_NAMES.get(self._code)
 
     @property
     def group_size(self) -> Optional[int]:
@@ -610,9 +609,7 @@ class KVCache:
 
 CACHE_DTYPES = FLOAT_NAMES + tuple(_core.QUANTIZED)
 
-# the quantized caches: names by the core's code
-_NAMES = QUANTIZED_NAMES
-_FP8_CODES = FP8_CODES
+# the float8 formats' largest magnitudes, by the core's code
 _FP8_MAX = {int(_core.QUANTIZED[name]): _core.QUANTIZED_MAX[name] for name in FP8_NAMES}
 
 
@@ -626,7 +623,7 @@ def check_storable(a: np.ndarray, name: str, code: int, scaled: bool) -> None:
     stored in the quantized format ``code`` (``scaled``: with scales): finite,
     and within a float8 format's range where it has no scales.  The rule of
     :meth:`KVCache.append` and :func:`sdpa.paged_write` alike."""
-    kind = _NAMES[code]
+    kind = QUANTIZED_NAMES[code]
     if not np.isfinite(a).all():
         raise ValueError(f"{name}: {article(kind)} {kind} cache holds finite values only; got NaN or inf")
     if not scaled and code in _FP8_MAX and a.size:
@@ -705,7 +702,7 @@ class CacheFormat:
         ev = e if head_dim_v is None else count(head_dim_v, "head_dim_v", 1)
         storage = cache_dtype(dtype)
         code = quantized_code(dtype)
-        name = _NAMES.get(code, str(storage))
+        name = QUANTIZED_NAMES.get(code, str(storage))
         width = width_of(code)
         if scale not in ("absmax", None):
             raise ValueError(f'scale: expected "absmax" or None, got {scale!r}')

@@ -32,6 +32,7 @@ from ._dtypes import (
     _FLOAT64,
     FP8_NAMES,
     INT8,
+    QUANTIZED_NAMES,
     _check_real,
     _to_array,
     compute_dtype,
@@ -40,7 +41,7 @@ from ._dtypes import (
     quantized_query_dtype,
     width_of,
 )
-from .kvcache import _NAMES, CacheFormat, article, base_call, cache_dtype, check_storable
+from .kvcache import CacheFormat, article, base_call, cache_dtype, check_storable
 
 __all__ = ["paged_attention", "paged_write", "PagedKVCache"]
 
@@ -106,7 +107,7 @@ def _cache_pair(
         )
     if kc.shape[1] < 1 or kc.shape[2] < 1:
         raise ValueError(f"key_cache: needs at least one head and a block size >= 1, got shape {kc.shape}")
-    kind = _NAMES.get(code, "")
+    kind = QUANTIZED_NAMES.get(code, "")
     if not code or (not needs_scales(code) and key_scale is None and value_scale is None):
         if key_scale is not None or value_scale is not None:
             raise ValueError(f"key_scale, value_scale: only a quantized cache has scales; this one is {kc.dtype}")
