@@ -31,6 +31,7 @@ from .kvcache import KVCache, KVCacheFullError
 from .layers import MultiHeadAttention
 from .merge import merge_attention
 from .paged import PagedKVCache, paged_attention, paged_write
+from .sparse import sparse_attention
 from .varlen import varlen_attention
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "varlen_attention",
     "paged_attention",
     "paged_write",
+    "sparse_attention",
     "PagedKVCache",
     "KVCache",
     "KVCacheFullError",

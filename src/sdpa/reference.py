@@ -178,6 +178,58 @@ def scaled_dot_product_attention(
     return (out, *extra) if extra else out
 
 
+def sparse_attention(
+    query: npt.ArrayLike,
+    key: npt.ArrayLike,
+    value: npt.ArrayLike,
+    indices: npt.ArrayLike,
+    *,
+    scale: Optional[float] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[npt.ArrayLike] = None,
+    return_lse: bool = False,
+) -> Union[np.ndarray, Tuple[np.ndarray, np.ndarray]]:
+    """Each query row's attention over the keys listed for it, in float64.
+
+    query (..., Hq, L, E), key (..., Hkv, S, E), value (..., Hkv, S, Ev) (Hq a
+    multiple of Hkv), indices (..., Hkv or 1, L, k): row ``l`` of head ``h``
+    attends keys ``indices[..., h // (Hq // Hkv), l, :]`` (or ``[..., 0, l,
+    :]``), each as often as it is listed; -1 entries are left out.  The
+    gathered keys of each row go through :func:`scaled_dot_product_attention`
+    (``scale``, ``softcap`` and ``sinks`` as there).  Returns (..., Hq, L, Ev),
+    and the lse (..., Hq, L) with ``return_lse``."""
+    q = np.asarray(query, dtype=np.float64)
+    k = np.asarray(key, dtype=np.float64)
+    v = np.asarray(value, dtype=np.float64)
+    idx = np.asarray(indices)
+    Hq, L, E = q.shape[-3:]
+    Hkv = k.shape[-3]
+    G = Hq // Hkv
+    batch = q.shape[:-3]
+    idx = np.broadcast_to(idx, batch + idx.shape[-3:])
+    heads = np.arange(Hq) // G if idx.shape[-3] > 1 else np.zeros(Hq, dtype=np.int64)
+    lists = idx[..., heads, :, :]  # (..., Hq, L, k)
+    valid = lists >= 0
+    pos = np.where(valid, lists, 0)
+    kv_heads = np.arange(Hq) // G
+    kh = k[..., kv_heads, :, :]  # (..., Hq, S, E)
+    vh = v[..., kv_heads, :, :]
+    kg = np.stack([np.take_along_axis(kh, pos[..., l, :, None], axis=-2) for l in range(L)], axis=-3)
+    vg = np.stack([np.take_along_axis(vh, pos[..., l, :, None], axis=-2) for l in range(L)], axis=-3)
+    sink = None
+    if sinks is not None:  # each row is a batch of its own: its head's sink
+        sink = np.broadcast_to(np.broadcast_to(np.asarray(sinks, dtype=np.float64), batch + (Hq,))[..., None],
+                               batch + (Hq, L))
+    if scale is None:
+        scale = 1.0 / math.sqrt(E) if E > 0 else 1.0
+    res = scaled_dot_product_attention(q[..., None, :], kg, vg, attn_mask=valid[..., None, :], scale=scale,
+                                       softcap=softcap, sinks=sink, return_lse=return_lse)
+    if not return_lse:
+        return np.asarray(res)[..., 0, :]
+    out, lse = res
+    return out[..., 0, :], lse[..., 0]
+
+
 def multi_head_attention(
     x: npt.ArrayLike,
     w_q: npt.ArrayLike,

@@ -1,0 +1,349 @@
+"""Sparse attention: each query row attends to the keys listed for it.
+
+:func:`sparse_attention` takes, for each query row, the positions of the keys
+it attends (top-k attention as in DeepSeek's sparse attention, or any other
+selection), and reads those keys and values where they lie, in any cache
+format :class:`~sdpa.KVCache` stores.  :func:`sdpa.paged_attention` takes the
+same lists over paged caches (``topk_indices=``).
+
+How it is computed: the keys of a cache, viewed (without a copy) as a pool of
+one-position blocks, and each row's listed positions as its block table; one
+:func:`sdpa.paged_attention`-style call then plans and computes every row, in
+parallel, bit for bit the same on any thread count.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional, Tuple, Union, cast
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ._checks import declined, flag, grouped_heads, head_values, int_array, output_array
+from ._dtypes import _to_array, compute_dtype, float_dtype, quantized_query_dtype, width_of
+from .paged import _cache_pair, _paged_call
+
+__all__ = ["sparse_attention"]
+
+Array = np.ndarray
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+def _renamed(err: Exception, names: Tuple[Tuple[str, str], ...]) -> Exception:
+    """``err`` with the paged call's argument names replaced by the caller's."""
+    msg = str(err)
+    for old, new in names:
+        msg = msg.replace(old, new)
+    return type(err)(msg)
+
+
+_DENSE_NAMES = (("key_cache", "key"), ("value_cache", "value"))
+
+
+def _slice_strides(a: Array) -> Optional[Tuple[int, int, int, int]]:
+    """The element strides of a 4-dim (slices, heads, rows, columns) array, or
+    None when they are not whole elements, or a stride that takes part is
+    negative."""
+    st = []
+    for n, s in zip(a.shape, a.strides):
+        if s % a.itemsize or (s < 0 and n > 1):
+            return None
+        st.append(s // a.itemsize if n > 1 else 0)
+    return st[0], st[1], st[2], st[3]
+
+
+def _multipliers(a: Array, fold_heads: bool) -> Optional[Tuple[int, int, int]]:
+    """Row stride, and the rows a slice and (folded) a head are apart, of a
+    4-dim array; None when those are not whole rows."""
+    st = _slice_strides(a)
+    if st is None:
+        return None
+    sx, sh, sr, _ = st
+    if not fold_heads:
+        sh = 0
+    if sr == 0:  # one row a slice: any stride that divides the others serves
+        sr = math.gcd(sx, sh) or 1
+    if sx % sr or sh % sr:
+        return None
+    return sr, sx // sr, sh // sr
+
+
+Pools = Tuple[Tuple[Optional[Array], ...], int, int]
+
+
+def _pools(arrays: Tuple[Optional[Array], ...], fold_heads: bool) -> Optional[Pools]:
+    """4-dim (slices, heads, rows, columns) arrays viewed, without a copy, as
+    pools of one-row blocks: block ``x * mx + h * mh + r`` (heads folded) or
+    ``x * mx + r`` (heads kept) is row r of slice x (and head h); the views and
+    (mx, mh).  None when the arrays' strides do not allow it."""
+    found = None
+    views: List[Optional[Array]] = []
+    for a in arrays:
+        if a is None:
+            views.append(None)
+            continue
+        m = _multipliers(a, fold_heads)
+        if m is None or (found is not None and m[1:] != found):
+            return None
+        found = m[1:]
+        sr = m[0]
+        X, H, R, C = a.shape
+        n = (X - 1) * m[1] + (H - 1) * m[2] + R if X and H and R else 0
+        it = a.itemsize
+        if fold_heads:
+            views.append(as_strided(a, (n, 1, 1, C), (sr * it, sr * it, sr * it, a.strides[3]), writeable=False))
+        else:
+            views.append(as_strided(a, (n, H, 1, C), (sr * it, a.strides[1], sr * it, a.strides[3]),
+                                    writeable=False))
+    assert found is not None
+    return tuple(views), found[0], found[1]
+
+
+def _sorted_lists(idx: Array, limit: Array) -> Tuple[Array, Array]:
+    """Each row's listed positions, ascending, the entries it ignores (-1,
+    and those at or past ``limit``, which broadcasts against the rows) last;
+    and the count of the others."""
+    ignored = (idx < 0) | (idx >= limit[..., None])
+    key = np.where(ignored, np.iinfo(np.int64).max, idx.astype(np.int64, copy=False))
+    key.sort(axis=-1)
+    return key, (~ignored).sum(axis=-1)
+
+
+def _attend_lists(
+    rows_q: Array, pools: Tuple[Optional[Array], ...], fold: bool, lists: Array, counts: Array, code: int,
+    heads_kv: int, *, scale: Optional[float], softcap: Optional[float], sinks: Optional[Array], return_lse: bool,
+    num_threads: Optional[int], kv_dtype: Optional[str],
+) -> Tuple[Array, Optional[Array]]:
+    """The attention of R query rows (``rows_q`` (R, Hq, E), of the dtype the
+    call computes in) over the positions listed for them: ``lists`` (R, Hi, k)
+    block numbers of the one-row ``pools`` (key, value and their scales; heads
+    folded into the block numbers when ``fold``, Hi = Hkv then, else Hi = 1),
+    the first ``counts`` (R, Hi) of each list read.  ``sinks``: (R, Hq) or
+    None.  Returns (R, Hq, Ev) and the lse (R, Hq), or None; a row that lists
+    nothing gives 0 and -inf (its sink, with sinks)."""
+    R, Hq, E = rows_q.shape
+    G = Hq // heads_kv
+    k = lists.shape[-1]
+    if fold:  # a sequence per (row, key/value head): its G query heads
+        q_seq = rows_q.reshape(R * heads_kv, G, E)
+        tables = np.broadcast_to(lists, (R, heads_kv, k)).reshape(R * heads_kv, k)
+        lens = np.broadcast_to(counts, (R, heads_kv)).reshape(R * heads_kv)
+        sink_seq = None if sinks is None else sinks.reshape(R * heads_kv, G)
+    else:  # a sequence per row: all its heads
+        q_seq, tables, lens, sink_seq = rows_q, lists.reshape(R, k), counts.reshape(R), sinks
+    n, heads = q_seq.shape[:2]
+    Ev = cast(Array, pools[1]).shape[3] * width_of(code)
+    cdt = compute_dtype(rows_q.dtype)
+    out = np.zeros((n, heads, Ev), rows_q.dtype)
+    lse = np.full((n, heads), -np.inf, cdt) if return_lse else None
+    live = lens > 0
+    if lse is not None and sink_seq is not None:
+        lse[~live] = sink_seq[~live]
+    n_live = int(np.count_nonzero(live))
+    if n_live:
+        every = n_live == n
+        qs, bt, sl = (q_seq, tables, lens) if every else (q_seq[live], tables[live], lens[live])
+        sk = sink_seq if every or sink_seq is None else sink_seq[live]
+        kp, vp, ksp, vsp = pools
+        call, args, _ = _paged_call(
+            np.ascontiguousarray(qs), kp, vp, np.ascontiguousarray(bt, dtype=np.int32),
+            np.ascontiguousarray(sl, dtype=np.int64), is_causal=False, scale=scale, softcap=softcap, sinks=sk,
+            return_lse=return_lse, num_threads=num_threads, key_scale=ksp, value_scale=vsp, kv_dtype=kv_dtype,
+            query_start_loc=np.arange(qs.shape[0] + 1, dtype=np.int64))
+        res = call.run_paged(*args)
+        if isinstance(res, int):
+            raise declined(res)
+        o, ls = res if return_lse else (res, None)
+        if every:
+            out = o.reshape(out.shape)
+            lse = ls
+        else:
+            out[live] = o
+            if lse is not None:
+                lse[live] = ls
+    return out.reshape(R, Hq, Ev), None if lse is None else lse.reshape(R, Hq)
+
+
+def _pools_of(arrays: Tuple[Optional[Array], ...], fold: bool) -> Pools:
+    """:func:`_pools`, or those of C-contiguous copies when the strides do not
+    allow views (then the lists index the copies alike)."""
+    found = _pools(arrays, fold)
+    if found is None:
+        found = _pools(tuple(None if a is None else np.ascontiguousarray(a) for a in arrays), fold)
+        assert found is not None
+    return found
+
+
+def sparse_attention(
+    query: Any,
+    key: Any,
+    value: Any,
+    indices: Any,
+    *,
+    scale: Optional[float] = None,
+    softcap: Optional[float] = None,
+    sinks: Any = None,
+    return_lse: bool = False,
+    out: Optional[Array] = None,
+    num_threads: Optional[int] = None,
+    key_scale: Any = None,
+    value_scale: Any = None,
+    kv_dtype: Optional[str] = None,
+) -> Union[Array, Tuple[Array, Array]]:
+    """Attention of each query row over the keys listed for it (top-k sparse attention).
+
+    The result equals :func:`sdpa.scaled_dot_product_attention` of each row
+    over the gathered keys and values ``key[..., indices[..., l, :], :]``, but
+    the keys and values are read where they lie, never gathered into a copy.
+
+    Parameters
+    ----------
+    query : array_like, shape (..., Hq, L, E)
+        float16, bfloat16, float32 or float64 (against a quantized cache a
+        float64 query is read as float32, and the output is float32).
+    key, value : ndarray, shapes (..., Hkv, S, E) and (..., Hkv, S, Ev)
+        Any cache :class:`~sdpa.KVCache` stores: float16, bfloat16, float32,
+        float64 (with a float64 query), int8 with ``key_scale`` and
+        ``value_scale``, or the uint8 storage of a float8 or int4 cache named
+        by ``kv_dtype`` (int4: (..., E // 2), two values a byte); ml_dtypes'
+        float8 arrays need no ``kv_dtype``.  Hq must be a multiple of Hkv
+        (grouped heads).  ``value`` may be a column view of ``key`` (MLA's
+        latent cache, ``key[..., :Ev]``).  The batch dims are the query's.
+    indices : array_like of int32 or int64, shape (..., Hkv or 1, L, k)
+        The positions row ``l`` attends, shared by the query heads of a
+        key/value head, or by every head when that dim is 1; batch dims
+        broadcast to the query's.  -1 is ignored; a position listed twice
+        counts twice; a row with no valid entry gives 0 and lse -inf (with
+        sinks: 0 and lse the sink), as a row that sees no key does in
+        :func:`sdpa.scaled_dot_product_attention`.
+    scale, softcap, sinks
+        As in :func:`sdpa.scaled_dot_product_attention`; sinks (Hq,) or
+        (..., Hq).
+    return_lse : bool
+        Also return each row's log-sum-exp, (..., Hq, L), float32 (float64
+        for a float64 query).
+    out : ndarray, optional
+        (..., Hq, L, Ev), of the output's dtype, written with the result.
+    num_threads : int, optional
+        Threads for this call (default: :func:`sdpa.get_num_threads`); the
+        result is the same, bit for bit, on any count.
+    key_scale, value_scale : ndarray, optional
+        Scales of an int8, int4 or float8 cache, (..., Hkv, S, E // G) and
+        (..., Hkv, S, Ev // G), as :class:`~sdpa.KVCache` keeps them.
+    kv_dtype : str, optional
+        ``"int4"``, ``"float8_e4m3fn"`` or ``"float8_e5m2"``: what uint8
+        caches hold (as :func:`sdpa.paged_attention` takes it).
+
+    Returns
+    -------
+    out : ndarray, shape (..., Hq, L, Ev)
+    lse : ndarray, shape (..., Hq, L), with ``return_lse``
+
+    Raises
+    ------
+    ValueError, TypeError
+        Naming the argument, before anything is written: an entry of
+        ``indices`` below -1 or at or past S, shapes or dtypes that do not
+        match.
+
+    Examples
+    --------
+    >>> import numpy as np, sdpa
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.standard_normal((2, 1, 8)).astype(np.float32)      # 2 heads, 1 row
+    >>> k = rng.standard_normal((1, 100, 8)).astype(np.float32)    # 1 key/value head, 100 keys
+    >>> v = rng.standard_normal((1, 100, 8)).astype(np.float32)
+    >>> idx = np.array([[[7, 42, 3, -1]]])                         # (1, L, k): keys 7, 42 and 3
+    >>> o = sdpa.sparse_attention(q, k, v, idx)
+    >>> ref = sdpa.scaled_dot_product_attention(q, k[:, [7, 42, 3]], v[:, [7, 42, 3]], enable_gqa=True)
+    >>> bool(np.allclose(o, ref, atol=1e-6))
+    True
+    """
+    q = _to_array(query, "query")
+    kc = _to_array(key, "key")
+    vc = _to_array(value, "value")
+    for a, name, what in ((q, "query", "(..., Hq, L, E)"), (kc, "key", "(..., Hkv, S, E)"),
+                          (vc, "value", "(..., Hkv, S, Ev)")):
+        if a.ndim < 3:
+            raise ValueError(f"{name}: expected shape {what}, got {a.shape}")
+    batch = q.shape[:-3]
+    for a, name in ((kc, "key"), (vc, "value")):
+        if a.shape[:-3] != batch:
+            raise ValueError(f"{name}: batch dims {a.shape[:-3]} differ from the query's {batch}")
+    if vc.shape[-3:-1] != kc.shape[-3:-1]:
+        raise ValueError(f"value: shape {vc.shape} does not match key {kc.shape} in (heads, positions)")
+    try:
+        qdt = float_dtype(q.dtype, "query")
+    except TypeError:
+        raise TypeError(f"query: expected float16, bfloat16, float32 or float64, got dtype {q.dtype}") from None
+    B = int(np.prod(batch, dtype=np.int64))
+    Hq, L, E = q.shape[-3:]
+    Hkv, S = kc.shape[-3:-1]
+    k4, v4 = kc.reshape((B,) + kc.shape[-3:]), vc.reshape((B,) + vc.shape[-3:])
+    scales: List[Optional[Array]] = []
+    for a, name in ((key_scale, "key_scale"), (value_scale, "value_scale")):
+        if a is None:
+            scales.append(None)
+            continue
+        s = _to_array(a, name)
+        if s.ndim < 3 or s.shape[:-1] != (kc if name == "key_scale" else vc).shape[:-1]:
+            raise ValueError(f"{name}: expected shape {kc.shape[:-1] + ('features // group_size',)}, got {s.shape}")
+        scales.append(s.reshape((B,) + s.shape[-3:]))
+    try:
+        _, _, _, _, _, code = _cache_pair(k4, v4, scales[0], scales[1], kv_dtype)
+    except (TypeError, ValueError) as err:
+        raise _renamed(err, _DENSE_NAMES) from None
+    width = width_of(code)
+    if kc.shape[-1] * width != E:
+        raise ValueError(f"key: {kc.shape[-1] * width} features a key, the query has {E}")
+    grouped_heads(Hq, Hkv, "key")
+    if code:
+        qdt = quantized_query_dtype(qdt)
+    elif (qdt == np.float64) != (k4.dtype == np.float64):
+        raise TypeError(f"key: a {qdt} query attends " + ("a float64 cache" if qdt == np.float64 else
+                        "float16, bfloat16, float32 or quantized caches") + f", got {k4.dtype}")
+    idx = int_array(indices, "indices")
+    if idx.dtype not in (np.int32, np.int64):
+        raise TypeError(f"indices: expected int32 or int64, got dtype {idx.dtype}")
+    if idx.ndim < 3 or idx.shape[-3] not in (1, Hkv) or idx.shape[-2] != L:
+        raise ValueError(f"indices: expected shape (..., {Hkv} or 1, {L}, k), got {idx.shape}")
+    try:
+        idx = np.broadcast_to(idx, batch + idx.shape[-3:])
+    except ValueError:
+        raise ValueError(f"indices: batch dims {idx.shape[:-3]} do not broadcast to the query's {batch}") from None
+    bad = (idx < -1) | (idx >= S)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"indices: entry {at} is {int(idx[at])}, not a position in [0, {S}) or -1")
+    flag(return_lse, "return_lse")
+    cdt = compute_dtype(qdt)
+    sink = None if sinks is None else head_values(sinks, "sinks", batch, Hq, cdt)
+    Ev = vc.shape[-1] * width
+    out_shape = batch + (Hq, L, Ev)
+    if out is not None:
+        operands = [(a, n) for a, n in ((q, "query"), (kc, "key"), (vc, "value")) if isinstance(a, np.ndarray)]
+        output_array(out, out_shape, qdt, operands, f"query {q.shape}, value {vc.shape}")
+
+    fold = idx.shape[-3] > 1
+    pools, mx, mh = _pools_of((k4, v4, scales[0], scales[1]), fold)
+    Hi, k = idx.shape[-3:-1][0], idx.shape[-1]
+    lists, counts = _sorted_lists(idx.reshape(B, Hi, L, k), np.asarray(S))
+    first = np.arange(B, dtype=np.int64)[:, None] * mx + (np.arange(Hi, dtype=np.int64) * mh)[None, :]
+    if lists.size and int(first.max(initial=0)) + S > _INT32_MAX:
+        raise ValueError(f"key: {S} positions in {B} x {Hkv} slices are beyond the core's block numbers (2^31)")
+    lists = np.where(np.arange(k) < counts[..., None], lists + first[:, :, None, None], 0)
+    # rows (b, l): their lists (R, Hi, k), counts (R, Hi) and query rows (R, Hq, E)
+    lists = lists.transpose(0, 2, 1, 3).reshape(B * L, Hi, k)
+    counts = counts.transpose(0, 2, 1).reshape(B * L, Hi)
+    rows_q = np.require(q.reshape(B, Hq, L, E), qdt, ["A"]).transpose(0, 2, 1, 3).reshape(B * L, Hq, E)
+    sink_rows = None if sink is None else np.broadcast_to(
+        np.broadcast_to(sink, batch + (Hq,)).reshape(B, 1, Hq), (B, L, Hq)).reshape(B * L, Hq)
+    o, lse = _attend_lists(rows_q, pools, fold, lists, counts, code, Hkv, scale=scale, softcap=softcap,
+                           sinks=sink_rows, return_lse=return_lse, num_threads=num_threads, kv_dtype=kv_dtype)
+    result = o.reshape(B, L, Hq, Ev).transpose(0, 2, 1, 3).reshape(out_shape)
+    if out is not None:
+        np.copyto(out, result)
+        result = out
+    if lse is None:
+        return result
+    return result, lse.reshape(B, L, Hq).transpose(0, 2, 1).reshape(batch + (Hq, L))

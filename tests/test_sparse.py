@@ -1,0 +1,215 @@
+"""Sparse attention: sparse_attention and paged_attention(topk_indices=).
+
+Every result is checked against the float64 reference written from the
+definition (``sdpa.reference.sparse_attention``: each row's listed keys
+gathered, then plain attention), over the values a cache computes with (a
+quantized cache's dequantized copies), on every kernel set and cache dtype.
+"""
+import numpy as np
+import pytest
+
+import sdpa
+from sdpa import reference
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+CACHE_DTYPES = ["float32", "float16", "bfloat16", "float64", "int8", "int4", "float8_e4m3fn", "float8_e5m2"]
+
+
+def cache_of(rng, dtype, B, Hkv, S, E, Ev=None, latent=False):
+    """A filled KVCache of ``dtype`` and the arrays sparse_attention takes from
+    it: key, value, their scales and kv_dtype."""
+    Ev = E if Ev is None else Ev
+    cache = sdpa.KVCache(B, Hkv, S, E, None if latent else Ev, dtype=BF16 if dtype == "bfloat16" else dtype,
+                         latent=latent)
+    k = rng.standard_normal((B, Hkv, S, E)).astype(np.float64 if dtype == "float64" else np.float32)
+    cache.append(k, None if latent else rng.standard_normal((B, Hkv, S, Ev)).astype(k.dtype))
+    key, value = cache.key_data, cache.value_data
+    if latent:
+        value = key[..., : Ev // (2 if dtype == "int4" else 1)]
+    return cache, dict(key=key, value=value, key_scale=cache.key_scales,
+                       value_scale=cache.key_scales if latent else cache.value_scales, kv_dtype=cache.format.kv_dtype)
+
+
+def run(q, cache_kw, idx, **kw):
+    c = dict(cache_kw)
+    return sdpa.sparse_attention(q, c.pop("key"), c.pop("value"), idx, **c, **kw)
+
+
+def tol(dtype, qdtype=np.float32):
+    if dtype == "float64":
+        return 1e-12
+    if dtype in ("float16", "bfloat16") or qdtype == BF16:
+        return 2e-2
+    return 2e-5
+
+
+def random_indices(rng, shape, S, invalid=0.2):
+    idx = rng.integers(0, S, shape)
+    idx[rng.random(shape) < invalid] = -1
+    return idx
+
+
+@pytest.mark.parametrize("dtype", CACHE_DTYPES)
+@pytest.mark.parametrize("shared", [True, False])
+def test_every_cache_dtype_against_the_reference(isa, rng, dtype, shared):
+    """GQA (8 query heads over 2), L = 3 rows each with its own list, -1
+    entries, a repeated position, an empty row; lists shared by all heads or
+    one per key/value head."""
+    B, Hq, Hkv, L, S, E, k = 2, 8, 2, 3, 40, 16, 9
+    cache, kw = cache_of(rng, dtype, B, Hkv, S, E)
+    qdt = np.float64 if dtype == "float64" else np.float32
+    q = rng.standard_normal((B, Hq, L, E)).astype(qdt)
+    idx = random_indices(rng, (B, 1 if shared else Hkv, L, k), S)
+    idx[0, 0, 1, :4] = 7  # a position listed four times counts four times
+    idx[1, -1, 2, :] = -1  # a row (of some heads) with nothing to see
+    out, lse = run(q, kw, idx, return_lse=True)
+    ref, ref_lse = reference.sparse_attention(q, cache.keys, cache.values, idx, return_lse=True)
+    assert out.dtype == q.dtype and lse.dtype == (np.float64 if dtype == "float64" else np.float32)
+    np.testing.assert_allclose(out, ref, rtol=tol(dtype), atol=tol(dtype))
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    np.testing.assert_allclose(lse[fin], ref_lse[fin], rtol=tol(dtype), atol=tol(dtype))
+    empty = (idx < 0).all(-1)  # (B, Hi, L)
+    heads = np.repeat(empty, Hq // idx.shape[1], axis=1)
+    assert heads.any() and not out[heads].any() and np.isneginf(lse[heads]).all()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "int4", "float8_e4m3fn"])
+def test_latent_value_view_of_the_key(isa, rng, dtype):
+    """MLA: one latent head, the value a column view of the key; 16 query heads."""
+    B, Hq, L, S, E, Ev, k = 1, 16, 2, 30, 24, 16, 12
+    cache, kw = cache_of(rng, dtype, B, 1, S, E, Ev, latent=True)
+    q = rng.standard_normal((B, Hq, L, E)).astype(np.float32)
+    idx = random_indices(rng, (B, 1, L, k), S)
+    out = run(q, kw, idx, scale=0.3)
+    ref = reference.sparse_attention(q, cache.keys, cache.keys[..., :Ev], idx, scale=0.3)
+    np.testing.assert_allclose(out, ref, rtol=tol(dtype), atol=tol(dtype))
+
+
+def test_equals_dense_attention_over_the_gathered_keys(rng):
+    """With distinct valid entries, the dense call over the gathered keys."""
+    q = rng.standard_normal((3, 4, 1, 32)).astype(np.float32)
+    key = rng.standard_normal((3, 4, 100, 32)).astype(np.float32)
+    value = rng.standard_normal((3, 4, 100, 32)).astype(np.float32)
+    idx = np.stack([rng.permutation(100)[:20] for _ in range(3)])[:, None, None, :]
+    out = sdpa.sparse_attention(q, key, value, idx, softcap=4.0)
+    for b in range(3):
+        dense = sdpa.scaled_dot_product_attention(q[b], key[b][:, idx[b, 0, 0]], value[b][:, idx[b, 0, 0]],
+                                                  softcap=4.0)
+        np.testing.assert_allclose(out[b], dense, rtol=1e-6, atol=1e-6)
+
+
+def test_sinks_and_rows_that_see_nothing(rng):
+    """A row with no valid entry gives 0 and the sink as its lse, as the
+    dense call gives a row that sees no key; other rows count the sink."""
+    B, Hq, Hkv, L, S, E = 2, 4, 2, 2, 10, 8
+    q = rng.standard_normal((B, Hq, L, E)).astype(np.float32)
+    key = rng.standard_normal((B, Hkv, S, E)).astype(np.float32)
+    value = rng.standard_normal((B, Hkv, S, E)).astype(np.float32)
+    sinks = rng.standard_normal((B, Hq)).astype(np.float32)
+    idx = rng.integers(0, S, (B, Hkv, L, 5))
+    idx[1, 0, 0] = -1
+    out, lse = sdpa.sparse_attention(q, key, value, idx, sinks=sinks, return_lse=True)
+    ref, ref_lse = reference.sparse_attention(q, key, value, idx, sinks=sinks, return_lse=True)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
+    assert not out[1, :2, 0].any()
+    np.testing.assert_array_equal(lse[1, :2, 0], sinks[1, :2])
+    dense = sdpa.scaled_dot_product_attention(q[1:, :1, :1], key[1:, :1], value[1:, :1], sinks=sinks[1:, :1],
+                                              attn_mask=np.zeros((1, S), bool), return_lse=True)
+    np.testing.assert_array_equal(dense[1][0, 0, 0], lse[1, 0, 0])
+
+
+def test_batch_dims_broadcast_indices_and_out(rng):
+    """Two batch dims; the indices broadcast over the first; out= is written
+    and returned."""
+    q = rng.standard_normal((2, 3, 4, 2, 16)).astype(np.float32)
+    key = rng.standard_normal((2, 3, 2, 50, 16)).astype(np.float32)
+    value = rng.standard_normal((2, 3, 2, 50, 8)).astype(np.float32)
+    idx = random_indices(rng, (3, 1, 2, 6), 50).astype(np.int32)
+    out = np.full((2, 3, 4, 2, 8), np.nan, np.float32)
+    got, lse = sdpa.sparse_attention(q, key, value, idx, out=out, return_lse=True)
+    assert got is out and lse.shape == (2, 3, 4, 2)
+    ref = reference.sparse_attention(q, key, value, idx)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+
+
+def test_strided_caches_are_read_as_they_lie(rng):
+    """A cache that is a slice of a longer one, heads before positions or
+    not, and a layout whose slices are no whole number of rows apart (read
+    from a copy): the same results."""
+    big = rng.standard_normal((2, 64, 3, 16)).astype(np.float32)  # (B, S, H, E): positions before heads
+    key = big[:, :50].transpose(0, 2, 1, 3)  # (B, H, S, E), row stride 3 * 16
+    value = rng.standard_normal((2, 3, 60, 8)).astype(np.float32)[:, :, :50]
+    q = rng.standard_normal((2, 6, 1, 16)).astype(np.float32)
+    idx = random_indices(rng, (2, 3, 1, 7), 50)
+    ref = reference.sparse_attention(q, key, value, idx)
+    np.testing.assert_allclose(sdpa.sparse_attention(q, key, value, idx), ref, rtol=2e-5, atol=2e-5)
+    odd = np.lib.stride_tricks.as_strided(big, (2, 3, 10, 16), (big.strides[0] + 4, 64, 3 * 64, 4))
+    q1 = rng.standard_normal((2, 3, 1, 16)).astype(np.float32)
+    i1 = random_indices(rng, (2, 1, 1, 4), 10)
+    np.testing.assert_allclose(sdpa.sparse_attention(q1, odd, odd, i1),
+                               reference.sparse_attention(q1, odd, odd, i1), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_the_result_does_not_depend_on_the_thread_count(rng, dtype):
+    """Bit for bit on 1, 2, 3 and 8 threads, lists long enough to be split."""
+    B, Hq, Hkv, L, S, E, k = 2, 8, 2, 2, 3000, 32, 1500
+    cache, kw = cache_of(rng, dtype, B, Hkv, S, E)
+    q = rng.standard_normal((B, Hq, L, E)).astype(np.float32)
+    idx = random_indices(rng, (B, 1, L, k), S)
+    outs = [run(q, kw, idx, num_threads=t, return_lse=True) for t in (1, 2, 3, 8)]
+    for o, lse in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0][0])
+        np.testing.assert_array_equal(lse, outs[0][1])
+
+
+def test_bad_input_is_refused_by_name_and_nothing_is_written(rng):
+    q = rng.standard_normal((1, 4, 2, 8)).astype(np.float32)
+    key = rng.standard_normal((1, 2, 10, 8)).astype(np.float32)
+    value = rng.standard_normal((1, 2, 10, 8)).astype(np.float32)
+    out = np.full((1, 4, 2, 8), 7.0, np.float32)
+    before = [a.copy() for a in (q, key, value)]
+    good = np.zeros((1, 1, 2, 3), np.int64)
+    cases = [
+        (dict(indices=np.full((1, 1, 2, 3), -2)), ValueError, r"indices: entry \(0, 0, 0, 0\) is -2, not a position"),
+        (dict(indices=np.full((1, 1, 2, 3), 10)), ValueError, r"indices: entry .* is 10, not a position in \[0, 10\)"),
+        (dict(indices=good.astype(np.float32)), TypeError, "indices: expected integers"),
+        (dict(indices=good.astype(np.int16)), TypeError, "indices: expected int32 or int64"),
+        (dict(indices=np.zeros((1, 3, 2, 3), np.int64)), ValueError,
+         r"indices: expected shape \(\.\.\., 2 or 1, 2, k\)"),
+        (dict(indices=np.zeros((1, 1, 5, 3), np.int64)), ValueError, "indices: expected shape"),
+        (dict(indices=np.zeros((3, 1, 2, 3), np.int64)), ValueError, "indices: batch dims"),
+        (dict(key=key[:, :, :, :4]), ValueError, "key: 4 features a key, the query has 8"),
+        (dict(key=key.astype(np.float64), value=value.astype(np.float64)), TypeError, "key: a float32 query attends"),
+        (dict(key=key.astype(np.float64)), TypeError, "value: dtype float32 differs from key.s float64"),
+        (dict(value=value[:, :, :5]), ValueError, "value: shape"),
+        (dict(key=key.astype(np.int8)), ValueError, "key_scale, value_scale"),
+        (dict(query=q[:, :3]), ValueError, "query: 3 heads is not a multiple of key's 2"),
+        (dict(sinks=np.zeros(3)), ValueError, "sinks"),
+        (dict(return_lse=1), TypeError, "return_lse: expected a bool"),
+        (dict(out=out[..., :4]), ValueError, "out: expected shape"),
+    ]
+    for change, exc, msg in cases:
+        kw = dict(query=q, key=key, value=value, indices=good, out=out)
+        kw.update(change)
+        if "int8" in str(kw["key"].dtype):
+            kw["value"] = value.astype(np.int8)
+        with pytest.raises(exc, match=msg):
+            sdpa.sparse_attention(kw.pop("query"), kw.pop("key"), kw.pop("value"), kw.pop("indices"), **kw)
+        assert (out == 7.0).all()
+    for a, b in zip((q, key, value), before):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_inputs_are_never_written(rng):
+    q = rng.standard_normal((1, 4, 3, 8)).astype(np.float32)
+    key = rng.standard_normal((1, 2, 20, 8)).astype(np.float32)
+    idx = random_indices(rng, (1, 2, 3, 5), 20)
+    copies = [a.copy() for a in (q, key, idx)]
+    sdpa.sparse_attention(q, key, key, idx)
+    for a, b in zip((q, key, idx), copies):
+        np.testing.assert_array_equal(a, b)
