@@ -154,6 +154,30 @@ def test_strided_caches_are_read_as_they_lie(rng):
                                reference.sparse_attention(q1, odd, odd, i1), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_rows_that_share_positions(rng, shared):
+    """Prefill rows whose lists share most positions within groups of rows
+    (read once for the group, as a shared prefix) and add their own, one
+    row listing a shared position twice: the reference's result, on 1 and 3
+    threads alike."""
+    B, Hq, Hkv, L, S, E = 1, 4, 2, 150, 400, 16
+    q = rng.standard_normal((B, Hq, L, E)).astype(np.float32)
+    key = rng.standard_normal((B, Hkv, S, E)).astype(np.float32)
+    value = rng.standard_normal((B, Hkv, S, E)).astype(np.float32)
+    idx = np.empty((B, 1 if shared else Hkv, L, 40), np.int64)
+    for l0 in range(0, L, 50):
+        common = rng.choice(S, 30, replace=False)
+        for l in range(l0, min(l0 + 50, L)):
+            idx[0, :, l] = np.concatenate([common, rng.choice(S, 10)])
+    idx[0, 0, 3, 5] = idx[0, 0, 3, 6]
+    idx[0, 0, 7, :4] = -1
+    ref, ref_lse = reference.sparse_attention(q, key, value, idx, return_lse=True)
+    outs = [sdpa.sparse_attention(q, key, value, idx, return_lse=True, num_threads=t) for t in (1, 3)]
+    np.testing.assert_allclose(outs[0][0], ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(outs[0][1], ref_lse, rtol=2e-5, atol=2e-5)
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_the_result_does_not_depend_on_the_thread_count(rng, dtype):
     """Bit for bit on 1, 2, 3 and 8 threads, lists long enough to be split."""
@@ -213,3 +237,116 @@ def test_inputs_are_never_written(rng):
     sdpa.sparse_attention(q, key, key, idx)
     for a, b in zip((q, key, idx), copies):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------- paged_attention(topk_indices=)
+
+
+def paged_problem(rng, dtype, lens, Hkv=2, E=16, bs=4, latent=False):
+    """A PagedKVCache of ``dtype`` holding sequences of these lengths, and the
+    float values each sequence computes with, (Hkv, n, E) and (Hkv, n, Ev)."""
+    from sdpa.kvcache import dequantize
+
+    cache = sdpa.PagedKVCache(sum(-(-n // bs) for n in lens) + 3, bs, Hkv, E, dtype=BF16 if dtype == "bfloat16"
+                              else dtype, latent=latent)
+    ids = [cache.add_sequence() for _ in lens]
+    for s, n in zip(ids, lens):
+        cache.append(s, rng.standard_normal((Hkv, n, E)), None if latent else rng.standard_normal((Hkv, n, E)))
+    bt, sl = cache.tables(ids)
+    code = cache.format.code
+
+    def values(pool, scales):
+        if code:
+            return dequantize(code, pool, scales)
+        return pool.astype(np.float64)
+
+    kf, vf = values(cache.key_cache, cache.key_scale), values(cache.value_cache, cache.value_scale)
+    seqs = []
+    for b, n in enumerate(lens):
+        blocks = [bt[b, j] for j in range(-(-n // bs))]
+        seqs.append((np.concatenate([kf[x] for x in blocks], axis=1)[:, :n],
+                     np.concatenate([vf[x] for x in blocks], axis=1)[:, :n]))
+    return cache, bt, sl, seqs
+
+
+def paged_expected(q_rows, seqs, seq_of_row, own, idx_rows, causal, **kw):
+    """Each row's reference over its sequence, later positions dropped when causal."""
+    outs, lses = [], []
+    for r in range(q_rows.shape[0]):
+        k, v = seqs[seq_of_row[r]]
+        ix = idx_rows[r].copy()
+        if causal:
+            ix[ix > own[r]] = -1
+        sinks = kw.get("sinks")
+        o, lse = reference.sparse_attention(q_rows[r][None, :, None], k[None], v[None], ix[None, :, None],
+                                            return_lse=True, scale=kw.get("scale"), softcap=kw.get("softcap"),
+                                            sinks=None if sinks is None else sinks[seq_of_row[r]])
+        outs.append(o[0, :, 0])
+        lses.append(lse[0, :, 0])
+    return np.stack(outs), np.stack(lses)
+
+
+@pytest.mark.parametrize("dtype", CACHE_DTYPES[:3] + CACHE_DTYPES[4:])
+@pytest.mark.parametrize("causal", [True, False])
+def test_paged_topk_against_the_reference(isa, rng, dtype, causal):
+    """Three sequences, two rows each (chunked prefill), lists per key/value
+    head with -1s, repeats and positions after the row's own."""
+    lens = [9, 17, 6]
+    cache, bt, sl, seqs = paged_problem(rng, dtype, lens)
+    B, Hq, Hkv, L, k = 3, 4, 2, 2, 8
+    q = rng.standard_normal((B, Hq, L, 16)).astype(np.float32)
+    idx = np.stack([random_indices(rng, (Hkv, L, k), n) for n in lens])
+    idx[0, 0, 0, :3] = 2
+    sinks = rng.standard_normal((B, Hq)).astype(np.float32)
+    out, lse = sdpa.paged_attention(q, cache.key_cache, cache.value_cache, bt, sl, topk_indices=idx,
+                                    is_causal=causal, key_scale=cache.key_scale, value_scale=cache.value_scale,
+                                    kv_dtype=cache.kv_dtype, return_lse=True, sinks=sinks, softcap=3.0)
+    rows_q = q.transpose(0, 2, 1, 3).reshape(B * L, Hq, 16)
+    own = (np.asarray(lens)[:, None] - L + np.arange(L)).reshape(-1)
+    ref, ref_lse = paged_expected(rows_q, seqs, np.repeat(np.arange(B), L), own,
+                                  idx.transpose(0, 2, 1, 3).reshape(B * L, Hkv, k), causal, sinks=sinks, softcap=3.0)
+    np.testing.assert_allclose(out.transpose(0, 2, 1, 3).reshape(B * L, Hq, 16), ref, rtol=tol(dtype),
+                               atol=tol(dtype))
+    np.testing.assert_allclose(lse.transpose(0, 2, 1).reshape(B * L, Hq), ref_lse, rtol=tol(dtype),
+                               atol=tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "int4"])
+def test_paged_topk_mixed_batch_and_latent(rng, dtype):
+    """query_start_loc: a prefill chunk of 3 rows beside a decode, one list
+    for all heads; MLA's latent cache."""
+    lens = [10, 14]
+    cache, bt, sl, seqs = paged_problem(rng, dtype, lens, Hkv=1, E=16, latent=True)
+    Ev = cache.value_cache.shape[-1] * (2 if dtype == "int4" else 1)
+    seqs = [(k, k[..., :Ev]) for k, _ in seqs]
+    qsl = np.array([0, 3, 4])
+    q = rng.standard_normal((4, 8, 16)).astype(np.float32)
+    idx = np.stack([random_indices(rng, (1, 6), n) for n in (10, 10, 10, 14)])
+    out = sdpa.paged_attention(q, cache.key_cache, cache.value_cache, bt, sl, topk_indices=idx, query_start_loc=qsl,
+                               key_scale=cache.key_scale, value_scale=cache.value_scale, kv_dtype=cache.kv_dtype)
+    ref, _ = paged_expected(q, seqs, [0, 0, 0, 1], [7, 8, 9, 13], idx, True)
+    assert out.shape == (4, 8, Ev)
+    np.testing.assert_allclose(out, ref, rtol=tol(dtype), atol=tol(dtype))
+
+
+def test_paged_topk_threads_and_refusals(rng):
+    cache, bt, sl, _ = paged_problem(rng, "float32", [300, 200], bs=16)
+    q = rng.standard_normal((2, 4, 1, 16)).astype(np.float32)
+    idx = np.stack([random_indices(rng, (1, 1, 150), n) for n in (300, 200)])
+    args = (q, cache.key_cache, cache.value_cache, bt, sl)
+    outs = [sdpa.paged_attention(*args, topk_indices=idx, num_threads=t) for t in (1, 2, 5)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    bad = idx.copy()
+    bad[1, 0, 0, 3] = 200  # past sequence 1's positions
+    out = np.full((2, 4, 1, 16), 5.0, np.float32)
+    with pytest.raises(ValueError, match=r"topk_indices: entry \(1, 0, 0, 3\) is 200, not a position of its "
+                                         r"sequence in \[0, 200\)"):
+        sdpa.paged_attention(*args, topk_indices=bad, out=out)
+    with pytest.raises(ValueError, match="topk_indices: not with window"):
+        sdpa.paged_attention(*args, topk_indices=idx, window=(4, 0))
+    with pytest.raises(ValueError, match="topk_indices: expected shape"):
+        sdpa.paged_attention(*args, topk_indices=idx[:, :, 0])
+    with pytest.raises(TypeError, match="topk_indices: expected int32 or int64"):
+        sdpa.paged_attention(*args, topk_indices=idx.astype(np.uint8))
+    assert (out == 5.0).all()

@@ -321,6 +321,7 @@ def paged_attention(
     integer_qk: bool = False,
     query_start_loc: Any = None,
     integer_pv: bool = False,
+    topk_indices: Any = None,
 ) -> Union[Array, Tuple[Array, Array]]:
     """Attention of each sequence's last positions over its paged keys and values.
 
@@ -394,6 +395,16 @@ def paged_attention(
         the same way, (T, Hq, Ev), and the lse is (T, Hq).  Not with
         ``tree_mask``.
 
+    topk_indices : array_like of int32 or int64, shape (B, Hkv or 1, L, k), or (T, Hkv or 1, k), optional
+        Sparse attention (:func:`sdpa.sparse_attention`'s lists): each row
+        attends only the positions of its sequence listed for it, shared by
+        the query heads of a key/value head (or by all heads when that dim is
+        1).  -1 is ignored, a repeated position counts as often as it is
+        listed, and with ``is_causal`` a position after the row's own is
+        ignored too; a row left with none gives 0 and lse -inf (its sink,
+        with sinks).  An entry below -1 or at or past ``seq_lens[b]`` is a
+        ValueError.  Not with ``window``, ``alibi_slopes`` or ``tree_mask``.
+
     Returns
     -------
     out : ndarray, shape (B, Hq, L, Ev), or (T, Hq, Ev), of the query's dtype
@@ -437,6 +448,17 @@ def paged_attention(
     >>> out.shape
     (4, 4, 8)
     """
+    if topk_indices is not None:
+        for value, name in ((window, "window"), (alibi_slopes, "alibi_slopes"), (tree_mask, "tree_mask")):
+            if value is not None:
+                raise ValueError(f"topk_indices: not with {name} (the lists choose the keys)")
+        from .sparse import paged_topk
+
+        return paged_topk(
+            query, key_cache, value_cache, block_tables, seq_lens, topk_indices, is_causal=is_causal, scale=scale,
+            softcap=softcap, sinks=sinks, return_lse=return_lse, out=out, num_threads=num_threads,
+            key_scale=key_scale, value_scale=value_scale, kv_dtype=kv_dtype, integer_qk=integer_qk,
+            integer_pv=integer_pv, query_start_loc=query_start_loc)
     call, args, tables = _paged_call(
         query, key_cache, value_cache, block_tables, seq_lens, is_causal=is_causal, scale=scale, window=window,
         softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, tree_mask=tree_mask, return_lse=return_lse,

@@ -109,21 +109,61 @@ def _sorted_lists(idx: Array, limit: Array) -> Tuple[Array, Array]:
     return key, (~ignored).sum(axis=-1)
 
 
+# Rows of one sequence are put in groups of this many (aligned), whose common
+# positions are listed first, in one order, by each of them.
+_SHARE_ROWS = 64
+
+
+def _shared_first(lists: Array, counts: Array, group: Array) -> Array:
+    """Each row's valid entries (``lists`` (R, Hi, k), the first ``counts``
+    (R, Hi)) reordered: those every row of its group (``group`` (R,)) lists
+    first, ascending, then the others, ascending.  Rows of a group then share
+    the leading entries of their tables, and the planner reads those keys
+    once for all of them (a shared prefix, as the shared blocks of paged
+    sequences)."""
+    k = lists.shape[-1]
+    valid = np.arange(k) < counts[..., None]
+    if not valid.any():
+        return lists
+    big = np.iinfo(np.int64).max
+    v = np.where(valid, lists, big)
+    v.sort(axis=-1)  # each row's valid entries still first, ascending
+    n = int(lists[valid].max()) + 1
+    first = valid.copy()
+    first[..., 1:] &= v[..., 1:] != v[..., :-1]  # a position listed twice counts once
+    members = np.bincount(group)
+    pair = group.astype(np.int64)[:, None, None] * n + np.where(valid, v, 0)  # (group, position)
+    if members.size * n <= 4 * pair.size + 1024:
+        listed = np.bincount(pair[first], minlength=members.size * n)[pair]
+    else:
+        uniq, cnt = np.unique(pair[first], return_counts=True)
+        at = np.minimum(np.searchsorted(uniq, pair), uniq.size - 1)
+        listed = np.where(uniq[at] == pair, cnt[at], 0)
+    common = first & (listed == members[group][:, None, None])
+    key = np.where(valid, np.where(common, v, v + n), big)
+    key.sort(axis=-1)
+    return np.where(key < n, key, np.where(valid, key - n, 0))
+
+
 def _attend_lists(
     rows_q: Array, pools: Tuple[Optional[Array], ...], fold: bool, lists: Array, counts: Array, code: int,
     heads_kv: int, *, scale: Optional[float], softcap: Optional[float], sinks: Optional[Array], return_lse: bool,
-    num_threads: Optional[int], kv_dtype: Optional[str],
+    num_threads: Optional[int], kv_dtype: Optional[str], group: Array, integer_qk: bool = False,
+    integer_pv: bool = False,
 ) -> Tuple[Array, Optional[Array]]:
     """The attention of R query rows (``rows_q`` (R, Hq, E), of the dtype the
     call computes in) over the positions listed for them: ``lists`` (R, Hi, k)
     block numbers of the one-row ``pools`` (key, value and their scales; heads
     folded into the block numbers when ``fold``, Hi = Hkv then, else Hi = 1),
-    the first ``counts`` (R, Hi) of each list read.  ``sinks``: (R, Hq) or
+    the first ``counts`` (R, Hi) of each list read; ``group`` (R,) the rows'
+    groups (:func:`_shared_first`).  ``sinks``: (R, Hq) or
     None.  Returns (R, Hq, Ev) and the lse (R, Hq), or None; a row that lists
     nothing gives 0 and -inf (its sink, with sinks)."""
     R, Hq, E = rows_q.shape
     G = Hq // heads_kv
     k = lists.shape[-1]
+    if R > 1:
+        lists = _shared_first(lists, counts, group)
     if fold:  # a sequence per (row, key/value head): its G query heads
         q_seq = rows_q.reshape(R * heads_kv, G, E)
         tables = np.broadcast_to(lists, (R, heads_kv, k)).reshape(R * heads_kv, k)
@@ -149,7 +189,8 @@ def _attend_lists(
             np.ascontiguousarray(qs), kp, vp, np.ascontiguousarray(bt, dtype=np.int32),
             np.ascontiguousarray(sl, dtype=np.int64), is_causal=False, scale=scale, softcap=softcap, sinks=sk,
             return_lse=return_lse, num_threads=num_threads, key_scale=ksp, value_scale=vsp, kv_dtype=kv_dtype,
-            query_start_loc=np.arange(qs.shape[0] + 1, dtype=np.int64))
+            query_start_loc=np.arange(qs.shape[0] + 1, dtype=np.int64), integer_qk=integer_qk,
+            integer_pv=integer_pv)
         res = call.run_paged(*args)
         if isinstance(res, int):
             raise declined(res)
@@ -338,8 +379,10 @@ def sparse_attention(
     rows_q = np.require(q.reshape(B, Hq, L, E), qdt, ["A"]).transpose(0, 2, 1, 3).reshape(B * L, Hq, E)
     sink_rows = None if sink is None else np.broadcast_to(
         np.broadcast_to(sink, batch + (Hq,)).reshape(B, 1, Hq), (B, L, Hq)).reshape(B * L, Hq)
+    group = (np.arange(B)[:, None] * -(-L // _SHARE_ROWS) + np.arange(L)[None, :] // _SHARE_ROWS).reshape(B * L)
     o, lse = _attend_lists(rows_q, pools, fold, lists, counts, code, Hkv, scale=scale, softcap=softcap,
-                           sinks=sink_rows, return_lse=return_lse, num_threads=num_threads, kv_dtype=kv_dtype)
+                           sinks=sink_rows, return_lse=return_lse, num_threads=num_threads, kv_dtype=kv_dtype,
+                           group=group)
     result = o.reshape(B, L, Hq, Ev).transpose(0, 2, 1, 3).reshape(out_shape)
     if out is not None:
         np.copyto(out, result)
@@ -347,3 +390,86 @@ def sparse_attention(
     if lse is None:
         return result
     return result, lse.reshape(B, L, Hq).transpose(0, 2, 1).reshape(batch + (Hq, L))
+
+
+def paged_topk(
+    query: Any, key_cache: Any, value_cache: Any, block_tables: Any, seq_lens: Any, topk_indices: Any, *,
+    is_causal: bool, scale: Optional[float], softcap: Optional[float], sinks: Any, return_lse: bool,
+    out: Optional[Array], num_threads: Optional[int], key_scale: Any, value_scale: Any, kv_dtype: Optional[str],
+    integer_qk: bool, integer_pv: bool, query_start_loc: Any,
+) -> Union[Array, Tuple[Array, Array]]:
+    """:func:`sdpa.paged_attention` with ``topk_indices`` (window, ALiBi and
+    tree masks refused there): each row attends the positions of its
+    sequence listed for it."""
+    _, args, _ = _paged_call(
+        query, key_cache, value_cache, block_tables, seq_lens, is_causal=is_causal, scale=scale, softcap=softcap,
+        sinks=sinks, return_lse=return_lse, out=out, num_threads=num_threads, key_scale=key_scale,
+        value_scale=value_scale, kv_dtype=kv_dtype, integer_qk=integer_qk, query_start_loc=query_start_loc,
+        integer_pv=integer_pv)
+    q, _, vc, bt, sl, scales, extras, _ = args  # checked, in the core's forms
+    code = _cache_pair(_to_array(key_cache, "key_cache"), _to_array(value_cache, "value_cache"), key_scale,
+                       value_scale, kv_dtype)[5]
+    packed = q.ndim == 3
+    B = sl.shape[0]
+    Hkv, bs = vc.shape[1], vc.shape[2]
+    Hq = q.shape[-3] if not packed else q.shape[1]
+    if packed:
+        qsl = extras[2]
+        rows_of = np.diff(qsl)
+        seq = np.repeat(np.arange(B), rows_of)  # each row's sequence
+        R = q.shape[0]
+        own = sl[seq] - rows_of[seq] + (np.arange(R) - qsl[seq])  # each row's position
+        rows_q = q
+        L = 0
+    else:
+        L = q.shape[2]
+        R = B * L
+        qsl = None
+        seq = np.repeat(np.arange(B), L)
+        own = (sl[:, None] - L + np.arange(L)[None, :]).reshape(R)
+        rows_q = q.transpose(0, 2, 1, 3).reshape(R, Hq, q.shape[3])
+    idx = int_array(topk_indices, "topk_indices")
+    if idx.dtype not in (np.int32, np.int64):
+        raise TypeError(f"topk_indices: expected int32 or int64, got dtype {idx.dtype}")
+    want = "(T, Hkv or 1, k)" if packed else f"(B, Hkv or 1, {L}, k)"
+    if (idx.ndim != (3 if packed else 4) or idx.shape[0] != (R if packed else B) or idx.shape[1] not in (1, Hkv)
+            or (not packed and idx.shape[2] != L)):
+        raise ValueError(f"topk_indices: expected shape {want} with Hkv {Hkv}, got {idx.shape}")
+    Hi, k = idx.shape[1], idx.shape[-1]
+    rows_idx = idx if packed else idx.transpose(0, 2, 1, 3).reshape(R, Hi, k)  # (R, Hi, k)
+    limit = sl[seq]
+    bad = (rows_idx < -1) | (rows_idx >= limit[:, None, None])
+    if bad.any():
+        r, h, j = (int(i) for i in np.argwhere(bad)[0])
+        at = (r, h, j) if packed else (r // L, h, r % L, j)
+        raise ValueError(f"topk_indices: entry {at} is {int(rows_idx[r, h, j])}, not a position of its sequence "
+                         f"in [0, {int(limit[r])}) or -1")
+    flat = _to_array(value_cache, "value_cache")  # pools of the caller's arrays (a float8 cache's own dtype)
+    kc0 = _to_array(key_cache, "key_cache")
+    ks, vs = (None, None) if scales is None else scales
+    fold = Hi > 1
+    pools, mx, mh = _pools_of((kc0, flat, ks, vs), fold)
+    lists, counts = _sorted_lists(rows_idx, ((own + 1) if is_causal else limit)[:, None])
+    pos = np.where(np.arange(k) < counts[..., None], lists, 0)
+    blocks = bt[seq[:, None, None], pos // bs].astype(np.int64)
+    first = (np.arange(Hi, dtype=np.int64) * mh)[None, :, None]
+    vids = blocks * mx + first + pos % bs
+    if vids.size and int(vids.max()) > _INT32_MAX:
+        raise ValueError("key_cache: the pool holds more positions than the core's block numbers (2^31)")
+    sink_rows = None if extras is None or extras[1] is None else extras[1][seq]
+    # groups of _SHARE_ROWS rows of a sequence
+    row_in_seq = np.arange(R) - (qsl[seq] if packed else seq * L)
+    group = np.unique(seq * (R + 1) + row_in_seq // _SHARE_ROWS, return_inverse=True)[1].reshape(R)
+    o, lse = _attend_lists(rows_q, pools, fold, vids, counts, code, Hkv, scale=scale, softcap=softcap,
+                           sinks=sink_rows, return_lse=return_lse, num_threads=num_threads, kv_dtype=kv_dtype,
+                           group=group, integer_qk=integer_qk, integer_pv=integer_pv)
+    Ev = o.shape[-1]
+    result = o if packed else o.reshape(B, L, Hq, Ev).transpose(0, 2, 1, 3)
+    if out is not None:
+        np.copyto(out, result)
+        result = out
+    elif not packed:
+        result = np.ascontiguousarray(result)
+    if lse is None:
+        return result
+    return result, (lse if packed else np.ascontiguousarray(lse.reshape(B, L, Hq).transpose(0, 2, 1)))
