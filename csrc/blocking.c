@@ -52,6 +52,25 @@ int sdpa_call_default_threads(void) {
     return n > 0 ? n : sdpa_default_num_threads();
 }
 
+int sdpa_threads_for(int num_threads, int forced, int64_t units, double work) {
+    int n = forced ? forced : num_threads;
+    if (n == 0) n = sdpa_call_default_threads();
+    if (!forced && n > sdpa_max_threads()) n = sdpa_max_threads();
+    if (n > SDPA_MAX_THREADS) n = SDPA_MAX_THREADS;
+    if (n < 1) n = 1;
+    if ((int64_t)n > units) n = (int)(units > 0 ? units : 1);
+    /* starting and joining threads costs microseconds: by default give each at
+     * least SDPA_MIN_WORK_PER_THREAD of work (results do not depend on the
+     * count); an explicit count is taken as asked */
+    const double by_work = work / SDPA_MIN_WORK_PER_THREAD;
+    if (num_threads == 0 && !forced && by_work < (double)n) n = by_work < 1 ? 1 : (int)by_work;
+#ifndef _OPENMP
+    if (!forced) n = 1;
+#endif
+    if (!forced && sdpa_forked_after_openmp()) n = 1;
+    return n;
+}
+
 /* ---- what the test suite may force ---- */
 
 /* Blocking forced by the test suite (sdpa_testing_set_blocking); 0: the rule. */

@@ -17,7 +17,7 @@
 #include "problem.h"
 #include "testing.h"
 
-static void *aligned_block(size_t bytes) {
+void *sdpa_aligned_block(size_t bytes) {
     /* over-allocate and store the original pointer just below the aligned one */
     if (bytes == 0) bytes = SDPA_ALIGN;
     if (bytes > SIZE_MAX - 2 * SDPA_ALIGN) return NULL;
@@ -28,7 +28,7 @@ static void *aligned_block(size_t bytes) {
     return (void *)aligned;
 }
 
-static void aligned_free(void *block) {
+void sdpa_aligned_free(void *block) {
     if (block) free(((void **)block)[-1]);
 }
 
@@ -199,6 +199,27 @@ void sdpa_profile_stop(void) { sdpa_atomic_store(&profile_on, 0); }
 int sdpa_profile_on(void) { return sdpa_atomic_load(&profile_on); }
 
 int sdpa_forked_after_openmp(void) { return sdpa_atomic_load(&forked_after_openmp); }
+
+void sdpa_parallel_for(int nthreads, int64_t n, void (*fn)(void *ctx, int64_t i, int tid), void *ctx) {
+#ifdef _OPENMP
+    if (nthreads > 1 && n > 1) {
+        note_openmp_used();
+        const fp_mode caller_mode = fp_mode_get();
+#pragma omp parallel num_threads(nthreads)
+        {
+            const int tid = omp_get_thread_num();
+            const fp_mode own_mode = fp_mode_get();
+            fp_mode_adopt(caller_mode);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < n; i++) fn(ctx, i, tid);
+            fp_mode_restore(own_mode);
+        }
+        return;
+    }
+#endif
+    (void)nthreads;
+    for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
+}
 
 /* What a mask does to a tile (mask_tile_class in scores_impl.h). */
 enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };

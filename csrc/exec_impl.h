@@ -84,10 +84,10 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
     const size_t per_thread = scratch_bytes + cp->merge_bytes + prof_bytes + memo_bytes;
     const size_t threads_bytes = per_thread * (size_t)nthreads;
     int packing = cp->packed_bytes > 0;
-    char *mem = (char *)aligned_block(threads_bytes + cp->block_bytes);
+    char *mem = (char *)sdpa_aligned_block(threads_bytes + cp->block_bytes);
     if (!mem && packing) {  /* without room for the packed K/V, tile by tile */
         packing = 0;
-        mem = (char *)aligned_block(threads_bytes + cp->block_bytes - cp->packed_bytes);
+        mem = (char *)sdpa_aligned_block(threads_bytes + cp->block_bytes - cp->packed_bytes);
     }
     if (!mem) return SDPA_ERR_NO_MEMORY;
     char *block = mem + threads_bytes;
@@ -167,7 +167,7 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
 #undef THREAD_SCRATCH
 #undef THREAD_MERGE
 #undef THREAD_PROF
-    aligned_free(mem);
+    sdpa_aligned_free(mem);
     return sdpa_atomic_load(&irq.stop) ? SDPA_ERR_INTERRUPTED : SDPA_OK;
 }
 

@@ -186,6 +186,19 @@ int sdpa_integer_rows(const sdpa_problem *p);
 #define SDPA_PVI_BYTES(m, ev, ng) (SDPA_PVI_R + SDPA_PVI_V(ng) + SDPA_PVI_ALIGN(SDPA_PV_WORK_BYTES(m, ev, ng)) + 64)
 /* The threads of a call with num_threads 0, before its work caps them. */
 int sdpa_call_default_threads(void);
+/* The threads of a call: `forced` (the planner's test hook) as given, else
+ * num_threads, 0 meaning the default (capped at sdpa_max_threads() and then
+ * by `work`: SDPA_MIN_WORK_PER_THREAD a thread); never more than `units`;
+ * one without OpenMP or in a child forked after threads ran. */
+int sdpa_threads_for(int num_threads, int forced, int64_t units, double work);
+/* A block of at least `bytes` bytes aligned to SDPA_ALIGN (NULL: no memory),
+ * freed with sdpa_aligned_free (exec.c). */
+void *sdpa_aligned_block(size_t bytes);
+void sdpa_aligned_free(void *block);
+/* Runs fn(ctx, i, tid) for i in [0, n) on nthreads threads (tid < nthreads),
+ * each under the caller's floating-point control flags, as a call's tasks
+ * run (exec.c). */
+void sdpa_parallel_for(int nthreads, int64_t n, void (*fn)(void *ctx, int64_t i, int tid), void *ctx);
 /* The cost model: a part's work (flops of the scores its rows see) and the
  * estimated cost of its task t (ns on one core). */
 double sdpa_part_flops(const part *pt);

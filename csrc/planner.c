@@ -436,22 +436,9 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
     cp->block_bytes = at;
     order_and_count(cp);
 
-    int nthreads = threads_asked ? threads_asked : c->num_threads;
-    if (nthreads == 0) nthreads = sdpa_call_default_threads();
-    if (!threads_asked && nthreads > sdpa_max_threads()) nthreads = sdpa_max_threads();
-    if (nthreads > SDPA_MAX_THREADS) nthreads = SDPA_MAX_THREADS;
-    if (nthreads < 1) nthreads = 1;
-    if ((int64_t)nthreads > units) nthreads = (int)(units > 0 ? units : 1);
-    /* starting and joining threads costs microseconds: by default give each at
-     * least SDPA_MIN_WORK_PER_THREAD of work, the flops plus SDPA_WORK_PER_BYTE a
-     * byte of keys and values read (a decoding step is bound by its reads;
-     * results do not depend on the count); an explicit count is taken as asked */
-    const double by_work = (flops + SDPA_WORK_PER_BYTE * kv_bytes) / SDPA_MIN_WORK_PER_THREAD;
-    if (c->num_threads == 0 && !threads_asked && by_work < (double)nthreads) nthreads = by_work < 1 ? 1 : (int)by_work;
-#ifndef _OPENMP
-    if (!threads_asked) nthreads = 1;
-#endif
-    if (!threads_asked && sdpa_forked_after_openmp()) nthreads = 1;
+    /* a decoding step is bound by its reads: the work counts SDPA_WORK_PER_BYTE
+     * for each byte of keys and values besides the flops */
+    const int nthreads = sdpa_threads_for(c->num_threads, threads_asked, units, flops + SDPA_WORK_PER_BYTE * kv_bytes);
     cp->num_threads = nthreads;
     if (nthreads >= SDPA_SORTED_LIST_THREADS && cp->num_parts > 1) sort_items(cp);
     (void)kt;
