@@ -350,3 +350,130 @@ def test_paged_topk_threads_and_refusals(rng):
     with pytest.raises(TypeError, match="topk_indices: expected int32 or int64"):
         sdpa.paged_attention(*args, topk_indices=idx.astype(np.uint8))
     assert (out == 5.0).all()
+
+
+# ---------------------------------------------------------------- index_topk
+
+
+def small_ints(rng, shape, lo=-2, hi=3):
+    return rng.integers(lo, hi, shape).astype(np.float32)
+
+
+def as_keys(k, name):
+    if name == "bfloat16":
+        return k.astype(BF16)
+    if name.startswith("float8"):
+        return k.astype(getattr(ml_dtypes, name))
+    return k.astype(name)
+
+
+@pytest.mark.parametrize("name, scaled", [("float32", False), ("bfloat16", False), ("float16", False),
+                                          ("float8_e4m3fn", False), ("float8_e4m3fn", True), ("float8_e5m2", False),
+                                          ("float8_e5m2", True), ("int8", True)])
+def test_index_topk_is_exact_on_exact_scores(isa, rng, name, scaled):
+    """Small integer queries, keys and weights (and scales of powers of two):
+    every score is exact in float32, so the positions, their order (ties to
+    the lower position: there are many) and the scores are the reference's,
+    bit for bit; two batch dims, L = 3, causal rows and key lengths."""
+    B, Hi, L, S, E, k = (2, 1), 4, 3, 300, 32, 20
+    q = small_ints(rng, B + (Hi, L, E))
+    kx = small_ints(rng, B + (S, E))
+    w = small_ints(rng, B + (L, Hi), 0, 3)
+    ks = (2.0 ** rng.integers(-2, 2, B + (S,))).astype(np.float32) if scaled else None
+    lens = np.array([[300], [250]])
+    for causal in (False, True):
+        idx, sc = sdpa.index_topk(q, as_keys(kx, name), w, k, k_scale=ks, key_lengths=lens, is_causal=causal)
+        ridx, rsc = reference.index_topk(q, kx, w, k, k_scale=ks, key_lengths=lens, is_causal=causal)
+        assert idx.dtype == np.int32 and sc.dtype == np.float32 and idx.shape == B + (L, k)
+        np.testing.assert_array_equal(idx, ridx)
+        np.testing.assert_array_equal(sc, rsc.astype(np.float32))
+
+
+def test_index_topk_on_random_scores(rng):
+    """Random float32 data: the chosen positions' scores are the reference's
+    to float32 accuracy, descending, and no position left out scores above
+    the last one kept."""
+    q = rng.standard_normal((8, 2, 64)).astype(np.float32)
+    kx = rng.standard_normal((5000, 64)).astype(np.float32)
+    w = rng.random((2, 8)).astype(np.float32)
+    idx, sc = sdpa.index_topk(q, kx, w, 64)
+    _, full = reference.index_topk(q, kx, w, 5000)
+    ridx, rsc = reference.index_topk(q, kx, w, 64)
+    for l in range(2):
+        ref_of = dict(zip(ridx[l].tolist(), rsc[l].tolist()))
+        exact = (np.maximum(q[:, l].astype(np.float64) @ kx.T.astype(np.float64), 0) * w[l][:, None]).sum(0)
+        np.testing.assert_allclose(sc[l], exact[idx[l]], rtol=1e-5, atol=1e-5)
+        assert np.all(np.diff(sc[l]) <= 0)
+        assert exact[idx[l]].min() >= rsc[l, -1] - 1e-4
+        assert len(set(idx[l].tolist()) & set(ref_of)) >= 62
+    assert np.isfinite(full).all()
+
+
+def test_index_topk_padding_nan_and_empty(rng):
+    """k beyond the positions a row sees: -1 and -inf; NaN scores come after
+    every number; k = 0 and S = 0 give empty or padded results."""
+    q = np.ones((1, 2, 4), np.float32)
+    kx = np.ones((6, 4), np.float32)
+    kx[1] = np.nan
+    w = np.ones((2, 1), np.float32)
+    idx, sc = sdpa.index_topk(q, kx, w, 8, is_causal=True)
+    # row 0 sees positions 0..4 (S - L + 0), row 1 all six
+    np.testing.assert_array_equal(idx[0], [0, 2, 3, 4, 1, -1, -1, -1])
+    np.testing.assert_array_equal(idx[1], [0, 2, 3, 4, 5, 1, -1, -1])
+    assert np.isnan(sc[0, 4]) and np.isneginf(sc[0, 5:]).all() and (sc[0, :4] == 4).all()
+    assert sdpa.index_topk(q, kx, w, 0)[0].shape == (2, 0)
+    idx, sc = sdpa.index_topk(q, kx[:0], w, 3)
+    assert (idx == -1).all() and np.isneginf(sc).all()
+
+
+@pytest.mark.parametrize("name", ["float32", "float8_e4m3fn"])
+def test_index_topk_does_not_depend_on_the_thread_count(rng, name):
+    """Long rows cut into chunks differently on each count: the same bits."""
+    q = rng.standard_normal((16, 1, 64)).astype(np.float32)
+    kx = as_keys(rng.standard_normal((20000, 64)).astype(np.float32), name)
+    w = rng.random((1, 16)).astype(np.float32)
+    ks = rng.random(20000).astype(np.float32) if name != "float32" else None
+    outs = [sdpa.index_topk(q, kx, w, 500, k_scale=ks, num_threads=t) for t in (1, 2, 3, 8)]
+    for idx, sc in outs[1:]:
+        np.testing.assert_array_equal(idx, outs[0][0])
+        np.testing.assert_array_equal(sc, outs[0][1])
+
+
+def test_index_topk_refusals(rng):
+    q = np.ones((2, 1, 4), np.float32)
+    kx = np.ones((6, 4), np.float32)
+    w = np.ones((1, 2), np.float32)
+    cases = [
+        (dict(k_index=np.ones((6, 5), np.float32)), ValueError, "k_index: 5 features a key, q_index has 4"),
+        (dict(k_index=kx.astype(np.float64)), TypeError, "k_index: expected float32"),
+        (dict(k_index=kx.astype(np.int8)), ValueError, "k_scale: int8 keys need a scale"),
+        (dict(k_scale=np.ones(6, np.float32)), ValueError, "k_scale: only quantized keys"),
+        (dict(k_index=kx.astype(np.int8), k_scale=np.ones(5, np.float32)), ValueError, "k_scale: expected shape"),
+        (dict(weights=np.ones((2, 1), np.float32)), ValueError, r"weights: expected shape \(\.\.\., 1, 2\)"),
+        (dict(k=-1), ValueError, "k"),
+        (dict(is_causal=1), TypeError, "is_causal: expected a bool"),
+        (dict(q_index=q.astype(np.int32)), TypeError, "q_index: expected float16"),
+        (dict(key_lengths=[1, 2, 3]), ValueError, "key_lengths"),
+    ]
+    for change, exc, msg in cases:
+        kw = dict(q_index=q, k_index=kx, weights=w, k=3)
+        kw.update(change)
+        with pytest.raises(exc, match=msg):
+            sdpa.index_topk(kw.pop("q_index"), kw.pop("k_index"), kw.pop("weights"), kw.pop("k"), **kw)
+
+
+def test_index_select_attend_loop(rng):
+    """The README's loop: index, select, attend, one decoding step at a time,
+    against dense attention over the selected keys."""
+    Hq, Hkv, E, Hi, Ei, S, k = 8, 1, 32, 4, 16, 200, 24
+    key = rng.standard_normal((Hkv, S, E)).astype(np.float32)
+    value = rng.standard_normal((Hkv, S, E)).astype(np.float32)
+    k_index = rng.standard_normal((S, Ei)).astype(np.float32)
+    q = rng.standard_normal((Hq, 1, E)).astype(np.float32)
+    qi = rng.standard_normal((Hi, 1, Ei)).astype(np.float32)
+    w = rng.random((1, Hi)).astype(np.float32)
+    idx, _ = sdpa.index_topk(qi, k_index, w, k)
+    out = sdpa.sparse_attention(q, key, value, idx[None])
+    sel = idx[0]
+    dense = sdpa.scaled_dot_product_attention(q, key[:, sel], value[:, sel], enable_gqa=True)
+    np.testing.assert_allclose(out, dense, rtol=1e-6, atol=1e-6)

@@ -353,6 +353,49 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_problem *p);
  * SDPA_ERR_INTERRUPTED, SDPA_ERR_BAD_ISA) are not checked.  Thread safe. */
 SDPA_API sdpa_status sdpa_check(const sdpa_problem *p, const char **field);
 
+/* ---- the indexer of sparse attention ---- */
+
+/* A top-k indexer problem (DeepSeek's sparse attention): for each query row
+ * (b, l), the scores of the keys it sees,
+ *   score[s] = sum_{h < heads} weights[b, l, h] * max(q[b, h, l, :] . k'[b, s, :], 0),
+ * k' the keys widened (times key_scale[b, s], where given), h in order; and
+ * the k best positions: scores descending, ties to the lower position, NaN
+ * last.  Row l of batch b sees positions below len_kv, or key_lengths[b]
+ * (clipped to [0, len_kv]) when given; with causal, only up to
+ * limit - len_q + l (bottom-right aligned).  Rows that see fewer than k
+ * positions end with -1 and -inf.  Set up with sdpa_topk_problem_init (the
+ * same ABI rule as sdpa_problem). */
+typedef struct sdpa_topk_problem {
+    size_t struct_size;       /* sizeof(sdpa_topk_problem): set by the init */
+    int64_t batch, heads, len_q, len_kv, head_dim, k;
+    const float *query;       /* (batch, heads, len_q, head_dim): float32, rows contiguous */
+    int64_t query_strides[3]; /* elements: batch, head, row                       */
+    sdpa_dtype key_dtype;     /* SDPA_FLOAT32, _BFLOAT16, _FLOAT16, _INT8 (with
+                                 key_scale), _FP8_E4M3 or _FP8_E5M2 (key_scale
+                                 optional): one index head of keys            */
+    const void *key;          /* (batch, len_kv, head_dim), rows contiguous      */
+    int64_t key_strides[2];   /* elements: batch (0: shared), row                */
+    const float *key_scale;   /* (batch, len_kv) or NULL                         */
+    int64_t key_scale_strides[2];
+    const float *weights;     /* (batch, len_q, heads), heads contiguous          */
+    int64_t weights_strides[2];
+    const int64_t *key_lengths; /* (batch) or NULL                               */
+    int causal;
+    int num_threads;          /* 0: the library's default; results do not depend on it */
+    int32_t *indices;         /* out: (batch, len_q, k), contiguous              */
+    float *scores;            /* out: (batch, len_q, k), contiguous, or NULL     */
+} sdpa_topk_problem;
+
+SDPA_API void sdpa_topk_problem_init_sized(sdpa_topk_problem *p, size_t struct_size);
+#define sdpa_topk_problem_init(p) sdpa_topk_problem_init_sized((p), sizeof(sdpa_topk_problem))
+
+/* Computes *p's top k of every row.  Never builds the scores of a whole row:
+ * each thread keeps a running selection over its keys.  Thread safe; the
+ * result does not depend on num_threads.  SDPA_ERR_ABI, _NULL_POINTER,
+ * _BAD_DTYPE, _BAD_SHAPE (negative sizes, heads or head_dim below 1, len_kv
+ * at or past 2^31), _BAD_THREADS, _NO_MEMORY. */
+SDPA_API sdpa_status sdpa_index_topk(const sdpa_topk_problem *p);
+
 /* Quantizes `rows` rows of `cols` floats (src, rows src_row_stride apart) to
  * int8, symmetric, round to nearest (ties to even): each group of group_size
  * consecutive columns (0: the whole row) gets the scale max|x| / 127 (0 for a

@@ -31,7 +31,7 @@ from .kvcache import KVCache, KVCacheFullError
 from .layers import MultiHeadAttention
 from .merge import merge_attention
 from .paged import PagedKVCache, paged_attention, paged_write
-from .sparse import sparse_attention
+from .sparse import index_topk, sparse_attention
 from .varlen import varlen_attention
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "paged_attention",
     "paged_write",
     "sparse_attention",
+    "index_topk",
     "PagedKVCache",
     "KVCache",
     "KVCacheFullError",

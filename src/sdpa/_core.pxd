@@ -88,6 +88,25 @@ cdef extern from "sdpa.h" nogil:
         int32_t offsets_from_end
         int32_t integer_pv
     void sdpa_problem_init(sdpa_problem *p)
+    ctypedef struct sdpa_topk_problem:
+        size_t struct_size
+        int64_t batch, heads, len_q, len_kv, head_dim, k
+        const float *query
+        int64_t query_strides[3]
+        sdpa_dtype key_dtype
+        const void *key
+        int64_t key_strides[2]
+        const float *key_scale
+        int64_t key_scale_strides[2]
+        const float *weights
+        int64_t weights_strides[2]
+        const int64_t *key_lengths
+        int causal
+        int num_threads
+        int32_t *indices
+        float *scores
+    void sdpa_topk_problem_init(sdpa_topk_problem *p)
+    sdpa_status sdpa_index_topk(const sdpa_topk_problem *p)
     sdpa_status sdpa_quantize(sdpa_dtype dt, const float *src, int64_t src_row_stride, int64_t rows,
                               int64_t cols, int64_t group_size, void *dst, int64_t dst_row_stride,
                               float *scales, int64_t scale_row_stride)

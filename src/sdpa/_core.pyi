@@ -48,6 +48,7 @@ def gemm_bf16(name: str, m: int, kpairs: int, a: np.ndarray, a_rs: int, a_ks: in
 def table_complete(name: str, declared: bool = False) -> Optional[bool]: ...
 def set_pack_group(mode: str) -> None: ...
 def set_observer(fn: Optional[Callable[[Dict[str, Any]], None]]) -> None: ...
+FLOATS: Dict[str, int]
 QUANTIZED: Dict[str, int]
 QUANTIZED_MAX: Dict[str, float]
 def quantize(
@@ -57,6 +58,10 @@ def quantize(
 def quantize_int8(
     src: npt.NDArray[Any], dst: npt.NDArray[Any], scales: npt.NDArray[Any], group_size: int = 0
 ) -> None: ...
+def index_topk(
+    q: npt.NDArray[Any], key: npt.NDArray[Any], key_code: int, key_scale: Optional[npt.NDArray[Any]],
+    weights: npt.NDArray[Any], k: int, key_lengths: Optional[npt.NDArray[Any]], causal: bool, num_threads: int,
+) -> Tuple[npt.NDArray[Any], npt.NDArray[Any]]: ...
 ARGUMENTS: Tuple[str, ...]
 RULES: Tuple[str, ...]
 OUT_MAY_OVERLAP: int

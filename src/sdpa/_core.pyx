@@ -624,6 +624,8 @@ cdef inline int _fill_cache(sdpa_problem *p, cnp.ndarray k, cnp.ndarray v, cnp.n
 
 
 # the quantized key/value dtypes by name, and their core codes
+# the core's codes of the float dtypes, by name
+FLOATS = {"float32": SDPA_FLOAT32, "float64": SDPA_FLOAT64, "bfloat16": SDPA_BFLOAT16, "float16": SDPA_FLOAT16}
 QUANTIZED = {"int8": SDPA_INT8, "float8_e4m3fn": SDPA_FP8_E4M3, "float8_e5m2": SDPA_FP8_E5M2, "int4": SDPA_INT4}
 # the largest magnitude each stores (sdpa.h), by name
 QUANTIZED_MAX = {"int8": SDPA_INT8_MAX, "float8_e4m3fn": SDPA_FP8_E4M3_MAX, "float8_e5m2": SDPA_FP8_E5M2_MAX,
@@ -691,6 +693,61 @@ def quantize(int code, cnp.ndarray src not None, cnp.ndarray dst not None, scale
                     break
     if st != SDPA_OK:
         raise ValueError("sdpa: " + sdpa_status_message(st).decode())
+
+
+def index_topk(cnp.ndarray q not None, cnp.ndarray key not None, int key_code, key_scale,
+               cnp.ndarray weights not None, int64_t k, key_lengths, bint causal, int num_threads):
+    """sdpa_index_topk (sdpa.h) on arrays sdpa.sparse.index_topk checked: q
+    float32 (B, H, L, E), key (B, S, E) of the core's dtype ``key_code``
+    (bfloat16 and float16 as uint16, float8 as uint8), key_scale float32 (B,
+    S) or None, weights float32 (B, L, H), key_lengths int64 (B,) or None;
+    the last dim of each contiguous, every array native and aligned.  Returns
+    (indices int32 (B, L, k), scores float32 (B, L, k))."""
+    cdef sdpa_topk_problem p
+    cdef cnp.ndarray ks = None
+    cdef cnp.ndarray kl = None
+    cdef cnp.npy_intp *qs = cnp.PyArray_STRIDES(q)
+    cdef cnp.npy_intp *kst = cnp.PyArray_STRIDES(key)
+    cdef cnp.npy_intp *ws = cnp.PyArray_STRIDES(weights)
+    cdef int64_t B = cnp.PyArray_DIM(q, 0), L = cnp.PyArray_DIM(q, 2)
+    cdef sdpa_status st
+    cdef int64_t ke = cnp.PyArray_ITEMSIZE(key)
+    if _dtype_of(q) != SDPA_FLOAT32 or _dtype_of(weights) != SDPA_FLOAT32 or cnp.PyArray_NDIM(q) != 4 \
+            or cnp.PyArray_NDIM(key) != 3 or cnp.PyArray_NDIM(weights) != 3 or k < 0:
+        raise TypeError("sdpa._core.index_topk: operands of the wrong kind")
+    sdpa_topk_problem_init(&p)
+    p.batch, p.heads, p.len_q, p.head_dim = B, cnp.PyArray_DIM(q, 1), L, cnp.PyArray_DIM(q, 3)
+    p.len_kv, p.k = cnp.PyArray_DIM(key, 1), k
+    p.query = <const float *>cnp.PyArray_DATA(q)
+    p.query_strides[0], p.query_strides[1], p.query_strides[2] = qs[0] // 4, qs[1] // 4, qs[2] // 4
+    p.key_dtype = <sdpa_dtype>key_code
+    p.key = <const void *>cnp.PyArray_DATA(key)
+    p.key_strides[0], p.key_strides[1] = kst[0] // ke, kst[1] // ke
+    if key_scale is not None:
+        ks = <cnp.ndarray?>key_scale
+        p.key_scale = <const float *>cnp.PyArray_DATA(ks)
+        p.key_scale_strides[0] = cnp.PyArray_STRIDES(ks)[0] // 4
+        p.key_scale_strides[1] = cnp.PyArray_STRIDES(ks)[1] // 4
+    p.weights = <const float *>cnp.PyArray_DATA(weights)
+    p.weights_strides[0], p.weights_strides[1] = ws[0] // 4, ws[1] // 4
+    if key_lengths is not None:
+        kl = <cnp.ndarray?>key_lengths
+        p.key_lengths = <const int64_t *>cnp.PyArray_DATA(kl)
+    p.causal = causal
+    p.num_threads = num_threads
+    cdef cnp.npy_intp dims[3]
+    dims[0], dims[1], dims[2] = B, L, k
+    cdef cnp.ndarray indices = cnp.PyArray_EMPTY(3, dims, cnp.NPY_INT32, 0)
+    cdef cnp.ndarray scores = cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT32, 0)
+    p.indices = <int32_t *>cnp.PyArray_DATA(indices)
+    p.scores = <float *>cnp.PyArray_DATA(scores)
+    with nogil:
+        st = sdpa_index_topk(&p)
+    if st != SDPA_OK:
+        if st == SDPA_ERR_NO_MEMORY:
+            raise MemoryError("sdpa: " + sdpa_status_message(st).decode())
+        raise ValueError("sdpa: " + sdpa_status_message(st).decode())
+    return indices, scores
 
 
 def quantize_int8(cnp.ndarray src not None, cnp.ndarray dst not None, cnp.ndarray scales not None,

@@ -230,6 +230,49 @@ def sparse_attention(
     return out[..., 0, :], lse[..., 0]
 
 
+def index_topk(
+    q_index: npt.ArrayLike,
+    k_index: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    k: int,
+    *,
+    key_lengths: Optional[npt.ArrayLike] = None,
+    is_causal: bool = False,
+    k_scale: Optional[npt.ArrayLike] = None,
+) -> Tuple[np.ndarray, np.ndarray]:
+    """The indexer's top k, in float64: ``score[l, s] = sum_h weights[l, h] *
+    max(q_index[h, l] . k_index[s] * k_scale[s], 0)`` for the positions row l
+    sees (below ``key_lengths[b]`` or S; with ``is_causal`` up to ``n - L +
+    l``); the k best by score descending, ties to the lower position, NaN last,
+    padded with -1 and -inf.  Shapes as :func:`sdpa.index_topk`'s."""
+    q = np.asarray(q_index, dtype=np.float64)
+    kx = np.asarray(k_index).astype(np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    batch = q.shape[:-3]
+    Hi, L, Ei = q.shape[-3:]
+    S = kx.shape[-2]
+    kx = np.broadcast_to(kx, batch + (S, Ei))
+    if k_scale is not None:
+        kx = kx * np.broadcast_to(np.asarray(k_scale, dtype=np.float64), batch + (S,))[..., None]
+    dots = q @ np.swapaxes(kx, -1, -2)[..., None, :, :]  # (..., Hi, L, S)
+    score = (np.broadcast_to(w, batch + (L, Hi)).swapaxes(-1, -2)[..., None] * np.maximum(dots, 0)).sum(-3)
+    n = np.broadcast_to(np.asarray(S if key_lengths is None else key_lengths), batch)
+    n = np.clip(n, 0, S)[..., None]  # (..., 1)
+    lim = n - L + np.arange(L) + 1 if is_causal else np.broadcast_to(n, batch + (L,))
+    seen = np.arange(S) < np.clip(lim, 0, S)[..., None]  # (..., L, S)
+    flat_s = score.reshape(-1, S)
+    flat_seen = seen.reshape(-1, S)
+    idx = np.full(flat_s.shape[:1] + (k,), -1, np.int32)
+    out = np.full(flat_s.shape[:1] + (k,), -np.inf, np.float64)
+    for r in range(flat_s.shape[0]):
+        pos = np.nonzero(flat_seen[r])[0]
+        vals = flat_s[r, pos]
+        order = np.lexsort((pos, np.where(np.isnan(vals), np.inf, -vals), np.isnan(vals)))[:k]
+        idx[r, : order.size] = pos[order]
+        out[r, : order.size] = vals[order]
+    return idx.reshape(batch + (L, k)), out.reshape(batch + (L, k))
+
+
 def multi_head_attention(
     x: npt.ArrayLike,
     w_q: npt.ArrayLike,

@@ -19,11 +19,12 @@ from typing import Any, List, Optional, Tuple, Union, cast
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ._checks import declined, flag, grouped_heads, head_values, int_array, output_array
+from . import _core
+from ._checks import broadcasts_to, count, declined, flag, grouped_heads, head_values, int_array, output_array
 from ._dtypes import _to_array, compute_dtype, float_dtype, quantized_query_dtype, width_of
 from .paged import _cache_pair, _paged_call
 
-__all__ = ["sparse_attention"]
+__all__ = ["sparse_attention", "index_topk"]
 
 Array = np.ndarray
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -473,3 +474,151 @@ def paged_topk(
     if lse is None:
         return result
     return result, (lse if packed else np.ascontiguousarray(lse.reshape(B, L, Hq).transpose(0, 2, 1)))
+
+
+def _batched(a: Array, batch: Tuple[int, ...], name: str) -> Array:
+    """``a`` (batch'..., X, Y) broadcast to ``batch`` and viewed as (B, X, Y):
+    a view where the batch dims allow one (a copy otherwise)."""
+    tail = a.shape[-2:]
+    if not broadcasts_to(a.shape[:-2], batch):
+        raise ValueError(f"{name}: batch dims {a.shape[:-2]} do not broadcast to the query's {batch}")
+    a = np.broadcast_to(a, batch + tail)
+    B = int(np.prod(batch, dtype=np.int64))
+    used = [(n, st) for n, st in zip(a.shape[:-2], a.strides[:-2]) if n > 1]
+    if len(used) <= 1:  # one batch stride (or none): a view
+        st = used[0][1] if used else 0
+        return as_strided(a, (B,) + tail, (st,) + a.strides[-2:], writeable=False)
+    return np.ascontiguousarray(a).reshape((B,) + tail)
+
+
+def index_topk(
+    q_index: Any,
+    k_index: Any,
+    weights: Any,
+    k: int,
+    *,
+    key_lengths: Any = None,
+    is_causal: bool = False,
+    k_scale: Any = None,
+    num_threads: Optional[int] = None,
+) -> Tuple[Array, Array]:
+    """The k best keys of each query row by an indexer's scores (DeepSeek's sparse attention).
+
+    ``score[l, s] = sum_h weights[l, h] * max(q_index[h, l] . k_index[s], 0)``,
+    summed over the index heads in order, for every position ``s`` the row
+    sees; the k highest, in a single pass over the keys that never stores a
+    row's scores.  Feed the indices to :func:`sparse_attention` or
+    :func:`sdpa.paged_attention` (``topk_indices=``): index, select, attend.
+
+    Parameters
+    ----------
+    q_index : array_like, shape (..., Hi, L, Ei)
+        The index heads' queries: float16, bfloat16, float32 or float64
+        (computed in float32).
+    k_index : ndarray, shape (..., S, Ei)
+        One index head of keys: float32, bfloat16, float16, or ml_dtypes'
+        float8_e4m3fn or float8_e5m2 (with or without ``k_scale``), or int8
+        (with ``k_scale``); read where it lies.  Batch dims broadcast to the
+        query's.  A paged cache's positions can be indexed through a
+        contiguous index-key cache of each sequence (DeepSeek keeps the
+        indexer's keys apart, 132 bytes a position in float8), whose positions
+        then go to ``paged_attention(topk_indices=)``.
+    weights : array_like, shape (..., L, Hi)
+        Each row's weight of each index head (float32).
+    k : int
+        Positions a row keeps.
+    key_lengths : array_like of int, optional
+        The batch dims' shape: sequence b's keys are its first
+        ``key_lengths[b]`` (clipped to [0, S]).
+    is_causal : bool
+        Row l sees positions up to ``n - L + l`` (n its key length or S):
+        bottom-right aligned, as in decoding.
+    k_scale : array_like, shape (..., S), optional
+        float32, each key's scale (``k_index`` dequantized as value x scale).
+    num_threads : int, optional
+        Threads for this call (default: :func:`sdpa.get_num_threads`); the
+        result is the same, bit for bit, on any count.
+
+    Returns
+    -------
+    indices : ndarray of int32, shape (..., L, k)
+        Each row's positions by score, highest first, ties to the lower
+        position, NaN scores last; -1 past the positions a row sees.
+    scores : ndarray of float32, shape (..., L, k)
+        Their scores; -inf where the index is -1.
+
+    Examples
+    --------
+    >>> import numpy as np, sdpa
+    >>> rng = np.random.default_rng(0)
+    >>> qi = rng.standard_normal((4, 1, 16)).astype(np.float32)   # 4 index heads, 1 row
+    >>> ki = rng.standard_normal((1000, 16)).astype(np.float32)
+    >>> w = np.ones((1, 4), np.float32)
+    >>> idx, sc = sdpa.index_topk(qi, ki, w, 8)
+    >>> full = (np.maximum(qi[:, 0] @ ki.T, 0) * w[0, :, None]).sum(0)
+    >>> bool(np.array_equal(np.sort(idx[0]), np.sort(np.argsort(-full)[:8])))
+    True
+    """
+    q = _to_array(q_index, "q_index")
+    kx = _to_array(k_index, "k_index")
+    w = _to_array(weights, "weights")
+    if q.ndim < 3:
+        raise ValueError(f"q_index: expected shape (..., Hi, L, Ei), got {q.shape}")
+    if kx.ndim < 2:
+        raise ValueError(f"k_index: expected shape (..., S, Ei), got {kx.shape}")
+    batch = q.shape[:-3]
+    Hi, L, Ei = q.shape[-3:]
+    S = kx.shape[-2]
+    if kx.shape[-1] != Ei:
+        raise ValueError(f"k_index: {kx.shape[-1]} features a key, q_index has {Ei}")
+    if w.ndim < 2 or w.shape[-2:] != (L, Hi):
+        raise ValueError(f"weights: expected shape (..., {L}, {Hi}), got {w.shape}")
+    kk = count(k, "k")
+    try:
+        float_dtype(q.dtype, "q_index")
+    except TypeError:
+        raise TypeError(f"q_index: expected float16, bfloat16, float32 or float64, got dtype {q.dtype}") from None
+    if w.dtype.kind not in "fiu" and w.dtype.name != "bfloat16":
+        raise TypeError(f"weights: expected real numbers, got dtype {w.dtype}")
+    name = kx.dtype.name
+    if name in _core.FLOATS and name != "float64":
+        code = _core.FLOATS[name]
+        store = kx if name == "float32" else kx.view(np.uint16)
+    elif name in ("int8", "float8_e4m3fn", "float8_e5m2"):
+        code = _core.QUANTIZED[name]
+        store = kx if name == "int8" else kx.view(np.uint8)
+    else:
+        raise TypeError(f"k_index: expected float32, bfloat16, float16, float8_e4m3fn, float8_e5m2 or int8 "
+                        f"(with k_scale), got dtype {kx.dtype}")
+    if not store.dtype.isnative or not store.flags.aligned:
+        raise TypeError("k_index: expected native byte order and aligned elements")
+    ks = None
+    if k_scale is not None:
+        if name not in ("int8", "float8_e4m3fn", "float8_e5m2"):
+            raise ValueError(f"k_scale: only quantized keys (int8, float8) have scales; k_index is {kx.dtype}")
+        ks0 = _to_array(k_scale, "k_scale")
+        if ks0.ndim < 1 or ks0.shape[-1] != S:
+            raise ValueError(f"k_scale: expected shape (..., {S}), one scale a position, got {ks0.shape}")
+        if ks0.dtype != np.float32:
+            raise TypeError(f"k_scale: expected float32, got dtype {ks0.dtype}")
+        ks = _batched(np.require(ks0[..., None], requirements=["A"]), batch, "k_scale")[..., 0]
+    elif name == "int8":
+        raise ValueError("k_scale: int8 keys need a scale a position (float32, shape (..., S))")
+    flag(is_causal, "is_causal")
+    kl = None
+    if key_lengths is not None:
+        kl0 = int_array(key_lengths, "key_lengths")
+        if not broadcasts_to(kl0.shape, batch):
+            raise ValueError(f"key_lengths: shape {kl0.shape} does not broadcast to the batch dims {batch}")
+        kl = np.ascontiguousarray(np.broadcast_to(kl0, batch).reshape(-1), dtype=np.int64)
+    threads = 0 if num_threads is None else count(num_threads, "num_threads", 1)
+    if store.strides[-1] != store.itemsize:
+        store = np.ascontiguousarray(store)
+    key3 = _batched(store, batch, "k_index")
+    B = key3.shape[0]
+    q4 = np.ascontiguousarray(q.reshape((B, Hi, L, Ei)), dtype=np.float32)
+    if not broadcasts_to(w.shape[:-2], batch):
+        raise ValueError(f"weights: batch dims {w.shape[:-2]} do not broadcast to the query's {batch}")
+    w3 = np.ascontiguousarray(np.broadcast_to(w, batch + (L, Hi)).reshape(B, L, Hi), dtype=np.float32)
+    indices, scores = _core.index_topk(q4, key3, code, ks, w3, kk, kl, bool(is_causal), threads)
+    return indices.reshape(batch + (L, kk)), scores.reshape(batch + (L, kk))

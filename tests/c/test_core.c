@@ -2266,6 +2266,106 @@ static void test_ragged(void) {
     sdpa_set_isa(initial);
 }
 
+/* The indexer (sdpa_index_topk, C API 0.5): on every kernel set, small
+ * integer queries, keys and weights make every score exact in float32, so
+ * the positions (ties to the lower one), the scores and the padding are
+ * those of a double loop over all positions, for float32, bfloat16 and
+ * float8 e4m3 keys (scaled by powers of two), causal rows, a key length, on
+ * 1 and 3 threads; then the refusals. */
+static void test_index_topk(void) {
+    enum { TB = 2, TH = 3, TL = 2, TS = 300, TE = 16, TK = 40 };
+    const char *initial = sdpa_isa();
+    float q[TB][TH][TL][TE], w[TB][TL][TH], kf[TB][TS][TE], scale[TB][TS];
+    uint16_t kb[TB][TS][TE];
+    uint8_t k8[TB][TS][TE];
+    int32_t idx[TB][TL][TK];
+    float sc[TB][TL][TK];
+    const int64_t lens[TB] = {TS, 250};
+    unsigned st = 7;
+    for (int b = 0; b < TB; b++) {
+        for (int h = 0; h < TH; h++)
+            for (int l = 0; l < TL; l++)
+                for (int c = 0; c < TE; c++) q[b][h][l][c] = (float)((int)((st = st * 1103515245u + 12345u) >> 16) % 5 - 2);
+        for (int l = 0; l < TL; l++)
+            for (int h = 0; h < TH; h++) w[b][l][h] = (float)((int)((st = st * 1103515245u + 12345u) >> 16) % 3);
+        for (int s = 0; s < TS; s++) {
+            scale[b][s] = (float)(1 << ((st = st * 1103515245u + 12345u) >> 16) % 3) * 0.5f;
+            for (int c = 0; c < TE; c++) {
+                const int v = (int)((st = st * 1103515245u + 12345u) >> 16) % 5 - 2;
+                kf[b][s][c] = (float)v;
+                kb[b][s][c] = sdpa_f32_to_bf16((float)v);
+                k8[b][s][c] = sdpa_f32_to_e4m3((float)v);
+            }
+        }
+    }
+    for (int i = 0; i < NUM_ISAS; i++) {
+        if (!tested(ISAS[i]) || sdpa_set_isa(ISAS[i]) != SDPA_OK) continue;
+        for (int kind = 0; kind < 3; kind++)
+            for (int causal = 0; causal < 2; causal++)
+                for (int threads = 1; threads <= 3; threads += 2) {
+                    sdpa_topk_problem p;
+                    sdpa_topk_problem_init(&p);
+                    p.batch = TB, p.heads = TH, p.len_q = TL, p.len_kv = TS, p.head_dim = TE, p.k = TK;
+                    p.query = &q[0][0][0][0];
+                    p.query_strides[0] = TH * TL * TE, p.query_strides[1] = TL * TE, p.query_strides[2] = TE;
+                    p.key_dtype = kind == 0 ? SDPA_FLOAT32 : kind == 1 ? SDPA_BFLOAT16 : SDPA_FP8_E4M3;
+                    p.key = kind == 0 ? (const void *)kf : kind == 1 ? (const void *)kb : (const void *)k8;
+                    p.key_strides[0] = TS * TE, p.key_strides[1] = TE;
+                    if (kind == 2) p.key_scale = &scale[0][0], p.key_scale_strides[0] = TS, p.key_scale_strides[1] = 1;
+                    p.weights = &w[0][0][0];
+                    p.weights_strides[0] = TL * TH, p.weights_strides[1] = TH;
+                    p.key_lengths = lens;
+                    p.causal = causal;
+                    p.num_threads = threads;
+                    p.indices = &idx[0][0][0];
+                    p.scores = &sc[0][0][0];
+                    check_status(sdpa_index_topk(&p), SDPA_OK, "sdpa_index_topk");
+                    int bad = 0;
+                    for (int b = 0; b < TB; b++)
+                        for (int l = 0; l < TL; l++) {
+                            int64_t lim = lens[b];
+                            if (causal) lim = lim - TL + l + 1;
+                            double all[TS];
+                            for (int s = 0; s < lim; s++) {
+                                double score = 0;
+                                for (int h = 0; h < TH; h++) {
+                                    double d = 0;
+                                    for (int c = 0; c < TE; c++) d += (double)q[b][h][l][c] * kf[b][s][c];
+                                    if (kind == 2) d *= scale[b][s];
+                                    score += w[b][l][h] * (d > 0 ? d : 0);
+                                }
+                                all[s] = score;
+                            }
+                            for (int j = 0; j < TK; j++) { /* the j-th best: selection by repeated scans */
+                                int best = -1;
+                                for (int s = 0; s < lim; s++) {
+                                    int taken = 0;
+                                    for (int x = 0; x < j && !taken; x++) taken = idx[b][l][x] == s;
+                                    if (!taken && (best < 0 || all[s] > all[best])) best = s;
+                                }
+                                if (best < 0) bad += idx[b][l][j] != -1 || sc[b][l][j] != -INFINITY;
+                                else bad += idx[b][l][j] != best || sc[b][l][j] != (float)all[best];
+                            }
+                        }
+                    check(bad == 0, "index_topk %s, keys %d, causal %d, %d threads: %d entries differ", ISAS[i], kind,
+                          causal, threads, bad);
+                }
+    }
+    sdpa_set_isa(initial);
+    sdpa_topk_problem p;
+    sdpa_topk_problem_init(&p);
+    p.batch = 1, p.heads = 1, p.len_q = 1, p.len_kv = 4, p.head_dim = 4, p.k = 2;
+    check_status(sdpa_index_topk(&p), SDPA_ERR_NULL_POINTER, "index_topk without arrays");
+    p.heads = 0;
+    check_status(sdpa_index_topk(&p), SDPA_ERR_BAD_SHAPE, "index_topk with no head");
+    p.heads = 1, p.key_dtype = SDPA_INT4;
+    check_status(sdpa_index_topk(&p), SDPA_ERR_BAD_DTYPE, "index_topk of int4 keys");
+    p.key_dtype = SDPA_FLOAT32, p.num_threads = -1;
+    check_status(sdpa_index_topk(&p), SDPA_ERR_BAD_THREADS, "index_topk on -1 threads");
+    p.struct_size -= 8;
+    check_status(sdpa_index_topk(&p), SDPA_ERR_ABI, "index_topk of another struct size");
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
@@ -2308,6 +2408,7 @@ int main(int argc, char **argv) {
     test_special_values();
     test_paged();
     test_ragged();
+    test_index_topk();
     sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
         const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
