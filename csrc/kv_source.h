@@ -54,6 +54,8 @@ typedef struct kv_source {
     const char *base;        /* arrays: the slice's first row; paged: NULL       */
     kv_scales sc;            /* the scales' layout (base: at the slice, arrays)  */
     int64_t blocks;          /* paged: the sequence's blocks                     */
+    int follow;              /* paged: a block right after another in the pool
+                                continues its rows (one stride through both) */
 } kv_source;
 
 /* The keys (which = 0) or values (1) of slice (b, hkv) of p, of dtype dt, with
@@ -71,6 +73,7 @@ static inline kv_source kv_source_of(const sdpa_problem *p, int which, sdpa_dtyp
     const int paged = p->block_size > 0;
     s.base = paged ? NULL : (const char *)view_at(p, s.view, b, hkv, s.elem);
     s.blocks = paged ? (key_limit(p, b) + p->block_size - 1) / p->block_size : 0;
+    s.follow = paged && s.view->batch_strides[0] == p->block_size * s.view->row_stride;
     s.sc.base = NULL;
     s.sc.rs = s.sc.cs = 0;
     s.sc.group = 1;
@@ -83,6 +86,7 @@ static inline kv_source kv_source_of(const sdpa_problem *p, int which, sdpa_dtyp
     } else {
         s.scale_view = NULL;
     }
+    if (s.scale_view && s.scale_view->batch_strides[0] != p->block_size * s.scale_view->row_stride) s.follow = 0;
     return s;
 }
 
@@ -147,6 +151,20 @@ static inline int64_t kv_next(const kv_source *s, kv_cursor *c, const char **row
     if (c->row == p->block_size) {
         c->block++;
         c->row = 0;
+        /* the row path: blocks that follow each other in the pool are one segment
+         * (sparse_attention's one-position blocks: a run of listed positions) */
+        const int32_t *table = p->block_table + s->b * p->block_table_stride;
+        while (step && s->follow && n < step && a + n < c->end && c->block < s->blocks &&
+               table[c->block] == table[c->block - 1] + 1) {
+            int64_t more = p->block_size;
+            if (more > c->end - a - n) more = c->end - a - n;
+            if (more > step - n) more = step - n;
+            n += more;
+            c->row = more;
+            if (c->row < p->block_size) break;
+            c->block++;
+            c->row = 0;
+        }
     }
     c->pos = a + n;
     if (step && p->block_size * bytes >= SDPA_ROW_AHEAD_BYTES) {
@@ -163,20 +181,28 @@ static inline int64_t kv_next(const kv_source *s, kv_cursor *c, const char **row
             c->ablock = c->block;
             c->arow = c->row;
         }
-        while (c->ahead < want) {
-            const int64_t room = p->block_size - c->arow;
-            const int64_t k = room < want - c->ahead ? room : want - c->ahead;
-            kv_prefetch_rows(paged_block_row(p, s->view, s->b, s->hkv, c->ablock, c->arow, s->elem), rs, s->elem,
-                             k, bytes);
-            if (s->scale_view)
-                kv_prefetch_rows(paged_block_row(p, s->scale_view, s->b, s->hkv, c->ablock, c->arow, sizeof(float)),
-                                 s->scale_view->row_stride, sizeof(float), k, 4);
-            c->ahead += k;
-            c->arow += k;
-            if (c->arow == p->block_size) {
+        const int32_t *table = p->block_table + s->b * p->block_table_stride;
+        while (c->ahead < want) {  /* a run of rows at one stride: this block's, and those that follow it */
+            const char *row0 = paged_block_row(p, s->view, s->b, s->hkv, c->ablock, c->arow, s->elem);
+            const float *scale0 = s->scale_view ? (const float *)paged_block_row(p, s->scale_view, s->b, s->hkv,
+                                                                                 c->ablock, c->arow, sizeof(float))
+                                                : NULL;
+            int64_t k = 0;
+            for (;;) {
+                const int64_t room = p->block_size - c->arow;
+                const int64_t m = room < want - c->ahead ? room : want - c->ahead;
+                k += m;
+                c->ahead += m;
+                c->arow += m;
+                if (c->arow < p->block_size) break;
                 c->ablock++;
                 c->arow = 0;
+                if (!s->follow || c->ahead >= want || c->ablock >= s->blocks ||
+                    table[c->ablock] != table[c->ablock - 1] + 1)
+                    break;
             }
+            kv_prefetch_rows(row0, rs, s->elem, k, bytes);
+            if (scale0) kv_prefetch_rows((const char *)scale0, s->scale_view->row_stride, sizeof(float), k, 4);
         }
     }
     return n;

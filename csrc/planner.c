@@ -464,6 +464,11 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
     cp->arena = c;
     const int ragged = c->cu_seqlens_q || c->cu_seqlens_k;
     const int paged = c->block_size > 0;
+    if (c->block_size == 1) {  /* blocks of one position: a row's stride is the block's, so that blocks that
+                                  follow each other in the pool are read as one run (kv_source.h) */
+        sdpa_view *views[4] = {&c->key, &c->value, &c->key_scale, &c->value_scale};
+        for (int i = 0; i < 4; i++) views[i]->row_stride = views[i]->batch_strides[0];
+    }
 
     if (!ragged && !paged) {  /* one part: the whole batch */
         sdpa_clamp_offsets(c);
