@@ -477,3 +477,47 @@ def test_index_select_attend_loop(rng):
     sel = idx[0]
     dense = sdpa.scaled_dot_product_attention(q, key[:, sel], value[:, sel], enable_gqa=True)
     np.testing.assert_allclose(out, dense, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------- torch
+
+
+def test_torch_sparse_attention_and_indexer(rng):
+    torch = pytest.importorskip("torch")
+    import sdpa.torch as st
+
+    q = rng.standard_normal((2, 8, 3, 16)).astype(np.float32)
+    key = rng.standard_normal((2, 2, 40, 16)).astype(np.float32)
+    idx = random_indices(rng, (2, 2, 3, 9), 40)
+    want, want_lse = sdpa.sparse_attention(q, key, key, idx, return_lse=True)
+    out, lse = st.sparse_attention(torch.from_numpy(q), torch.from_numpy(key), torch.from_numpy(key),
+                                   torch.from_numpy(idx), return_lse=True)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    np.testing.assert_array_equal(out.numpy(), want)
+    np.testing.assert_array_equal(lse.numpy(), want_lse)
+    bf = st.sparse_attention(torch.from_numpy(q).bfloat16(), torch.from_numpy(key).bfloat16(),
+                             torch.from_numpy(key).bfloat16(), torch.from_numpy(idx))
+    assert bf.dtype == torch.bfloat16
+    np.testing.assert_allclose(bf.float().numpy(), want, atol=3e-2)
+    with pytest.raises(ValueError, match="query: sdpa's sparse attention has no backward"):
+        st.sparse_attention(torch.from_numpy(q).requires_grad_(), torch.from_numpy(key), torch.from_numpy(key),
+                            torch.from_numpy(idx))
+    if hasattr(torch, "float8_e4m3fn"):
+        qi = rng.standard_normal((4, 2, 16)).astype(np.float32)
+        ki = torch.from_numpy(small_ints(rng, (60, 16))).to(torch.float8_e4m3fn)
+        w = np.ones((2, 4), np.float32)
+        scale = torch.full((60,), 0.5)
+        got = st.index_topk(torch.from_numpy(qi), ki, torch.from_numpy(w), 5, k_scale=scale)
+        ref = sdpa.index_topk(qi, ki.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn), w, 5,
+                              k_scale=scale.numpy())
+        assert got[0].dtype == torch.int32
+        np.testing.assert_array_equal(got[0].numpy(), ref[0])
+        np.testing.assert_array_equal(got[1].numpy(), ref[1])
+
+
+def test_the_docstring_examples():
+    import doctest
+
+    import sdpa.sparse
+
+    assert doctest.testmod(sdpa.sparse).failed == 0

@@ -62,6 +62,8 @@ __all__ = [
     "is_patched",
     "FallbackWarning",
     "layer_from_module",
+    "sparse_attention",
+    "index_topk",
 ]
 
 # what the eager call asks torch each time, bound once
@@ -570,3 +572,96 @@ def unpatch() -> None:
 def is_patched() -> bool:
     """Whether :func:`patch` is in effect."""
     return bool(_replaced)
+
+
+# ---------------------------------------------------------------- sparse attention
+
+_FLOAT8 = {getattr(torch, n): n for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n)}
+
+
+def _sparse_numpy(t: Any, name: str) -> Any:
+    """A tensor argument of the sparse functions as NumPy, over its memory;
+    float8 tensors as ml_dtypes' float8 arrays.  No autograd: a tensor that
+    requires grad is refused."""
+    if not isinstance(t, Tensor):
+        return t
+    check_on_cpu(t, name)
+    if t.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name}: sdpa's sparse attention has no backward; call it under torch.no_grad() "
+                         "or on detached tensors")
+    fp8 = _FLOAT8.get(t.dtype)
+    if fp8 is not None:
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(NEEDS_ML_DTYPES) from None
+        return t.detach().view(torch.uint8).numpy().view(getattr(ml_dtypes, fp8))
+    return as_numpy(t)
+
+
+def sparse_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    indices: Tensor,
+    *,
+    scale: Optional[float] = None,
+    softcap: Optional[float] = None,
+    sinks: Optional[Tensor] = None,
+    return_lse: bool = False,
+    num_threads: Optional[int] = None,
+    key_scale: Optional[Tensor] = None,
+    value_scale: Optional[Tensor] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """:func:`sdpa.sparse_attention` on CPU tensors: each query row attends the
+    keys ``indices`` lists for it (top-k sparse attention).
+
+    Shapes and rules are those of :func:`sdpa.sparse_attention`: query (...,
+    Hq, L, E), key and value (..., Hkv, S, E / Ev) of a dtype a KV cache
+    stores (float8 tensors need no ``kv_dtype``; int8 with ``key_scale`` and
+    ``value_scale``), indices int32 or int64 (..., Hkv or 1, L, k), -1
+    ignored.  Read in place, no copy of the keys.  Returns a tensor of the
+    query's dtype (float32 against a quantized cache for a float64 query),
+    and the lse with ``return_lse``.  Forward only: tensors that require grad
+    are refused unless gradients are off.
+
+    >>> import torch, sdpa.torch
+    >>> q, k = torch.randn(4, 1, 16), torch.randn(1, 50, 16)
+    >>> idx = torch.tensor([[[3, 7, 9, -1]]])
+    >>> out = sdpa.torch.sparse_attention(q, k, k, idx)
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(q, k[:, [3, 7, 9]], k[:, [3, 7, 9]])
+    >>> bool(torch.allclose(out, ref, atol=1e-6))
+    True
+    """
+    from .sparse import sparse_attention as _sparse
+
+    res = _sparse(
+        _sparse_numpy(query, "query"), _sparse_numpy(key, "key"), _sparse_numpy(value, "value"),
+        _sparse_numpy(indices, "indices"), scale=scale, softcap=softcap, sinks=_sparse_numpy(sinks, "sinks"),
+        return_lse=return_lse, num_threads=num_threads, key_scale=_sparse_numpy(key_scale, "key_scale"),
+        value_scale=_sparse_numpy(value_scale, "value_scale"))
+    if return_lse:
+        return as_tensor(res[0]), as_tensor(res[1])
+    return as_tensor(cast(np.ndarray, res))
+
+
+def index_topk(
+    q_index: Tensor,
+    k_index: Tensor,
+    weights: Tensor,
+    k: int,
+    *,
+    key_lengths: Optional[Tensor] = None,
+    is_causal: bool = False,
+    k_scale: Optional[Tensor] = None,
+    num_threads: Optional[int] = None,
+) -> Tuple[Tensor, Tensor]:
+    """:func:`sdpa.index_topk` on CPU tensors: the indexer's k best positions
+    of each row (int32) and their scores (float32); float8 index keys as
+    torch's float8 tensors."""
+    from .sparse import index_topk as _topk
+
+    idx, sc = _topk(_sparse_numpy(q_index, "q_index"), _sparse_numpy(k_index, "k_index"),
+                    _sparse_numpy(weights, "weights"), k, key_lengths=_sparse_numpy(key_lengths, "key_lengths"),
+                    is_causal=is_causal, k_scale=_sparse_numpy(k_scale, "k_scale"), num_threads=num_threads)
+    return as_tensor(idx), as_tensor(sc)
