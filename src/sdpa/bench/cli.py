@@ -56,6 +56,13 @@ from .shapes import (
     parse_shape,
     split_shapes,
 )
+from .sparse import (
+    SPARSE_CASES,
+    case_available as sparse_case_available,
+    format_sparse_table,
+    iter_sparse,
+    sparse_limits,
+)
 from .suite import iter_suite, suite_dtypes
 from .threads import default_threads, threads_text
 from .timing import Progress
@@ -119,6 +126,14 @@ def _build_parser() -> argparse.ArgumentParser:
         help="instead of the suite, paged_attention over block-table caches against the contiguous "
         "call and torch: decoding (blocks of 16 and 128, float32 and bfloat16), chunked prefill, "
         "shared prefixes read once, and MLA's latent cache (--quick: shorter sequences)",
+    )
+    p.add_argument(
+        "--sparse",
+        action="store_true",
+        help="instead of the suite, top-k sparse attention and its indexer: sparse decoding (float32, "
+        "bfloat16, MLA) and prefill against dense calls over as many keys, and index_topk against its "
+        "roofline measured in the same run (--quick: S / 16; --cases picks some of "
+        + ",".join(n for n, _ in SPARSE_CASES) + ")",
     )
     p.add_argument(
         "--serving",
@@ -254,6 +269,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return _run_roofline(args, shapes, specs)
+    if args.sparse:
+        if args.latency or cache_mode or args.profile or args.impls or args.plot or args.shapes or args.paged \
+                or args.serving:
+            print("error: --sparse is a mode of its own: no --latency, --cache-dtypes, --profile, --paged, "
+                  "--serving, --impls, --shapes or --plot", file=sys.stderr)
+            return 2
+        args.min_time = _TIMING[0] if args.min_time is None else args.min_time
+        args.repeat = _TIMING[1] if args.repeat is None else args.repeat
+        return _run_sparse(args)
     if args.serving:
         if args.latency or cache_mode or args.profile or args.impls or args.plot or args.shapes or args.paged:
             print("error: --serving is a mode of its own: no --latency, --cache-dtypes, --profile, --paged, "
@@ -486,6 +510,52 @@ def _print_header(info: Dict[str, Any], dtype: str, extra: str = "") -> None:
         f"{info['cpu_model'] or info['machine']}, {info['cpu_count']} CPUs, numpy {info['numpy']}"
         f"{blas_text}, torch {info['torch'] or 'not installed'}{extra}, {dtype}"
     )
+
+
+def _run_sparse(args: argparse.Namespace) -> int:
+    """``--sparse``: the machine's limits, then the sparse table; the exit status."""
+    threads = args.threads or default_threads()
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    cases = [n for n, _ in SPARSE_CASES if sparse_case_available(n)]
+    if args.cases:
+        asked = [c.strip() for c in args.cases.split(",") if c.strip()]
+        unknown = [c for c in asked if c not in dict(SPARSE_CASES)]
+        if unknown:
+            print(f"error: --cases: unknown sparse case(s) {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        cases = [c for c in cases if c in asked]
+    progress = Progress(len(threads) + len(cases) * len(threads), enabled=show)
+    info = machine_info()
+    rows: List[Dict[str, Any]] = []
+    limits: Dict[int, Any] = {}
+    interrupted = False
+    try:
+        limits = sparse_limits(threads, args.bandwidth_mib, progress)
+        for row in iter_sparse(threads, min_time=args.min_time, repeat=args.repeat, seed=args.seed,
+                               quick=args.quick, cases=cases, progress=progress, limits=limits):
+            rows.append(row)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+    _print_header(info, "sparse attention")
+    for line in limits_text(limits):
+        print(line)
+    print()
+    print(format_sparse_table(rows))
+    print("  against dense: dense time / sparse time (1.3x the dense time is 0.77x); the indexer: its roofline")
+    print("  max(bytes / read bandwidth, 2 Hi Ei S / FMA peak) and that over the measured time")
+    absent = [n for n, _ in SPARSE_CASES if not sparse_case_available(n)]
+    if absent:
+        print(f"  not run: {', '.join(absent)} (they need ml_dtypes: pip install ml_dtypes)")
+    if interrupted:
+        print("(interrupted: partial results)")
+    if args.json:
+        payload = {"machine": info, "settings": {"mode": "sparse", "threads": threads, "quick": args.quick,
+                                                 "min_time": args.min_time, "repeat": args.repeat, "cases": cases},
+                   "limits": limits, "results": rows}
+        write_json(args.json, payload)
+    return 130 if interrupted else 0
 
 
 def _run_paged(args: argparse.Namespace) -> int:
