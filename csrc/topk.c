@@ -117,34 +117,32 @@ static int64_t row_limit(const sdpa_topk_problem *p, int64_t b, int64_t l) {
     return lim;
 }
 
-/* Key row j of batch b widened to float32 into dst (e4m3: value / 256). */
-static void widen_key(const topk_ctx *cx, int64_t b, int64_t j, float *dst, uint16_t *half) {
+/* Rows [j, j + n) of batch b's 8-bit keys widened to float32 into dst (rows
+ * of E; e4m3: value / 256), through `half` (n x E float16 bits): the rows
+ * taken as one run where they are contiguous. */
+static void widen_keys8(const topk_ctx *cx, int64_t b, int64_t j, int n, float *dst, uint16_t *half) {
     const sdpa_topk_problem *p = cx->p;
-    const int64_t E = p->head_dim;
-    const int64_t off = b * p->key_strides[0] + j * p->key_strides[1];
-    switch (p->key_dtype) {
-        case SDPA_INT8: {
-            const int8_t *r = (const int8_t *)p->key + off;
-            for (int64_t c = 0; c < E; c++) dst[c] = (float)r[c];
-            return;
+    const int64_t E = p->head_dim, rs = p->key_strides[1];
+    const int runs = rs == E ? 1 : n;
+    const int64_t len = rs == E ? (int64_t)n * E : E;
+    for (int x = 0; x < runs; x++) {
+        const int8_t *r8 = (const int8_t *)p->key + b * p->key_strides[0] + (j + x) * rs;
+        const uint8_t *r = (const uint8_t *)r8;
+        float *d = dst + (int64_t)x * E;
+        switch (p->key_dtype) {
+            case SDPA_INT8:
+                for (int64_t c = 0; c < len; c++) d[c] = (float)r8[c];
+                break;
+            case SDPA_FP8_E5M2:  /* the top byte of a float16 */
+                for (int64_t c = 0; c < len; c++) half[c] = (uint16_t)((unsigned)r[c] << 8);
+                cx->kern->widen(SDPA_FLOAT16, half, d, len);
+                break;
+            default:  /* e4m3: sign-extended, shifted by 7, bit 14 cleared: the float16 of value / 256 */
+                for (int64_t c = 0; c < len; c++) half[c] = (uint16_t)((uint16_t)(int16_t)r8[c] << 7) & (uint16_t)0xBFFFu;
+                cx->kern->widen(SDPA_FLOAT16, half, d, len);
+                for (int64_t c = 0; c < len; c++) d[c] = (r[c] & 0x7Fu) == 0x7Fu ? NAN : d[c];
+                break;
         }
-        case SDPA_FP8_E5M2: {  /* the top byte of a float16 */
-            const uint8_t *r = (const uint8_t *)p->key + off;
-            for (int64_t c = 0; c < E; c++) half[c] = (uint16_t)((unsigned)r[c] << 8);
-            cx->kern->widen(SDPA_FLOAT16, half, dst, E);
-            return;
-        }
-        case SDPA_FP8_E4M3: {  /* sign-extended, shifted by 7, bit 14 cleared: the float16 of value / 256 */
-            const uint8_t *r = (const uint8_t *)p->key + off;
-            for (int64_t c = 0; c < E; c++)
-                half[c] = (uint16_t)((uint16_t)(int16_t)(int8_t)r[c] << 7) & (uint16_t)0xBFFFu;
-            cx->kern->widen(SDPA_FLOAT16, half, dst, E);
-            for (int64_t c = 0; c < E; c++)
-                if ((r[c] & 0x7Fu) == 0x7Fu) dst[c] = NAN;
-            return;
-        }
-        default:
-            return;  /* float and 16-bit keys are packed from where they lie */
     }
 }
 
@@ -171,8 +169,8 @@ static void topk_task(void *vctx, int64_t t, int tid) {
     at += TOPK_ALIGN((size_t)HP * TOPK_TILE * 4);
     float *kbuf = (float *)(void *)at;                                /* TILE x E: widened keys */
     at += TOPK_ALIGN((size_t)TOPK_TILE * E * 4);
-    uint16_t *half = (uint16_t *)(void *)at;                          /* E */
-    at += TOPK_ALIGN((size_t)E * 2);
+    uint16_t *half = (uint16_t *)(void *)at;                          /* TILE x E */
+    at += TOPK_ALIGN((size_t)TOPK_TILE * E * 2);
     float *wp = (float *)(void *)at;                                  /* HP: weights, 0 past H */
     at += TOPK_ALIGN((size_t)HP * 4);
     const float **qrows = (const float **)(void *)at;                 /* nr */
@@ -196,16 +194,20 @@ static void topk_task(void *vctx, int64_t t, int tid) {
     for (int64_t j0 = c0; j0 < c1; j0 += TOPK_TILE) {
         const int n = (int)(c1 - j0 < TOPK_TILE ? c1 - j0 : TOPK_TILE);
         const float *keys = kbuf;
-        int64_t ldk = E;
-        if (dt == SDPA_FLOAT32) {  /* read in place */
-            keys = (const float *)p->key + b * p->key_strides[0] + j0 * p->key_strides[1];
-            ldk = p->key_strides[1];
+        const int64_t ldk = E;
+        if (dt == SDPA_FLOAT32) {  /* copied: the gemm then reads a tile in cache, and the copy streams */
+            const float *src = (const float *)p->key + b * p->key_strides[0] + j0 * p->key_strides[1];
+            if (p->key_strides[1] == E) {
+                memcpy(kbuf, src, (size_t)n * (size_t)E * sizeof(float));
+            } else {
+                for (int x = 0; x < n; x++) memcpy(kbuf + (int64_t)x * E, src + x * p->key_strides[1], (size_t)E * 4);
+            }
         } else if (dt == SDPA_BFLOAT16 || dt == SDPA_FLOAT16) {
             for (int x = 0; x < n; x++)
                 kern->widen(dt, (const uint16_t *)p->key + b * p->key_strides[0] + (j0 + x) * p->key_strides[1],
                             kbuf + (int64_t)x * E, E);
         } else {
-            for (int x = 0; x < n; x++) widen_key(cx, b, j0 + x, kbuf + (int64_t)x * E, half);
+            widen_keys8(cx, b, j0, n, kbuf, half);
         }
         (void)elem;
         for (int64_t h0 = 0; h0 < HP; h0 += nr)  /* dots of every head, key by key */
@@ -330,7 +332,7 @@ sdpa_status sdpa_index_topk(const sdpa_topk_problem *p) {
     cx.heads_padded = (H + unit - 1) / unit * unit;
     const int64_t HP = cx.heads_padded;
     cx.scratch_bytes = TOPK_ALIGN((size_t)HP * E * 4) + TOPK_ALIGN((size_t)HP * TOPK_TILE * 4) +
-                       TOPK_ALIGN((size_t)TOPK_TILE * E * 4) + TOPK_ALIGN((size_t)E * 2) + TOPK_ALIGN((size_t)HP * 4) +
+                       TOPK_ALIGN((size_t)TOPK_TILE * E * 4) + TOPK_ALIGN((size_t)TOPK_TILE * E * 2) + TOPK_ALIGN((size_t)HP * 4) +
                        TOPK_ALIGN((size_t)nr * sizeof(void *)) + TOPK_ALIGN((size_t)(2 * K + TOPK_TILE) * 8);
     cx.cand = (uint64_t *)malloc((size_t)(cand_elems > 0 ? cand_elems : 1) * sizeof(uint64_t));
     cx.cand_n = (int64_t *)malloc((size_t)tasks * sizeof(int64_t));
