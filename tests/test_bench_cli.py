@@ -939,6 +939,30 @@ def test_cli_paged_smoke(tmp_path, capsys, monkeypatch):
     assert bench.main(["--paged", "--latency"]) == 2
 
 
+def test_cli_sparse_smoke(tmp_path, capsys, monkeypatch):
+    """--sparse at a tiny size: every case runs against its references, the
+    indexer against its roofline, the JSON has a row per case."""
+    from sdpa.bench import sparse
+
+    monkeypatch.setattr(sparse, "_SIZES", {"S": 4096, "k": 256, "L": 160})
+    path = tmp_path / "sparse.json"
+    rc = bench.main(["--sparse", "--quick", "--threads", "1", "--min-time", "0", "--repeat", "1",
+                     "--bandwidth-mib", "4", "--no-progress", "--json", str(path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    names = [name for name, _ in sparse.SPARSE_CASES if sparse.case_available(name)]
+    for name in names:
+        assert name in out
+    rows = json.loads(path.read_text())["results"]
+    assert [r["case"] for r in rows] == names
+    assert all(r["median_s"]["sparse"] > 0 for r in rows)
+    by = {r["case"]: r for r in rows}
+    assert by["decode-f32-random"]["vs_dense"] > 0 and by["decode-f32-random"]["vs_dense_cold"] > 0
+    assert 0 < by["indexer-f32"]["of_roofline"]
+    assert bench.main(["--sparse", "--latency"]) == 2
+    assert bench.main(["--sparse", "--cases", "nope"]) == 2
+
+
 def test_cli_serving_smoke(tmp_path, capsys, monkeypatch):
     """--serving at a tiny size: the cases asked for run, each against its
     other ways, the JSON has a row per case."""

@@ -5,7 +5,9 @@ for, and against the machine's own limits measured in the same run:
 
 - decode: (1, Hq 32, Hkv 8, L 1, S 131,072, E 128), k 2,048 positions shared
   by all heads, float32 and bfloat16 caches, against dense decoding over 2,048
-  contiguous keys (the same bytes and flops).  Positions drawn uniformly
+  contiguous keys (the same bytes and flops), the same keys at each call (from the
+  last-level cache) and the next 2,048 at each call ("from memory", as a
+  model's layers read their caches).  Positions drawn uniformly
   ("random": every row anywhere in a 1 GiB cache) or as 32 runs of 64
   ("runs": block-wise selection, as NSA-style selectors make);
 - MLA decode: 128 query heads over one latent head (E 576, Ev 512, bfloat16,
@@ -52,7 +54,8 @@ SPARSE_CASES: Tuple[Tuple[str, str], ...] = (
     ("indexer-bf16", "index_topk Hi64 Ei128 S131072 k2048, bfloat16 keys"),
 )
 
-_K = 2048
+#: The sizes of the cases (``--quick``: S and L / 16, k / 4).
+_SIZES = {"S": 131072, "k": 2048, "L": 1024}
 
 
 def _ml(name: str) -> Any:
@@ -77,12 +80,27 @@ def _positions(rng: np.random.Generator, S: int, k: int, runs: bool) -> np.ndarr
 Case = Tuple[str, str, Dict[str, Callable[[], Any]], Dict[str, Any]]
 
 
+class _Rotating:
+    """Dense decoding over k contiguous keys, the next k of the cache at each
+    call: keys and values that come from memory, as a model's layers read
+    them, where the same k keys again would come from the last-level cache."""
+
+    def __init__(self, q: np.ndarray, key: np.ndarray, value: np.ndarray, k: int) -> None:
+        self.q, self.key, self.value, self.k, self.at = q, key, value, k, 0
+
+    def __call__(self) -> Any:
+        a = self.at
+        self.at = (a + self.k) % (self.key.shape[2] // self.k * self.k)
+        return scaled_dot_product_attention(self.q, self.key[:, :, a:a + self.k], self.value[:, :, a:a + self.k],
+                                            enable_gqa=True)
+
+
 def _cases(rng: np.random.Generator, quick: bool, names: Sequence[str]) -> Iterator[Case]:
     """(name, what, implementations, facts) of each case asked for; the first
     implementation is sdpa's sparse call."""
     what = dict(SPARSE_CASES)
-    S = 131072 // (16 if quick else 1)
-    k = _K // (4 if quick else 1)
+    S = _SIZES["S"] // (16 if quick else 1)
+    k = _SIZES["k"] // (4 if quick else 1)
     f32: Optional[Tuple[np.ndarray, np.ndarray]] = None
     for name in names:
         if name.startswith("decode"):
@@ -96,6 +114,7 @@ def _cases(rng: np.random.Generator, quick: bool, names: Sequence[str]) -> Itera
             impls: Dict[str, Callable[[], Any]] = {
                 "sparse": partial(sparse_attention, q, key, value, idx),
                 "dense": partial(scaled_dot_product_attention, q, kd, vd, enable_gqa=True),
+                "dense-cold": _Rotating(q, key, value, k),
             }
             yield name, what[name], impls, {"bytes": kd.nbytes + vd.nbytes, "flops": 4.0 * 32 * k * 128}
         elif name == "mla-decode":
@@ -111,7 +130,7 @@ def _cases(rng: np.random.Generator, quick: bool, names: Sequence[str]) -> Itera
             yield name, what[name], impls, {"bytes": ld.nbytes, "flops": 2.0 * 128 * k * (576 + 512)}
         elif name == "prefill-f32":
             f32 = None
-            Sp, L = S // 2, 1024 // (16 if quick else 1)
+            Sp, L = S // 2, _SIZES["L"] // (16 if quick else 1)
             key = rng.standard_normal((1, 8, Sp, 128), dtype=np.float32)
             value = rng.standard_normal((1, 8, Sp, 128), dtype=np.float32)
             q = rng.standard_normal((1, 32, L, 128), dtype=np.float32)
@@ -175,6 +194,8 @@ def iter_sparse(
             if "dense" in med:
                 row["vs_dense"] = med["dense"] / med["sparse"]
                 row["dense_gflops"] = facts["flops"] / med["dense"] / 1e9
+            if "dense-cold" in med:
+                row["vs_dense_cold"] = med["dense-cold"] / med["sparse"]
             if facts.get("indexer") and limits and n in limits:
                 lim = limits[n]
                 bytes_s = facts["bytes"] / (lim["read_gbps"] * 1e9)
@@ -193,6 +214,8 @@ def format_sparse_table(rows: List[Dict[str, Any]]) -> str:
     for r in rows:
         if "vs_dense" in r:
             vs = f"dense {r['median_s']['dense'] * 1e3:.2f} ms ({r['dense_gflops']:.0f} GFLOP/s): {r['vs_dense']:.2f}x"
+            if "vs_dense_cold" in r:
+                vs += f"; from memory {r['median_s']['dense-cold'] * 1e3:.2f} ms: {r['vs_dense_cold']:.2f}x"
         elif "roofline_s" in r:
             vs = f"roofline {r['roofline_s'] * 1e3:.2f} ms ({r['bound']}): {r['of_roofline']:.0%} of it"
         else:
