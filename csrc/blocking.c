@@ -205,9 +205,9 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
     const size_t E = (size_t)p->head_dim, Ev = (size_t)p->head_dim_v;
     const int64_t rows = p->gqa_group * p->len_q;
     /* bfloat16 pairs on the tiled path (AVX512-BF16) are ahead from L = 16;
-     * paged, blocks of an even size (a pair never straddles two blocks) */
-    const int bf16_pairs = p->dtype == SDPA_BFLOAT16 && pl->path.kv_dtype == SDPA_BFLOAT16 && kt->bf16_products &&
-                           (p->block_size <= 0 || p->block_size % 2 == 0);
+     * paged blocks of any size (kv_impl.h packs a pair of values that
+     * straddles two blocks from its rows) */
+    const int bf16_pairs = p->dtype == SDPA_BFLOAT16 && pl->path.kv_dtype == SDPA_BFLOAT16 && kt->bf16_products;
     const int64_t max_l = bf16_pairs ? SDPA_ROW_MODE_MAX_L_BF16 : SDPA_ROW_MODE_MAX_L;
     /* a short query whose GQA group packs into the tiled path's rows goes there
      * from SDPA_PACKED_MIN_ROWS rows (decoding, one row a head, stays on the

@@ -151,8 +151,9 @@ static void bf16_pack_values(const kernels_f32 *kern, uint32_t *dst, int64_t ld,
 }
 
 /* The pairs of rows [s0, s0 + n) of a key source (rows along E) or a value
- * source (pairs along the keys; s0 even), segment by segment: the blocks of a
- * paged cache hold an even number of rows, so pairs never straddle two. */
+ * source (pairs along the keys; s0 even), segment by segment; a pair of values
+ * that straddles two segments (blocks of an odd size: one-position blocks of
+ * sparse lists) is packed from its two rows where they lie. */
 static void bf16_pack_key_range(uint32_t *dst, int64_t ld, const kv_source *src, int64_t s0, int n, int64_t E) {
     kv_cursor cur = kv_walk(src, s0, s0 + n);
     const char *rows;
@@ -167,9 +168,27 @@ static void bf16_pack_value_range(const kernels_f32 *kern, uint32_t *dst, int64_
     kv_cursor cur = kv_walk(src, s0, s0 + n);
     const char *rows;
     kv_scales sc;
+    const uint16_t *pending = NULL;  /* the first row of a pair whose second is in the next segment */
     for (int64_t a = s0, m; (m = kv_next(src, &cur, &rows, &sc, 0)) > 0; a += m) {
-        const int64_t pairs = (a - s0) / 2;
-        bf16_pack_values(kern, dst + (byf ? pairs : pairs * ld), ld, (const uint16_t *)rows, src->view, (int)m, Ev);
+        const uint16_t *r = (const uint16_t *)rows;
+        int64_t at = a, left = m;
+        if (pending) {  /* pair (at - 1, at): two rows one stride apart, that stride their distance */
+            sdpa_view two = *src->view;
+            two.row_stride = (int64_t)(r - pending);
+            const int64_t q = (at - 1 - s0) / 2;
+            bf16_pack_values(kern, dst + (byf ? q : q * ld), ld, pending, &two, 2, Ev);
+            pending = NULL;
+            r += src->view->row_stride;
+            at++;
+            left--;
+        }
+        const int64_t whole = left & ~(int64_t)1, q = (at - s0) / 2;
+        if (whole) bf16_pack_values(kern, dst + (byf ? q : q * ld), ld, r, src->view, (int)whole, Ev);
+        if (left & 1) pending = r + whole * src->view->row_stride;
+    }
+    if (pending) {  /* the range's last row, an odd count: its pair with zero */
+        const int64_t q = (n - 1) / 2;
+        bf16_pack_values(kern, dst + (byf ? q : q * ld), ld, pending, src->view, 1, Ev);
     }
 }
 #endif

@@ -521,3 +521,30 @@ def test_the_docstring_examples():
     import sdpa.sparse
 
     assert doctest.testmod(sdpa.sparse).failed == 0
+
+
+@pytest.mark.parametrize("bs", [1, 3])
+def test_bfloat16_pairs_over_blocks_of_an_odd_size(isa, rng, bs):
+    """The tiled path's bfloat16 pairs of values straddle blocks of an odd
+    size (one-position blocks: sparse lists): paged prefill rows and a sparse
+    MLA-like call with 32 query heads over one head, against the reference."""
+    from sdpa.paged import paged_plan
+
+    lens = [37, 20]
+    cache, bt, sl, seqs = paged_problem(rng, "bfloat16", lens, Hkv=1, E=16, bs=bs)
+    L = 20
+    q = rng.standard_normal((2, 4, L, 16)).astype(BF16)
+    plan = paged_plan(q, cache.key_cache, cache.value_cache, bt, sl)
+    assert not any(p["row_mode"] for p in plan["parts"])
+    out = sdpa.paged_attention(q, cache.key_cache, cache.value_cache, bt, sl)
+    for b, (k, v) in enumerate(seqs):
+        ref = reference.scaled_dot_product_attention(q[b].astype(np.float64), k, v, is_causal="bottom_right",
+                                                     enable_gqa=True)
+        np.testing.assert_allclose(out[b].astype(np.float64), ref, rtol=2e-2, atol=2e-2)
+    lat = rng.standard_normal((1, 1, 300, 24)).astype(BF16)
+    qm = rng.standard_normal((1, 32, 1, 24)).astype(BF16)
+    idx = np.sort(rng.choice(300, 61, replace=False))[None, None, None, :]
+    got = sdpa.sparse_attention(qm, lat, lat[..., :16], idx)
+    ref = reference.sparse_attention(qm.astype(np.float32), lat.astype(np.float32), lat[..., :16].astype(np.float32),
+                                     idx)
+    np.testing.assert_allclose(got.astype(np.float64), ref, rtol=2e-2, atol=2e-2)
