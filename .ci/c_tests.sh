@@ -48,6 +48,7 @@ echo "== examples"
 "$BUILD/sdpa_seed_example"
 "$BUILD/sdpa_int8_decode"
 "$BUILD/sdpa_paged_decode"
+"$BUILD/sdpa_sparse_decode"
 
 echo "== valgrind memcheck: sdpa_test_core --quick"
 if ! command -v valgrind >/dev/null; then
