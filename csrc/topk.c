@@ -94,6 +94,7 @@ typedef struct topk_ctx {
     int nr;
     int64_t heads_padded;  /* heads rounded up to whole panels of a multiple of 8 */
     int64_t chunks, chunk_len;
+    int64_t kept;          /* min(k, len_kv): what a task or a row can select */
     uint64_t *cand;        /* (rows * chunks) x k: each task's selection */
     int64_t *cand_n;       /* its size */
     char *scratch;         /* per thread */
@@ -152,7 +153,7 @@ static void topk_task(void *vctx, int64_t t, int tid) {
     const sdpa_topk_problem *p = cx->p;
     const kernels_f32 *kern = cx->kern;
     const int nr = cx->nr;
-    const int64_t E = p->head_dim, H = p->heads, HP = cx->heads_padded, K = p->k;
+    const int64_t E = p->head_dim, H = p->heads, HP = cx->heads_padded, K = cx->kept;
     const int64_t row = t / cx->chunks, chunk = t % cx->chunks;
     const int64_t b = row / p->len_q, l = row % p->len_q;
     uint64_t *sel = cx->cand + t * K;
@@ -251,7 +252,7 @@ static void topk_merge(void *vctx, int64_t r, int tid) {
     (void)tid;
     const topk_ctx *cx = (const topk_ctx *)vctx;
     const sdpa_topk_problem *p = cx->p;
-    const int64_t K = p->k;
+    const int64_t K = cx->kept;
     uint64_t *all = cx->cand + r * cx->chunks * K;
     int64_t n = 0;
     for (int64_t c = 0; c < cx->chunks; c++) {
@@ -264,9 +265,9 @@ static void topk_merge(void *vctx, int64_t r, int tid) {
         n = K;
     }
     qsort(all, (size_t)n, sizeof(uint64_t), cmp_u64);
-    int32_t *idx = p->indices + r * K;
-    float *sc = p->scores ? p->scores + r * K : NULL;
-    for (int64_t i = 0; i < K; i++) {
+    int32_t *idx = p->indices + r * p->k;
+    float *sc = p->scores ? p->scores + r * p->k : NULL;
+    for (int64_t i = 0; i < p->k; i++) {
         idx[i] = i < n ? (int32_t)(all[i] & 0xFFFFFFFFu) : -1;
         if (sc) sc[i] = i < n ? key_score(all[i]) : -INFINITY;
     }
@@ -307,7 +308,8 @@ sdpa_status sdpa_index_topk(const sdpa_topk_problem *p) {
     cx.nr = kt->f32.nr;
     if (cx.nr % 8) return SDPA_ERR_BAD_ISA;  /* every set's panels are whole vectors of 8 or 16 floats */
     cx.key_unit = p->key_dtype == SDPA_FP8_E4M3 ? 256.0f : 1.0f;
-    const int64_t S = p->len_kv, E = p->head_dim, H = p->heads, K = p->k, nr = cx.nr;
+    const int64_t S = p->len_kv, E = p->head_dim, H = p->heads, K = p->k < S ? p->k : S, nr = cx.nr;
+    cx.kept = K;  /* a k beyond the positions pads, and takes no more memory */
     const double work = 2.0 * (double)rows * (double)S * (double)H * (double)E;
     const int want = sdpa_threads_for(p->num_threads, 0, rows * ((S + TOPK_MIN_CHUNK - 1) / TOPK_MIN_CHUNK), work);
     /* chunks only when the rows are too few to give each thread four tasks */

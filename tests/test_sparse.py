@@ -422,6 +422,9 @@ def test_index_topk_padding_nan_and_empty(rng):
     np.testing.assert_array_equal(idx[1], [0, 2, 3, 4, 5, 1, -1, -1])
     assert np.isnan(sc[0, 4]) and np.isneginf(sc[0, 5:]).all() and (sc[0, :4] == 4).all()
     assert sdpa.index_topk(q, kx, w, 0)[0].shape == (2, 0)
+    idx, sc = sdpa.index_topk(q, kx, w, 200_000)  # k far past S: padded, no buffer of that size
+    assert idx.shape == (2, 200_000) and (idx[:, 6:] == -1).all() and np.isneginf(sc[:, 6:]).all()
+    np.testing.assert_array_equal(idx[1, :6], [0, 2, 3, 4, 5, 1])
     idx, sc = sdpa.index_topk(q, kx[:0], w, 3)
     assert (idx == -1).all() and np.isneginf(sc).all()
 
