@@ -551,3 +551,18 @@ def test_bfloat16_pairs_over_blocks_of_an_odd_size(isa, rng, bs):
     ref = reference.sparse_attention(qm.astype(np.float32), lat.astype(np.float32), lat[..., :16].astype(np.float32),
                                      idx)
     np.testing.assert_allclose(got.astype(np.float64), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_paged_topk_rows_that_share_positions(rng):
+    """A paged prefill chunk of 70 rows whose lists share 20 positions
+    (scattered over the pool's blocks) and add 6 of their own: the shared
+    ones are read once for a group of rows; the reference's result."""
+    cache, bt, sl, seqs = paged_problem(rng, "float32", [120], Hkv=2, E=16, bs=4)
+    L = 70
+    q = rng.standard_normal((1, 4, L, 16)).astype(np.float32)
+    common = rng.choice(120, 20, replace=False)
+    idx = np.stack([np.concatenate([common, rng.choice(120, 6)]) for _ in range(L)])[None, None]
+    out = sdpa.paged_attention(q, cache.key_cache, cache.value_cache, bt, sl, topk_indices=idx, is_causal=False)
+    rows_q = q.transpose(0, 2, 1, 3).reshape(L, 4, 16)
+    ref, _ = paged_expected(rows_q, seqs, [0] * L, [119] * L, idx[0, 0][:, None, :], False)
+    np.testing.assert_allclose(out[0].transpose(1, 0, 2), ref, rtol=2e-5, atol=2e-5)

@@ -117,7 +117,7 @@ _SHARE_ROWS = 64
 
 def _shared_first(lists: Array, counts: Array, group: Array) -> Array:
     """Each row's valid entries (``lists`` (R, Hi, k), the first ``counts``
-    (R, Hi)) reordered: those every row of its group (``group`` (R,)) lists
+    (R, Hi), ascending) reordered: those every row of its group (``group`` (R,)) lists
     first, ascending, then the others, ascending.  Rows of a group then share
     the leading entries of their tables, and the planner reads those keys
     once for all of them (a shared prefix, as the shared blocks of paged
@@ -127,8 +127,7 @@ def _shared_first(lists: Array, counts: Array, group: Array) -> Array:
     if not valid.any():
         return lists
     big = np.iinfo(np.int64).max
-    v = np.where(valid, lists, big)
-    v.sort(axis=-1)  # each row's valid entries still first, ascending
+    v = np.where(valid, lists, big)  # each row's valid entries first, ascending (as _sorted_lists gives them)
     n = int(lists[valid].max()) + 1
     first = valid.copy()
     first[..., 1:] &= v[..., 1:] != v[..., :-1]  # a position listed twice counts once
@@ -454,7 +453,10 @@ def paged_topk(
     pos = np.where(np.arange(k) < counts[..., None], lists, 0)
     blocks = bt[seq[:, None, None], pos // bs].astype(np.int64)
     first = (np.arange(Hi, dtype=np.int64) * mh)[None, :, None]
-    vids = blocks * mx + first + pos % bs
+    valid = np.arange(k) < counts[..., None]
+    vids = np.where(valid, blocks * mx + first + pos % bs, np.iinfo(np.int64).max)
+    vids.sort(axis=-1)  # by block number: the pool's order, as _shared_first takes them
+    vids = np.where(valid, vids, 0)
     if vids.size and int(vids.max()) > _INT32_MAX:
         raise ValueError("key_cache: the pool holds more positions than the core's block numbers (2^31)")
     sink_rows = None if extras is None or extras[1] is None else extras[1][seq]
