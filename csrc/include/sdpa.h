@@ -285,8 +285,12 @@ typedef struct sdpa_problem {
      * The blocks are read where they lie, by the part of each tile in each
      * block: decoding and float products on blocks of 64 or more positions in
      * place; shorter blocks and 16-bit or int8 caches copied or widened a tile
-     * (or a call) at a time, as arrays of those types are (bfloat16 over
-     * blocks of an odd size, where a pair could straddle two, widened). */
+     * (or a call) at a time, as arrays of those types are (bfloat16 pairs of
+     * keys that straddle two blocks of an odd size paired from both).
+     * Blocks that follow each other in the pool (consecutive ids, blocks back
+     * to back) are read as one run: a table of one-position blocks over a
+     * contiguous cache attends a selection of its positions (sparse
+     * attention; examples/c/sparse_decode.c). */
     const int32_t *block_table;
     int64_t block_table_stride;  /* entries between sequences' tables      */
     int64_t block_size;          /* 0: not paged                           */
