@@ -217,16 +217,23 @@ static void topk_task(void *vctx, int64_t t, int tid) {
             const int64_t j = j0 + x;
             float f = cx->key_unit;
             if (p->key_scale) f *= p->key_scale[b * p->key_scale_strides[0] + j * p->key_scale_strides[1]];
-            /* sum over the heads in eight lanes, a fixed order: the same bits for every chunking */
+            /* sum over the heads in eight lanes (head h in lane h % 8, in order), a
+             * fixed order: the same bits for every chunking.  Only the H heads: a
+             * padded head's dot with a key holding an infinity is NaN, not 0. */
             float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int64_t h0 = 0; h0 < HP; h0 += nr) {
+            for (int64_t h0 = 0; h0 < H; h0 += nr) {  /* panel by panel (nr is a multiple of 8) */
                 const float *d = dots + h0 * TOPK_TILE + (int64_t)x * nr;
                 const float *wh = wp + h0;
-                for (int y = 0; y < nr; y += 8)
+                const int valid = (int)(H - h0 < nr ? H - h0 : nr), whole = valid / 8 * 8;
+                for (int y = 0; y < whole; y += 8)
                     for (int u = 0; u < 8; u++) {
                         const float v = d[y + u] * f;
                         lane[u] += wh[y + u] * (v < 0.0f ? 0.0f : v);
                     }
+                for (int y = whole; y < valid; y++) {
+                    const float v = d[y] * f;
+                    lane[y % 8] += wh[y] * (v < 0.0f ? 0.0f : v);
+                }
             }
             const float score = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
             const uint64_t key = order_key(score, j);

@@ -566,3 +566,29 @@ def test_paged_topk_rows_that_share_positions(rng):
     rows_q = q.transpose(0, 2, 1, 3).reshape(L, 4, 16)
     ref, _ = paged_expected(rows_q, seqs, [0] * L, [119] * L, idx[0, 0][:, None, :], False)
     np.testing.assert_allclose(out[0].transpose(1, 0, 2), ref, rtol=2e-5, atol=2e-5)
+
+
+def test_index_topk_infinite_keys_and_few_heads(isa):
+    """A key with an infinity scores +inf (first), whatever the head count
+    (the heads padded to whole panels take no part in the sum)."""
+    kx = np.array([[1, 0], [np.inf, 0], [2, 0], [-np.inf, 0]], np.float32)
+    for heads in (1, 3, 8, 17):
+        q = np.ones((heads, 1, 2), np.float32)
+        w = np.ones((1, heads), np.float32)
+        idx, sc = sdpa.index_topk(q, kx, w, 4)
+        ridx, rsc = reference.index_topk(q, kx, w, 4)
+        np.testing.assert_array_equal(idx, ridx)
+        np.testing.assert_array_equal(sc, rsc.astype(np.float32))
+        assert idx[0, 0] == 1 and np.isposinf(sc[0, 0])
+
+
+def test_a_cache_broadcast_along_its_positions(rng):
+    """Keys broadcast from one row along S (stride 0): read as what they are
+    (a copy), not as a pool of rows."""
+    row = rng.standard_normal((1, 2, 1, 4)).astype(np.float32)
+    key = np.broadcast_to(row, (1, 2, 6, 4))
+    value = rng.standard_normal((1, 2, 6, 4)).astype(np.float32)
+    q = rng.standard_normal((1, 2, 1, 4)).astype(np.float32)
+    idx = np.array([[[[0, 3, 5]]]])
+    np.testing.assert_allclose(sdpa.sparse_attention(q, key, value, idx),
+                               reference.sparse_attention(q, key, value, idx), rtol=2e-5, atol=2e-5)

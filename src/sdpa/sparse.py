@@ -62,8 +62,10 @@ def _multipliers(a: Array, fold_heads: bool) -> Optional[Tuple[int, int, int]]:
     sx, sh, sr, _ = st
     if not fold_heads:
         sh = 0
-    if sr == 0:  # one row a slice: any stride that divides the others serves
-        sr = math.gcd(sx, sh) or 1
+    if sr == 0:
+        if a.shape[2] > 1:  # rows broadcast along the positions: not a pool of rows
+            return None
+        sr = math.gcd(sx, sh) or 1  # one row a slice: any stride that divides the others serves
     if sx % sr or sh % sr:
         return None
     return sr, sx // sr, sh // sr
