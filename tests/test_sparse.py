@@ -592,3 +592,24 @@ def test_a_cache_broadcast_along_its_positions(rng):
     idx = np.array([[[[0, 3, 5]]]])
     np.testing.assert_allclose(sdpa.sparse_attention(q, key, value, idx),
                                reference.sparse_attention(q, key, value, idx), rtol=2e-5, atol=2e-5)
+
+
+def test_positions_before_heads_with_lists_per_head(rng):
+    """A cache laid out (B, S, Hkv, E) in memory (heads no whole number of rows
+    apart) with a list per key/value head: one call per head over its own
+    pool, no copy of the cache; out= and the lse as usual."""
+    from sdpa import sparse
+
+    B, S, Hkv, E, G, L = 2, 50, 3, 8, 2, 3
+    key = rng.standard_normal((B, S, Hkv, E)).astype(np.float32).transpose(0, 2, 1, 3)
+    value = rng.standard_normal((B, S, Hkv, E)).astype(np.float32).transpose(0, 2, 1, 3)
+    assert sparse._pools((key, value, None, None), True) is None
+    q = rng.standard_normal((B, Hkv * G, L, E)).astype(np.float32)
+    idx = random_indices(rng, (B, Hkv, L, 7), S)
+    sinks = rng.standard_normal(Hkv * G).astype(np.float32)
+    out = np.empty((B, Hkv * G, L, E), np.float32)
+    got, lse = sdpa.sparse_attention(q, key, value, idx, return_lse=True, sinks=sinks, out=out)
+    ref, ref_lse = reference.sparse_attention(q, key, value, idx, return_lse=True, sinks=sinks)
+    assert got is out
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)

@@ -368,6 +368,24 @@ def sparse_attention(
         output_array(out, out_shape, qdt, operands, f"query {q.shape}, value {vc.shape}")
 
     fold = idx.shape[-3] > 1
+    if fold and _pools((k4, v4, scales[0], scales[1]), True) is None:
+        # key/value heads that are no whole number of rows apart (positions before
+        # heads in memory): a call per key/value head, each over its own pool
+        G = Hq // Hkv
+        result = np.empty(out_shape, qdt) if out is None else out
+        lses = []
+        for h in range(Hkv):
+            hs, one = slice(h * G, (h + 1) * G), slice(h, h + 1)
+            part = sparse_attention(
+                q[..., hs, :, :], kc[..., one, :, :], vc[..., one, :, :], idx[..., one, :, :], scale=scale,
+                softcap=softcap, sinks=None if sink is None else sink[..., hs], return_lse=return_lse,
+                out=result[..., hs, :, :], num_threads=num_threads,
+                key_scale=None if key_scale is None else _to_array(key_scale, "key_scale")[..., one, :, :],
+                value_scale=None if value_scale is None else _to_array(value_scale, "value_scale")[..., one, :, :],
+                kv_dtype=kv_dtype)
+            if return_lse:
+                lses.append(part[1])
+        return (result, np.concatenate(lses, axis=-2)) if return_lse else result
     pools, mx, mh = _pools_of((k4, v4, scales[0], scales[1]), fold)
     Hi, k = idx.shape[-3:-1][0], idx.shape[-1]
     lists, counts = _sorted_lists(idx.reshape(B, Hi, L, k), np.asarray(S))
