@@ -252,6 +252,10 @@ def sparse_attention(
         float8 arrays need no ``kv_dtype``.  Hq must be a multiple of Hkv
         (grouped heads).  ``value`` may be a column view of ``key`` (MLA's
         latent cache, ``key[..., :Ev]``).  The batch dims are the query's.
+        Read where they lie when the slices' rows lie at whole multiples of
+        the row stride (C-ordered caches, positions before or after the
+        heads); other layouts (positions broadcast, strides that are not
+        whole rows apart) are read from a contiguous copy.
     indices : array_like of int32 or int64, shape (..., Hkv or 1, L, k)
         The positions row ``l`` attends, shared by the query heads of a
         key/value head, or by every head when that dim is 1; batch dims
