@@ -613,3 +613,16 @@ def test_positions_before_heads_with_lists_per_head(rng):
     assert got is out
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(lse, ref_lse, rtol=2e-5, atol=2e-5)
+
+
+def test_a_cache_with_no_position(rng):
+    """S = 0: every entry must be -1, every row gives 0 and lse -inf (the
+    sink with sinks)."""
+    q = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    key = np.zeros((1, 1, 0, 4), np.float32)
+    sinks = np.array([0.5, -1.0], np.float32)
+    out, lse = sdpa.sparse_attention(q, key, key, np.full((1, 1, 3, 2), -1), sinks=sinks, return_lse=True)
+    assert not out.any() and out.shape == (1, 2, 3, 4)
+    np.testing.assert_array_equal(lse, np.broadcast_to(sinks[None, :, None], (1, 2, 3)))
+    with pytest.raises(ValueError, match=r"indices: entry \(0, 0, 0, 0\) is 0, not a position in \[0, 0\)"):
+        sdpa.sparse_attention(q, key, key, np.zeros((1, 1, 3, 2), np.int64))

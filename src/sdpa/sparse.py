@@ -336,8 +336,11 @@ def sparse_attention(
         if s.ndim < 3 or s.shape[:-1] != (kc if name == "key_scale" else vc).shape[:-1]:
             raise ValueError(f"{name}: expected shape {kc.shape[:-1] + ('features // group_size',)}, got {s.shape}")
         scales.append(s.reshape((B,) + s.shape[-3:]))
+    # the format's rules on the caches (on one zero position when they hold none: every row is then empty)
+    shown = [a if a is None or S else np.zeros(a.shape[:2] + (1,) + a.shape[3:], a.dtype)
+             for a in (k4, v4, scales[0], scales[1])]
     try:
-        _, _, _, _, _, code = _cache_pair(k4, v4, scales[0], scales[1], kv_dtype)
+        _, _, _, _, _, code = _cache_pair(shown[0], shown[1], shown[2], shown[3], kv_dtype)
     except (TypeError, ValueError) as err:
         raise _renamed(err, _DENSE_NAMES) from None
     width = width_of(code)
