@@ -90,6 +90,13 @@ static inline kv_source kv_source_of(const sdpa_problem *p, int which, sdpa_dtyp
     return s;
 }
 
+/* Whether table entry j of a paged source (0 < j) is the block right after
+ * entry j - 1's in a pool where such blocks continue each other's rows. */
+static inline int kv_block_follows(const kv_source *s, int64_t j) {
+    const int32_t *table = s->p->block_table + s->b * s->p->block_table_stride;
+    return s->follow && j < s->blocks && table[j] == table[j - 1] + 1;
+}
+
 /* A walk over rows [pos, end) of a source. */
 typedef struct kv_cursor {
     int64_t pos, end;
@@ -153,9 +160,7 @@ static inline int64_t kv_next(const kv_source *s, kv_cursor *c, const char **row
         c->row = 0;
         /* the row path: blocks that follow each other in the pool are one segment
          * (sparse_attention's one-position blocks: a run of listed positions) */
-        const int32_t *table = p->block_table + s->b * p->block_table_stride;
-        while (step && s->follow && n < step && a + n < c->end && c->block < s->blocks &&
-               table[c->block] == table[c->block - 1] + 1) {
+        while (step && n < step && a + n < c->end && kv_block_follows(s, c->block)) {
             int64_t more = p->block_size;
             if (more > c->end - a - n) more = c->end - a - n;
             if (more > step - n) more = step - n;
@@ -181,7 +186,6 @@ static inline int64_t kv_next(const kv_source *s, kv_cursor *c, const char **row
             c->ablock = c->block;
             c->arow = c->row;
         }
-        const int32_t *table = p->block_table + s->b * p->block_table_stride;
         while (c->ahead < want) {  /* a run of rows at one stride: this block's, and those that follow it */
             const char *row0 = paged_block_row(p, s->view, s->b, s->hkv, c->ablock, c->arow, s->elem);
             const float *scale0 = s->scale_view ? (const float *)paged_block_row(p, s->scale_view, s->b, s->hkv,
@@ -197,9 +201,7 @@ static inline int64_t kv_next(const kv_source *s, kv_cursor *c, const char **row
                 if (c->arow < p->block_size) break;
                 c->ablock++;
                 c->arow = 0;
-                if (!s->follow || c->ahead >= want || c->ablock >= s->blocks ||
-                    table[c->ablock] != table[c->ablock - 1] + 1)
-                    break;
+                if (c->ahead >= want || !kv_block_follows(s, c->ablock)) break;
             }
             kv_prefetch_rows(row0, rs, s->elem, k, bytes);
             if (scale0) kv_prefetch_rows((const char *)scale0, s->scale_view->row_stride, sizeof(float), k, 4);

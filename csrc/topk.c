@@ -92,7 +92,7 @@ typedef struct topk_ctx {
     const sdpa_topk_problem *p;
     const kernels_f32 *kern;
     int nr;
-    int64_t heads_padded;  /* heads rounded up to whole panels of a multiple of 8 */
+    int64_t heads_padded;  /* heads rounded up to whole panels */
     int64_t chunks, chunk_len;
     int64_t kept;          /* min(k, len_kv): what a task or a row can select */
     uint64_t *cand;        /* (rows * chunks) x k: each task's selection */
@@ -172,8 +172,6 @@ static void topk_task(void *vctx, int64_t t, int tid) {
     at += TOPK_ALIGN((size_t)TOPK_TILE * E * 4);
     uint16_t *half = (uint16_t *)(void *)at;                          /* TILE x E */
     at += TOPK_ALIGN((size_t)TOPK_TILE * E * 2);
-    float *wp = (float *)(void *)at;                                  /* HP: weights, 0 past H */
-    at += TOPK_ALIGN((size_t)HP * 4);
     const float **qrows = (const float **)(void *)at;                 /* nr */
     at += TOPK_ALIGN((size_t)nr * sizeof(void *));
     uint64_t *buf = (uint64_t *)(void *)at;                           /* 2K + TILE */
@@ -186,16 +184,12 @@ static void topk_task(void *vctx, int64_t t, int tid) {
         kern->pack_q(panels + h0 * E, nr, qrows, n, E, 1.0f);
     }
     const float *w = p->weights + b * p->weights_strides[0] + l * p->weights_strides[1];
-    for (int64_t h = 0; h < HP; h++) wp[h] = h < H ? w[h] : 0.0f;
 
     const sdpa_dtype dt = p->key_dtype;
-    const size_t elem = sdpa_dtype_size(dt);
     uint64_t thr = UINT64_MAX;
     int64_t cnt = 0;
     for (int64_t j0 = c0; j0 < c1; j0 += TOPK_TILE) {
         const int n = (int)(c1 - j0 < TOPK_TILE ? c1 - j0 : TOPK_TILE);
-        const float *keys = kbuf;
-        const int64_t ldk = E;
         if (dt == SDPA_FLOAT32) {  /* copied: the gemm then reads a tile in cache, and the copy streams */
             const float *src = (const float *)p->key + b * p->key_strides[0] + j0 * p->key_strides[1];
             if (p->key_strides[1] == E) {
@@ -210,20 +204,19 @@ static void topk_task(void *vctx, int64_t t, int tid) {
         } else {
             widen_keys8(cx, b, j0, n, kbuf, half);
         }
-        (void)elem;
         for (int64_t h0 = 0; h0 < HP; h0 += nr)  /* dots of every head, key by key */
-            kern->gemm(n, E, keys, ldk, 1, panels + h0 * E, nr, dots + h0 * TOPK_TILE, nr, 0);
+            kern->gemm(n, E, kbuf, E, 1, panels + h0 * E, nr, dots + h0 * TOPK_TILE, nr, 0);
         for (int x = 0; x < n; x++) {
             const int64_t j = j0 + x;
             float f = cx->key_unit;
             if (p->key_scale) f *= p->key_scale[b * p->key_scale_strides[0] + j * p->key_scale_strides[1]];
-            /* sum over the heads in eight lanes (head h in lane h % 8, in order), a
-             * fixed order: the same bits for every chunking.  Only the H heads: a
-             * padded head's dot with a key holding an infinity is NaN, not 0. */
+            /* sum over the heads in eight lanes (head h0 + y of a panel in lane y % 8,
+             * in order), a fixed order: the same bits for every chunking.  Only the H
+             * heads: a padded head's dot with a key holding an infinity is NaN, not 0. */
             float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int64_t h0 = 0; h0 < H; h0 += nr) {  /* panel by panel (nr is a multiple of 8) */
+            for (int64_t h0 = 0; h0 < H; h0 += nr) {  /* panel by panel */
                 const float *d = dots + h0 * TOPK_TILE + (int64_t)x * nr;
-                const float *wh = wp + h0;
+                const float *wh = w + h0;
                 const int valid = (int)(H - h0 < nr ? H - h0 : nr), whole = valid / 8 * 8;
                 for (int y = 0; y < whole; y += 8)
                     for (int u = 0; u < 8; u++) {
@@ -313,7 +306,6 @@ sdpa_status sdpa_index_topk(const sdpa_topk_problem *p) {
     cx.p = p;
     cx.kern = &kt->f32;
     cx.nr = kt->f32.nr;
-    if (cx.nr % 8) return SDPA_ERR_BAD_ISA;  /* every set's panels are whole vectors of 8 or 16 floats */
     cx.key_unit = p->key_dtype == SDPA_FP8_E4M3 ? 256.0f : 1.0f;
     const int64_t S = p->len_kv, E = p->head_dim, H = p->heads, K = p->k < S ? p->k : S, nr = cx.nr;
     cx.kept = K;  /* a k beyond the positions pads, and takes no more memory */
@@ -336,12 +328,10 @@ sdpa_status sdpa_index_topk(const sdpa_topk_problem *p) {
 
     int64_t cand_elems = 0;
     if (!mul_ok(tasks, K, &cand_elems)) return SDPA_ERR_OVERFLOW;
-    int64_t unit = nr;
-    while (unit % 8) unit += nr;  /* whole panels, and the eight lanes of the heads' sum */
-    cx.heads_padded = (H + unit - 1) / unit * unit;
+    cx.heads_padded = (H + nr - 1) / nr * nr;  /* whole panels */
     const int64_t HP = cx.heads_padded;
     cx.scratch_bytes = TOPK_ALIGN((size_t)HP * E * 4) + TOPK_ALIGN((size_t)HP * TOPK_TILE * 4) +
-                       TOPK_ALIGN((size_t)TOPK_TILE * E * 4) + TOPK_ALIGN((size_t)TOPK_TILE * E * 2) + TOPK_ALIGN((size_t)HP * 4) +
+                       TOPK_ALIGN((size_t)TOPK_TILE * E * 4) + TOPK_ALIGN((size_t)TOPK_TILE * E * 2) +
                        TOPK_ALIGN((size_t)nr * sizeof(void *)) + TOPK_ALIGN((size_t)(2 * K + TOPK_TILE) * 8);
     cx.cand = (uint64_t *)malloc((size_t)(cand_elems > 0 ? cand_elems : 1) * sizeof(uint64_t));
     cx.cand_n = (int64_t *)malloc((size_t)tasks * sizeof(int64_t));

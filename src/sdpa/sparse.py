@@ -14,7 +14,7 @@ parallel, bit for bit the same on any thread count.
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Tuple, Union, cast
+from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -148,7 +148,7 @@ def _shared_first(lists: Array, counts: Array, group: Array) -> Array:
 
 
 def _attend_lists(
-    rows_q: Array, pools: Tuple[Optional[Array], ...], fold: bool, lists: Array, counts: Array, code: int,
+    rows_q: Array, pools: Tuple[Optional[Array], ...], fold: bool, lists: Array, counts: Array, Ev: int,
     heads_kv: int, *, scale: Optional[float], softcap: Optional[float], sinks: Optional[Array], return_lse: bool,
     num_threads: Optional[int], kv_dtype: Optional[str], group: Array, integer_qk: bool = False,
     integer_pv: bool = False,
@@ -157,8 +157,8 @@ def _attend_lists(
     call computes in) over the positions listed for them: ``lists`` (R, Hi, k)
     block numbers of the one-row ``pools`` (key, value and their scales; heads
     folded into the block numbers when ``fold``, Hi = Hkv then, else Hi = 1),
-    the first ``counts`` (R, Hi) of each list read; ``group`` (R,) the rows'
-    groups (:func:`_shared_first`).  ``sinks``: (R, Hq) or
+    the first ``counts`` (R, Hi) of each list read; ``Ev`` the values'
+    features; ``group`` (R,) the rows' groups (:func:`_shared_first`).  ``sinks``: (R, Hq) or
     None.  Returns (R, Hq, Ev) and the lse (R, Hq), or None; a row that lists
     nothing gives 0 and -inf (its sink, with sinks)."""
     R, Hq, E = rows_q.shape
@@ -174,7 +174,6 @@ def _attend_lists(
     else:  # a sequence per row: all its heads
         q_seq, tables, lens, sink_seq = rows_q, lists.reshape(R, k), counts.reshape(R), sinks
     n, heads = q_seq.shape[:2]
-    Ev = cast(Array, pools[1]).shape[3] * width_of(code)
     cdt = compute_dtype(rows_q.dtype)
     out = np.zeros((n, heads, Ev), rows_q.dtype)
     lse = np.full((n, heads), -np.inf, cdt) if return_lse else None
@@ -407,7 +406,7 @@ def sparse_attention(
     sink_rows = None if sink is None else np.broadcast_to(
         np.broadcast_to(sink, batch + (Hq,)).reshape(B, 1, Hq), (B, L, Hq)).reshape(B * L, Hq)
     group = (np.arange(B)[:, None] * -(-L // _SHARE_ROWS) + np.arange(L)[None, :] // _SHARE_ROWS).reshape(B * L)
-    o, lse = _attend_lists(rows_q, pools, fold, lists, counts, code, Hkv, scale=scale, softcap=softcap,
+    o, lse = _attend_lists(rows_q, pools, fold, lists, counts, Ev, Hkv, scale=scale, softcap=softcap,
                            sinks=sink_rows, return_lse=return_lse, num_threads=num_threads, kv_dtype=kv_dtype,
                            group=group)
     result = o.reshape(B, L, Hq, Ev).transpose(0, 2, 1, 3).reshape(out_shape)
@@ -434,8 +433,7 @@ def paged_topk(
         value_scale=value_scale, kv_dtype=kv_dtype, integer_qk=integer_qk, query_start_loc=query_start_loc,
         integer_pv=integer_pv)
     q, _, vc, bt, sl, scales, extras, _ = args  # checked, in the core's forms
-    code = _cache_pair(_to_array(key_cache, "key_cache"), _to_array(value_cache, "value_cache"), key_scale,
-                       value_scale, kv_dtype)[5]
+    Ev = vc.shape[3] * width_of(_core.QUANTIZED.get(kv_dtype or "", 0))  # int4: two values a byte
     packed = q.ndim == 3
     B = sl.shape[0]
     Hkv, bs = vc.shape[1], vc.shape[2]
@@ -477,10 +475,10 @@ def paged_topk(
     fold = Hi > 1
     pools, mx, mh = _pools_of((kc0, flat, ks, vs), fold)
     lists, counts = _sorted_lists(rows_idx, ((own + 1) if is_causal else limit)[:, None])
-    pos = np.where(np.arange(k) < counts[..., None], lists, 0)
+    valid = np.arange(k) < counts[..., None]
+    pos = np.where(valid, lists, 0)
     blocks = bt[seq[:, None, None], pos // bs].astype(np.int64)
     first = (np.arange(Hi, dtype=np.int64) * mh)[None, :, None]
-    valid = np.arange(k) < counts[..., None]
     vids = np.where(valid, blocks * mx + first + pos % bs, np.iinfo(np.int64).max)
     vids.sort(axis=-1)  # by block number: the pool's order, as _shared_first takes them
     vids = np.where(valid, vids, 0)
@@ -490,10 +488,9 @@ def paged_topk(
     # groups of _SHARE_ROWS rows of a sequence
     row_in_seq = np.arange(R) - (qsl[seq] if packed else seq * L)
     group = np.unique(seq * (R + 1) + row_in_seq // _SHARE_ROWS, return_inverse=True)[1].reshape(R)
-    o, lse = _attend_lists(rows_q, pools, fold, vids, counts, code, Hkv, scale=scale, softcap=softcap,
+    o, lse = _attend_lists(rows_q, pools, fold, vids, counts, Ev, Hkv, scale=scale, softcap=softcap,
                            sinks=sink_rows, return_lse=return_lse, num_threads=num_threads, kv_dtype=kv_dtype,
                            group=group, integer_qk=integer_qk, integer_pv=integer_pv)
-    Ev = o.shape[-1]
     result = o if packed else o.reshape(B, L, Hq, Ev).transpose(0, 2, 1, 3)
     if out is not None:
         np.copyto(out, result)
