@@ -83,6 +83,38 @@ static sdpa_status validate_ragged(const sdpa_problem *p, int64_t count, const c
     return SDPA_OK;
 }
 
+/* The rules of top-k lists (sdpa.h): what they go with, and every entry in
+ * range (read here, as a paged problem's block table is). */
+static sdpa_status validate_topk(const sdpa_problem *p, int64_t count, int64_t work, const char **field) {
+    if (!p->topk_indices.data) {
+        if (p->topk != 0) REFUSE(SDPA_ERR_NULL_POINTER, "topk_indices");
+        return SDPA_OK;
+    }
+    if (p->topk < 0) REFUSE(SDPA_ERR_BAD_TOPK, "topk");
+    if (p->block_size != 0) REFUSE(SDPA_ERR_BAD_TOPK, "block_size");
+    if (p->cu_seqlens_q || p->cu_seqlens_k) REFUSE(SDPA_ERR_BAD_TOPK, p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+    if (p->mask_kind != SDPA_MASK_NONE) REFUSE(SDPA_ERR_BAD_TOPK, "mask_kind");
+    if (p->weights.data) REFUSE(SDPA_ERR_BAD_TOPK, "weights");
+    if (p->causal) REFUSE(SDPA_ERR_BAD_TOPK, "causal");
+    if (has_window(p)) REFUSE(SDPA_ERR_BAD_TOPK, p->window_left >= 0 ? "window_left" : "window_right");
+    if (p->alibi.data) REFUSE(SDPA_ERR_BAD_TOPK, "alibi");
+    int64_t tmp;
+    if (!mul_ok(work, p->topk, &tmp)) REFUSE(SDPA_ERR_OVERFLOW, "topk");
+    if (work == 0) return SDPA_OK;
+    const int64_t lists = topk_lists_heads(p);
+    const sdpa_view *v = &p->topk_indices;
+    for (int64_t b = 0; b < count; b++)
+        for (int64_t h = 0; h < lists; h++) {
+            const int32_t *at = (const int32_t *)view_at(p, v, b, h, sizeof(int32_t));
+            for (int64_t l = 0; l < p->len_q; l++)
+                for (int64_t j = 0; j < p->topk; j++) {
+                    const int32_t s = at[l * v->row_stride + j * v->col_stride];
+                    if (s < -1 || s >= p->len_kv) REFUSE(SDPA_ERR_BAD_TOPK, "topk_indices");
+                }
+        }
+    return SDPA_OK;
+}
+
 /* Every rule of sdpa.h on *p, in one place: SDPA_OK, or the status of the
  * first rule broken and (field not NULL) the name of the field that broke it. */
 static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count, const char **field) {
@@ -163,6 +195,8 @@ static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count, const c
     }
     const sdpa_status ragged = validate_ragged(p, count, field);
     if (ragged != SDPA_OK) return ragged;
+    const sdpa_status topk = validate_topk(p, count, work, field);
+    if (topk != SDPA_OK) return topk;
     if (work > 0) {
         if (!p->query.data) REFUSE(SDPA_ERR_NULL_POINTER, "query");
         if (!p->out.data) REFUSE(SDPA_ERR_NULL_POINTER, "out");
@@ -229,7 +263,12 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
     sdpa_status st = sdpa_validate(p, &batch_count);
     if (st != SDPA_OK) return st;
     if (batch_count * p->num_heads * p->len_q == 0) return SDPA_OK;  /* empty output */
+    if (p->topk_indices.data) return sdpa_sparse_call(p, batch_count);
+    return sdpa_run_valid(p, batch_count);
+}
 
+sdpa_status sdpa_run_valid(const sdpa_problem *p, int64_t batch_count) {
+    sdpa_status st;
     int by_name = 0;
     const kernel_table *kt = sdpa_kernel_choice(&by_name);
     if (!kt) return SDPA_ERR_BAD_ISA;  /* SDPA_ISA names a set that cannot be used */
@@ -268,6 +307,9 @@ const char *sdpa_status_message(sdpa_status status) {
             return "ragged: cu_seqlens_q or cu_seqlens_k not prefix sums from 0 to len_q / len_kv, num_batch_dims "
                    "not 1, a mask or weights, key_lengths with cu_seqlens_k, a paged sequence with more query rows "
                    "than positions, or offsets_from_end without cu_seqlens";
+        case SDPA_ERR_BAD_TOPK:
+            return "top-k lists: an entry below -1 or at or past len_kv, a negative topk, or lists with a mask, "
+                   "weights, causality, a window, ALiBi, paged or ragged keys";
         case SDPA_ERR_ABI:
             return "the sdpa_problem is not this library's (compiled against another sdpa.h, or not set up by "
                    "sdpa_problem_init)";

@@ -209,6 +209,10 @@ double sdpa_task_cost(const part *pt, int64_t t);
 /* Checks a problem against sdpa.h's rules (attention.c); *batch_count is the
  * product of its batch dims. */
 sdpa_status sdpa_validate(const sdpa_problem *p, int64_t *batch_count);
+/* Plans and runs a valid problem of batch_count batch indices (attention.c). */
+sdpa_status sdpa_run_valid(const sdpa_problem *p, int64_t batch_count);
+/* Runs a valid problem with top-k lists (sparse.c), through sdpa_run_valid. */
+sdpa_status sdpa_sparse_call(const sdpa_problem *p, int64_t batch_count);
 
 /* Plans the validated call *p (offsets clamped) for kernel table kt with
  * `threads` threads (0: the problem's own rule); frees nothing on failure. */

@@ -89,6 +89,13 @@ static inline int64_t seq_rows(const sdpa_problem *c, int64_t b) {
     return c->cu_seqlens_q ? c->cu_seqlens_q[b + 1] - c->cu_seqlens_q[b] : c->len_q;
 }
 
+/* Top-k lists: how many a batch index has, one per key/value head, or one
+ * for all heads (a single key/value head, or a head_stride of 0). */
+static inline int64_t topk_lists_heads(const sdpa_problem *p) {
+    const int64_t hkv = p->gqa_group > 0 ? p->num_heads / p->gqa_group : 0;
+    return hkv <= 1 || p->topk_indices.head_stride == 0 ? 1 : hkv;
+}
+
 /* The scale view of a key or value view. */
 static inline const sdpa_view *scales_of(const sdpa_problem *p, const sdpa_view *view) {
     return view == &p->key ? &p->key_scale : &p->value_scale;

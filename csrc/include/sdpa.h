@@ -79,13 +79,17 @@ typedef enum sdpa_status {
                                        bool tree over the last positions, or a
                                        negative or too large block_size,
                                        num_blocks or block_table_stride      */
-    SDPA_ERR_BAD_RAGGED = 15        /* ragged: cu_seqlens_q or cu_seqlens_k not
+    SDPA_ERR_BAD_RAGGED = 15,       /* ragged: cu_seqlens_q or cu_seqlens_k not
                                        prefix sums from 0 to len_q / len_kv,
                                        num_batch_dims not 1, a mask or weights,
                                        key_lengths with cu_seqlens_k, a paged
                                        sequence with more query rows than
                                        positions, or offsets_from_end without
                                        cu_seqlens                            */
+    SDPA_ERR_BAD_TOPK = 16          /* top-k lists: an entry below -1 or at or
+                                       past len_kv, a negative topk, or lists
+                                       with a mask, weights, causality, a
+                                       window, ALiBi, paged or ragged keys   */
 } sdpa_status;
 
 /*
@@ -318,6 +322,32 @@ typedef struct sdpa_problem {
     const int64_t *cu_seqlens_k;
     int32_t offsets_from_end;
     int32_t integer_pv;          /* see the quantized values above; 0: float */
+
+    /* Top-k sparse attention (0.5): with topk_indices.data set (int32_t
+     * elements), row l of batch index b attends, for key/value head h, only
+     * the key positions
+     *     topk_indices[b, h, l, j],  0 <= j < topk
+     * (batch_strides over batch_shape, head_stride over the Hkv key/value
+     * heads, row_stride over the L rows, col_stride over j; a head_stride of 0
+     * gives every head the same list).  The result is attention over the
+     * gathered keys and values key[b, h, list, :]:
+     *   an entry of -1, or at or past key_lengths[b] (when given), is ignored;
+     *   a position listed twice counts twice;
+     *   a row left with no position gives 0 and lse -inf (with sinks: 0 and
+     *     lse the sink).
+     * An entry below -1 or at or past len_kv is SDPA_ERR_BAD_TOPK.  Every
+     * kv_dtype and scale layout is read where it lies (value may be a column
+     * view of key: MLA's latent cache), never gathered into a copy: the cache
+     * is seen as a pool of one-position blocks and each row's list, ascending,
+     * as its block table, the positions every row of a group of 64 rows lists
+     * first (read once for the group).  Results do not depend on the thread
+     * count.  Lists take no mask, weights, causality, window or ALiBi, and
+     * keys that are neither paged nor ragged (SDPA_ERR_BAD_TOPK naming the
+     * field); over a paged cache, a table of one-position blocks is such a
+     * list already (examples/c/sparse_decode.c).  sdpa_index_topk writes the
+     * lists of DeepSeek-style sparse attention. */
+    sdpa_view topk_indices;
+    int64_t topk;                /* entries a row's list holds (k >= 0)    */
 } sdpa_problem;
 
 /* Fills *p with an empty problem: float32, key and value of the query's

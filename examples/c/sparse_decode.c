@@ -3,9 +3,9 @@
  * A cache of 4,096 positions (2 key/value heads, 64 features) and an index
  * cache (one head of 32 features a position).  The indexer's 4 heads score
  * every position (sdpa_index_topk) and keep the 256 best; 8 query heads then
- * attend only those positions, read where they lie: the cache seen as a pool
- * of one-position blocks, the selected positions as the block table
- * (sdpa_attention, block_size 1).  The selection is checked against every
+ * attend only those positions, read where they lie (sdpa_attention with the
+ * list as the problem's topk_indices; over a paged cache, a block table of
+ * one-position blocks is the same list).  The selection is checked against every
  * position's score in double precision (none left out may score higher than
  * one kept), the output against a double-precision loop over the selected
  * positions; the example fails beyond 1e-5.
@@ -82,30 +82,24 @@ int main(void) {
         return 1;
     }
 
-    /* 2. attend the selected positions where they lie: blocks of one position */
-    const int64_t count = K;
+    /* 2. attend the selected positions where they lie: the list in the
+     * problem's topk_indices (one list shared by every head: head_stride 0) */
     sdpa_problem p;
     sdpa_problem_init(&p);
-    p.num_batch_dims = 1;
-    p.batch_shape[0] = 1;
     p.num_heads = HQ;
     p.gqa_group = HQ / HKV;
     p.len_q = 1;
-    p.len_kv = K;
+    p.len_kv = S;
     p.head_dim = p.head_dim_v = E;
     p.scale = 1.0 / sqrt((double)E);
-    p.query = (sdpa_view){.data = query, .batch_strides = {HQ * E}, .head_stride = E, .row_stride = E, .col_stride = 1};
+    p.query = (sdpa_view){.data = query, .head_stride = E, .row_stride = E, .col_stride = 1};
     p.out = p.query;
     p.out.data = out;
-    p.key = (sdpa_view){.data = key, .batch_strides = {E}, .head_stride = S * E, .row_stride = E, .col_stride = 1};
+    p.key = (sdpa_view){.data = key, .head_stride = S * E, .row_stride = E, .col_stride = 1};
     p.value = p.key;
     p.value.data = value;
-    p.block_table = selected;
-    p.block_table_stride = K;
-    p.block_size = 1;
-    p.num_blocks = S;
-    p.key_lengths = &count;
-    p.key_lengths_strides[0] = 1;
+    p.topk_indices = (sdpa_view){.data = selected, .head_stride = 0, .row_stride = K, .col_stride = 1};
+    p.topk = K;
     st = sdpa_attention(&p);
     if (st != SDPA_OK) {
         fprintf(stderr, "sdpa_attention: %s\n", sdpa_status_message(st));

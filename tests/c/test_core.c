@@ -2366,6 +2366,180 @@ static void test_index_topk(void) {
     check_status(sdpa_index_topk(&p), SDPA_ERR_ABI, "index_topk of another struct size");
 }
 
+/* Top-k lists in the descriptor (C API 0.5): each row of a sparse call
+ * against a dense call over the keys and values its list gathers (within
+ * rounding; the bits of 1 and 3 threads the same), with -1 entries, repeats,
+ * empty rows, key_lengths, sinks, lists per key/value head or shared, caches
+ * whose slices fold into one pool and caches that do not (positions before
+ * heads), float, bfloat16 and int8 caches; then the refusals, nothing written. */
+enum { SB = 2, SH = 4, SG = 2, SL = 70, SS = 50, SE = 16, SK = 9 };
+
+/* Entry j of row l's list for batch index b and list h (a fixed pattern). */
+static int32_t sparse_entry(int64_t b, int64_t h, int64_t l, int64_t j) {
+    if (l % 13 == 5) return -1;                                /* a row with nothing */
+    if (j < 3) return (int32_t)(3 + 8 * j + b + (l >= 64));    /* listed by every row of a group */
+    if (j == SK - 1) return sparse_entry(b, h, l, 4);          /* a repeat */
+    const int64_t x = (l * 31 + j * 17 + h * 7 + b * 3) % (SS + 3) - 1;
+    return (int32_t)(x >= SS ? -1 : x);                        /* -1 now and then */
+}
+
+static void sparse_case(const char *isa, sdpa_dtype qdt, sdpa_dtype kvdt, int per_head, int heads_inner,
+                        int with_lengths, int with_sinks) {
+    const int64_t Hkv = SH / SG, lists = per_head ? Hkv : 1;
+    const size_t qs = dtype_size(qdt), ks = kvdt == SDPA_INT8 ? 1 : dtype_size(kvdt);
+    const int64_t nkv = SB * Hkv * SS * SE;
+    void *q = xcalloc((size_t)(SB * SH * SL * SE), qs), *k = xcalloc((size_t)nkv, ks), *v = xcalloc((size_t)nkv, ks);
+    float *ksc = (float *)xcalloc((size_t)(SB * Hkv * SS), sizeof(float));
+    float *vsc = (float *)xcalloc((size_t)(SB * Hkv * SS), sizeof(float));
+    void *out = xcalloc((size_t)(SB * SH * SL * SE), qs), *out3 = xcalloc((size_t)(SB * SH * SL * SE), qs);
+    float *lse = (float *)xcalloc((size_t)(SB * SH * SL), sizeof(float));
+    float *lse3 = (float *)xcalloc((size_t)(SB * SH * SL), sizeof(float));
+    int32_t *idx = (int32_t *)xcalloc((size_t)(SB * lists * SL * SK), sizeof(int32_t));
+    float sinks[SB * SH];
+    const int64_t lengths[SB] = {SS, 30};
+    for (int64_t i = 0; i < SB * SH * SL * SE; i++) store(q, qdt, i, 2 * rng_uniform() - 1);
+    for (int64_t i = 0; i < nkv; i++) {
+        if (kvdt == SDPA_INT8) {
+            ((int8_t *)k)[i] = (int8_t)(rng_next() % 255 - 127);
+            ((int8_t *)v)[i] = (int8_t)(rng_next() % 255 - 127);
+        } else {
+            store(k, kvdt, i, 2 * rng_uniform() - 1), store(v, kvdt, i, 2 * rng_uniform() - 1);
+        }
+    }
+    for (int64_t i = 0; i < SB * Hkv * SS; i++) ksc[i] = 0.01f + 0.01f * (float)rng_uniform(), vsc[i] = 0.01f;
+    for (int i = 0; i < SB * SH; i++) sinks[i] = (float)(rng_uniform() - 0.5);
+    for (int64_t b = 0; b < SB; b++)
+        for (int64_t h = 0; h < lists; h++)
+            for (int64_t l = 0; l < SL; l++)
+                for (int64_t j = 0; j < SK; j++) idx[((b * lists + h) * SL + l) * SK + j] = sparse_entry(b, h, l, j);
+    /* the cache: (B, Hkv, S, E), or (B, S, Hkv, E) with heads_inner; scales alike with one column */
+    const int64_t hs = heads_inner ? SE : SS * SE, rs = heads_inner ? Hkv * SE : SE;
+    const int64_t shs = heads_inner ? 1 : SS, srs = heads_inner ? Hkv : 1;
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.dtype = qdt, p.kv_dtype = kvdt;
+    p.num_batch_dims = 1, p.batch_shape[0] = SB;
+    p.num_heads = SH, p.gqa_group = SG, p.len_q = SL, p.len_kv = SS, p.head_dim = p.head_dim_v = SE;
+    p.scale = 0.3;
+    p.query = (sdpa_view){q, {SH * SL * SE}, SL * SE, SE, 1};
+    p.out = (sdpa_view){out, {SL * SH * SE}, SE, SH * SE, 1};  /* (B, L, H, E) */
+    p.key = (sdpa_view){k, {Hkv * SS * SE}, hs, rs, 1};
+    p.value = p.key, p.value.data = v;
+    if (kvdt == SDPA_INT8) {
+        p.key_scale = (sdpa_view){ksc, {Hkv * SS}, shs, srs, 1};
+        p.value_scale = p.key_scale, p.value_scale.data = vsc;
+    }
+    p.lse = (sdpa_view){lse, {SH * SL}, SL, 1, 0};
+    if (with_sinks) p.sinks = (sdpa_view){sinks, {SH}, 1, 0, 0};
+    if (with_lengths) p.key_lengths = lengths, p.key_lengths_strides[0] = 1;
+    p.topk_indices = (sdpa_view){idx, {lists * SL * SK}, per_head ? SL * SK : 0, SK, 1};
+    p.topk = SK;
+    p.num_threads = 1;
+    sdpa_status st = sdpa_attention(&p);
+    sdpa_problem p3 = p;
+    p3.num_threads = 3, p3.out.data = out3, p3.lse.data = lse3;
+    const int same = st == SDPA_OK && sdpa_attention(&p3) == SDPA_OK &&
+                     memcmp(out, out3, (size_t)(SB * SH * SL * SE) * qs) == 0 &&
+                     memcmp(lse, lse3, (size_t)(SB * SH * SL) * sizeof(float)) == 0;
+
+    /* each row against a dense call over its gathered keys and values */
+    double worst = st == SDPA_OK ? 0 : INFINITY;
+    void *gk = xcalloc((size_t)(Hkv * SK * SE), ks), *gv = xcalloc((size_t)(Hkv * SK * SE), ks);
+    float gks[SB * SK * 2], gvs[SB * SK * 2];
+    void *go = xcalloc((size_t)(SH * SE), qs);
+    float glse[SH];
+    for (int64_t b = 0; b < SB && st == SDPA_OK; b++)
+        for (int64_t h = 0; h < lists; h++)
+            for (int64_t l = 0; l < SL; l++) {
+                const int64_t limit = with_lengths ? lengths[b] : SS, heads = SH / lists;
+                const int64_t h0 = per_head ? h : 0, h1 = per_head ? h + 1 : Hkv;
+                int64_t c = 0;
+                for (int64_t j = 0; j < SK; j++) {
+                    const int32_t s = idx[((b * lists + h) * SL + l) * SK + j];
+                    if (s < 0 || s >= limit) continue;
+                    for (int64_t g = h0; g < h1; g++) {
+                        const int64_t src = b * Hkv * SS * SE + g * hs + s * rs;
+                        const int64_t dst = ((g - h0) * SK + c) * SE;
+                        memcpy((char *)gk + (size_t)dst * ks, (char *)k + (size_t)src * ks, (size_t)SE * ks);
+                        memcpy((char *)gv + (size_t)dst * ks, (char *)v + (size_t)src * ks, (size_t)SE * ks);
+                        gks[(g - h0) * SK + c] = ksc[b * Hkv * SS + g * shs + s * srs];
+                        gvs[(g - h0) * SK + c] = vsc[b * Hkv * SS + g * shs + s * srs];
+                    }
+                    c++;
+                }
+                sdpa_problem d = p;
+                memset(&d.topk_indices, 0, sizeof(d.topk_indices));
+                d.topk = 0, d.key_lengths = NULL;
+                d.num_batch_dims = 0, d.num_heads = heads, d.len_q = 1, d.len_kv = c;
+                d.query.data = (char *)q + (size_t)((b * SH + h * heads) * SL * SE + l * SE) * qs;
+                d.out = (sdpa_view){go, {0}, SE, SE, 1};
+                d.lse = (sdpa_view){glse, {0}, 1, 1, 0};
+                d.key = (sdpa_view){gk, {0}, SK * SE, SE, 1};
+                d.value = d.key, d.value.data = gv;
+                if (kvdt == SDPA_INT8) {
+                    d.key_scale = (sdpa_view){gks, {0}, SK, 1, 1};
+                    d.value_scale = d.key_scale, d.value_scale.data = gvs;
+                }
+                if (with_sinks) d.sinks = (sdpa_view){sinks + b * SH + h * heads, {0}, 1, 0, 0};
+                if (sdpa_attention(&d) != SDPA_OK) {
+                    worst = INFINITY;
+                    continue;
+                }
+                for (int64_t j = 0; j < heads; j++) {
+                    const int64_t hq = h * heads + j;
+                    for (int64_t e = 0; e < SE; e++) {
+                        const double x = load(out, qdt, b * SL * SH * SE + l * SH * SE + hq * SE + e);
+                        const double y = load(go, qdt, j * SE + e);
+                        if (!(fabs(x - y) <= worst)) worst = fabs(x - y) == fabs(x - y) ? fabs(x - y) : INFINITY;
+                    }
+                    const double a = lse[(b * SH + hq) * SL + l], e2 = glse[j];
+                    if (!(a == e2 || fabs(a - e2) <= worst)) worst = fabs(a - e2) == fabs(a - e2) ? fabs(a - e2) : INFINITY;
+                }
+            }
+    const double tol = qdt == SDPA_BFLOAT16 ? 2e-2 : 2e-5;
+    check(worst <= tol && same, "sparse %s %s/%s lists %s, %s%s%s: max diff %.2g from dense over the gathered keys%s",
+          isa, dtype_name(qdt), kvdt == SDPA_INT8 ? "int8" : dtype_name(kvdt), per_head ? "per head" : "shared",
+          heads_inner ? "positions before heads" : "heads before positions", with_lengths ? ", key_lengths" : "",
+          with_sinks ? ", sinks" : "", worst, same ? "" : "; 1 and 3 threads differ");
+
+    static int refused = 0;
+    if (!refused++) {  /* refusals (once): nothing written */
+        const char *field = NULL;
+        store(out, qdt, 0, 123.0);
+        idx[5] = -2;
+        check(sdpa_check(&p, &field) == SDPA_ERR_BAD_TOPK && field && strcmp(field, "topk_indices") == 0,
+              "sparse: an entry of -2 refused, naming topk_indices");
+        check_status(sdpa_attention(&p), SDPA_ERR_BAD_TOPK, "sparse: an entry of -2");
+        idx[5] = SS;
+        check_status(sdpa_attention(&p), SDPA_ERR_BAD_TOPK, "sparse: an entry at len_kv");
+        idx[5] = 0;
+        p.causal = 1;
+        check_status(sdpa_attention(&p), SDPA_ERR_BAD_TOPK, "sparse: causal");
+        p.causal = 0, p.window_left = 3;
+        check_status(sdpa_attention(&p), SDPA_ERR_BAD_TOPK, "sparse: a window");
+        p.window_left = -1, p.topk = -1;
+        check_status(sdpa_attention(&p), SDPA_ERR_BAD_TOPK, "sparse: topk -1");
+        p.topk = SK, p.topk_indices.data = NULL;
+        check_status(sdpa_attention(&p), SDPA_ERR_NULL_POINTER, "sparse: topk without lists");
+        check(load(out, qdt, 0) == 123.0, "sparse refusals write nothing");
+    }
+    free(q), free(k), free(v), free(ksc), free(vsc), free(out), free(out3), free(lse), free(lse3), free(idx);
+    free(gk), free(gv), free(go);
+}
+
+static void test_sparse(void) {
+    const char *initial = sdpa_isa();
+    for (int i = 0; i < NUM_ISAS; i++) {
+        if (!tested(ISAS[i]) || sdpa_set_isa(ISAS[i]) != SDPA_OK) continue;
+        for (int per_head = 0; per_head < 2; per_head++)
+            for (int inner = 0; inner < 2; inner++) sparse_case(ISAS[i], SDPA_FLOAT32, SDPA_FLOAT32, per_head, inner, inner, !inner);
+        sparse_case(ISAS[i], SDPA_BFLOAT16, SDPA_BFLOAT16, 1, 0, 1, 1);
+        sparse_case(ISAS[i], SDPA_FLOAT32, SDPA_INT8, 1, 1, 0, 0);
+        sparse_case(ISAS[i], SDPA_FLOAT32, SDPA_INT8, 0, 0, 1, 0);
+    }
+    sdpa_set_isa(initial);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
@@ -2409,6 +2583,7 @@ int main(int argc, char **argv) {
     test_paged();
     test_ragged();
     test_index_topk();
+    test_sparse();
     sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
         const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
