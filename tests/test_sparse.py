@@ -596,14 +596,11 @@ def test_a_cache_broadcast_along_its_positions(rng):
 
 def test_positions_before_heads_with_lists_per_head(rng):
     """A cache laid out (B, S, Hkv, E) in memory (heads no whole number of rows
-    apart) with a list per key/value head: one call per head over its own
-    pool, no copy of the cache; out= and the lse as usual."""
-    from sdpa import sparse
-
+    apart) with a list per key/value head: the core reads each slice from its
+    own first row; out= and the lse as usual."""
     B, S, Hkv, E, G, L = 2, 50, 3, 8, 2, 3
     key = rng.standard_normal((B, S, Hkv, E)).astype(np.float32).transpose(0, 2, 1, 3)
     value = rng.standard_normal((B, S, Hkv, E)).astype(np.float32).transpose(0, 2, 1, 3)
-    assert sparse._pools((key, value, None, None), True) is None
     q = rng.standard_normal((B, Hkv * G, L, E)).astype(np.float32)
     idx = random_indices(rng, (B, Hkv, L, 7), S)
     sinks = rng.standard_normal(Hkv * G).astype(np.float32)
@@ -626,3 +623,32 @@ def test_a_cache_with_no_position(rng):
     np.testing.assert_array_equal(lse, np.broadcast_to(sinks[None, :, None], (1, 2, 3)))
     with pytest.raises(ValueError, match=r"indices: entry \(0, 0, 0, 0\) is 0, not a position in \[0, 0\)"):
         sdpa.sparse_attention(q, key, key, np.zeros((1, 1, 3, 2), np.int64))
+
+
+@pytest.mark.parametrize("layout", ["blocks, heads, positions", "blocks, positions, heads"])
+def test_paged_topk_pools_are_views_of_the_caches(rng, layout):
+    """Paged caches seen as one cache of their positions without a copy, in
+    either layout (vLLM's puts positions before heads); per-head lists over
+    them against the reference."""
+    from sdpa import sparse
+
+    N, Hkv, bs, E, G, B, L = 6, 2, 4, 8, 2, 2, 3
+    shape = (N, Hkv, bs, E) if layout.endswith("positions") else (N, bs, Hkv, E)
+    key = rng.standard_normal(shape).astype(np.float32)
+    value = rng.standard_normal(shape).astype(np.float32)
+    if not layout.endswith("positions"):
+        key, value = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)
+    (kp, vp, _, _), m = sparse._row_pool((key, value, None, None))
+    assert np.shares_memory(kp, key) and np.shares_memory(vp, value)
+    for n in range(N):
+        np.testing.assert_array_equal(kp[0, :, n * m:n * m + bs], key[n])
+    tables = np.array([[5, 0, 3], [2, 4, 1]], np.int32)
+    seq_lens = np.array([11, 9])
+    q = rng.standard_normal((B, Hkv * G, L, E)).astype(np.float32)
+    idx = np.stack([random_indices(rng, (Hkv, L, 5), int(n)) for n in seq_lens])
+    got = sdpa.paged_attention(q, key, value, tables, seq_lens, topk_indices=idx, is_causal=False)
+    for b in range(B):  # the sequence's cache laid out flat, then the dense form
+        flat_k = np.concatenate([key[t] for t in tables[b]], axis=1)[:, :seq_lens[b]]
+        flat_v = np.concatenate([value[t] for t in tables[b]], axis=1)[:, :seq_lens[b]]
+        ref = reference.sparse_attention(q[b], flat_k, flat_v, idx[b])
+        np.testing.assert_allclose(got[b], ref, rtol=2e-5, atol=2e-5)

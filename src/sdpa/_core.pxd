@@ -87,6 +87,8 @@ cdef extern from "sdpa.h" nogil:
         const int64_t *cu_seqlens_k
         int32_t offsets_from_end
         int32_t integer_pv
+        sdpa_view topk_indices
+        int64_t topk
     void sdpa_problem_init(sdpa_problem *p)
     ctypedef struct sdpa_topk_problem:
         size_t struct_size

@@ -131,6 +131,7 @@ class Call:
         attn_mask: Any = None,
         out: Any = None,
         extras: Optional[Tuple[Any, Any, Any]] = None,
+        indices: Any = None,
     ) -> Result: ...
     def run_varlen(
         self,

@@ -764,7 +764,7 @@ ARGUMENTS = ("query", "key", "value", "attn_mask", "is_causal", "scale", "enable
              "return_weights", "return_lse", "key_lengths", "window", "softcap",
              "alibi_slopes", "sinks", "out", "num_threads", "key_scale", "value_scale",
              "group_size", "diagonal", "kv_dtype", "integer_qk", "integer_pv", "cu_seqlens_q", "cu_seqlens_k",
-             "block_tables", "seq_lens", "query_start_loc", "tree_mask")
+             "block_tables", "seq_lens", "query_start_loc", "tree_mask", "indices")
 RULES = ("is not of a type the core takes as it is",
          "has a dtype the core does not take as it is, or one that does not go with the others",
          "has a shape that does not fit the problem",
@@ -778,7 +778,7 @@ cdef enum:
         ARG_LSE, ARG_LENGTHS, ARG_WINDOW, ARG_SOFTCAP, ARG_ALIBI, ARG_SINKS, ARG_OUT, \
         ARG_THREADS, ARG_KEY_SCALE, ARG_VALUE_SCALE, ARG_GROUP_SIZE, ARG_DIAGONAL, ARG_KV_DTYPE, \
         ARG_INTEGER_QK, ARG_INTEGER_PV, ARG_CU_Q, ARG_CU_K, ARG_TABLES, ARG_SEQ_LENS, ARG_QUERY_START, \
-        ARG_TREE
+        ARG_TREE, ARG_INDICES
 cdef enum:
     RULE_TYPE, RULE_DTYPE, RULE_SHAPE, RULE_VALUE, RULE_LAYOUT, RULE_OVERLAP, RULE_MEMORY
 
@@ -1108,17 +1108,21 @@ cdef class Call:
 
     def run(self, query, key, value, attn_mask=None, key_lengths=None, alibi_slopes=None, sinks=None, out=None):
         """The call over float keys and values (a reason code when declined)."""
-        return self._run(query, key, value, None, None, attn_mask, key_lengths, alibi_slopes, sinks, out)
+        return self._run(query, key, value, None, None, attn_mask, key_lengths, alibi_slopes, sinks, out, None)
 
-    def run_cache(self, query, key, value, key_scale, value_scale, attn_mask=None, out=None, extras=None):
+    def run_cache(self, query, key, value, key_scale, value_scale, attn_mask=None, out=None, extras=None,
+                  indices=None):
         """The call over a cache's keys and values, with the scales of a
         quantized one (None: unscaled float8, or a float cache); ``extras``
-        None or (alibi_slopes, sinks, key_lengths)."""
+        None or (alibi_slopes, sinks, key_lengths); ``indices`` None or the
+        positions each row attends (top-k lists: native, aligned int32
+        (..., Hkv or 1, L, k), entries in [-1, S), not checked here: the
+        core refuses others with a ValueError, writing nothing)."""
         if extras is None:
-            return self._run(query, key, value, key_scale, value_scale, attn_mask, None, None, None, out)
+            return self._run(query, key, value, key_scale, value_scale, attn_mask, None, None, None, out, indices)
         alibi_slopes, sinks, key_lengths = extras
         return self._run(query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes, sinks,
-                         out)
+                         out, indices)
 
     def run_varlen(self, query, key, value, cu_seqlens_q, cu_seqlens_k, extras=None, out=None, *,
                    int plan_threads=-1):
@@ -1169,8 +1173,8 @@ cdef class Call:
         p.integer_pv = self.ipv
 
     cdef object _run(self, query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes,
-                     sinks, out):
-        cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None
+                     sinks, out, indices):
+        cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None, ix = None
         cdef cnp.ndarray ks = None, vs = None
         cdef cnp.npy_intp *shapes[3]
         cdef int nds[3]
@@ -1305,6 +1309,19 @@ cdef class Call:
             for i in range(cnp.PyArray_SIZE(kl)):
                 if p.key_lengths[i] < 0:
                     return _why(ARG_LENGTHS, RULE_VALUE)
+        if indices is not None:  # top-k lists (..., Hkv or 1, L, k)
+            if not cnp.PyArray_CheckExact(indices):
+                return _why(ARG_INDICES, RULE_TYPE)
+            ix = <cnp.ndarray>indices
+            if cnp.PyArray_TYPE(ix) != cnp.NPY_INT32:
+                return _why(ARG_INDICES, RULE_DTYPE)
+            if not (cnp.PyArray_ISNOTSWAPPED(ix) and cnp.PyArray_ISALIGNED(ix)) or cnp.PyArray_NDIM(ix) < 1:
+                return _why(ARG_INDICES, RULE_LAYOUT)
+            n = cnp.PyArray_DIMS(ix)[cnp.PyArray_NDIM(ix) - 1]
+            _expected(ex, p.batch_shape, nb, heads // group, L, n)
+            if _fill_view(&p.topk_indices, ix, nb, 3, ex, False):
+                return _why(ARG_INDICES, RULE_SHAPE)
+            p.topk = n
 
         # the outputs: out (checked) or new, the weights and lse new
         mn = nb + 3 if nd >= 3 else 2
@@ -1321,6 +1338,7 @@ cdef class Call:
             o = <cnp.ndarray>out
             if not (_no_self_overlap(o) and _disjoint(o, q) and _disjoint(o, k) and _disjoint(o, v)
                     and _disjoint(o, m) and _disjoint(o, kl) and _disjoint(o, ks) and _disjoint(o, vs)
+                    and _disjoint(o, ix)
                     and (alibi_slopes is None or _disjoint(o, <cnp.ndarray>alibi_slopes))
                     and (sinks is None or _disjoint(o, <cnp.ndarray>sinks))):
                 return OUT_MAY_OVERLAP

@@ -13,8 +13,7 @@ parallel, bit for bit the same on any thread count.
 """
 from __future__ import annotations
 
-import math
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union, cast
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -22,7 +21,8 @@ from numpy.lib.stride_tricks import as_strided
 from . import _core
 from ._checks import broadcasts_to, count, declined, flag, grouped_heads, head_values, int_array, output_array
 from ._dtypes import _to_array, compute_dtype, float_dtype, quantized_query_dtype, width_of
-from .paged import _cache_pair, _paged_call
+from .kvcache import base_call
+from .paged import _cache_pair, _paged_call, _storage_code
 
 __all__ = ["sparse_attention", "index_topk"]
 
@@ -41,179 +41,41 @@ def _renamed(err: Exception, names: Tuple[Tuple[str, str], ...]) -> Exception:
 _DENSE_NAMES = (("key_cache", "key"), ("value_cache", "value"))
 
 
-def _slice_strides(a: Array) -> Optional[Tuple[int, int, int, int]]:
-    """The element strides of a 4-dim (slices, heads, rows, columns) array, or
-    None when they are not whole elements, or a stride that takes part is
-    negative."""
-    st = []
-    for n, s in zip(a.shape, a.strides):
-        if s % a.itemsize or (s < 0 and n > 1):
-            return None
-        st.append(s // a.itemsize if n > 1 else 0)
-    return st[0], st[1], st[2], st[3]
+def _lists(idx: Array) -> Array:
+    """Top-k lists as the core reads them: native, aligned int32 (entries
+    already checked to lie in [-1, 2^31)); a view where they are one."""
+    if idx.dtype == np.int32 and idx.dtype.isnative and idx.flags.aligned:
+        return idx
+    return idx.astype(np.int32)
 
 
-def _multipliers(a: Array, fold_heads: bool) -> Optional[Tuple[int, int, int]]:
-    """Row stride, and the rows a slice and (folded) a head are apart, of a
-    4-dim array; None when those are not whole rows."""
-    st = _slice_strides(a)
-    if st is None:
-        return None
-    sx, sh, sr, _ = st
-    if not fold_heads:
-        sh = 0
-    if sr == 0:
-        if a.shape[2] > 1:  # rows broadcast along the positions: not a pool of rows
-            return None
-        sr = math.gcd(sx, sh) or 1  # one row a slice: any stride that divides the others serves
-    if sx % sr or sh % sr:
-        return None
-    return sr, sx // sr, sh // sr
-
-
-Pools = Tuple[Tuple[Optional[Array], ...], int, int]
-
-
-def _pools(arrays: Tuple[Optional[Array], ...], fold_heads: bool) -> Optional[Pools]:
-    """4-dim (slices, heads, rows, columns) arrays viewed, without a copy, as
-    pools of one-row blocks: block ``x * mx + h * mh + r`` (heads folded) or
-    ``x * mx + r`` (heads kept) is row r of slice x (and head h); the views and
-    (mx, mh).  None when the arrays' strides do not allow it."""
-    found = None
+def _row_pool(arrays: Tuple[Optional[Array], ...]) -> Tuple[Tuple[Optional[Array], ...], int]:
+    """Paged caches (num_blocks, Hkv, bs, C) viewed as one dense cache (1, Hkv,
+    rows, C) of their positions, row ``block * m + i`` being row i of a block:
+    without a copy when every block lies a whole number m of rows after the
+    previous in each array, else over C-contiguous copies.  The views and m."""
     views: List[Optional[Array]] = []
+    found = None
     for a in arrays:
         if a is None:
             views.append(None)
             continue
-        m = _multipliers(a, fold_heads)
-        if m is None or (found is not None and m[1:] != found):
-            return None
-        found = m[1:]
-        sr = m[0]
-        X, H, R, C = a.shape
-        n = (X - 1) * m[1] + (H - 1) * m[2] + R if X and H and R else 0
-        it = a.itemsize
-        if fold_heads:
-            views.append(as_strided(a, (n, 1, 1, C), (sr * it, sr * it, sr * it, a.strides[3]), writeable=False))
-        else:
-            views.append(as_strided(a, (n, H, 1, C), (sr * it, a.strides[1], sr * it, a.strides[3]),
-                                    writeable=False))
-    assert found is not None
-    return tuple(views), found[0], found[1]
-
-
-def _sorted_lists(idx: Array, limit: Array) -> Tuple[Array, Array]:
-    """Each row's listed positions, ascending, the entries it ignores (-1,
-    and those at or past ``limit``, which broadcasts against the rows) last;
-    and the count of the others."""
-    ignored = (idx < 0) | (idx >= limit[..., None])
-    key = np.where(ignored, np.iinfo(np.int64).max, idx.astype(np.int64, copy=False))
-    key.sort(axis=-1)
-    return key, (~ignored).sum(axis=-1)
-
-
-# Rows of one sequence are put in groups of this many (aligned), whose common
-# positions are listed first, in one order, by each of them.
-_SHARE_ROWS = 64
-
-
-def _shared_first(lists: Array, counts: Array, group: Array) -> Array:
-    """Each row's valid entries (``lists`` (R, Hi, k), the first ``counts``
-    (R, Hi), ascending) reordered: those every row of its group (``group`` (R,)) lists
-    first, ascending, then the others, ascending.  Rows of a group then share
-    the leading entries of their tables, and the planner reads those keys
-    once for all of them (a shared prefix, as the shared blocks of paged
-    sequences)."""
-    k = lists.shape[-1]
-    valid = np.arange(k) < counts[..., None]
-    if not valid.any():
-        return lists
-    big = np.iinfo(np.int64).max
-    v = np.where(valid, lists, big)  # each row's valid entries first, ascending (as _sorted_lists gives them)
-    n = int(lists[valid].max()) + 1
-    first = valid.copy()
-    first[..., 1:] &= v[..., 1:] != v[..., :-1]  # a position listed twice counts once
-    members = np.bincount(group)
-    pair = group.astype(np.int64)[:, None, None] * n + np.where(valid, v, 0)  # (group, position)
-    if members.size * n <= 4 * pair.size + 1024:
-        listed = np.bincount(pair[first], minlength=members.size * n)[pair]
+        N, H, bs, C = a.shape
+        sb, sh, sr, sc = a.strides
+        if bs == 1:  # a row a block: its stride is the blocks'
+            sr = sb if N > 1 else a.itemsize
+        m = sb // sr if sr > 0 and sb >= 0 and sb % sr == 0 else -1
+        if N == 1:
+            m = bs if found is None else found
+        if m < 0 or (found is not None and m != found):
+            found = None
+            break
+        found = m
+        views.append(as_strided(a, (1, H, (N - 1) * m + bs, C), (0, sh, sr, sc), writeable=False))
     else:
-        uniq, cnt = np.unique(pair[first], return_counts=True)
-        at = np.minimum(np.searchsorted(uniq, pair), uniq.size - 1)
-        listed = np.where(uniq[at] == pair, cnt[at], 0)
-    common = first & (listed == members[group][:, None, None])
-    key = np.where(valid, np.where(common, v, v + n), big)
-    key.sort(axis=-1)
-    return np.where(key < n, key, np.where(valid, key - n, 0))
-
-
-def _attend_lists(
-    rows_q: Array, pools: Tuple[Optional[Array], ...], fold: bool, lists: Array, counts: Array, Ev: int,
-    heads_kv: int, *, scale: Optional[float], softcap: Optional[float], sinks: Optional[Array], return_lse: bool,
-    num_threads: Optional[int], kv_dtype: Optional[str], group: Array, integer_qk: bool = False,
-    integer_pv: bool = False,
-) -> Tuple[Array, Optional[Array]]:
-    """The attention of R query rows (``rows_q`` (R, Hq, E), of the dtype the
-    call computes in) over the positions listed for them: ``lists`` (R, Hi, k)
-    block numbers of the one-row ``pools`` (key, value and their scales; heads
-    folded into the block numbers when ``fold``, Hi = Hkv then, else Hi = 1),
-    the first ``counts`` (R, Hi) of each list read; ``Ev`` the values'
-    features; ``group`` (R,) the rows' groups (:func:`_shared_first`).  ``sinks``: (R, Hq) or
-    None.  Returns (R, Hq, Ev) and the lse (R, Hq), or None; a row that lists
-    nothing gives 0 and -inf (its sink, with sinks)."""
-    R, Hq, E = rows_q.shape
-    G = Hq // heads_kv
-    k = lists.shape[-1]
-    if R > 1:
-        lists = _shared_first(lists, counts, group)
-    if fold:  # a sequence per (row, key/value head): its G query heads
-        q_seq = rows_q.reshape(R * heads_kv, G, E)
-        tables = np.broadcast_to(lists, (R, heads_kv, k)).reshape(R * heads_kv, k)
-        lens = np.broadcast_to(counts, (R, heads_kv)).reshape(R * heads_kv)
-        sink_seq = None if sinks is None else sinks.reshape(R * heads_kv, G)
-    else:  # a sequence per row: all its heads
-        q_seq, tables, lens, sink_seq = rows_q, lists.reshape(R, k), counts.reshape(R), sinks
-    n, heads = q_seq.shape[:2]
-    cdt = compute_dtype(rows_q.dtype)
-    out = np.zeros((n, heads, Ev), rows_q.dtype)
-    lse = np.full((n, heads), -np.inf, cdt) if return_lse else None
-    live = lens > 0
-    if lse is not None and sink_seq is not None:
-        lse[~live] = sink_seq[~live]
-    n_live = int(np.count_nonzero(live))
-    if n_live:
-        every = n_live == n
-        qs, bt, sl = (q_seq, tables, lens) if every else (q_seq[live], tables[live], lens[live])
-        sk = sink_seq if every or sink_seq is None else sink_seq[live]
-        kp, vp, ksp, vsp = pools
-        call, args, _ = _paged_call(
-            np.ascontiguousarray(qs), kp, vp, np.ascontiguousarray(bt, dtype=np.int32),
-            np.ascontiguousarray(sl, dtype=np.int64), is_causal=False, scale=scale, softcap=softcap, sinks=sk,
-            return_lse=return_lse, num_threads=num_threads, key_scale=ksp, value_scale=vsp, kv_dtype=kv_dtype,
-            query_start_loc=np.arange(qs.shape[0] + 1, dtype=np.int64), integer_qk=integer_qk,
-            integer_pv=integer_pv)
-        res = call.run_paged(*args)
-        if isinstance(res, int):
-            raise declined(res)
-        o, ls = res if return_lse else (res, None)
-        if every:
-            out = o.reshape(out.shape)
-            lse = ls
-        else:
-            out[live] = o
-            if lse is not None:
-                lse[live] = ls
-    return out.reshape(R, Hq, Ev), None if lse is None else lse.reshape(R, Hq)
-
-
-def _pools_of(arrays: Tuple[Optional[Array], ...], fold: bool) -> Pools:
-    """:func:`_pools`, or those of C-contiguous copies when the strides do not
-    allow views (then the lists index the copies alike)."""
-    found = _pools(arrays, fold)
-    if found is None:
-        found = _pools(tuple(None if a is None else np.ascontiguousarray(a) for a in arrays), fold)
-        assert found is not None
-    return found
+        if found is not None:
+            return tuple(views), found
+    return _row_pool(tuple(None if a is None else np.ascontiguousarray(a) for a in arrays))
 
 
 def sparse_attention(
@@ -325,21 +187,22 @@ def sparse_attention(
     B = int(np.prod(batch, dtype=np.int64))
     Hq, L, E = q.shape[-3:]
     Hkv, S = kc.shape[-3:-1]
-    k4, v4 = kc.reshape((B,) + kc.shape[-3:]), vc.reshape((B,) + vc.shape[-3:])
     scales: List[Optional[Array]] = []
     for a, name in ((key_scale, "key_scale"), (value_scale, "value_scale")):
-        if a is None:
-            scales.append(None)
-            continue
-        s = _to_array(a, name)
-        if s.ndim < 3 or s.shape[:-1] != (kc if name == "key_scale" else vc).shape[:-1]:
+        s = None if a is None else _to_array(a, name)
+        if s is not None and (s.ndim < 3 or s.shape[:-1] != (kc if name == "key_scale" else vc).shape[:-1]):
             raise ValueError(f"{name}: expected shape {kc.shape[:-1] + ('features // group_size',)}, got {s.shape}")
-        scales.append(s.reshape((B,) + s.shape[-3:]))
-    # the format's rules on the caches (on one zero position when they hold none: every row is then empty)
-    shown = [a if a is None or S else np.zeros(a.shape[:2] + (1,) + a.shape[3:], a.dtype)
-             for a in (k4, v4, scales[0], scales[1])]
-    try:
-        _, _, _, _, _, code = _cache_pair(shown[0], shown[1], shown[2], shown[3], kv_dtype)
+        scales.append(s)
+
+    def first(a: Optional[Array]) -> Optional[Array]:
+        """The first slice (1, Hkv, S, C) of a cache array, a view (one zero
+        position when there is none: every row is then empty)."""
+        if a is None or (B and S):
+            return None if a is None else a[(0,) * len(batch)][None]
+        return np.zeros((1,) + a.shape[-3:-2] + (1,) + a.shape[-1:], a.dtype)
+
+    try:  # the format's rules on the caches
+        _, _, _, _, group, code = _cache_pair(first(kc), first(vc), first(scales[0]), first(scales[1]), kv_dtype)
     except (TypeError, ValueError) as err:
         raise _renamed(err, _DENSE_NAMES) from None
     width = width_of(code)
@@ -348,9 +211,9 @@ def sparse_attention(
     grouped_heads(Hq, Hkv, "key")
     if code:
         qdt = quantized_query_dtype(qdt)
-    elif (qdt == np.float64) != (k4.dtype == np.float64):
+    elif (qdt == np.float64) != (kc.dtype == np.float64):
         raise TypeError(f"key: a {qdt} query attends " + ("a float64 cache" if qdt == np.float64 else
-                        "float16, bfloat16, float32 or quantized caches") + f", got {k4.dtype}")
+                        "float16, bfloat16, float32 or quantized caches") + f", got {kc.dtype}")
     idx = int_array(indices, "indices")
     if idx.dtype not in (np.int32, np.int64):
         raise TypeError(f"indices: expected int32 or int64, got dtype {idx.dtype}")
@@ -373,49 +236,15 @@ def sparse_attention(
         operands = [(a, n) for a, n in ((q, "query"), (kc, "key"), (vc, "value")) if isinstance(a, np.ndarray)]
         output_array(out, out_shape, qdt, operands, f"query {q.shape}, value {vc.shape}")
 
-    fold = idx.shape[-3] > 1
-    if fold and _pools((k4, v4, scales[0], scales[1]), True) is None:
-        # key/value heads that are no whole number of rows apart (positions before
-        # heads in memory): a call per key/value head, each over its own pool
-        G = Hq // Hkv
-        result = np.empty(out_shape, qdt) if out is None else out
-        lses = []
-        for h in range(Hkv):
-            hs, one = slice(h * G, (h + 1) * G), slice(h, h + 1)
-            part = sparse_attention(
-                q[..., hs, :, :], kc[..., one, :, :], vc[..., one, :, :], idx[..., one, :, :], scale=scale,
-                softcap=softcap, sinks=None if sink is None else sink[..., hs], return_lse=return_lse,
-                out=result[..., hs, :, :], num_threads=num_threads,
-                key_scale=None if key_scale is None else _to_array(key_scale, "key_scale")[..., one, :, :],
-                value_scale=None if value_scale is None else _to_array(value_scale, "value_scale")[..., one, :, :],
-                kv_dtype=kv_dtype)
-            if return_lse:
-                lses.append(part[1])
-        return (result, np.concatenate(lses, axis=-2)) if return_lse else result
-    pools, mx, mh = _pools_of((k4, v4, scales[0], scales[1]), fold)
-    Hi, k = idx.shape[-3:-1][0], idx.shape[-1]
-    lists, counts = _sorted_lists(idx.reshape(B, Hi, L, k), np.asarray(S))
-    first = np.arange(B, dtype=np.int64)[:, None] * mx + (np.arange(Hi, dtype=np.int64) * mh)[None, :]
-    if lists.size and int(first.max(initial=0)) + S > _INT32_MAX:
-        raise ValueError(f"key: {S} positions in {B} x {Hkv} slices are beyond the core's block numbers (2^31)")
-    lists = np.where(np.arange(k) < counts[..., None], lists + first[:, :, None, None], 0)
-    # rows (b, l): their lists (R, Hi, k), counts (R, Hi) and query rows (R, Hq, E)
-    lists = lists.transpose(0, 2, 1, 3).reshape(B * L, Hi, k)
-    counts = counts.transpose(0, 2, 1).reshape(B * L, Hi)
-    rows_q = np.require(q.reshape(B, Hq, L, E), qdt, ["A"]).transpose(0, 2, 1, 3).reshape(B * L, Hq, E)
-    sink_rows = None if sink is None else np.broadcast_to(
-        np.broadcast_to(sink, batch + (Hq,)).reshape(B, 1, Hq), (B, L, Hq)).reshape(B * L, Hq)
-    group = (np.arange(B)[:, None] * -(-L // _SHARE_ROWS) + np.arange(L)[None, :] // _SHARE_ROWS).reshape(B * L)
-    o, lse = _attend_lists(rows_q, pools, fold, lists, counts, Ev, Hkv, scale=scale, softcap=softcap,
-                           sinks=sink_rows, return_lse=return_lse, num_threads=num_threads, kv_dtype=kv_dtype,
-                           group=group)
-    result = o.reshape(B, L, Hq, Ev).transpose(0, 2, 1, 3).reshape(out_shape)
-    if out is not None:
-        np.copyto(out, result)
-        result = out
-    if lse is None:
-        return result
-    return result, lse.reshape(B, L, Hq).transpose(0, 2, 1).reshape(batch + (Hq, L))
+    base = base_call(code, group, False, False)
+    call = base.prepared(False, scale, True, None, softcap, num_threads, False, return_lse)
+    ks, vs = scales if scales[0] is not None or scales[1] is not None else (None, None)
+    kc, vc, _ = _storage_code(kc, vc, kv_dtype)  # the core's storage (float8 arrays of ml_dtypes as uint8)
+    res = call.run_cache(np.require(q, qdt, ["A"]), kc, vc, ks, vs, out=out, extras=(None, sink, None),
+                         indices=_lists(idx))
+    if isinstance(res, int):
+        raise declined(res)
+    return cast(Union[Array, Tuple[Array, Array]], res)
 
 
 def paged_topk(
@@ -427,32 +256,26 @@ def paged_topk(
     """:func:`sdpa.paged_attention` with ``topk_indices`` (window, ALiBi and
     tree masks refused there): each row attends the positions of its
     sequence listed for it."""
-    _, args, _ = _paged_call(
+    call, args, _ = _paged_call(
         query, key_cache, value_cache, block_tables, seq_lens, is_causal=is_causal, scale=scale, softcap=softcap,
         sinks=sinks, return_lse=return_lse, out=out, num_threads=num_threads, key_scale=key_scale,
         value_scale=value_scale, kv_dtype=kv_dtype, integer_qk=integer_qk, query_start_loc=query_start_loc,
         integer_pv=integer_pv)
-    q, _, vc, bt, sl, scales, extras, _ = args  # checked, in the core's forms
-    Ev = vc.shape[3] * width_of(_core.QUANTIZED.get(kv_dtype or "", 0))  # int4: two values a byte
+    q, kc, vc, bt, sl, scales, extras, _ = args  # checked, in the core's forms
     packed = q.ndim == 3
     B = sl.shape[0]
     Hkv, bs = vc.shape[1], vc.shape[2]
-    Hq = q.shape[-3] if not packed else q.shape[1]
     if packed:
         qsl = extras[2]
         rows_of = np.diff(qsl)
         seq = np.repeat(np.arange(B), rows_of)  # each row's sequence
         R = q.shape[0]
         own = sl[seq] - rows_of[seq] + (np.arange(R) - qsl[seq])  # each row's position
-        rows_q = q
-        L = 0
     else:
         L = q.shape[2]
         R = B * L
-        qsl = None
         seq = np.repeat(np.arange(B), L)
         own = (sl[:, None] - L + np.arange(L)[None, :]).reshape(R)
-        rows_q = q.transpose(0, 2, 1, 3).reshape(R, Hq, q.shape[3])
     idx = int_array(topk_indices, "topk_indices")
     if idx.dtype not in (np.int32, np.int64):
         raise TypeError(f"topk_indices: expected int32 or int64, got dtype {idx.dtype}")
@@ -469,37 +292,33 @@ def paged_topk(
         at = (r, h, j) if packed else (r // L, h, r % L, j)
         raise ValueError(f"topk_indices: entry {at} is {int(rows_idx[r, h, j])}, not a position of its sequence "
                          f"in [0, {int(limit[r])}) or -1")
-    flat = _to_array(value_cache, "value_cache")  # pools of the caller's arrays (a float8 cache's own dtype)
-    kc0 = _to_array(key_cache, "key_cache")
+    # the caches as one dense cache of their positions, and each entry as its row there
     ks, vs = (None, None) if scales is None else scales
-    fold = Hi > 1
-    pools, mx, mh = _pools_of((kc0, flat, ks, vs), fold)
-    lists, counts = _sorted_lists(rows_idx, ((own + 1) if is_causal else limit)[:, None])
-    valid = np.arange(k) < counts[..., None]
-    pos = np.where(valid, lists, 0)
-    blocks = bt[seq[:, None, None], pos // bs].astype(np.int64)
-    first = (np.arange(Hi, dtype=np.int64) * mh)[None, :, None]
-    vids = np.where(valid, blocks * mx + first + pos % bs, np.iinfo(np.int64).max)
-    vids.sort(axis=-1)  # by block number: the pool's order, as _shared_first takes them
-    vids = np.where(valid, vids, 0)
-    if vids.size and int(vids.max()) > _INT32_MAX:
+    (kp, vp, ksp, vsp), m = _row_pool((kc, vc, ks, vs))
+    seen = (own + 1) if is_causal else limit  # a row ignores later positions when causal
+    valid = (rows_idx >= 0) & (rows_idx < seen[:, None, None])
+    pos = np.where(valid, rows_idx, 0)
+    ids = bt[seq[:, None, None], pos // bs].astype(np.int64) * m + pos % bs
+    if ids.size and int(ids.max(initial=0)) > _INT32_MAX:
         raise ValueError("key_cache: the pool holds more positions than the core's block numbers (2^31)")
-    sink_rows = None if extras is None or extras[1] is None else extras[1][seq]
-    # groups of _SHARE_ROWS rows of a sequence
-    row_in_seq = np.arange(R) - (qsl[seq] if packed else seq * L)
-    group = np.unique(seq * (R + 1) + row_in_seq // _SHARE_ROWS, return_inverse=True)[1].reshape(R)
-    o, lse = _attend_lists(rows_q, pools, fold, vids, counts, Ev, Hkv, scale=scale, softcap=softcap,
-                           sinks=sink_rows, return_lse=return_lse, num_threads=num_threads, kv_dtype=kv_dtype,
-                           group=group, integer_qk=integer_qk, integer_pv=integer_pv)
-    result = o if packed else o.reshape(B, L, Hq, Ev).transpose(0, 2, 1, 3)
-    if out is not None:
-        np.copyto(out, result)
-        result = out
-    elif not packed:
-        result = np.ascontiguousarray(result)
-    if lse is None:
-        return result
-    return result, (lse if packed else np.ascontiguousarray(lse.reshape(B, L, Hq).transpose(0, 2, 1)))
+    lists = np.where(valid, ids, -1).astype(np.int32)
+    # a batch index a sequence (L rows: their groups share positions) or, packed, a row
+    sink = None if extras is None else extras[1]
+    if packed:
+        q4, lists4 = q[:, :, None, :], lists[:, :, None, :]
+        sink = None if sink is None else sink[seq]
+        out4 = None if out is None else out[:, :, None, :]
+    else:
+        q4, lists4, out4 = q, lists.reshape(B, L, Hi, k).transpose(0, 2, 1, 3), out
+    dense = call.prepared(False, scale, True, None, softcap, num_threads, False, return_lse)
+    res = dense.run_cache(q4, kp, vp, ksp, vsp, out=out4, extras=(None, sink, None), indices=lists4)
+    if isinstance(res, int):
+        raise declined(res)
+    o, lse = cast(Tuple[Array, Array], res) if return_lse else (cast(Array, res), None)
+    if packed:
+        o = out if out is not None else o.reshape(o.shape[0], o.shape[1], o.shape[3])
+        lse = None if lse is None else lse.reshape(lse.shape[:2])
+    return o if lse is None else (o, lse)
 
 
 def _batched(a: Array, batch: Tuple[int, ...], name: str) -> Array:
