@@ -245,6 +245,17 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
         pl->scratch.k = off; off += round_elems(tk * E, elem);
         pl->scratch.v = off; off += round_elems(tk * Ev, elem);
         pl->scratch.pp = off; off += round_elems(M * tk, elem);  /* quantized: the scores of one scale group */
+        /* rows gathered from short blocks: a tile's scales (a group's, or one a
+         * row), then its rows of the cache's dtype from the next 64 bytes */
+        const sdpa_dtype kvdt = pl->path.kv_dtype;
+        const size_t kb = kvdt == SDPA_INT4 ? 1 : sdpa_dtype_size(kvdt), kw = kvdt == SDPA_INT4 ? 2 : 1;
+        pl->row.gather = paged_rows_gathered(p, (int64_t)(E / kw * kb));
+        if (pl->row.gather) {
+            const size_t gs = (size_t)(p->kv_group_size > 0 ? p->kv_group_size : 0);
+            const size_t nk = gs ? E / gs : 1, nv = gs ? Ev / gs : 1;
+            pl->scratch.gk = off; off += round_elems((tk * (E / kw * kb + nk * sizeof(float)) + 64) / elem + 1, elem);
+            pl->scratch.gv = off; off += round_elems((tk * (Ev / kw * kb + nv * sizeof(float)) + 64) / elem + 1, elem);
+        }
         pl->path.integer_qk = sdpa_integer_scores(p);
         if (pl->path.integer_qk) {  /* int8 rows (M x E), M float scales, then the kernel's work */
             pl->path.dot_qi = sdpa_dot_qi_for(kt);

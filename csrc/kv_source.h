@@ -28,12 +28,6 @@
  * (8 x 32 heads, S 2,048, float32 and bfloat16, 1 and 2 threads). */
 #define SDPA_ROW_STEP_BYTES 16384
 
-/* Blocks of fewer bytes than this (one-position blocks: sparse_attention's
- * lists, paged_attention's topk_indices) are asked for a step ahead, block
- * by block: one block ahead is too short a time for the memory to answer.
- * Larger blocks ask for the next block's rows only (a step ahead measured
- * 10% slower there: paged bfloat16, blocks of 16 and 128, Zen 4). */
-#define SDPA_ROW_AHEAD_BYTES 4096
 
 /* The scales of a quantized key or value view (kv_dtype SDPA_INT8, _INT4, or
  * a float8 type with scales): the group's scale of row j, column c is

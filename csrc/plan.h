@@ -53,6 +53,8 @@ typedef struct plan {
     } tiled;
     struct {                   /* the row path's tasks: (batch, key/value head, key chunk) */
         int rows;              /* query rows per group: gqa_group x L */
+        int gather;            /* a tile's keys and values gathered from short
+                                  paged blocks (paged_rows_gathered)         */
         int64_t num_groups, num_chunks;
         size_t partial_elems;  /* per task: max, sum and output of each row */
     } row;
@@ -64,6 +66,7 @@ typedef struct plan {
     } pack;
     struct {                   /* a thread's scratch for this part's tasks */
         size_t q, acc, s, m, l, k, v, pp, vp, vt, qi, pvi, partial;
+        size_t gk, gv;         /* row path, gathered: a tile's K and V rows and scales */
         size_t total;          /* a multiple of SDPA_ALIGN bytes */
     } scratch;
     int64_t num_tasks;

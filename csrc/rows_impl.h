@@ -180,6 +180,57 @@ static void FN(row_values_int)(const sdpa_problem *p, const plan *pl, T *scratch
     }
 }
 
+/* The products of key tile [s0, s0 + n) over one source: the scores (values
+ * 0: into st, by column offset) or acc += the weights in st times the values
+ * (values 1).  Segments are computed where they lie; on short paged blocks
+ * (pl->row.gather) segments of fewer than SDPA_GATHER_ROWS rows are gathered
+ * into buf -- their scales first (a group's each, row after row), the rows
+ * back to back from the 64 bytes after room for a tile's scales -- and
+ * computed together, as rows of an array (rp: the problem with those
+ * strides), when a longer segment or the tile's end comes. */
+#define SDPA_GATHER_ROWS 16
+static void FN(tile_products)(int values, const sdpa_problem *p, const sdpa_problem *rp, const plan *pl,
+                              const KT *kern, T *scratch, const T *qs, const kv_source *src, int64_t s0, int n,
+                              int64_t step, char *buf, T *st, T *acc) {
+    const int64_t bytes = src->cols * (int64_t)src->elem, rs = src->view->row_stride * (int64_t)src->elem;
+    const int64_t width = kv_dtype_of(p) == SDPA_INT4 ? 2 * src->cols : src->cols;  /* values a row */
+    const int64_t ng = src->scale_view ? width / src->sc.group : 0;
+    float *scales = (float *)(void *)buf;
+    char *rows = buf + ((size_t)(pl->blocking.tile_k * ng) * sizeof(float) + 63) / 64 * 64;
+    const kv_scales gsc = {ng ? scales : NULL, ng, 1, src->sc.group};
+    kv_cursor cur = kv_walk(src, s0, s0 + n);
+    const char *seg;
+    kv_scales sc;
+    int64_t g0 = s0, cnt = 0;  /* gathered, not yet computed: positions [g0, g0 + cnt) */
+    for (int64_t a = s0, m;; a += m) {
+        m = kv_next(src, &cur, &seg, &sc, step);
+        if (cnt > 0 && (m == 0 || m >= SDPA_GATHER_ROWS)) {
+            if (values)
+                FN(row_values)(rp, pl, kern, scratch, st + (g0 - s0), rows, &gsc, &gsc, (int)cnt, acc);
+            else
+                FN(row_scores)(rp, pl, kern, scratch, qs, rows, &gsc, &gsc, (int)cnt, st + (g0 - s0));
+            cnt = 0;
+        }
+        if (m == 0) return;
+        if (!pl->row.gather || m >= SDPA_GATHER_ROWS) {
+            if (values)
+                FN(row_values)(p, pl, kern, scratch, st + (a - s0), seg, &sc, &src->sc, (int)m, acc);
+            else
+                FN(row_scores)(p, pl, kern, scratch, qs, seg, &sc, &src->sc, (int)m, st + (a - s0));
+            continue;
+        }
+        if (cnt == 0) g0 = a;
+        char *dst = rows + cnt * bytes;
+        if (rs == bytes)
+            memcpy(dst, seg, (size_t)(m * bytes));
+        else
+            for (int64_t j = 0; j < m; j++) memcpy(dst + j * bytes, seg + j * rs, (size_t)bytes);
+        for (int64_t j = 0; j < m && ng; j++)
+            for (int64_t i = 0; i < ng; i++) scales[(cnt + j) * ng + i] = sc.base[j * sc.rs + i * sc.cs];
+        cnt += m;
+    }
+}
+
 static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_memo *memo, T *slot, int64_t task,
                              interrupt_state *irq, int tid) {
     const sdpa_problem *p = &pt->p;
@@ -225,6 +276,16 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
     int8_t *q8 = iqk ? (int8_t *)(scratch + pl->scratch.qi) : NULL;
     float *q8s = iqk ? (float *)(void *)(q8 + ((size_t)M * (size_t)E + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN) : NULL;
 
+    /* gathered tiles are read as rows of an array, back to back */
+    sdpa_problem gathered;
+    const sdpa_problem *rp = p;
+    if (pl->row.gather) {
+        gathered = *p;
+        gathered.key.row_stride = ksrc.cols;
+        gathered.value.row_stride = vsrc.cols;
+        rp = &gathered;
+    }
+
     const T scale = (T)p->scale, cap = FN(softcap_value)(p);
     if (memo->pt != (const void *)pt || memo->g != g) {  /* the rows, unless this thread's last task prepared them */
         for (int x = 0; x < M; x++) {
@@ -245,11 +306,8 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
         const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
         /* a tile is read by segments of contiguous rows: the whole tile, or
          * (paged) the part of it in each block; scores by column offset */
-        kv_cursor cur = kv_walk(&ksrc, s0, s0 + n);
-        const char *rows;
-        kv_scales sc;
-        for (int64_t a = s0, m; (m = kv_next(&ksrc, &cur, &rows, &sc, kstep)) > 0; a += m)
-            FN(row_scores)(p, pl, kern, scratch, qs, rows, &sc, &ksrc.sc, (int)m, st + (a - s0));
+        FN(tile_products)(0, p, rp, pl, kern, scratch, qs, &ksrc, s0, n, kstep, (char *)(scratch + pl->scratch.gk), st,
+                          acc);
         for (int x = 0; x < M; x++) {
             const int64_t h = hkv * group + x / L, l = x % L;
             T *sr = st + (int64_t)x * tile_k;
@@ -266,8 +324,7 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
             FN(row_values_int)(p, pl, scratch, st, &vsrc, s0, n, vstep, acc);
             continue;
         }
-        cur = kv_walk(&vsrc, s0, s0 + n);
-        for (int64_t a = s0, m; (m = kv_next(&vsrc, &cur, &rows, &sc, vstep)) > 0; a += m)
-            FN(row_values)(p, pl, kern, scratch, st + (a - s0), rows, &sc, &vsrc.sc, (int)m, acc);
+        FN(tile_products)(1, p, rp, pl, kern, scratch, qs, &vsrc, s0, n, vstep, (char *)(scratch + pl->scratch.gv), st,
+                          acc);
     }
 }
