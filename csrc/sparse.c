@@ -38,9 +38,28 @@ typedef struct sparse_ctx {
     char *q, *o, *lse, *sinks;  /* (N, heads, E), (N, heads, Ev), (N, heads) x 2 */
 } sparse_ctx;
 
-static int by_position(const void *a, const void *b) {
-    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
+/* Sorts n positions (>= 0) ascending: nothing to do when they are (top-k
+ * lists often are), else an LSD radix sort by bytes, as many as the largest
+ * needs, through tmp (n entries). */
+static void sort_positions(int32_t *t, int64_t n, int32_t *tmp) {
+    int32_t top = 0;
+    int sorted = 1;
+    for (int64_t j = 0; j < n; j++) {
+        if (j && t[j] < t[j - 1]) sorted = 0;
+        if (t[j] > top) top = t[j];
+    }
+    if (sorted) return;
+    int32_t *src = t, *dst = tmp;
+    for (int shift = 0; shift < 32 && (top >> shift) > 0; shift += 8) {
+        int64_t count[257] = {0};
+        for (int64_t j = 0; j < n; j++) count[((src[j] >> shift) & 255) + 1]++;
+        for (int d = 0; d < 256; d++) count[d + 1] += count[d];
+        for (int64_t j = 0; j < n; j++) dst[count[(src[j] >> shift) & 255]++] = src[j];
+        int32_t *x = src;
+        src = dst;
+        dst = x;
+    }
+    if (src != t) memcpy(t, src, (size_t)n * sizeof(int32_t));
 }
 
 /* Copies n elements of `size` bytes, `stride` elements apart, to dst (packed). */
@@ -123,6 +142,12 @@ static void fill_group(void *vctx, int64_t i, int tid) {
     const int64_t limit = key_limit(p, b), base = slice_base(cx, b, h);
     const sdpa_view *iv = &p->topk_indices;
     const int32_t *lists = (const int32_t *)view_at(p, iv, b, h, sizeof(int32_t));
+    /* each row's scratch: a sort's buffer, then the common positions and the rest */
+    int32_t *scratch = (int32_t *)malloc((size_t)(2 * k + 1) * sizeof(int32_t));
+    if (!scratch) {  /* nothing is computed: the call reports it */
+        cx->lens[n0] = -1;
+        return;
+    }
     for (int64_t r = 0; r < rows; r++) {
         int32_t *t = cx->tables + (n0 + r) * k;
         const int32_t *src = lists + (l0 + r) * iv->row_stride;
@@ -131,16 +156,11 @@ static void fill_group(void *vctx, int64_t i, int tid) {
             const int32_t s = src[j * iv->col_stride];
             if (s >= 0 && s < limit) t[n++] = s;
         }
-        if (n > 1) qsort(t, (size_t)n, sizeof(int32_t), by_position);
+        sort_positions(t, n, scratch);
         cx->lens[n0 + r] = n;
     }
-    if (rows > 1 && k > 0) {
-        int32_t *scratch = (int32_t *)malloc((size_t)(2 * k) * sizeof(int32_t));
-        if (scratch) {  /* without memory the tables stay as they are: the same result, read more */
-            shared_first(cx->tables + n0 * k, cx->lens + n0, rows, k, scratch, scratch + k);
-            free(scratch);
-        }
-    }
+    if (rows > 1 && k > 0) shared_first(cx->tables + n0 * k, cx->lens + n0, rows, k, scratch, scratch + k);
+    free(scratch);
     if (base)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t j = 0; j < cx->lens[n0 + r]; j++) cx->tables[(n0 + r) * k + j] += (int32_t)base;
@@ -310,7 +330,9 @@ sdpa_status sdpa_sparse_call(const sdpa_problem *p, int64_t batch_count) {
         c.key_scale = pool_view(p, &p->key_scale, cx.fold, cx.lists, b, h, sizeof(float));
         c.value_scale = pool_view(p, &p->value_scale, cx.fold, cx.lists, b, h, sizeof(float));
         sdpa_parallel_for(threads, tasks, fill_group, &cx);
-        st = sdpa_run_valid(&c, N);
+        for (int64_t n = 0; n < N; n++)
+            if (cx.lens[n] < 0) st = SDPA_ERR_NO_MEMORY;  /* a group's scratch */
+        if (st == SDPA_OK) st = sdpa_run_valid(&c, N);
         if (st == SDPA_OK) sdpa_parallel_for(threads, tasks, scatter_group, &cx);
     }
     sdpa_aligned_free(mem);
