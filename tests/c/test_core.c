@@ -2377,6 +2377,7 @@ enum { SB = 2, SH = 4, SG = 2, SL = 70, SS = 50, SE = 16, SK = 9 };
 /* Entry j of row l's list for batch index b and list h (a fixed pattern). */
 static int32_t sparse_entry(int64_t b, int64_t h, int64_t l, int64_t j) {
     if (l % 13 == 5) return -1;                                /* a row with nothing */
+    if (l % 11 == 3) return (int32_t)(5 * j + b);              /* a row already ascending */
     if (j < 3) return (int32_t)(3 + 8 * j + b + (l >= 64));    /* listed by every row of a group */
     if (j == SK - 1) return sparse_entry(b, h, l, 4);          /* a repeat */
     const int64_t x = (l * 31 + j * 17 + h * 7 + b * 3) % (SS + 3) - 1;
