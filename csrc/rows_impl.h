@@ -184,20 +184,25 @@ static void FN(row_values_int)(const sdpa_problem *p, const plan *pl, T *scratch
  * 0: into st, by column offset) or acc += the weights in st times the values
  * (values 1).  Segments are computed where they lie; on short paged blocks
  * (pl->row.gather) segments of fewer than SDPA_GATHER_ROWS rows are gathered
- * into buf -- their scales first (a group's each, row after row), the rows
- * back to back from the 64 bytes after room for a tile's scales -- and
- * computed together, as rows of an array (rp: the problem with those
- * strides), when a longer segment or the tile's end comes. */
+ * into the task's scratch -- their scales first (a group's each, row after
+ * row), the rows from the 64 bytes after room for a tile's scales, each at
+ * its position in the tile -- and computed together, as rows of an array (rp:
+ * the problem with those strides), when a longer segment or the tile's end
+ * comes.  `latent` (values of MLA's latent cache, a column view of the keys
+ * without scales): the tile's values are in its gathered key rows already,
+ * from this address, rp->value.row_stride apart. */
 #define SDPA_GATHER_ROWS 16
 static void FN(tile_products)(int values, const sdpa_problem *p, const sdpa_problem *rp, const plan *pl,
                               const KT *kern, T *scratch, const T *qs, const kv_source *src, int64_t s0, int n,
-                              int64_t step, char *buf, T *st, T *acc) {
+                              int64_t step, const char *latent, T *st, T *acc) {
     const int64_t bytes = src->cols * (int64_t)src->elem, rs = src->view->row_stride * (int64_t)src->elem;
     const int64_t width = kv_dtype_of(p) == SDPA_INT4 ? 2 * src->cols : src->cols;  /* values a row */
     const int64_t ng = src->scale_view ? width / src->sc.group : 0;
+    char *buf = (char *)(scratch + (values ? pl->scratch.gv : pl->scratch.gk));
     float *scales = (float *)(void *)buf;
     char *rows = buf + ((size_t)(pl->blocking.tile_k * ng) * sizeof(float) + 63) / 64 * 64;
-    const kv_scales gsc = {ng ? scales : NULL, ng, 1, src->sc.group};
+    const int64_t gbytes = latent ? rp->value.row_stride * (int64_t)src->elem : bytes;  /* between gathered rows */
+    const char *gathered = latent ? latent : rows;
     kv_cursor cur = kv_walk(src, s0, s0 + n);
     const char *seg;
     kv_scales sc;
@@ -205,10 +210,12 @@ static void FN(tile_products)(int values, const sdpa_problem *p, const sdpa_prob
     for (int64_t a = s0, m;; a += m) {
         m = kv_next(src, &cur, &seg, &sc, step);
         if (cnt > 0 && (m == 0 || m >= SDPA_GATHER_ROWS)) {
+            const char *g = gathered + (g0 - s0) * gbytes;
+            const kv_scales gsc = {ng ? scales + (g0 - s0) * ng : NULL, ng, 1, src->sc.group};
             if (values)
-                FN(row_values)(rp, pl, kern, scratch, st + (g0 - s0), rows, &gsc, &gsc, (int)cnt, acc);
+                FN(row_values)(rp, pl, kern, scratch, st + (g0 - s0), g, &gsc, &gsc, (int)cnt, acc);
             else
-                FN(row_scores)(rp, pl, kern, scratch, qs, rows, &gsc, &gsc, (int)cnt, st + (g0 - s0));
+                FN(row_scores)(rp, pl, kern, scratch, qs, g, &gsc, &gsc, (int)cnt, st + (g0 - s0));
             cnt = 0;
         }
         if (m == 0) return;
@@ -220,14 +227,15 @@ static void FN(tile_products)(int values, const sdpa_problem *p, const sdpa_prob
             continue;
         }
         if (cnt == 0) g0 = a;
-        char *dst = rows + cnt * bytes;
+        cnt += m;
+        if (latent) continue;
+        char *dst = rows + (a - s0) * bytes;
         if (rs == bytes)
             memcpy(dst, seg, (size_t)(m * bytes));
         else
             for (int64_t j = 0; j < m; j++) memcpy(dst + j * bytes, seg + j * rs, (size_t)bytes);
         for (int64_t j = 0; j < m && ng; j++)
-            for (int64_t i = 0; i < ng; i++) scales[(cnt + j) * ng + i] = sc.base[j * sc.rs + i * sc.cs];
-        cnt += m;
+            for (int64_t i = 0; i < ng; i++) scales[(a - s0 + j) * ng + i] = sc.base[j * sc.rs + i * sc.cs];
     }
 }
 
@@ -276,14 +284,23 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
     int8_t *q8 = iqk ? (int8_t *)(scratch + pl->scratch.qi) : NULL;
     float *q8s = iqk ? (float *)(void *)(q8 + ((size_t)M * (size_t)E + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN) : NULL;
 
-    /* gathered tiles are read as rows of an array, back to back */
+    /* gathered tiles are read as rows of an array, back to back; MLA's latent
+     * values (a column view of the keys, no scales) from the gathered keys */
     sdpa_problem gathered;
     const sdpa_problem *rp = p;
+    const char *latent = NULL;
     if (pl->row.gather) {
         gathered = *p;
         gathered.key.row_stride = ksrc.cols;
         gathered.value.row_stride = vsrc.cols;
         rp = &gathered;
+        const int64_t off = (int64_t)((const char *)p->value.data - (const char *)p->key.data);
+        if (!ksrc.scale_view && !vsrc.scale_view && p->value.row_stride == p->key.row_stride &&
+            p->value.head_stride == p->key.head_stride && p->value.batch_strides[0] == p->key.batch_strides[0] &&
+            off >= 0 && off % (int64_t)ksrc.elem == 0 && off / (int64_t)ksrc.elem + vsrc.cols <= ksrc.cols) {
+            gathered.value.row_stride = ksrc.cols;
+            latent = (const char *)(scratch + pl->scratch.gk) + off;  /* keys without scales: rows from the start */
+        }
     }
 
     const T scale = (T)p->scale, cap = FN(softcap_value)(p);
@@ -306,8 +323,7 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
         const int n = (int)(s_end - s0 < tile_k ? s_end - s0 : tile_k);
         /* a tile is read by segments of contiguous rows: the whole tile, or
          * (paged) the part of it in each block; scores by column offset */
-        FN(tile_products)(0, p, rp, pl, kern, scratch, qs, &ksrc, s0, n, kstep, (char *)(scratch + pl->scratch.gk), st,
-                          acc);
+        FN(tile_products)(0, p, rp, pl, kern, scratch, qs, &ksrc, s0, n, kstep, NULL, st, acc);
         for (int x = 0; x < M; x++) {
             const int64_t h = hkv * group + x / L, l = x % L;
             T *sr = st + (int64_t)x * tile_k;
@@ -324,7 +340,6 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
             FN(row_values_int)(p, pl, scratch, st, &vsrc, s0, n, vstep, acc);
             continue;
         }
-        FN(tile_products)(1, p, rp, pl, kern, scratch, qs, &vsrc, s0, n, vstep, (char *)(scratch + pl->scratch.gv), st,
-                          acc);
+        FN(tile_products)(1, p, rp, pl, kern, scratch, qs, &vsrc, s0, n, vstep, latent, st, acc);
     }
 }
