@@ -177,7 +177,7 @@ def iter_sparse(
 ) -> Iterator[Dict[str, Any]]:
     """One row per case and thread count: the median seconds per call of each
     implementation, sparse's speed against dense (dense time / sparse time:
-    1 is parity, the issue's 1.3x bound is 0.77), GFLOP/s, and for the
+    1 is parity, the target's 1.3x bound is 0.77), GFLOP/s, and for the
     indexer its roofline time and the share of it achieved (``limits``: those
     of :func:`~sdpa.bench.roofline.measure_limits` per thread count)."""
     names = [n for n, _ in SPARSE_CASES if case_available(n) and (cases is None or n in cases)]
