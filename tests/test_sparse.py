@@ -138,8 +138,9 @@ def test_batch_dims_broadcast_indices_and_out(rng):
 
 def test_strided_caches_are_read_as_they_lie(rng):
     """A cache that is a slice of a longer one, heads before positions or
-    not, and a layout whose slices are no whole number of rows apart (read
-    from a copy): the same results."""
+    not, a layout whose slices are no whole number of rows apart, reversed
+    positions and heads, lists read backwards, one cache broadcast over the
+    batch: all read where they lie, the same results."""
     big = rng.standard_normal((2, 64, 3, 16)).astype(np.float32)  # (B, S, H, E): positions before heads
     key = big[:, :50].transpose(0, 2, 1, 3)  # (B, H, S, E), row stride 3 * 16
     value = rng.standard_normal((2, 3, 60, 8)).astype(np.float32)[:, :, :50]
@@ -152,6 +153,13 @@ def test_strided_caches_are_read_as_they_lie(rng):
     i1 = random_indices(rng, (2, 1, 1, 4), 10)
     np.testing.assert_allclose(sdpa.sparse_attention(q1, odd, odd, i1),
                                reference.sparse_attention(q1, odd, odd, i1), rtol=2e-5, atol=2e-5)
+    rk, rv = key[:, ::-1, ::-1], value[:, :, ::-1]  # negative head and position strides
+    ri = idx[..., ::-1]
+    np.testing.assert_allclose(sdpa.sparse_attention(q, rk, rv, ri), reference.sparse_attention(q, rk, rv, ri),
+                               rtol=2e-5, atol=2e-5)
+    one_k, one_v = np.broadcast_to(key[:1], key.shape), np.broadcast_to(value[:1], value.shape)  # batch stride 0
+    np.testing.assert_allclose(sdpa.sparse_attention(q, one_k, one_v, idx),
+                               reference.sparse_attention(q, one_k, one_v, idx), rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("shared", [True, False])
