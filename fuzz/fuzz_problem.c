@@ -8,8 +8,10 @@
  * int64 offset (both ends of the range), key lengths (negative, past S, int64
  * extremes) with their strides, weights and lse outputs, thread counts, an
  * interrupt callback, the model variants (window sides, the alignment offset,
- * softcap, ALiBi slopes and sink logits, with values out of range too), and
- * values with NaN, infinities and subnormals.  For each problem:
+ * softcap, ALiBi slopes and sink logits, with values out of range too), top-k
+ * lists (per key/value head or shared, -1 entries, repeats, entries out of
+ * range, with the options they refuse), and values with NaN, infinities and
+ * subnormals.  For each problem:
  *
  *   - a problem the harness built invalid must get an error status, a valid
  *     one SDPA_OK (or SDPA_ERR_INTERRUPTED when its callback stops it);
@@ -179,7 +181,7 @@ static int poll_stopper(void *data) {
 
 static const sdpa_status ERRORS_OF_INVALID[] = {SDPA_ERR_NULL_POINTER, SDPA_ERR_BAD_DTYPE, SDPA_ERR_BAD_SHAPE,
                                                 SDPA_ERR_BAD_GQA, SDPA_ERR_BAD_MASK, SDPA_ERR_BAD_THREADS,
-                                                SDPA_ERR_OVERFLOW, SDPA_ERR_BAD_VARIANT};
+                                                SDPA_ERR_OVERFLOW, SDPA_ERR_BAD_VARIANT, SDPA_ERR_BAD_TOPK};
 
 static int is_validation_error(sdpa_status st) {
     for (size_t i = 0; i < sizeof(ERRORS_OF_INVALID) / sizeof(ERRORS_OF_INVALID[0]); i++)
@@ -256,6 +258,11 @@ static int run_input(const uint8_t *data, size_t size) {
      * and >= 0, or refused), ALiBi slopes and sink logits */
     const int64_t big = (int64_t)1 << 61;
     int with_alibi = 0, with_sinks = 0;
+    /* top-k lists (in a quarter of the problems): k entries a row, per key/value
+     * head or shared.  They go without a mask, weights, causality, a window or
+     * ALiBi (else refused): in 9 of 10 such problems those are turned off where
+     * the rest of the problem allows it */
+    const int with_topk = one_in(r, 4), topk_alone = with_topk && !one_in(r, 10);
     if (one_in(r, 2)) {
         int64_t *side[2] = {&p.window_left, &p.window_right};
         static const int64_t wide[] = {80, (int64_t)1 << 40, ((int64_t)1 << 61) - 1, (int64_t)1 << 61};
@@ -277,6 +284,11 @@ static int run_input(const uint8_t *data, size_t size) {
             default: p.align_offset = far_align[range(r, 0, 5)]; break;
         }
         with_alibi = one_in(r, 3), with_sinks = one_in(r, 3);
+        if (topk_alone) { /* (sides out of range stay: refused anyway) */
+            with_alibi = 0;
+            if (p.window_left >= -1 && p.window_left <= big) p.window_left = -1;
+            if (p.window_right >= -1 && p.window_right <= big) p.window_right = -1;
+        }
         if ((p.window_left >= 0 || p.window_right >= 0 || with_alibi) && (p.align_offset > big || p.align_offset < -big))
             valid = 0;
         static const double caps[] = {0.5, 1, 2.5, 5, 20, 50};
@@ -291,7 +303,20 @@ static int run_input(const uint8_t *data, size_t size) {
             default: p.softcap = 0; break;
         }
     }
-    const int with_lengths = one_in(r, 3), with_weights = one_in(r, 4), with_lse = one_in(r, 3);
+    int with_lengths = one_in(r, 3), with_weights = one_in(r, 4), with_lse = one_in(r, 3);
+    int64_t K = 0;
+    int topk_shared = 0;
+    if (with_topk) {
+        K = range(r, 0, 9);
+        topk_shared = one_in(r, 2);
+        if (topk_alone) { /* (an unknown mask kind stays: refused anyway) */
+            if (p.mask_kind <= SDPA_MASK_ADDITIVE) p.mask_kind = SDPA_MASK_NONE;
+            p.causal = 0, with_weights = 0;
+        }
+        if (p.mask_kind != SDPA_MASK_NONE || p.causal || with_weights || with_alibi || p.window_left >= 0 ||
+            p.window_right >= 0)
+            valid = 0;
+    }
     p.num_threads = (int32_t)range(r, 0, 3);
     if (one_in(r, 60)) p.num_threads = -1, valid = 0;
     stopper stop = {0, (int)range(r, 0, 3)};
@@ -300,9 +325,9 @@ static int run_input(const uint8_t *data, size_t size) {
     /* the operands */
     int64_t shape[MAX_DIMS];
     for (int d = 0; d < nbv; d++) shape[d] = p.batch_shape[d] > 0 ? p.batch_shape[d] : 0;
-    operand q, k, v, out, mask, weights, lse, lengths, alibi, sinks;
-    operand *all[10] = {&q, &k, &v, &out, &mask, &weights, &lse, &lengths, &alibi, &sinks};
-    for (int i = 0; i < 10; i++) memset(all[i], 0, sizeof(operand));
+    operand q, k, v, out, mask, weights, lse, lengths, alibi, sinks, lists;
+    operand *all[11] = {&q, &k, &v, &out, &mask, &weights, &lse, &lengths, &alibi, &sinks, &lists};
+    for (int i = 0; i < 11; i++) memset(all[i], 0, sizeof(operand));
     int ok = 1;
     const int specials = one_in(r, 4);
     shape[nbv] = H, shape[nbv + 1] = L, shape[nbv + 2] = E;
@@ -323,9 +348,11 @@ static int run_input(const uint8_t *data, size_t size) {
     shape[nbv] = H; /* a slope or sink per (batch, head) */
     if (ok && with_alibi) ok = make_operand(r, &alibi, nbv + 1, shape, celem, 1);
     if (ok && with_sinks) ok = make_operand(r, &sinks, nbv + 1, shape, celem, 1);
+    shape[nbv] = topk_shared ? 1 : Hkv, shape[nbv + 1] = L, shape[nbv + 2] = K;
+    if (ok && with_topk) ok = make_operand(r, &lists, nbv + 3, shape, sizeof(int32_t), 1);
     if (!ok) {
         stat_skipped++;
-        for (int i = 0; i < 10; i++) free_operand(all[i]);
+        for (int i = 0; i < 11; i++) free_operand(all[i]);
         return 0;
     }
     fill(r, &q, dt, specials);
@@ -344,6 +371,18 @@ static int run_input(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < sinks.total; i++) /* -inf: no sink; a large one overflows exp in float32 */
         store(sinks.base, i, cdt, one_in(r, 6) ? -INFINITY : one_in(r, 6) ? (double)range(r, -120, 120) : value(r, specials));
 
+    for (size_t i = 0; i < lists.total; i++) /* -1 now and then, repeats of small positions */
+        ((int32_t *)lists.base)[i] = (int32_t)(one_in(r, 5) || S == 0 ? -1 : range(r, 0, S - 1));
+    if (with_topk) {
+        p.topk_indices = view_of(&lists, nbv);
+        if (topk_shared) p.topk_indices.head_stride = 0;
+        p.topk = K;
+        if (one_in(r, 40)) p.topk = -range(r, 1, 3), valid = 0;
+        else if (one_in(r, 30) && batch_count * H * L * K > 0) { /* read first: out of range */
+            *(int32_t *)lists.data = one_in(r, 2) ? (int32_t)-range(r, 2, 5) : (int32_t)(S + range(r, 0, 3));
+            valid = 0;
+        }
+    }
     p.query = view_of(&q, nbv), p.key = view_of(&k, nbv), p.value = view_of(&v, nbv), p.out = view_of(&out, nbv);
     if (mask.base) p.mask = view_of(&mask, nbv);
     if (with_weights) p.weights = view_of(&weights, nbv);
@@ -361,18 +400,19 @@ static int run_input(const uint8_t *data, size_t size) {
     snprintf(problem_text, sizeof(problem_text),
              "dtype=%d/%d nb=%d batch=%lld,%lld,%lld H=%lld G=%lld L=%lld S=%lld E=%lld Ev=%lld mask=%d scale=%g "
              "causal=%d offset=%lld lengths=%d weights=%d lse=%d threads=%d interrupt=%d specials=%d "
-             "window=%lld,%lld align=%lld softcap=%g alibi=%d sinks=%d valid=%d",
+             "window=%lld,%lld align=%lld softcap=%g alibi=%d sinks=%d topk=%lld%s valid=%d",
              (int)p.dtype, (int)p.kv_dtype, nb, (long long)p.batch_shape[0], (long long)p.batch_shape[1],
              (long long)p.batch_shape[2], (long long)p.num_heads, (long long)p.gqa_group, (long long)p.len_q,
              (long long)p.len_kv, (long long)p.head_dim, (long long)p.head_dim_v, (int)p.mask_kind, p.scale,
              p.causal, (long long)p.causal_offset, with_lengths, with_weights, with_lse, p.num_threads,
              p.interrupt != NULL, specials, (long long)p.window_left, (long long)p.window_right,
-             (long long)p.align_offset, p.softcap, with_alibi, with_sinks, valid);
+             (long long)p.align_offset, p.softcap, with_alibi, with_sinks, with_topk ? (long long)p.topk : -1LL,
+             topk_shared ? " shared" : "", valid);
 
     /* inputs kept, to check they are not written */
-    unsigned char *copies[7];
-    const operand *inputs[7] = {&q, &k, &v, &mask, &lengths, &alibi, &sinks};
-    for (int i = 0; i < 7; i++) {
+    unsigned char *copies[8];
+    const operand *inputs[8] = {&q, &k, &v, &mask, &lengths, &alibi, &sinks, &lists};
+    for (int i = 0; i < 8; i++) {
         size_t bytes = inputs[i]->total * inputs[i]->elem;
         copies[i] = (unsigned char *)malloc(bytes ? bytes : 1);
         if (inputs[i]->base) memcpy(copies[i], inputs[i]->base, bytes);
@@ -390,7 +430,7 @@ static int run_input(const uint8_t *data, size_t size) {
     } else if (st != SDPA_OK) {
         fail("a valid problem was refused");
     }
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < 8; i++)
         if (inputs[i]->base && memcmp(copies[i], inputs[i]->base, inputs[i]->total * inputs[i]->elem))
             fail("an input was written");
 
@@ -429,6 +469,7 @@ static int run_input(const uint8_t *data, size_t size) {
             stat_compared++;
             const int64_t total = batch_count * H * L;
             double *s = (double *)malloc(sizeof(double) * (size_t)(S ? S : 1));
+            int64_t *mult = (int64_t *)malloc(sizeof(int64_t) * (size_t)(S ? S : 1));
             int64_t idx[MAX_DIMS];
             for (int64_t row = 0; row < total; row++) {
                 int64_t rem = row;
@@ -445,9 +486,22 @@ static int run_input(const uint8_t *data, size_t size) {
                 idx[nbv] = h;
                 const double slope = with_alibi ? load(&alibi, cdt, offset_of(&alibi, idx)) : 0;
                 const double sink = with_sinks ? load(&sinks, cdt, offset_of(&sinks, idx)) : -INFINITY;
+                /* top-k: how many times the row's list names each key (0: unseen) */
+                for (int64_t j = 0; j < S; j++) mult[j] = 1;
+                if (with_topk) {
+                    for (int64_t j = 0; j < S; j++) mult[j] = 0;
+                    int64_t li[MAX_DIMS];
+                    memcpy(li, idx, sizeof(li));
+                    li[nbv] = topk_shared ? 0 : h / G, li[nbv + 1] = l;
+                    for (int64_t e = 0; e < K; e++) {
+                        li[nbv + 2] = e;
+                        const int32_t pos = ((const int32_t *)lists.data)[offset_of(&lists, li)];
+                        if (pos >= 0 && pos < S) mult[pos]++;
+                    }
+                }
                 double mx = -INFINITY;
                 for (int64_t j = 0; j < S; j++) {
-                    int visible = j < limit && (!p.causal || j - l <= p.causal_offset);
+                    int visible = j < limit && (!p.causal || j - l <= p.causal_offset) && mult[j] > 0;
                     /* (a valid problem with a window has |align_offset| <= 2^61) */
                     if (p.window_left >= 0) visible &= j >= l + p.align_offset - p.window_left;
                     if (p.window_right >= 0) visible &= j <= l + p.align_offset + p.window_right;
@@ -476,7 +530,7 @@ static int run_input(const uint8_t *data, size_t size) {
                  * key; a sink of -inf is none */
                 const double top = mx != -INFINITY && sink > mx ? sink : mx;
                 double sum = 0;
-                for (int64_t j = 0; j < S; j++) sum += s[j] == -INFINITY ? 0 : exp(s[j] - top);
+                for (int64_t j = 0; j < S; j++) sum += s[j] == -INFINITY ? 0 : mult[j] * exp(s[j] - top);
                 const int seen = mx != -INFINITY; /* (sum may underflow to 0 below a large sink) */
                 const double denom = seen && sink != -INFINITY ? sum + exp(sink - top) : sum;
                 /* (a 16-bit output adds its own rounding) */
@@ -492,7 +546,7 @@ static int run_input(const uint8_t *data, size_t size) {
                     for (int64_t j = 0; j < S; j++) {
                         if (s[j] == -INFINITY) continue;
                         idx[nbv] = h / G, idx[nbv + 1] = j, idx[nbv + 2] = c;
-                        const double w = exp(s[j] - top) / denom, vv = load(&v, kvdt, offset_of(&v, idx));
+                        const double w = mult[j] * exp(s[j] - top) / denom, vv = load(&v, kvdt, offset_of(&v, idx));
                         ref += w * vv;
                         scale += fabs(w * vv);
                     }
@@ -527,10 +581,11 @@ static int run_input(const uint8_t *data, size_t size) {
                 }
             }
             free(s);
+            free(mult);
         }
     }
-    for (int i = 0; i < 7; i++) free(copies[i]);
-    for (int i = 0; i < 10; i++) free_operand(all[i]);
+    for (int i = 0; i < 8; i++) free(copies[i]);
+    for (int i = 0; i < 11; i++) free_operand(all[i]);
     return 0;
 }
 
