@@ -320,7 +320,10 @@ sdpa_status sdpa_sparse_call(const sdpa_problem *p, int64_t batch_count) {
 
     const size_t kvsize = sdpa_dtype_size(kv_dtype_of(p));
     const int64_t tasks = per_call * cx.groups;
-    const int threads = sdpa_threads_for(p->num_threads, 0, tasks, (double)(N * (k + cx.heads * p->head_dim)));
+    /* the lists' preparation by its own work (a small call's stays on one
+     * thread, whatever num_threads asks of the products) */
+    int threads = sdpa_threads_for(0, 0, tasks, 8.0 * (double)(N * (k + cx.heads * (p->head_dim + p->head_dim_v))));
+    if (p->num_threads > 0 && threads > p->num_threads) threads = p->num_threads;
     sdpa_status st = SDPA_OK;
     for (int64_t s = 0; s < slices && st == SDPA_OK; s += per_call) {
         const int64_t b = s / cx.lists, h = s % cx.lists;

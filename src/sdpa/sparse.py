@@ -28,6 +28,8 @@ __all__ = ["sparse_attention", "index_topk"]
 
 Array = np.ndarray
 _INT32_MAX = int(np.iinfo(np.int32).max)
+# caches of these dtypes (native order) need no format check beyond their pairing
+_PLAIN = frozenset(np.dtype(d) for d in ("float16", "float32", "float64"))
 
 
 def _renamed(err: Exception, names: Tuple[Tuple[str, str], ...]) -> Exception:
@@ -47,6 +49,15 @@ def _lists(idx: Array) -> Array:
     if idx.dtype == np.int32 and idx.dtype.isnative and idx.flags.aligned:
         return idx
     return idx.astype(np.int32)
+
+
+def _entries_checked(idx: Array, S: int) -> None:
+    """A ValueError naming the first entry of ``indices`` that is neither -1
+    nor a position in [0, S)."""
+    bad = (idx < -1) | (idx >= S)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"indices: entry {at} is {int(idx[at])}, not a position in [0, {S}) or -1")
 
 
 def _row_pool(arrays: Tuple[Optional[Array], ...]) -> Tuple[Tuple[Optional[Array], ...], int]:
@@ -201,10 +212,15 @@ def sparse_attention(
             return None if a is None else a[(0,) * len(batch)][None]
         return np.zeros((1,) + a.shape[-3:-2] + (1,) + a.shape[-1:], a.dtype)
 
-    try:  # the format's rules on the caches
-        _, _, _, _, group, code = _cache_pair(first(kc), first(vc), first(scales[0]), first(scales[1]), kv_dtype)
-    except (TypeError, ValueError) as err:
-        raise _renamed(err, _DENSE_NAMES) from None
+    if (kv_dtype is None and scales[0] is None and scales[1] is None and kc.dtype == vc.dtype and kc.dtype in _PLAIN
+            and kc.flags.aligned and vc.flags.aligned):
+        group, code = 0, 0  # a float cache as the core reads it: nothing more to check here
+    else:
+        try:  # the format's rules on the caches
+            _, _, _, _, group, code = _cache_pair(first(kc), first(vc), first(scales[0]), first(scales[1]),
+                                                  kv_dtype)
+        except (TypeError, ValueError) as err:
+            raise _renamed(err, _DENSE_NAMES) from None
     width = width_of(code)
     if kc.shape[-1] * width != E:
         raise ValueError(f"key: {kc.shape[-1] * width} features a key, the query has {E}")
@@ -219,14 +235,15 @@ def sparse_attention(
         raise TypeError(f"indices: expected int32 or int64, got dtype {idx.dtype}")
     if idx.ndim < 3 or idx.shape[-3] not in (1, Hkv) or idx.shape[-2] != L:
         raise ValueError(f"indices: expected shape (..., {Hkv} or 1, {L}, k), got {idx.shape}")
-    try:
+    if idx.shape[:-3] != batch:
+        if not broadcasts_to(idx.shape[:-3], batch):
+            raise ValueError(f"indices: batch dims {idx.shape[:-3]} do not broadcast to the query's {batch}")
         idx = np.broadcast_to(idx, batch + idx.shape[-3:])
-    except ValueError:
-        raise ValueError(f"indices: batch dims {idx.shape[:-3]} do not broadcast to the query's {batch}") from None
-    bad = (idx < -1) | (idx >= S)
-    if bad.any():
-        at = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"indices: entry {at} is {int(idx[at])}, not a position in [0, {S}) or -1")
+    # int32 lists of a call with rows are checked by the core (every entry, before
+    # anything is written), and here only to name the entry when it refuses them
+    core_checks = idx.dtype == np.int32 and idx.dtype.isnative and idx.flags.aligned and B * Hq * L > 0
+    if not core_checks:
+        _entries_checked(idx, S)
     flag(return_lse, "return_lse")
     cdt = compute_dtype(qdt)
     sink = None if sinks is None else head_values(sinks, "sinks", batch, Hq, cdt)
@@ -240,8 +257,13 @@ def sparse_attention(
     call = base.prepared(False, scale, True, None, softcap, num_threads, False, return_lse)
     ks, vs = scales if scales[0] is not None or scales[1] is not None else (None, None)
     kc, vc, _ = _storage_code(kc, vc, kv_dtype)  # the core's storage (float8 arrays of ml_dtypes as uint8)
-    res = call.run_cache(np.require(q, qdt, ["A"]), kc, vc, ks, vs, out=out, extras=(None, sink, None),
-                         indices=_lists(idx))
+    try:
+        res = call.run_cache(np.require(q, qdt, ["A"]), kc, vc, ks, vs, out=out, extras=(None, sink, None),
+                             indices=_lists(idx))
+    except ValueError:
+        if core_checks:
+            _entries_checked(idx, S)
+        raise
     if isinstance(res, int):
         raise declined(res)
     return cast(Union[Array, Tuple[Array, Array]], res)
