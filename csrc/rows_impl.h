@@ -285,7 +285,9 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
     float *q8s = iqk ? (float *)(void *)(q8 + ((size_t)M * (size_t)E + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN) : NULL;
 
     /* gathered tiles are read as rows of an array, back to back; MLA's latent
-     * values (a column view of the keys, no scales) from the gathered keys */
+     * values (a column view of the keys, no scales) from the gathered keys,
+     * where the values' walk cuts the tile into the keys' segments (the same
+     * step: every row the values gather, the keys gathered) */
     sdpa_problem gathered;
     const sdpa_problem *rp = p;
     const char *latent = NULL;
@@ -295,7 +297,7 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
         gathered.value.row_stride = vsrc.cols;
         rp = &gathered;
         const int64_t off = (int64_t)((const char *)p->value.data - (const char *)p->key.data);
-        if (!ksrc.scale_view && !vsrc.scale_view && p->value.row_stride == p->key.row_stride &&
+        if (kstep == vstep && !ksrc.scale_view && !vsrc.scale_view && p->value.row_stride == p->key.row_stride &&
             p->value.head_stride == p->key.head_stride && p->value.batch_strides[0] == p->key.batch_strides[0] &&
             off >= 0 && off % (int64_t)ksrc.elem == 0 && off / (int64_t)ksrc.elem + vsrc.cols <= ksrc.cols) {
             gathered.value.row_stride = ksrc.cols;

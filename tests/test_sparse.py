@@ -660,3 +660,19 @@ def test_paged_topk_pools_are_views_of_the_caches(rng, layout):
         flat_v = np.concatenate([value[t] for t in tables[b]], axis=1)[:, :seq_lens[b]]
         ref = reference.sparse_attention(q[b], flat_k, flat_v, idx[b])
         np.testing.assert_allclose(got[b], ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("E, Ev", [(128, 64), (576, 512), (64, 32)])
+def test_latent_values_over_runs_of_positions(rng, E, Ev):
+    """MLA-style values (a column view of the keys) over lists mixing scattered
+    positions with runs of 20 and 40 that follow each other: the rows the
+    kernels gather for the keys and read in place for the values, or the other
+    way round, give the reference's result whatever the head dims."""
+    S, Hq, L = 300, 4, 3
+    lat = rng.standard_normal((1, 1, S, E)).astype(np.float32)
+    q = rng.standard_normal((1, Hq, L, E)).astype(np.float32)
+    runs = np.concatenate([np.arange(10, 30), np.arange(100, 140), [5, 77, 200, 201, 250]])
+    idx = np.stack([np.roll(runs, r) for r in range(L)])[None, None].astype(np.int32)
+    got = sdpa.sparse_attention(q, lat, lat[..., :Ev], idx)
+    ref = reference.sparse_attention(q, lat, lat[..., :Ev], idx)
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
