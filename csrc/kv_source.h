@@ -20,8 +20,8 @@
  * paged block, and the next block is anywhere in the pool; within a block
  * they follow the rows, and asking as well costs (Zen 4, bfloat16, B 8, 32/8
  * heads, S 4,096, 2 threads: one block a sequence 7.3 -> 4.5 ms, the arrays'
- * time, blocks of 128 7.4 -> 6.8 ms, of 16 8.5 -> 7.7 ms).  A step is about 16 KiB of float32 rows, a multiple
- * of 16 rows in [16, 64]: it depends on the head dim alone, not on the
+ * time, blocks of 128 7.4 -> 6.8 ms, of 16 8.5 -> 7.7 ms).  A step is about
+ * 16 KiB of float32 rows, a multiple of 16 rows in [16, 64]: it depends on the head dim alone, not on the
  * cache's dtype, so that the kernels group the keys of a 16-bit or quantized
  * cache as they do float32 ones (the same sums, the same bits).  Arrays are
  * walked in the same steps but not prefetched: their rows stream, and asking
@@ -30,7 +30,6 @@
  * without the prefetch, 0.9-1.1x with it; arrays with it 0.85x as fast
  * (8 x 32 heads, S 2,048, float32 and bfloat16, 1 and 2 threads). */
 #define SDPA_ROW_STEP_BYTES 16384
-
 
 /* The scales of a quantized key or value view (kv_dtype SDPA_INT8, _INT4, or
  * a float8 type with scales): the group's scale of row j, column c is
@@ -48,6 +47,7 @@ typedef struct kv_source {
     int64_t b, hkv;
     size_t elem;             /* bytes of an element of the view (int4: a byte, two values) */
     int64_t cols;            /* elements of a row (int4: bytes), for the prefetch */
+    int64_t groups;          /* scales a row (0: none)                           */
     const char *base;        /* arrays: the slice's first row; paged: NULL       */
     kv_scales sc;            /* the scales' layout (base: at the slice, arrays)  */
     int64_t blocks;          /* paged: the sequence's blocks                     */
@@ -74,12 +74,14 @@ static inline kv_source kv_source_of(const sdpa_problem *p, int which, sdpa_dtyp
     s.sc.base = NULL;
     s.sc.rs = s.sc.cs = 0;
     s.sc.group = 1;
+    s.groups = 0;
     if (sdpa_is_quantized(dt) && s.scale_view->data) {
         s.sc.base = paged ? NULL : (const float *)view_at(p, s.scale_view, b, hkv, sizeof(float));
         s.sc.rs = s.scale_view->row_stride;
         s.sc.cs = s.scale_view->col_stride;
         const int64_t width = which ? p->head_dim_v : p->head_dim;
         s.sc.group = p->kv_group_size > 0 ? p->kv_group_size : (width > 0 ? width : 1);
+        s.groups = width / s.sc.group;
     } else {
         s.scale_view = NULL;
     }

@@ -196,8 +196,7 @@ static void FN(tile_products)(int values, const sdpa_problem *p, const sdpa_prob
                               const KT *kern, T *scratch, const T *qs, const kv_source *src, int64_t s0, int n,
                               int64_t step, const char *latent, T *st, T *acc) {
     const int64_t bytes = src->cols * (int64_t)src->elem, rs = src->view->row_stride * (int64_t)src->elem;
-    const int64_t width = kv_dtype_of(p) == SDPA_INT4 ? 2 * src->cols : src->cols;  /* values a row */
-    const int64_t ng = src->scale_view ? width / src->sc.group : 0;
+    const int64_t ng = src->groups;
     char *buf = (char *)(scratch + (values ? pl->scratch.gv : pl->scratch.gk));
     float *scales = (float *)(void *)buf;
     char *rows = buf + ((size_t)(pl->blocking.tile_k * ng) * sizeof(float) + 63) / 64 * 64;

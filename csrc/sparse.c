@@ -62,22 +62,14 @@ static void sort_positions(int32_t *t, int64_t n, int32_t *tmp) {
     if (src != t) memcpy(t, src, (size_t)n * sizeof(int32_t));
 }
 
-/* Copies n elements of `size` bytes, `stride` elements apart, to dst (packed). */
-static void gather_row(char *dst, const char *src, int64_t n, int64_t stride, size_t size) {
-    if (stride == 1) {
+/* Copies n elements of `size` bytes from src to dst, `ss` and `ds` elements
+ * apart there. */
+static void copy_elems(char *dst, int64_t ds, const char *src, int64_t ss, int64_t n, size_t size) {
+    if (ss == 1 && ds == 1) {
         memcpy(dst, src, (size_t)n * size);
         return;
     }
-    for (int64_t c = 0; c < n; c++) memcpy(dst + (size_t)c * size, src + c * stride * (int64_t)size, size);
-}
-
-/* The reverse: n packed elements to `stride`-apart places. */
-static void scatter_row(char *dst, const char *src, int64_t n, int64_t stride, size_t size) {
-    if (stride == 1) {
-        memcpy(dst, src, (size_t)n * size);
-        return;
-    }
-    for (int64_t c = 0; c < n; c++) memcpy(dst + c * stride * (int64_t)size, src + (size_t)c * size, size);
+    for (int64_t c = 0; c < n; c++) memcpy(dst + c * ds * (int64_t)size, src + c * ss * (int64_t)size, size);
 }
 
 /* A group of rows shares the positions all its rows that list any list:
@@ -127,18 +119,31 @@ static int64_t slice_base(const sparse_ctx *cx, int64_t b, int64_t h) {
     return base;
 }
 
-/* Task i: row group i % groups of the call's slice i / groups -- its tables
- * (valid entries ascending, shared ones first, then the slice's base added),
- * its packed query rows and sinks. */
+/* Task i's rows: row group i % groups of the call's slice i / groups. */
+typedef struct row_group {
+    int64_t b, h;      /* batch index and list                 */
+    int64_t l0, rows;  /* its rows [l0, l0 + rows)             */
+    int64_t n0;        /* the sequence of row l0 in the call   */
+} row_group;
+
+static row_group group_of(const sparse_ctx *cx, int64_t i) {
+    const int64_t L = cx->p->len_q, slice = cx->first_slice + i / cx->groups;
+    row_group g;
+    g.b = slice / cx->lists, g.h = slice % cx->lists;
+    g.l0 = (i % cx->groups) * SHARE_ROWS;
+    g.rows = L - g.l0 < SHARE_ROWS ? L - g.l0 : SHARE_ROWS;
+    g.n0 = (i / cx->groups) * L + g.l0;
+    return g;
+}
+
+/* Task i: its row group's tables (valid entries ascending, shared ones first,
+ * then the slice's base added), packed query rows and sinks. */
 static void fill_group(void *vctx, int64_t i, int tid) {
     (void)tid;
     const sparse_ctx *cx = (const sparse_ctx *)vctx;
     const sdpa_problem *p = cx->p;
-    const int64_t k = p->topk, L = p->len_q, slice = cx->first_slice + i / cx->groups;
-    const int64_t b = slice / cx->lists, h = slice % cx->lists;
-    const int64_t l0 = (i % cx->groups) * SHARE_ROWS;
-    const int64_t rows = L - l0 < SHARE_ROWS ? L - l0 : SHARE_ROWS;
-    const int64_t n0 = (i / cx->groups) * L + l0;  /* the group's first sequence */
+    const row_group g = group_of(cx, i);
+    const int64_t k = p->topk, b = g.b, h = g.h, l0 = g.l0, rows = g.rows, n0 = g.n0;
     const int64_t limit = key_limit(p, b), base = slice_base(cx, b, h);
     const sdpa_view *iv = &p->topk_indices;
     const int32_t *lists = (const int32_t *)view_at(p, iv, b, h, sizeof(int32_t));
@@ -169,8 +174,8 @@ static void fill_group(void *vctx, int64_t i, int tid) {
             const int64_t hq = h * cx->heads + j, n = n0 + r;
             const char *q = (const char *)view_at(p, &p->query, b, hq, cx->qsize) +
                             (l0 + r) * p->query.row_stride * (int64_t)cx->qsize;
-            gather_row(cx->q + (size_t)((n * cx->heads + j) * p->head_dim) * cx->qsize, q, p->head_dim,
-                       p->query.col_stride, cx->qsize);
+            copy_elems(cx->q + (size_t)((n * cx->heads + j) * p->head_dim) * cx->qsize, 1, q, p->query.col_stride,
+                       p->head_dim, cx->qsize);
             if (cx->sinks)
                 memcpy(cx->sinks + (size_t)(n * cx->heads + j) * cx->csize, view_at(p, &p->sinks, b, hq, cx->csize),
                        cx->csize);
@@ -182,17 +187,14 @@ static void scatter_group(void *vctx, int64_t i, int tid) {
     (void)tid;
     const sparse_ctx *cx = (const sparse_ctx *)vctx;
     const sdpa_problem *p = cx->p;
-    const int64_t L = p->len_q, slice = cx->first_slice + i / cx->groups;
-    const int64_t b = slice / cx->lists, h = slice % cx->lists;
-    const int64_t l0 = (i % cx->groups) * SHARE_ROWS;
-    const int64_t rows = L - l0 < SHARE_ROWS ? L - l0 : SHARE_ROWS;
-    const int64_t n0 = (i / cx->groups) * L + l0;
+    const row_group g = group_of(cx, i);
+    const int64_t b = g.b, h = g.h, l0 = g.l0, rows = g.rows, n0 = g.n0;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < cx->heads; j++) {
             const int64_t hq = h * cx->heads + j, n = n0 + r, l = l0 + r;
             char *o = (char *)view_at(p, &p->out, b, hq, cx->qsize) + l * p->out.row_stride * (int64_t)cx->qsize;
-            scatter_row(o, cx->o + (size_t)((n * cx->heads + j) * p->head_dim_v) * cx->qsize, p->head_dim_v,
-                        p->out.col_stride, cx->qsize);
+            copy_elems(o, p->out.col_stride, cx->o + (size_t)((n * cx->heads + j) * p->head_dim_v) * cx->qsize, 1,
+                       p->head_dim_v, cx->qsize);
             if (cx->lse) {
                 char *ls = (char *)view_at(p, &p->lse, b, hq, cx->csize) + l * p->lse.row_stride * (int64_t)cx->csize;
                 memcpy(ls, cx->lse + (size_t)(n * cx->heads + j) * cx->csize, cx->csize);

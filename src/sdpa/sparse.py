@@ -241,7 +241,8 @@ def sparse_attention(
         idx = np.broadcast_to(idx, batch + idx.shape[-3:])
     # int32 lists of a call with rows are checked by the core (every entry, before
     # anything is written), and here only to name the entry when it refuses them
-    core_checks = idx.dtype == np.int32 and idx.dtype.isnative and idx.flags.aligned and B * Hq * L > 0
+    lists = _lists(idx)
+    core_checks = lists is idx and B * Hq * L > 0
     if not core_checks:
         _entries_checked(idx, S)
     flag(return_lse, "return_lse")
@@ -255,11 +256,11 @@ def sparse_attention(
 
     base = base_call(code, group, False, False)
     call = base.prepared(False, scale, True, None, softcap, num_threads, False, return_lse)
-    ks, vs = scales if scales[0] is not None or scales[1] is not None else (None, None)
+    ks, vs = scales
     kc, vc, _ = _storage_code(kc, vc, kv_dtype)  # the core's storage (float8 arrays of ml_dtypes as uint8)
     try:
         res = call.run_cache(np.require(q, qdt, ["A"]), kc, vc, ks, vs, out=out, extras=(None, sink, None),
-                             indices=_lists(idx))
+                             indices=lists)
     except ValueError:
         if core_checks:
             _entries_checked(idx, S)
