@@ -140,15 +140,24 @@ static void FN(online_softmax_update)(T *s, int n, T *row_max, T *row_sum, T *ac
 
 #ifndef SIMD_PANELS_ONLY /* the element-wise kernels take no panel width */
 /* x[i] = cap * tanh(x[i] / cap), tanh(y) as 1 - 2 / (e^(2y) + 1): exact at the
- * ends (+-cap for +-inf), NaN kept; absolute error a few ulp of cap. */
+ * ends (+-cap for +-inf), NaN kept; absolute error a few ulp of cap.  The last
+ * elements go through a padded vector too, so an element's bits do not depend
+ * on where it lies (a score tile of a narrower panel ends mid-vector). */
+static inline __attribute__((always_inline)) V FN(softcap_vec)(V x, V vc, V two_over_c) {
+    const V one = V_SET1((T)1), two = V_SET1((T)2);
+    return V_MUL(vc, V_SUB(one, V_DIV(two, V_ADD(V_EXP(V_MUL(x, two_over_c)), one))));
+}
+
 static void FN(softcap)(T *x, int64_t n, T cap) {
-    const V vc = V_SET1(cap), two_over_c = V_SET1((T)2 / cap), one = V_SET1((T)1), two = V_SET1((T)2);
+    const V vc = V_SET1(cap), two_over_c = V_SET1((T)2 / cap);
     int64_t i = 0;
-    for (; i + LANES <= n; i += LANES) {
-        V e = V_EXP(V_MUL(V_LOADU(x + i), two_over_c));
-        V_STOREU(x + i, V_MUL(vc, V_SUB(one, V_DIV(two, V_ADD(e, one)))));
+    for (; i + LANES <= n; i += LANES) V_STOREU(x + i, FN(softcap_vec)(V_LOADU(x + i), vc, two_over_c));
+    if (i < n) {
+        T tmp[LANES] __attribute__((aligned(64)));
+        for (int l = 0; l < LANES; l++) tmp[l] = i + l < n ? x[i + l] : 0;
+        V_STORE(tmp, FN(softcap_vec)(V_LOAD(tmp), vc, two_over_c));
+        for (int l = 0; i + l < n; l++) x[i + l] = tmp[l];
     }
-    for (; i < n; i++) x[i] = cap * (1 - 2 / (S_EXP(x[i] * ((T)2 / cap)) + 1));
 }
 
 static void FN(exp)(T *x, int64_t n) {
