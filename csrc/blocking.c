@@ -202,6 +202,8 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
     pl->path.nr = p->dtype != SDPA_FLOAT64 ? kt->f32.nr : kt->f64.nr;
     pl->path.nr_half = p->dtype != SDPA_FLOAT64 ? (kt->f32.half ? kt->f32.half->nr : kt->f32.nr)
                                                 : (kt->f64.half ? kt->f64.half->nr : kt->f64.nr);
+    pl->path.nr_quarter = p->dtype != SDPA_FLOAT64 && kt->f32.half && kt->f32.half->half ? kt->f32.half->half->nr
+                                                                                          : pl->path.nr_half;
     const size_t E = (size_t)p->head_dim, Ev = (size_t)p->head_dim_v;
     const int64_t rows = p->gqa_group * p->len_q;
     /* bfloat16 pairs on the tiled path (AVX512-BF16) are ahead from L = 16;
@@ -280,7 +282,7 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
         pl->scratch.m = off;   off += round_elems(tq, elem);
         pl->scratch.l = off;   off += round_elems(tq, elem);
         pl->bf16.on = bf16_pairs;
-        if (bf16_pairs) pl->path.nr_half = pl->path.nr;  /* the pairs keep their one width */
+        if (bf16_pairs) pl->path.nr_half = pl->path.nr_quarter = pl->path.nr;  /* the pairs keep their one width */
         /* K and V copied (widened) by tiles or packed per call: not of the compute
          * type, or paged in blocks too short for the products to read in place */
         const int convert = !bf16_pairs && (pl->path.kv_dtype != (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32) ||
@@ -491,10 +493,10 @@ double sdpa_task_cost(const part *pt, int64_t t) {
     const int64_t r0 = qb * pl->blocking.tile_q, R = p->len_q * pg;
     const int64_t r1 = r0 + pl->blocking.tile_q < R ? r0 + pl->blocking.tile_q : R;
     const int64_t l0 = r0 / pg, l1 = (r1 - 1) / pg + 1;  /* the task's positions */
-    /* rows pay whole panels (the last a half-width one where its rows fit),
+    /* rows pay whole panels (the last a narrower one where its rows fit),
      * against their part of the keys (half, causal) */
     const int64_t nr = pl->path.nr, whole = (r1 - r0) / nr * nr, tail = (r1 - r0) - whole;
-    const double panels = (double)(whole + (tail == 0 ? 0 : tail <= pl->path.nr_half ? pl->path.nr_half : nr));
+    const double panels = (double)(whole + (tail == 0 ? 0 : sdpa_panel_width(pl, (int)tail)));
     double keys = visible_keys(p, b, l0, l1);
     if (p->causal && keys > 0) {
         const double first = visible_keys(p, b, l0, l0 + 1);

@@ -101,9 +101,9 @@ static int complete_f64(kernels_f64 *dst, const kernels_f64 *ref) {
 }
 #undef SDPA_FILL
 
-/* A set's half-width table, completed: its panel kernels its own or the
- * portable ones (which take any width), the rest its set's (the same bits at
- * either width).  Its address, or NULL (and nr 0) where the set declares none,
+/* A set's narrower table (half or quarter width), completed against the next
+ * wider one: its panel kernels its own or the portable ones (which take any
+ * width), the rest the set's (the same bits at any width).  Its address, or NULL (and nr 0) where the set declares none,
  * or not gemm and the softmax update at a width less than its own. */
 #define SDPA_PORTABLE_PANEL(name) \
     if (!h->name) h->name = portable->name;
@@ -138,6 +138,10 @@ int sdpa_complete_table(kernel_table *dst, const kernel_table *src) {
         if (!src->f64.online_softmax_update) dst->f64.online_softmax_update = NULL, filled--;
     }
     dst->f32.half = complete_half_f32(&dst->f32_half, &dst->f32, &sdpa_kernels_scalar.f32);
+    /* a quarter-width table under a half one only (set's half's half) */
+    const kernels_f32 *quarter = complete_half_f32(&dst->f32_quarter, &dst->f32_half, &sdpa_kernels_scalar.f32);
+    if (dst->f32.half) dst->f32_half.half = quarter;
+    else memset(&dst->f32_quarter, 0, sizeof(dst->f32_quarter));
     dst->f64.half = complete_half_f64(&dst->f64_half, &dst->f64, &sdpa_kernels_scalar.f64);
     return filled;
 }
@@ -159,10 +163,9 @@ int sdpa_table_is_complete(const kernel_table *kt) {
         const kernels_f64 *k = &kt->f64;
         SDPA_TYPED_KERNELS(SDPA_COUNT_SET, double)
     }
-    if (kt->f32.half) {
-        const kernels_f32 *k = kt->f32.half;
+    for (const kernels_f32 *wide = &kt->f32, *k = wide->half; k; wide = k, k = k->half) {
         SDPA_TYPED_KERNELS(SDPA_COUNT_SET, float)
-        all += k->nr <= 0 || k->nr >= kt->f32.nr;
+        all += k->nr <= 0 || k->nr >= wide->nr;
     }
     if (kt->f64.half) {
         const kernels_f64 *k = kt->f64.half;

@@ -345,8 +345,9 @@ typedef struct kernels_f32 {
     int nr; /* panel width: query rows per vector block (tiles: make_plan) */
     SDPA_TYPED_KERNELS(SDPA_KERNEL_FIELD, float)
     kernels_bf16 bf16;
-    /* the same kernels at a narrower panel (kernel_table.f32_half), or NULL:
-     * set by sdpa_complete_table */
+    /* the same kernels at a narrower panel, or NULL: the set's table points
+     * to its f32_half, and that one to its f32_quarter (set by
+     * sdpa_complete_table) */
     const struct kernels_f32 *half;
 } kernels_f32;
 
@@ -401,6 +402,10 @@ typedef struct kernel_table {
      * f64.half here. */
     kernels_f32 f32_half;
     kernels_f64 f64_half;
+    /* Optional, with f32_half: float panel kernels at a quarter of the set's
+     * width (AVX-512: 8 rows on 256-bit vectors, which Zen 4 runs at twice the
+     * rate of 512-bit ones), the same bits again; f32_half.half points here. */
+    kernels_f32 f32_quarter;
 } kernel_table;
 
 /* dst = src with every entry src does not set taken from the portable kernels,

@@ -35,6 +35,8 @@ typedef struct plan {
         int nr;                /* the kernel set's panel width                   */
         int nr_half;           /* a task's last panel's width where its rows fit
                                   (the set's half-width table), or nr: none   */
+        int nr_quarter;        /* the same at a quarter of the width (float
+                                  on AVX-512), or nr_half: none              */
     } path;
     struct {
         int tile_q, tile_k;    /* tile_q a multiple of nr; tile_k sets the order of sums */
@@ -233,6 +235,12 @@ double sdpa_plan_item_cost(const call_plan *cp, int64_t i);
 /* The position k in `order` of the part that holds the i-th entry of a list
  * whose parts' entries start at starts[k] (prefix sums), and i's index within
  * that part. */
+/* The width of the panel that rows (1 <= rows <= nr) of a task's last panel
+ * are computed in: the narrowest of the set's tables they fit. */
+static inline int sdpa_panel_width(const plan *pl, int rows) {
+    return rows <= pl->path.nr_quarter ? pl->path.nr_quarter : rows <= pl->path.nr_half ? pl->path.nr_half : pl->path.nr;
+}
+
 static inline int32_t plan_find(const int64_t *starts, int32_t num_parts, int64_t i, int64_t *local) {
     int32_t lo = 0, hi = num_parts - 1;
     while (lo < hi) {  /* the last part whose first entry is <= i (parts with none are passed) */

@@ -49,13 +49,15 @@ static void FN(task_coords)(const sdpa_problem *p, const plan *pl, int64_t task,
     *h0 = unit % units * pg;
 }
 
-/* The kernels of a panel of prows rows: the set's half-width table where the
- * plan has one (plan.path.nr_half: not for the bfloat16 pairs) and the rows
- * fit in it (a task's last panel, the tail of L), else the set's own.  Every
- * panel still takes nr rows of the scratch; one of half width is laid out at
- * its own width (pk->nr) there. */
+/* The kernels of a panel of prows rows: the set's narrowest table the rows
+ * fit in (a task's last panel, the tail of L) where the plan has narrower ones
+ * (plan.path.nr_half, nr_quarter: not for the bfloat16 pairs), else the set's
+ * own.  Every panel still takes nr rows of the scratch; a narrower one is laid
+ * out at its own width (pk->nr) there. */
 static inline const KT *FN(panel_kernels)(const plan *pl, const KT *kern, int prows) {
-    return prows <= pl->path.nr_half && pl->path.nr_half < pl->path.nr ? kern->half : kern;
+    const int w = sdpa_panel_width(pl, prows);
+    while (kern->nr > w && kern->half) kern = kern->half;
+    return kern;
 }
 
 /* The position of row r of a task's unit (pack_g rows a position). */

@@ -69,21 +69,24 @@ def test_query_rows_per_task_change_no_bit(rng, blocking, dtype):
     assert all(np.array_equal(runs[0], r) for r in runs[1:])
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 @pytest.mark.parametrize("heads", [(2, 2), (8, 2)], ids=["mha", "gqa"])
 def test_tail_panels_change_no_bit(isa, rng, dtype, heads):
-    """A task's last panel runs at half the set's width when its rows fit (the
-    tail of L): a row gets the same bits in a short call, where it is in the
-    tail, as in a longer one, where it fills a whole panel; with a mask,
-    causality (top-left), softcap, GQA rows packed, and the weights."""
+    """A task's last panel runs at half or a quarter of the set's width when its
+    rows fit (the tail of L; AVX-512 float: 16 or 8 rows on narrower vectors):
+    a row gets the same bits in a short call, where it is in the tail, as in a
+    longer one, where it fills a whole panel; with a mask, causality
+    (top-left), softcap, GQA rows packed, the weights, and float16 rows
+    widened into the panels and rounded out of them."""
     hq, hkv = heads
-    q, k, v = make_qkv(rng, (1,), hq, hkv, 80, 75, 32, 24, dtype)
+    q, k, v = make_qkv(rng, (1,), hq, hkv, 80, 75, 32, 24, np.float32)
+    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
     keep = rng.random((80, 75)) < 0.7
     cases = [dict(), dict(is_causal=True), dict(attn_mask=keep), dict(softcap=3.0, is_causal=True)]
     for kw in cases:
         gqa = dict(enable_gqa=hq != hkv)
         full, fw = sdpa.scaled_dot_product_attention(q, k, v, return_weights=True, **gqa, **kw)
-        for L in (17, 20, 33, 36, 40, 48, 49, 65, 70):  # the tiled path's (16 rows and fewer: the row path)
+        for L in (17, 20, 24, 33, 36, 40, 41, 48, 49, 65, 70):  # the tiled path's (16 rows and fewer: the row path)
             part = dict(kw, attn_mask=keep[:L]) if "attn_mask" in kw else kw
             out, w = sdpa.scaled_dot_product_attention(q[:, :, :L], k, v, return_weights=True, **gqa, **part)
             assert np.array_equal(out, full[:, :, :L]), (kw, L)

@@ -168,42 +168,7 @@ static inline __m256d hsum_lanes_pd(const __m256d *a) {
     return _mm256_add_pd(_mm256_permute2f128_pd(s2[0], s2[1], 0x20), _mm256_permute2f128_pd(s2[0], s2[1], 0x31));
 }
 
-/* r[i] (row i of an 8 x 8 block) becomes column i */
-/* 8 floats rounded to bfloat16 as sdpa_f32_to_bf16 does (see avx512.c) */
-static inline __m128i f32_to_bf16_avx2(__m256 v) {
-    const __m256i u = _mm256_castps_si256(v);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
-    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-    r = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(r),
-                                             _mm256_castsi256_ps(_mm256_or_si256(u, _mm256_set1_epi32(0x400000))), nan));
-    r = _mm256_srli_epi32(r, 16);  /* 8 values of 16 bits in 32-bit lanes: pack them */
-    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
-static inline void transpose8_ps(__m256 *r) {
-    __m256 t[8], u[8];
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 2; i++)
-        for (int h = 0; h < 2; h++) {
-            u[4 * i + 2 * h] = _mm256_shuffle_ps(t[4 * i + h], t[4 * i + 2 + h], 0x44);
-            u[4 * i + 2 * h + 1] = _mm256_shuffle_ps(t[4 * i + h], t[4 * i + 2 + h], 0xEE);
-        }
-    for (int c = 0; c < 4; c++) {
-        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
-        r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
-    }
-}
-
-/* 8 bytes of a bool mask: 0 where nonzero (visible), -inf where zero */
-static inline __m256 bool_to_neginf_ps(const uint8_t *p) {
-    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    __m256 hidden = _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, _mm256_setzero_si256()));
-    return _mm256_and_ps(hidden, _mm256_set1_ps(-INFINITY));
-}
+#include "ymm_f32.h"
 
 static inline __m256 neginf_where_ps(__m256 t, __m256 s) {
     return _mm256_blendv_ps(s, t, _mm256_cmp_ps(t, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));

@@ -27,7 +27,7 @@
 #define S_EXP sdpa_exp_cut_f32
 #define RESCALE sdpa_rescale_f32
 #define V_TRANSPOSE transpose8_ps
-#define V_BOOL_TO_NEGINF bool_to_neginf_ps
+#define V_BOOL_TO_NEGINF bool8_to_neginf_ps
 #define V_STORE_NEGINF_WHERE(p, t) _mm256_store_ps(p, neginf_where_ps(t, _mm256_load_ps(p)))
 #define V_LOADU_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define V_LOADU_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))

@@ -7,11 +7,11 @@
 #if SDPA_HAVE_X86_KERNELS
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"))), \
                              apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
 #endif
 
 #include <float.h>
@@ -33,24 +33,30 @@
  * lane.  Above +200 (float) or +1500 (double) e^x is inf anyway; NaN stays.
  * Measured against libm: see tests/test_kernels.py.
  */
-static inline __m512 exp_avx512_ps(__m512 x) {
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SDPA_EXP_CUT_F32), _CMP_NLT_UQ);  /* NaN kept */
-    x = _mm512_max_ps(_mm512_set1_ps(SDPA_EXP_CUT_F32), x);  /* NaN stays (second operand) */
-    x = _mm512_min_ps(_mm512_set1_ps(200.0f), x);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, p, n);
-}
+#define EXP_AVX512_PS(name, V, M, P)                                                              \
+    static inline V name(V x) {                                                                    \
+        const M keep = P##_cmp_ps_mask(x, P##_set1_ps(SDPA_EXP_CUT_F32), _CMP_NLT_UQ); /* NaN kept */ \
+        x = P##_max_ps(P##_set1_ps(SDPA_EXP_CUT_F32), x); /* NaN stays (second operand) */           \
+        x = P##_min_ps(P##_set1_ps(200.0f), x);                                                   \
+        V n = P##_roundscale_ps(P##_mul_ps(x, P##_set1_ps(1.44269504088896341f)),                 \
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);                   \
+        V r = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                                     \
+        r = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), r);                                    \
+        V p = P##_set1_ps(1.0f / 5040.0f);                                                        \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f / 720.0f));                                       \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f / 120.0f));                                       \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f / 24.0f));                                        \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f / 6.0f));                                         \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(0.5f));                                                \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f));                                                \
+        p = P##_fmadd_ps(p, r, P##_set1_ps(1.0f));                                                \
+        return P##_maskz_scalef_ps(keep, p, n);                                                   \
+    }
+/* the float kernels' exp on 512-bit vectors, and the same operations on
+ * 256-bit ones (AVX-512 VL) for the quarter-width panels: the same bits a lane */
+EXP_AVX512_PS(exp_avx512_ps, __m512, __mmask16, _mm512)
+EXP_AVX512_PS(exp_avx512_ps256, __m256, __mmask8, _mm256)
+#undef EXP_AVX512_PS
 
 static inline __m512d exp_avx512_pd(__m512d x) {
     const __mmask8 keep = _mm512_cmp_pd_mask(x, _mm512_set1_pd(SDPA_EXP_CUT_F64), _CMP_NLT_UQ);
@@ -70,18 +76,25 @@ static inline __m512d exp_avx512_pd(__m512d x) {
     return _mm512_maskz_scalef_pd(keep, p, n);
 }
 
-static inline __m512 max_nan_ps(__m512 acc, __m512 x) {
-    __m512 m = _mm512_max_ps(x, acc);  /* keeps a NaN in acc */
-    return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
-}
+#define MAX_NAN_PS(name, V, P)                                                       \
+    static inline V name(V acc, V x) {                                               \
+        V m = P##_max_ps(x, acc); /* keeps a NaN in acc */                            \
+        return P##_mask_mov_ps(m, P##_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);            \
+    }
+MAX_NAN_PS(max_nan_ps, __m512, _mm512)
+MAX_NAN_PS(max_nan_ps256, __m256, _mm256)
+#undef MAX_NAN_PS
 static inline __m512d max_nan_pd(__m512d acc, __m512d x) {
     __m512d m = _mm512_max_pd(x, acc);
     return _mm512_mask_mov_pd(m, _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x);
 }
-static inline __m512 neginf_to_zero_ps(__m512 x) {
-    return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ),
-                              _mm512_setzero_ps());
-}
+#define NEGINF_TO_ZERO_PS(name, V, P)                                                                  \
+    static inline V name(V x) {                                                                         \
+        return P##_mask_mov_ps(x, P##_cmp_ps_mask(x, P##_set1_ps(-INFINITY), _CMP_EQ_OQ), P##_setzero_ps()); \
+    }
+NEGINF_TO_ZERO_PS(neginf_to_zero_ps, __m512, _mm512)
+NEGINF_TO_ZERO_PS(neginf_to_zero_ps256, __m256, _mm256)
+#undef NEGINF_TO_ZERO_PS
 static inline __m512d neginf_to_zero_pd(__m512d x) {
     return _mm512_mask_mov_pd(x, _mm512_cmp_pd_mask(x, _mm512_set1_pd(-INFINITY), _CMP_EQ_OQ),
                               _mm512_setzero_pd());
@@ -220,6 +233,15 @@ static inline double hmax_nan_pd(__m512d v) {
 #define SIMD_HALF_NV 1
 #include "simd_half.h"
 
+/* the float panel kernels at a quarter of the width, on 256-bit vectors
+ * (kernel_table's f32_quarter) */
+#include "ymm_f32.h"
+#include "avx512_f32q.h"
+#define SIMD_PANELS_ONLY
+#include "simd_impl.h"
+#undef SIMD_PANELS_ONLY
+#include "simd_end.h"
+
 /* the panel kernels at half the width (kernel_table's *_half) */
 #include "avx512_f64.h"
 #define SIMD_HALF_SUF avx512_f64h
@@ -252,11 +274,11 @@ static void scale_copy_d_avx512(float *dst, const float *src, int64_t n, double 
 /* ---- bfloat16 products: VDPBF16PS (AVX512-BF16), for the "avx512_bf16" set ---- */
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c"))), \
                              apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")
 #endif
 
 #define BF16_NV 2  /* panel of 32 query rows: two vectors of 16 lanes */
@@ -549,11 +571,11 @@ enum { bf16_panel_rows = BF16_NV * 16 };
 
 #if SDPA_HAVE_AMX_KERNELS
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16"))), \
                              apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,amx-tile,amx-bf16")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c,amx-tile,amx-bf16")
 #endif
 #define AMX_EMULATE 0
 #include "amx_impl.h"
@@ -568,11 +590,11 @@ enum { bf16_panel_rows = BF16_NV * 16 };
 /* ---- integer_qk's scores with AVX512-VNNI (any set with AVX-512, on a CPU with VNNI) ---- */
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma"))), \
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c"))), \
                              apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma")
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
 
 /* VPDPBUSD multiplies unsigned bytes by signed ones: the keys go in as
@@ -920,7 +942,8 @@ const sdpa_peak_fn sdpa_peak_vnni_avx512 = peak_vnni_avx512;
     .row_online_softmax_update = row_online_softmax_update_avx512_f64
 #define AVX512_FEATURES (SDPA_FEATURE_AVX2 | SDPA_FEATURE_AVX512)
 #define AVX512_HALF_KERNELS                                                                                    \
-    .f32_half = {SDPA_HALF_KERNELS_F32(avx512_f32h)}, .f64_half = {SDPA_HALF_KERNELS(avx512_f64h)}
+    .f32_half = {SDPA_HALF_KERNELS_F32(avx512_f32h)}, .f64_half = {SDPA_HALF_KERNELS(avx512_f64h)},             \
+    .f32_quarter = {SDPA_HALF_KERNELS_F32(avx512_f32q)}
 
 const kernel_table sdpa_kernels_avx512 = {
     .name = "avx512",
