@@ -191,6 +191,22 @@ def test_16bit_cache_stores_16_bits_and_is_read_in_place(rng, dtype):
     assert_close(out, exp, np.float32)
 
 
+@pytest.mark.parametrize("name", ["float16", "bfloat16", "float32", "float64"])
+def test_cache_and_layer_dtypes_by_name(name):
+    """Each storage dtype the error message lists is taken by that name too
+    (NumPy alone does not know "bfloat16": it is ml_dtypes' type)."""
+    if name == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        expected = np.dtype(ml_dtypes.bfloat16)
+    else:
+        expected = np.dtype(name)
+    cache = sdpa.KVCache(1, 2, 8, 4, dtype=name)
+    k = np.ones((1, 2, 3, 4), np.float32)
+    cache.append(k, k)
+    assert cache.keys.dtype == expected
+    assert sdpa.MultiHeadAttention(16, 4, dtype=name, kv_cache_dtype=name).dtype == expected
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.complex64, "U3", "float8", "float128"])
 def test_cache_dtype_must_be_a_float(dtype):
     with pytest.raises(TypeError, match=r"dtype: a KV cache stores float16, bfloat16, float32, float64, or the "

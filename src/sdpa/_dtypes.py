@@ -185,6 +185,12 @@ def float_dtype(dtype: Any, name: str = "dtype") -> np.dtype[Any]:
     """A storage dtype: float16, bfloat16, float32 or float64 (TypeError naming
     ``name`` otherwise).  The one check of the dtypes of caches and layers."""
     expected = f"{', '.join(FLOAT_NAMES[:-1])} or {FLOAT_NAMES[-1]}"
+    if isinstance(dtype, str) and dtype == "bfloat16":  # NumPy knows the name only as ml_dtypes' type
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise TypeError(f"{name}: {NEEDS_ML_DTYPES}") from None
+        dtype = ml_dtypes.bfloat16
     try:
         dt: np.dtype[Any] = np.dtype(dtype)
     except TypeError:
