@@ -496,7 +496,7 @@ double sdpa_task_cost(const part *pt, int64_t t) {
     /* rows pay whole panels (the last a narrower one where its rows fit),
      * against their part of the keys (half, causal) */
     const int64_t nr = pl->path.nr, whole = (r1 - r0) / nr * nr, tail = (r1 - r0) - whole;
-    const double panels = (double)(whole + (tail == 0 ? 0 : sdpa_panel_width(pl, (int)tail)));
+    const double panels = (double)(whole + (tail == 0 ? 0 : sdpa_tail_cost(pl, (int)tail)));
     double keys = visible_keys(p, b, l0, l1);
     if (p->causal && keys > 0) {
         const double first = visible_keys(p, b, l0, l0 + 1);

@@ -241,6 +241,44 @@ static inline int sdpa_panel_width(const plan *pl, int rows) {
     return rows <= pl->path.nr_quarter ? pl->path.nr_quarter : rows <= pl->path.nr_half ? pl->path.nr_half : pl->path.nr;
 }
 
+/* Whether a tail of rows past a task's whole panels runs as a half panel and
+ * a quarter one (AVX-512 float: 17-24 rows pay 24, not 32). */
+static inline int sdpa_tail_split(const plan *pl, int tail) {
+    return tail > pl->path.nr_half && pl->path.nr_quarter < pl->path.nr_half &&
+           tail <= pl->path.nr_half + pl->path.nr_quarter;
+}
+
+/* The rows a task's tail (1 <= tail < nr) pays for: the panels it runs in. */
+static inline int sdpa_tail_cost(const plan *pl, int tail) {
+    return sdpa_tail_split(pl, tail) ? pl->path.nr_half + pl->path.nr_quarter : sdpa_panel_width(pl, tail);
+}
+
+/* The panels of a task of `rows` rows: whole panels of nr, then the tail in
+ * one narrower panel or split (sdpa_tail_split). */
+static inline int sdpa_panel_count(const plan *pl, int rows) {
+    const int nr = pl->path.nr, tail = rows % nr;
+    return rows / nr + (tail == 0 ? 0 : 1 + sdpa_tail_split(pl, tail));
+}
+
+/* Panel i of a task of `rows` rows: its first row (from the task's first) and,
+ * in *prows, its rows.  A panel's query, accumulator and running max and sum
+ * lie in the task's scratch at its first row, at the panel's own width: the
+ * panels of a split tail fit in the room of one whole panel. */
+static inline int sdpa_panel_at(const plan *pl, int rows, int i, int *prows) {
+    const int nr = pl->path.nr, whole = rows / nr, x0 = whole * nr;
+    if (i < whole) {
+        *prows = nr;
+        return i * nr;
+    }
+    const int tail = rows - x0;
+    if (sdpa_tail_split(pl, tail)) {
+        *prows = i == whole ? pl->path.nr_half : tail - pl->path.nr_half;
+        return i == whole ? x0 : x0 + pl->path.nr_half;
+    }
+    *prows = tail;
+    return x0;
+}
+
 static inline int32_t plan_find(const int64_t *starts, int32_t num_parts, int64_t i, int64_t *local) {
     int32_t lo = 0, hi = num_parts - 1;
     while (lo < hi) {  /* the last part whose first entry is <= i (parts with none are passed) */

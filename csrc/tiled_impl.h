@@ -211,7 +211,6 @@ static void FN(pv_pairs)(const kernels_f32 *kern, int Ev, int nk, const uint32_t
 static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *kern, int64_t b, int64_t h0, int64_t l0,
                             int rows, T *acc, T *row_m, T *row_l, int64_t S_b) {
     const int64_t Ev = p->head_dim_v, pg = pl->tiled.pack_g, oc = p->out.col_stride;
-    const int nr = pl->path.nr;
     const sdpa_dtype odt = pl->path.out_dtype;
     const size_t oe = sdpa_dtype_size(odt);
     for (int x = 0; x < rows; x++) {
@@ -224,11 +223,12 @@ static void FN(finish_rows)(const sdpa_problem *p, const plan *pl, const KT *ker
                 sink ? FN(log_sum_exp_sink)(m, l, *sink) : FN(log_sum_exp)(m, l);
         if (sink && l != 0) row_l[x] = l + EXP(*sink - m);  /* the sink joins the denominator */
     }
-    for (int pn = 0; pn * nr < rows; pn++) {
-        const int x0 = pn * nr, prows = rows - x0 < nr ? rows - x0 : nr;
+    for (int pn = 0, panels = sdpa_panel_count(pl, rows); pn < panels; pn++) {
+        int prows;
+        const int x0 = sdpa_panel_at(pl, rows, pn, &prows);
         const KT *pk = FN(panel_kernels)(pl, kern, prows);
         const int pnr = pk->nr;
-        const T *pacc = acc + (int64_t)pn * Ev * nr;
+        const T *pacc = acc + (int64_t)x0 * Ev;
         char *out[SDPA_MAX_PANEL];
         FN(unit_rows)(p, pl, &p->out, b, h0, l0 + x0, prows, oe, out);
         if (oc == 1 && odt == TDT) {
@@ -330,14 +330,14 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
 
     const int64_t l0 = qb * tile_q;  /* the task's first row */
     const int rows = (int)(R - l0 < tile_q ? R - l0 : tile_q);
-    const int panels = (rows + nr - 1) / nr;
+    const int panels = sdpa_panel_count(pl, rows), room = (rows + nr - 1) / nr * nr;  /* rows of scratch */
     const int64_t pos_first = FN(row_position)(pl, l0), pos_last = FN(row_position)(pl, l0 + rows - 1);
 
-    for (int x = 0; x < panels * nr; x++) {
+    for (int x = 0; x < room; x++) {
         row_m[x] = -(T)INFINITY;
         row_l[x] = 0;
     }
-    for (int64_t x = 0; x < (int64_t)panels * nr * Ev; x++) acc[x] = 0;
+    for (int64_t x = 0; x < (int64_t)room * Ev; x++) acc[x] = 0;
 
     /* keys past kv_end are masked for every row of the task: never visited */
     const int64_t S_b = key_limit(p, b);
@@ -406,8 +406,9 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
         }
         PROF_MARK(PH_PACK);
         for (int pn = 0; pn < panels; pn++) {
-            const int64_t r0 = l0 + (int64_t)pn * nr;
-            const int prows = (int)(R - r0 < nr ? R - r0 : nr);
+            int prows;
+            const int x0 = sdpa_panel_at(pl, rows, pn, &prows);  /* the panel's first row in the task */
+            const int64_t r0 = l0 + x0;
             const KT *pk = FN(panel_kernels)(pl, kern, prows);  /* the panel's kernels and width */
             const int pnr = pk->nr;
             /* the panel's first and last positions, and its first row's place in its position */
@@ -429,8 +430,8 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
             }
             const int64_t sp = s0 + j0;  /* the panel's first key, and its number of keys */
             const int nk = np - j0;
-            T *pmax = row_m + (int64_t)pn * nr, *psum = row_l + (int64_t)pn * nr;
-            T *pacc = acc + (int64_t)pn * Ev * nr;
+            T *pmax = row_m + x0, *psum = row_l + x0;
+            T *pacc = acc + (int64_t)x0 * Ev;
             const void *tile_mask = mask;
             if (mask) {
                 const int cls = FN(mask_tile_class)(p, mask, r0, prows, sp, nk);
@@ -443,9 +444,10 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
 
             if (pn >= packed_q) {  /* Q is packed a panel at a time, the next one on its way */
                 for (; packed_q <= pn; packed_q++) {
-                    T *panel = qt + (int64_t)packed_q * qpanel * nr;
-                    const int64_t g0 = l0 + (int64_t)packed_q * nr;
-                    const int gn = (int)(R - g0 < nr ? R - g0 : nr);
+                    int gn;
+                    const int gx = sdpa_panel_at(pl, rows, packed_q, &gn);
+                    T *panel = qt + (int64_t)gx * qpanel;
+                    const int64_t g0 = l0 + gx;
 #if HAS_BF16
                     if (bf16) {
                         bf16_pack_panel(p, pl, kern, (uint32_t *)panel, b, h, l0, packed_q, gn, E2);
@@ -455,15 +457,17 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
                     FN(pack_panel)(p, pl, FN(panel_kernels)(pl, kern, gn), panel, b, h, g0, gn);
                 }
                 if (packed_q < panels && pg == 1) {
-                    const int64_t rn = l0 + (int64_t)packed_q * nr;
-                    FN(prefetch_rows)(q, &p->query, sdpa_dtype_size(qdt), rn, (int)(L - rn < nr ? L - rn : nr), E, 0);
+                    int nn;
+                    const int64_t rn = l0 + sdpa_panel_at(pl, rows, packed_q, &nn);
+                    FN(prefetch_rows)(q, &p->query, sdpa_dtype_size(qdt), rn, nn, E, 0);
                 }
                 PROF_MARK(PH_PACK);
             }
             if (mask) {  /* the next panel's mask, or the next tile's first */
-                const int64_t rn = pn + 1 < panels ? r0 + nr : l0, sn = pn + 1 < panels ? s0 : s0 + tile_k;
-                const int64_t kn = kv_end - sn < tile_k ? kv_end - sn : tile_k;
-                FN(prefetch_mask)(p, mask, rn, L - rn < nr ? L - rn : nr, sn, kn);
+                int nn;
+                const int64_t rn = l0 + sdpa_panel_at(pl, rows, pn + 1 < panels ? pn + 1 : 0, &nn);
+                const int64_t sn = pn + 1 < panels ? s0 : s0 + tile_k, kn = kv_end - sn < tile_k ? kv_end - sn : tile_k;
+                FN(prefetch_mask)(p, mask, rn, nn, sn, kn);
             }
             if (s0 + tile_k >= kv_end) {  /* the last tile: this panel's output rows and the next task */
                 if (rows_vec) {  /* the panel's output rows, for writing */
@@ -478,7 +482,7 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
             }
 #if HAS_BF16
             if (bf16) {
-                const uint32_t *qp = (const uint32_t *)qt + (int64_t)pn * E2 * nr;
+                const uint32_t *qp = (const uint32_t *)qt + (int64_t)x0 * E2;
                 if (!kpt) {  /* paged keys in place, segment by segment */
                     kv_cursor cur = kv_walk(&ksrc, sp, sp + nk);
                     const char *ka;
@@ -499,11 +503,11 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
                 const char *ka;
                 kv_scales none;
                 for (int64_t a = sp, m; (m = kv_next(&ksrc, &cur, &ka, &none, 0)) > 0; a += m)
-                    pk->gemm((int)m, E, (const T *)ka, ksr, ksc, qt + (int64_t)pn * E * nr, pnr, st + (a - sp) * pnr,
+                    pk->gemm((int)m, E, (const T *)ka, ksr, ksc, qt + (int64_t)x0 * E, pnr, st + (a - sp) * pnr,
                              pnr, 0);
                 PROF_MARK(PH_QK);
             } else {
-                pk->gemm(nk, E, kt + j0 * ksr, ksr, ksc, qt + (int64_t)pn * E * nr, pnr, st, pnr, 0);
+                pk->gemm(nk, E, kt + j0 * ksr, ksr, ksc, qt + (int64_t)x0 * E, pnr, st, pnr, 0);
                 PROF_MARK(PH_QK);
             }
             const int diagonal = p->causal && sp + nk - 1 > p0 + p->causal_offset;

@@ -73,7 +73,8 @@ def test_query_rows_per_task_change_no_bit(rng, blocking, dtype):
 @pytest.mark.parametrize("heads", [(2, 2), (8, 2)], ids=["mha", "gqa"])
 def test_tail_panels_change_no_bit(isa, rng, dtype, heads):
     """A task's last panel runs at half or a quarter of the set's width when its
-    rows fit (the tail of L; AVX-512 float: 16 or 8 rows on narrower vectors):
+    rows fit (the tail of L; AVX-512 float: 16 or 8 rows on narrower vectors,
+    and a tail of 17-24 rows as a half panel and a quarter one):
     a row gets the same bits in a short call, where it is in the tail, as in a
     longer one, where it fills a whole panel; with a mask, causality
     (top-left), softcap, GQA rows packed, the weights, and float16 rows
@@ -86,7 +87,7 @@ def test_tail_panels_change_no_bit(isa, rng, dtype, heads):
     for kw in cases:
         gqa = dict(enable_gqa=hq != hkv)
         full, fw = sdpa.scaled_dot_product_attention(q, k, v, return_weights=True, **gqa, **kw)
-        for L in (17, 20, 24, 33, 36, 40, 41, 48, 49, 65, 70):  # the tiled path's (16 rows and fewer: the row path)
+        for L in (17, 20, 24, 33, 36, 40, 41, 48, 49, 56, 65, 70):  # the tiled path's (16 rows and fewer: the row path)
             part = dict(kw, attn_mask=keep[:L]) if "attn_mask" in kw else kw
             out, w = sdpa.scaled_dot_product_attention(q[:, :, :L], k, v, return_weights=True, **gqa, **part)
             assert np.array_equal(out, full[:, :, :L]), (kw, L)
