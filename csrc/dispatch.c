@@ -103,8 +103,9 @@ static int complete_f64(kernels_f64 *dst, const kernels_f64 *ref) {
 
 /* A set's narrower table (half or quarter width), completed against the next
  * wider one: its panel kernels its own or the portable ones (which take any
- * width), the rest the set's (the same bits at any width).  Its address, or NULL (and nr 0) where the set declares none,
- * or not gemm and the softmax update at a width less than its own. */
+ * width), the rest the set's (the same bits at any width).  Its address, or
+ * NULL (and nr 0) where the set declares none, or not gemm and the softmax
+ * update at a width less than the wider one's. */
 #define SDPA_PORTABLE_PANEL(name) \
     if (!h->name) h->name = portable->name;
 #define SDPA_COMPLETE_HALF(T, name, complete)                                                                \

@@ -52,8 +52,8 @@ static void FN(task_coords)(const sdpa_problem *p, const plan *pl, int64_t task,
 /* The kernels of a panel of prows rows: the set's narrowest table the rows
  * fit in (a task's last panel, the tail of L) where the plan has narrower ones
  * (plan.path.nr_half, nr_quarter: not for the bfloat16 pairs), else the set's
- * own.  Every panel still takes nr rows of the scratch; a narrower one is laid
- * out at its own width (pk->nr) there. */
+ * own.  A panel lies in the task's scratch at its first row, laid out at its
+ * own width (pk->nr; sdpa_panel_at). */
 static inline const KT *FN(panel_kernels)(const plan *pl, const KT *kern, int prows) {
     const int w = sdpa_panel_width(pl, prows);
     while (kern->nr > w && kern->half) kern = kern->half;
