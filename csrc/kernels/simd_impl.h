@@ -555,15 +555,27 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
                                        acc[t]);
                 }
             }
-            /* key by key, each row read along (the same sums as a column of all
-             * the keys at a time, which reads 16 rows at once and measured 0.6x
-             * the streaming rate of row by row on Zen 4) */
-            const int64_t c1 = c;
-            for (int t = 0; t < LANES; t++)
-                for (c = c1; c < ev; c += LANES)
-                    acc[t] = V_FMA(V_LOADU(qx + c),
-                                   FN(scaled)(FN(load_kv)(kj + t * ldk * es + KV_COL(kind, c), kind), kind, gs, j + t, c),
-                                   acc[t]);
+            if (kind == KV_T) {
+                /* float keys: key by key, each row read along (the same sums as
+                 * a column of all the keys at a time, which reads 16 rows at
+                 * once and measured 0.6x the streaming rate of row by row on
+                 * Zen 4) */
+                const int64_t c1 = c;
+                for (int t = 0; t < LANES; t++)
+                    for (c = c1; c < ev; c += LANES)
+                        acc[t] = V_FMA(V_LOADU(qx + c),
+                                       FN(scaled)(FN(load_kv)(kj + t * ldk * es + KV_COL(kind, c), kind), kind, gs, j + t, c),
+                                       acc[t]);
+            } else {
+                /* widened keys: a column at a time, one query vector for the
+                 * LANES keys (row by row measured 6% slower for bfloat16) */
+                for (; c < ev; c += LANES) {
+                    V qv = V_LOADU(qx + c);
+                    for (int t = 0; t < LANES; t++)
+                        acc[t] = V_FMA(qv, FN(scaled)(FN(load_kv)(kj + t * ldk * es + KV_COL(kind, c), kind), kind, gs, j + t, c),
+                                       acc[t]);
+                }
+            }
             V r = FN(e4m3_post)(V_HSUM_LANES(acc), kind, (T)KV_E4M3_UNIT);
             if (ev < e) {
                 T tail[LANES] __attribute__((aligned(64)));
