@@ -156,6 +156,20 @@ static inline __m512 hsum_lanes_ps(const __m512 *a) {
                               _mm512_shuffle_f32x4(s4[2 * i], s4[2 * i + 1], 0xDD));
     return _mm512_add_ps(_mm512_shuffle_f32x4(s8[0], s8[1], 0x88), _mm512_shuffle_f32x4(s8[0], s8[1], 0xDD));
 }
+/* lanes 0-3 = the sums of a[0..4), each by hsum_lanes_ps's tree (the same
+ * operations on the same operands: a score summed here has the bits it has
+ * there) */
+static inline __m512 hsum4_ps(const __m512 *a) {
+    __m512 s2[2];
+    for (int i = 0; i < 2; i++)
+        s2[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                              _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    const __m512d x = _mm512_castps_pd(s2[0]), y = _mm512_castps_pd(s2[1]);
+    const __m512 s4 = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                                    _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    const __m512 s8 = _mm512_add_ps(_mm512_shuffle_f32x4(s4, s4, 0x88), _mm512_shuffle_f32x4(s4, s4, 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(s8, s8, 0x88), _mm512_shuffle_f32x4(s8, s8, 0xDD));
+}
 static inline __m512d hsum_lanes_pd(const __m512d *a) {
     __m512d s2[4], s4[2];
     for (int i = 0; i < 4; i++)  /* [a0+a1 b0+b1] per 128-bit group */

@@ -23,6 +23,7 @@
 #define V_STOREU(p, v) _mm512_storeu_ps(p, v)
 #define V_HSUM _mm512_reduce_add_ps
 #define V_HSUM_LANES hsum_lanes_ps
+#define V_HSUM4 hsum4_ps
 #define V_HMAX_NAN hmax_nan_ps
 #define S_EXP sdpa_exp_cut_f32
 #define RESCALE sdpa_rescale_f32

@@ -21,6 +21,7 @@
 #undef V_STOREU
 #undef V_HSUM
 #undef V_HSUM_LANES
+#undef V_HSUM4
 #undef V_HMAX_NAN
 #undef S_EXP
 #undef RESCALE

@@ -17,6 +17,8 @@
  *   V_LOADU(p) V_STOREU(p, v)                     (any alignment)
  *   V_HSUM(v)              the sum of the lanes
  *   V_HSUM_LANES(a)        a vector whose lane i is V_HSUM(a[i]), a[0..LANES)
+ *   V_HSUM4(a)             (optional) lanes 0-3: the sums of a[0..4), each by
+ *                          V_HSUM_LANES's tree: float keys' dot over 4 query rows
  *   V_LOADU_BF16(p) V_LOADU_F16(p)   (float only, optional) LANES 16-bit values
  *                          widened to T: the row kernels over a 16-bit cache
  *   V_STOREU_BF16(p, v) V_STOREU_F16(p, v)  (float only, optional) LANES values
@@ -527,6 +529,43 @@ static inline __attribute__((always_inline)) int FN(dot_rows4)(const int kind, c
 }
 #undef DOT_RB
 
+#ifdef V_HSUM4
+/*
+ * Float keys against 4 or more query rows (GQA decoding): a key at a time, its
+ * row read once for 4 query rows (one load for 4 FMAs, where the LANES-keys
+ * loop reads each key again for each row), the 4 sums reduced together.  Each
+ * score is summed exactly as the LANES-keys loop sums it (the same lanes in
+ * the same order, V_HSUM_LANES's tree, the feature tail added last), for the
+ * keys that loop would take; returns how many.  Rows past m: copies, not
+ * stored.  One thread, 4 rows a head, a cache in L3: 1.5x; from memory 1.3x.
+ */
+static inline __attribute__((always_inline)) int FN(dot_float_rows4)(int m, int n, int64_t e, const T *q, int64_t ldq,
+                                                                    const T *k, int64_t ldk, T *s, int64_t lds) {
+    const int64_t ev = e / LANES * LANES;
+    const int nl = n / LANES * LANES;
+    for (int j = 0; j < nl; j++) {
+        const T *kj = k + (int64_t)j * ldk;
+        for (int x0 = 0; x0 < m; x0 += 4) {
+            const T *qx[4];
+            for (int x = 0; x < 4; x++) qx[x] = q + (x0 + x < m ? x0 + x : m - 1) * ldq;
+            V a[4] = {V_ZERO(), V_ZERO(), V_ZERO(), V_ZERO()};
+            for (int64_t c = 0; c < ev; c += LANES) {
+                const V kv = V_LOADU(kj + c);
+                for (int x = 0; x < 4; x++) a[x] = V_FMA(V_LOADU(qx[x] + c), kv, a[x]);
+            }
+            T r[LANES] __attribute__((aligned(64)));
+            V_STORE(r, V_HSUM4(a));
+            for (int x = 0; x < 4 && x0 + x < m; x++) {
+                T tail = 0;
+                for (int64_t c = ev; c < e; c++) tail += qx[x][c] * kj[c];
+                s[(x0 + x) * lds + j] = ev < e ? r[x] + tail : r[x];
+            }
+        }
+    }
+    return nl;
+}
+#endif
+
 /* dot over k rows of kind elements; ldk counts elements */
 static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, const FN(gscale) *gs, int m, int n,
                                                             int64_t e, const T *q,
@@ -538,6 +577,9 @@ static inline __attribute__((always_inline)) void FN(dot_kind)(const int kind, c
     /* 128-bit vectors: blocks of 4 rows from 4 rows up (2 or 3 would be half
      * or a quarter copies) */
     if (kind != KV_T && m >= (LANES >= 8 ? 2 : 4)) j = FN(dot_rows4)(kind, gs, m, n, e, q, ldq, k, ldk, s, lds);
+#ifdef V_HSUM4
+    if (kind == KV_T && m >= 4) j = FN(dot_float_rows4)(m, n, e, q, ldq, (const T *)k, ldk, s, lds);
+#endif
     /* LANES keys at a time: one accumulator per key, reduced together */
     for (; j + LANES <= n; j += LANES) {
         const char *kj = k + (int64_t)j * ldk * es;
