@@ -21,8 +21,9 @@
  * they follow the rows, and asking as well costs (Zen 4, bfloat16, B 8, 32/8
  * heads, S 4,096, 2 threads: one block a sequence 7.3 -> 4.5 ms, the arrays'
  * time, blocks of 128 7.4 -> 6.8 ms, of 16 8.5 -> 7.7 ms).  A step is about
- * 16 KiB of float32 rows, a multiple of 16 rows in [16, 64]: it depends on the head dim alone, not on the
- * cache's dtype, so that the kernels group the keys of a 16-bit or quantized
+ * 16 KiB of float32 rows, a multiple of 16 rows in [16, 64]: it depends on the
+ * head dim alone, not on the cache's dtype, so that the kernels group the keys
+ * of a 16-bit or quantized
  * cache as they do float32 ones (the same sums, the same bits).  Arrays are
  * walked in the same steps but not prefetched: their rows stream, and asking
  * for them as well costs bandwidth.  Measured on a 2-core Xeon (decoding,

@@ -232,9 +232,6 @@ sdpa_status sdpa_run_call(call_plan *cp, const kernel_table *kt);
  * nanoseconds on one core); for the balance report. */
 double sdpa_plan_item_cost(const call_plan *cp, int64_t i);
 
-/* The position k in `order` of the part that holds the i-th entry of a list
- * whose parts' entries start at starts[k] (prefix sums), and i's index within
- * that part. */
 /* The width of the panel that rows (1 <= rows <= nr) of a task's last panel
  * are computed in: the narrowest of the set's tables they fit. */
 static inline int sdpa_panel_width(const plan *pl, int rows) {
@@ -279,6 +276,9 @@ static inline int sdpa_panel_at(const plan *pl, int rows, int i, int *prows) {
     return x0;
 }
 
+/* The position k in `order` of the part that holds the i-th entry of a list
+ * whose parts' entries start at starts[k] (prefix sums), and i's index within
+ * that part. */
 static inline int32_t plan_find(const int64_t *starts, int32_t num_parts, int64_t i, int64_t *local) {
     int32_t lo = 0, hi = num_parts - 1;
     while (lo < hi) {  /* the last part whose first entry is <= i (parts with none are passed) */
