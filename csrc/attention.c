@@ -115,6 +115,32 @@ static sdpa_status validate_topk(const sdpa_problem *p, int64_t count, int64_t w
     return SDPA_OK;
 }
 
+/* The rules of a block map (sdpa.h): what it goes with, and every state
+ * one of the three. */
+static sdpa_status validate_blocks(const sdpa_problem *p, int64_t count, int64_t work, const char **field) {
+    if (!p->block_states.data) return SDPA_OK;
+    if (p->block_q < 1) REFUSE(SDPA_ERR_BAD_BLOCKS, "block_q");
+    if (p->block_k < 1) REFUSE(SDPA_ERR_BAD_BLOCKS, "block_k");
+    if (p->block_size != 0) REFUSE(SDPA_ERR_BAD_BLOCKS, "block_size");
+    if (p->cu_seqlens_q || p->cu_seqlens_k) REFUSE(SDPA_ERR_BAD_BLOCKS, p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+    if (p->topk_indices.data) REFUSE(SDPA_ERR_BAD_BLOCKS, "topk_indices");
+    if (p->weights.data) REFUSE(SDPA_ERR_BAD_BLOCKS, "weights");
+    if (work == 0) return SDPA_OK;
+    const sdpa_view *v = &p->block_states;
+    const int64_t qb = sdpa_blocks_of(p->len_q, p->block_q), kb = sdpa_blocks_of(p->len_kv, p->block_k);
+    for (int64_t b = 0; b < count; b++)
+        for (int64_t h = 0; h < p->num_heads; h++) {
+            const int8_t *at = (const int8_t *)view_at(p, v, b, h, 1);
+            for (int64_t i = 0; i < qb; i++)
+                for (int64_t j = 0; j < kb; j++) {
+                    const int8_t s = at[i * v->row_stride + j * v->col_stride];
+                    if (s < 0 || s > 2) REFUSE(SDPA_ERR_BAD_BLOCKS, "block_states");
+                }
+            if (v->head_stride == 0) break;  /* every head's map is this one */
+        }
+    return SDPA_OK;
+}
+
 /* Every rule of sdpa.h on *p, in one place: SDPA_OK, or the status of the
  * first rule broken and (field not NULL) the name of the field that broke it. */
 static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count, const char **field) {
@@ -197,6 +223,8 @@ static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count, const c
     if (ragged != SDPA_OK) return ragged;
     const sdpa_status topk = validate_topk(p, count, work, field);
     if (topk != SDPA_OK) return topk;
+    const sdpa_status blocks = validate_blocks(p, count, work, field);
+    if (blocks != SDPA_OK) return blocks;
     if (work > 0) {
         if (!p->query.data) REFUSE(SDPA_ERR_NULL_POINTER, "query");
         if (!p->out.data) REFUSE(SDPA_ERR_NULL_POINTER, "out");
@@ -310,6 +338,9 @@ const char *sdpa_status_message(sdpa_status status) {
         case SDPA_ERR_BAD_TOPK:
             return "top-k lists: an entry below -1 or at or past len_kv, a negative topk, or lists with a mask, "
                    "weights, causality, a window, ALiBi, paged or ragged keys";
+        case SDPA_ERR_BAD_BLOCKS:
+            return "block map: a state other than 0, 1 or 2, a block size below 1, or a map with weights, top-k "
+                   "lists, paged or ragged keys";
         case SDPA_ERR_ABI:
             return "the sdpa_problem is not this library's (compiled against another sdpa.h, or not set up by "
                    "sdpa_problem_init)";

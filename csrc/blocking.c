@@ -185,7 +185,7 @@ void sdpa_testing_set_pack_group(int mode) { sdpa_atomic_store(&forced_pack_grou
 static int pack_group(const sdpa_problem *p) {
     const int forced = sdpa_atomic_load(&forced_pack_group);
     if (p->gqa_group < 2 || p->gqa_group > SDPA_MAX_PANEL || p->mask_kind != SDPA_MASK_NONE || p->alibi.data ||
-        forced == 1)
+        p->block_states.data || forced == 1)
         return 0;
     return 1;
 }
@@ -220,6 +220,7 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
     pl->path.row_mode = rows <= SDPA_ROW_MODE_MAX_ROWS ||
                         (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS && !(packs && rows >= SDPA_PACKED_MIN_ROWS)) ||
                         (p->len_q == 1 && sdpa_integer_rows(p));
+    if (p->block_states.data) pl->path.row_mode = 0;  /* a block map is read by query blocks: tiled */
     /* the tiled path packs a GQA group's heads into the rows of one task where
      * nothing depends on the head but the output (no mask, ALiBi or weights):
      * position-major, a causal panel's diagonal wastes little, and each K and V
@@ -275,6 +276,12 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
         const size_t tq = (size_t)pl->blocking.tile_q, tk = (size_t)pl->blocking.tile_k, nr = (size_t)pl->path.nr;
         pl->tiled.num_bh = batch_count * p->num_heads / pl->tiled.pack_g;
         pl->tiled.num_qblocks = (p->len_q * pl->tiled.pack_g + pl->blocking.tile_q - 1) / pl->blocking.tile_q;
+        if (p->block_states.data) {  /* a task's rows within one query block of the map */
+            const int64_t bq = p->block_q < p->len_q ? p->block_q : (p->len_q > 0 ? p->len_q : 1);
+            if (bq < pl->blocking.tile_q) pl->blocking.tile_q = (int)((bq + pl->path.nr - 1) / pl->path.nr * pl->path.nr);
+            pl->tiled.qb_tasks = (bq + pl->blocking.tile_q - 1) / pl->blocking.tile_q;
+            pl->tiled.num_qblocks = sdpa_blocks_of(p->len_q, p->block_q) * pl->tiled.qb_tasks;
+        }
         pl->num_tasks = pl->tiled.num_bh * pl->tiled.num_qblocks;
         pl->scratch.q = off;   off += round_elems(tq * E, elem);
         pl->scratch.acc = off; off += round_elems(tq * Ev, elem);
@@ -312,8 +319,10 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
          * (a mixed batch's chunks of 256 rows over blocks of 16: 0.85x the
          * contiguous call packed, 1.0x a tile at a time) */
         const int copy_only = convert && pl->path.kv_dtype == (p->dtype == SDPA_FLOAT64 ? SDPA_FLOAT64 : SDPA_FLOAT32);
+        /* (packed V pairs are read from an even key: not with a map's odd blocks) */
+        const int odd_blocks = p->block_states.data && p->block_k % 2;
         if ((bf16_pairs || (convert && (!copy_only || packing == 2))) && (reuse >= 2 || packing == 2) && packing != 1 &&
-            p->len_kv > 0) {
+            p->len_kv > 0 && !(bf16_pairs && odd_blocks)) {
             const int64_t S = p->len_kv, slices = batch_count * (p->num_heads / p->gqa_group);
             int64_t e2p = pl->bf16.e2p;
             size_t per;
@@ -399,6 +408,7 @@ void sdpa_fold_group(sdpa_problem *q, const kernel_table *kt) {
     const int64_t rule = pairs ? SDPA_FOLD_MIN_GROUP_BF16 : SDPA_FOLD_MIN_GROUP;
     const int64_t min_group = forced > 0 ? forced : forced < 0 ? INT64_MAX : rule;
     if (q->len_q != 1 || q->gqa_group < min_group || q->mask_kind != SDPA_MASK_NONE || q->weights.data ||
+        q->block_states.data ||
         has_window(q) || q->alibi.data || q->sinks.data || sdpa_integer_rows(q))  /* integer products: the row path */
         return;
     if (q->causal && q->causal_offset < q->len_kv - 1) return;  /* the row's last visible key */

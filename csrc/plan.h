@@ -52,6 +52,8 @@ typedef struct plan {
         int64_t num_bh, num_qblocks;
         int64_t pack_g;        /* rows a position: 1 (a unit is a head), or G: a GQA
                                   group's heads packed into the rows, position-major */
+        int64_t qb_tasks;      /* block map: tasks a query block of block_q rows,
+                                  each task within one (0: no map) */
     } tiled;
     struct {                   /* the row path's tasks: (batch, key/value head, key chunk) */
         int rows;              /* query rows per group: gqa_group x L */
@@ -297,6 +299,23 @@ static inline part *plan_item(const call_plan *cp, int64_t i, int64_t *task) {
         return &cp->parts[cp->items[i].part];
     }
     return &cp->parts[cp->order[plan_find(cp->item_start, cp->num_parts, i, task)]];
+}
+
+/* The rows of tiled task block qb of a unit of R rows, [*l0, *l0 + *rows):
+ * tile_q rows a block, or with a block map (plan.tiled.qb_tasks) within
+ * query block qb / qb_tasks of block_q rows (*rows may then be 0). */
+static inline void sdpa_task_rows(const sdpa_problem *p, const plan *pl, int64_t qb, int64_t R, int64_t *l0,
+                                  int64_t *rows) {
+    const int64_t tq = pl->blocking.tile_q, per = pl->tiled.qb_tasks;
+    int64_t first = qb * tq, end = R;
+    if (per) {
+        const int64_t i = qb / per;
+        first = i * p->block_q + qb % per * tq;
+        if ((i + 1) * p->block_q < end) end = (i + 1) * p->block_q;
+    }
+    const int64_t n = end - first < tq ? end - first : tq;
+    *l0 = first;
+    *rows = n > 0 ? n : 0;
 }
 
 #endif

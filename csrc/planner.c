@@ -473,8 +473,9 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
     if (!ragged && !paged) {  /* one part: the whole batch */
         sdpa_clamp_offsets(c);
         int64_t *limits = (int64_t *)(c + 1);
+        /* (not with a block map: its full blocks do not look at a bool mask) */
         if (c->mask_kind == SDPA_MASK_BOOL && c->mask.row_stride == 0 && c->mask.head_stride == 0 && c->len_kv > 0 &&
-            sdpa_padding_limits(c, batch_count, limits)) {
+            !c->block_states.data && sdpa_padding_limits(c, batch_count, limits)) {
             c->mask_kind = SDPA_MASK_NONE;
             c->key_lengths = limits;
             int64_t stride = 1;

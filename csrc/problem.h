@@ -113,6 +113,35 @@ static inline int64_t topk_lists_heads(const sdpa_problem *p) {
     return hkv <= 1 || p->topk_indices.head_stride == 0 ? 1 : hkv;
 }
 
+/* Blocks of `size` that cover n: ceil(n / size), 0 for n 0. */
+static inline int64_t sdpa_blocks_of(int64_t n, int64_t size) { return n > 0 ? (n - 1) / size + 1 : 0; }
+
+/* Block map: the states of query block i of (batch index b, query head h),
+ * block_states.col_stride apart (sdpa.h). */
+static inline const int8_t *block_states_row(const sdpa_problem *p, int64_t b, int64_t h, int64_t i) {
+    return (const int8_t *)view_at(p, &p->block_states, b, h, 1) + i * p->block_states.row_stride;
+}
+
+/* Block map: the next run of neighbouring key blocks of one state other
+ * than 0 among the kb blocks of a query block's states (row, col_stride cs),
+ * from block *j on, of bk keys each: its keys [*s0, *s1), clipped to S_b, and
+ * whether its blocks are full (state 2).  *j moves past the run.  Returns 0
+ * when no block is left. */
+static inline int block_run_next(const int8_t *row, int64_t cs, int64_t kb, int64_t bk, int64_t S_b, int64_t *j,
+                                 int64_t *s0, int64_t *s1, int *full) {
+    int64_t a = *j;
+    while (a < kb && row[a * cs] == 0) a++;
+    if (a >= kb || a * bk >= S_b) return 0;
+    const int8_t state = row[a * cs];
+    int64_t e = a + 1;
+    while (e < kb && row[e * cs] == state) e++;
+    *j = e;
+    *s0 = a * bk;
+    *s1 = e * bk < S_b ? e * bk : S_b;
+    *full = state == 2;
+    return 1;
+}
+
 /* The scale view of a key or value view. */
 static inline const sdpa_view *scales_of(const sdpa_problem *p, const sdpa_view *view) {
     return view == &p->key ? &p->key_scale : &p->value_scale;

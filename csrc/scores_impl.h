@@ -108,12 +108,13 @@ static int FN(mask_tile_class)(const sdpa_problem *p, const void *mask, int64_t 
 }
 
 /* The mask of a panel's rows on the transposed tile st (n keys x nr rows,
- * keys from s0), then causality and the window.  Row x of the panel is
+ * keys from s0; keys from kv_end on hidden where the mask is read element by
+ * element), then causality and the window where `edges`.  Row x of the panel is
  * position p0 + (phase + x) / g: g = 1 (phase 0) for one head's rows, rows
  * p0..p0+prows; g > 1 for a packed GQA group (no mask then).  The mask goes
  * a block at a time where its keys are contiguous, else element by element. */
 static void FN(mask_tile)(const sdpa_problem *p, const KT *kern, const void *mask, T *st, int nr, int64_t p0, int g,
-                          int phase, int prows, int64_t s0, int n, int64_t kv_end) {
+                          int phase, int prows, int64_t s0, int n, int64_t kv_end, int edges) {
     if (mask) {
         const int64_t rs = p->mask.row_stride;
         if (p->mask.col_stride == 1 && p->mask_kind == SDPA_MASK_BOOL) {
@@ -126,6 +127,7 @@ static void FN(mask_tile)(const sdpa_problem *p, const KT *kern, const void *mas
         }
     }
     /* the rows before position t are rows x < g * (t - p0) - phase */
+    if (!edges) return;  /* neither causality nor the window cuts the tile (or a block map's full block) */
     if (p->causal) {  /* key s0 + j is hidden from the rows before position s0 + j - offset */
         const int64_t first = s0 - p0 - p->causal_offset;
         for (int j = 0; j < n; j++) {
@@ -170,7 +172,7 @@ static void FN(apply_tile_modifiers)(const sdpa_problem *p, const KT *kern, T *s
                                      int edges, T slope, T cap) {
     if (p->softcap > 0) kern->softcap(st, (int64_t)n * nr, cap);
     if (p->alibi.data) FN(add_alibi_tile)(p, st, nr, p0, prows, s0, n, slope);
-    if (mask || edges) FN(mask_tile)(p, kern, mask, st, nr, p0, g, phase, prows, s0, n, kv_end);
+    if (mask || edges) FN(mask_tile)(p, kern, mask, st, nr, p0, g, phase, prows, s0, n, kv_end, edges);
 }
 
 /* Every modifier on the n scores of query row l from key s0 (row path): keys

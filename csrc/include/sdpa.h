@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define SDPA_VERSION_MAJOR 0
-#define SDPA_VERSION_MINOR 5
+#define SDPA_VERSION_MINOR 6
 #define SDPA_VERSION_PATCH 0
 
 /* Leading batch dimensions, in front of the head dimension. */
@@ -86,10 +86,14 @@ typedef enum sdpa_status {
                                        sequence with more query rows than
                                        positions, or offsets_from_end without
                                        cu_seqlens                            */
-    SDPA_ERR_BAD_TOPK = 16          /* top-k lists: an entry below -1 or at or
+    SDPA_ERR_BAD_TOPK = 16,         /* top-k lists: an entry below -1 or at or
                                        past len_kv, a negative topk, or lists
                                        with a mask, weights, causality, a
                                        window, ALiBi, paged or ragged keys   */
+    SDPA_ERR_BAD_BLOCKS = 17        /* a block map: a state other than 0, 1
+                                       or 2, a block size below 1, or a map
+                                       with weights, top-k lists, paged or
+                                       ragged keys (0.6)                     */
 } sdpa_status;
 
 /*
@@ -348,6 +352,28 @@ typedef struct sdpa_problem {
      * lists of DeepSeek-style sparse attention. */
     sdpa_view topk_indices;
     int64_t topk;                /* entries a row's list holds (k >= 0)    */
+
+    /* Block-sparse attention (0.6): with block_states.data set (int8_t
+     * elements), the scores of each query head are cut into blocks of block_q
+     * query rows x block_k keys, and
+     *     block_states[b, h, i, j],  i < ceil(L / block_q), j < ceil(S / block_k)
+     * (batch_strides over batch_shape, head_stride over the Hq query heads,
+     * row_stride over i, col_stride over j; zero strides broadcast) says how
+     * block (i, j) is computed:
+     *   0  not at all: its keys are never read for those rows;
+     *   1  partial: with every rule of the problem (mask, causality, window,
+     *      key_lengths);
+     *   2  full: without the element tests (a bool mask, causality and the
+     *      window are not looked at); an additive mask, softcap and ALiBi
+     *      still apply, and keys at or past key_lengths[b] are still ignored.
+     * A row that sees no key gives 0 and lse -inf (with sinks: 0 and lse the
+     * sink).  A row's blocks are computed in key order, neighbouring blocks
+     * of one state as one range of keys; the result does not depend on the
+     * thread count.  Another state, a block size below 1, or a map with
+     * weights, top-k lists, paged or ragged keys is SDPA_ERR_BAD_BLOCKS
+     * (naming the field).  The cost is in proportion to the blocks computed. */
+    sdpa_view block_states;
+    int64_t block_q, block_k;    /* rows and keys a block (>= 1 with a map) */
 } sdpa_problem;
 
 /* Fills *p with an empty problem: float32, key and value of the query's

@@ -27,6 +27,7 @@ from ._api import (
     scaled_dot_product_attention,
     set_num_threads,
 )
+from .blockmask import BlockMask
 from .kvcache import KVCache, KVCacheFullError
 from .layers import MultiHeadAttention
 from .merge import merge_attention
@@ -45,6 +46,7 @@ __all__ = [
     "PagedKVCache",
     "KVCache",
     "KVCacheFullError",
+    "BlockMask",
     "MultiHeadAttention",
     "set_num_threads",
     "get_num_threads",

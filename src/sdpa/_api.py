@@ -74,6 +74,7 @@ from ._threads import (
     set_num_threads as set_num_threads,
     thread_count as thread_count,
 )
+from .blockmask import BlockMask
 
 
 @overload
@@ -95,6 +96,7 @@ def scaled_dot_product_attention(
     sinks: Optional[ArrayInput] = ...,
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> FloatArray: ...
 @overload
 def scaled_dot_product_attention(
@@ -115,6 +117,7 @@ def scaled_dot_product_attention(
     sinks: Optional[ArrayInput] = ...,
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[FloatArray, FloatArray, FloatArray]: ...
 @overload
 def scaled_dot_product_attention(
@@ -135,6 +138,7 @@ def scaled_dot_product_attention(
     sinks: Optional[ArrayInput] = ...,
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[FloatArray, FloatArray]: ...
 @overload
 def scaled_dot_product_attention(
@@ -155,6 +159,7 @@ def scaled_dot_product_attention(
     sinks: Optional[ArrayInput] = ...,
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> Tuple[FloatArray, FloatArray]: ...
 @overload
 def scaled_dot_product_attention(
@@ -175,6 +180,7 @@ def scaled_dot_product_attention(
     sinks: Optional[ArrayInput] = ...,
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
+    block_mask: Optional[BlockMask] = ...,
 ) -> AttentionResult: ...
 def scaled_dot_product_attention(
     query: ArrayInput,
@@ -194,6 +200,7 @@ def scaled_dot_product_attention(
     sinks: Optional[ArrayInput] = None,
     out: Optional[Array] = None,
     num_threads: Optional[int] = None,
+    block_mask: Optional[BlockMask] = None,
 ) -> AttentionResult:
     """Scaled dot-product attention: ``softmax(scale * Q Kᵀ + mask) V``.
 
@@ -263,6 +270,13 @@ def scaled_dot_product_attention(
         :func:`set_num_threads`, else the OpenMP default (``OMP_NUM_THREADS``, or a
         threadpoolctl limit); :func:`get_num_threads` tells which.  Results are
         bitwise identical for every thread count.
+    block_mask : BlockMask, optional
+        Block-sparse attention (:class:`sdpa.BlockMask`): only the (query block,
+        key block) tiles it lists are read and computed.  In its partial blocks
+        ``attn_mask``, ``is_causal`` and ``window`` apply as usual; its full
+        blocks skip every element test (computed entirely, even above the causal
+        diagonal), but a float ``attn_mask`` is still added there.  A row that
+        sees no key gives zeros (lse -inf).  Not with ``return_weights``.
 
     Returns
     -------
@@ -282,6 +296,11 @@ def scaled_dot_product_attention(
     """
     # the prepared call of these options (kept by their key), then the arrays
     call = _PLAIN.prepared(is_causal, scale, enable_gqa, window, softcap, num_threads, return_weights, return_lse)
+    if block_mask is not None:  # checked against the call's lengths on the general path
+        return general(
+            call, query, key, value, attn_mask=attn_mask, key_lengths=key_lengths, alibi_slopes=alibi_slopes,
+            sinks=sinks, out=out, block_mask=block_mask,
+        )
     result = call.run(query, key, value, attn_mask, key_lengths, alibi_slopes, sinks, out)
     if not isinstance(result, int):
         return result
@@ -309,17 +328,19 @@ def call_core(
     out: Optional[Array] = None,
     key_scale: Optional[Array] = None,
     value_scale: Optional[Array] = None,
+    blocks: Optional[Tuple[Array, int, int]] = None,
 ) -> AttentionResult:
-    """A prepared call on arrays the general path has converted and checked.
+    """A prepared call on arrays the general path has converted and checked
+    (``blocks``: a block map as :meth:`sdpa._core.Call.run` takes it).
     An ``out`` whose span meets an input's without sharing an element with it
     (the core's test is by span, the general path's exact) gets the result by
     a copy; any other decline is a ValueError naming the argument."""
     extras = (alibi_slopes, sinks, key_lengths)
-    result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, out, extras)
+    result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, out, extras, blocks=blocks)
     if not isinstance(result, int):
         return result
     if result == _core.OUT_MAY_OVERLAP and out is not None:
-        result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, None, extras)
+        result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, None, extras, blocks=blocks)
         if not isinstance(result, int):
             if isinstance(result, tuple):
                 np.copyto(out, result[0])
@@ -393,6 +414,7 @@ def general(
     out: Optional[Array] = None,
     key_scale: Optional[Array] = None,
     value_scale: Optional[Array] = None,
+    block_mask: Optional[BlockMask] = None,
 ) -> AttentionResult:
     """A prepared call for any arrays: converts what it can, raises with a
     message naming the argument for what it cannot, and calls the core once.
@@ -426,6 +448,25 @@ def general(
     batch_shape = plan.batch_shape
     out_shape, weights_shape = plan.out_shape, plan.weights_shape
     shapes = f"query {q.shape}, key {k.shape}, value {v.shape}"
+    blocks = None
+    if block_mask is not None:
+        if not isinstance(block_mask, BlockMask):
+            raise TypeError(
+                f"block_mask: expected an sdpa.BlockMask, got {type(block_mask).__name__} (a torch BlockMask "
+                f"goes through sdpa.torch.flex_attention)"
+            )
+        if call.return_weights:
+            raise ValueError("block_mask: not with return_weights (the weights of skipped blocks are not computed)")
+        blocks = block_mask.blocks_for(plan.L, S)
+        states = blocks[0]
+        if states.ndim > 2 and states.shape[-3] not in (1, plan.heads):
+            raise ValueError(f"block_mask: {states.shape[-3]} heads, the call has {plan.heads} query heads")
+        try:
+            np.broadcast_shapes(states.shape[:-3], batch_shape)
+        except ValueError:
+            raise ValueError(
+                f"block_mask: batch dims {states.shape[:-3]} do not broadcast with {batch_shape}"
+            ) from None
 
     # mask: bool (True = takes part) or float (added), broadcastable to weights_shape
     m: Optional[Array] = None
@@ -471,7 +512,7 @@ def general(
 
     return call_core(
         call, q, k, v, attn_mask=m, key_lengths=lengths, alibi_slopes=heads.get("alibi_slopes"),
-        sinks=heads.get("sinks"), out=result, key_scale=key_scale, value_scale=value_scale,
+        sinks=heads.get("sinks"), out=result, key_scale=key_scale, value_scale=value_scale, blocks=blocks,
     )
 
 

@@ -89,6 +89,8 @@ cdef extern from "sdpa.h" nogil:
         int32_t integer_pv
         sdpa_view topk_indices
         int64_t topk
+        sdpa_view block_states
+        int64_t block_q, block_k
     void sdpa_problem_init(sdpa_problem *p)
     ctypedef struct sdpa_topk_problem:
         size_t struct_size

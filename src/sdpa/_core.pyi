@@ -120,6 +120,7 @@ class Call:
         alibi_slopes: Any = None,
         sinks: Any = None,
         out: Any = None,
+        blocks: Optional[Tuple[Any, int, int]] = None,
     ) -> Result: ...
     def run_cache(
         self,
@@ -132,6 +133,7 @@ class Call:
         out: Any = None,
         extras: Optional[Tuple[Any, Any, Any]] = None,
         indices: Any = None,
+        blocks: Optional[Tuple[Any, int, int]] = None,
     ) -> Result: ...
     def run_varlen(
         self,

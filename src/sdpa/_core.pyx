@@ -764,7 +764,7 @@ ARGUMENTS = ("query", "key", "value", "attn_mask", "is_causal", "scale", "enable
              "return_weights", "return_lse", "key_lengths", "window", "softcap",
              "alibi_slopes", "sinks", "out", "num_threads", "key_scale", "value_scale",
              "group_size", "diagonal", "kv_dtype", "integer_qk", "integer_pv", "cu_seqlens_q", "cu_seqlens_k",
-             "block_tables", "seq_lens", "query_start_loc", "tree_mask", "indices")
+             "block_tables", "seq_lens", "query_start_loc", "tree_mask", "indices", "block_mask")
 RULES = ("is not of a type the core takes as it is",
          "has a dtype the core does not take as it is, or one that does not go with the others",
          "has a shape that does not fit the problem",
@@ -778,7 +778,7 @@ cdef enum:
         ARG_LSE, ARG_LENGTHS, ARG_WINDOW, ARG_SOFTCAP, ARG_ALIBI, ARG_SINKS, ARG_OUT, \
         ARG_THREADS, ARG_KEY_SCALE, ARG_VALUE_SCALE, ARG_GROUP_SIZE, ARG_DIAGONAL, ARG_KV_DTYPE, \
         ARG_INTEGER_QK, ARG_INTEGER_PV, ARG_CU_Q, ARG_CU_K, ARG_TABLES, ARG_SEQ_LENS, ARG_QUERY_START, \
-        ARG_TREE, ARG_INDICES
+        ARG_TREE, ARG_INDICES, ARG_BLOCK_MASK
 cdef enum:
     RULE_TYPE, RULE_DTYPE, RULE_SHAPE, RULE_VALUE, RULE_LAYOUT, RULE_OVERLAP, RULE_MEMORY
 
@@ -1106,23 +1106,30 @@ cdef class Call:
     def __reduce__(self):
         return _call_of, (self.constants,)
 
-    def run(self, query, key, value, attn_mask=None, key_lengths=None, alibi_slopes=None, sinks=None, out=None):
-        """The call over float keys and values (a reason code when declined)."""
-        return self._run(query, key, value, None, None, attn_mask, key_lengths, alibi_slopes, sinks, out, None)
+    def run(self, query, key, value, attn_mask=None, key_lengths=None, alibi_slopes=None, sinks=None, out=None,
+            blocks=None):
+        """The call over float keys and values (a reason code when declined);
+        ``blocks`` None or a block map (states, block_q, block_k): int8 states
+        (..., Hq or 1, ceil(L / block_q), ceil(S / block_k)) of 0, 1 and 2
+        (others refused by the core with a ValueError, nothing written)."""
+        return self._run(query, key, value, None, None, attn_mask, key_lengths, alibi_slopes, sinks, out, None,
+                         blocks)
 
     def run_cache(self, query, key, value, key_scale, value_scale, attn_mask=None, out=None, extras=None,
-                  indices=None):
+                  indices=None, blocks=None):
         """The call over a cache's keys and values, with the scales of a
         quantized one (None: unscaled float8, or a float cache); ``extras``
         None or (alibi_slopes, sinks, key_lengths); ``indices`` None or the
         positions each row attends (top-k lists: native, aligned int32
         (..., Hkv or 1, L, k), entries in [-1, S), not checked here: the
-        core refuses others with a ValueError, writing nothing)."""
+        core refuses others with a ValueError, writing nothing); ``blocks``
+        as for :meth:`run`."""
         if extras is None:
-            return self._run(query, key, value, key_scale, value_scale, attn_mask, None, None, None, out, indices)
+            return self._run(query, key, value, key_scale, value_scale, attn_mask, None, None, None, out, indices,
+                             blocks)
         alibi_slopes, sinks, key_lengths = extras
         return self._run(query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes, sinks,
-                         out, indices)
+                         out, indices, blocks)
 
     def run_varlen(self, query, key, value, cu_seqlens_q, cu_seqlens_k, extras=None, out=None, *,
                    int plan_threads=-1):
@@ -1173,8 +1180,8 @@ cdef class Call:
         p.integer_pv = self.ipv
 
     cdef object _run(self, query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes,
-                     sinks, out, indices):
-        cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None, ix = None
+                     sinks, out, indices, blocks):
+        cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None, ix = None, bm = None
         cdef cnp.ndarray ks = None, vs = None
         cdef cnp.npy_intp *shapes[3]
         cdef int nds[3]
@@ -1322,6 +1329,18 @@ cdef class Call:
             if _fill_view(&p.topk_indices, ix, nb, 3, ex, False):
                 return _why(ARG_INDICES, RULE_SHAPE)
             p.topk = n
+        if blocks is not None:  # a block map: (states, block_q, block_k)
+            states, p.block_q, p.block_k = blocks
+            if not cnp.PyArray_CheckExact(states):
+                return _why(ARG_BLOCK_MASK, RULE_TYPE)
+            bm = <cnp.ndarray>states
+            if cnp.PyArray_TYPE(bm) != cnp.NPY_INT8:
+                return _why(ARG_BLOCK_MASK, RULE_DTYPE)
+            if p.block_q < 1 or p.block_k < 1:
+                return _why(ARG_BLOCK_MASK, RULE_VALUE)
+            _expected(ex, p.batch_shape, nb, heads, (L + p.block_q - 1) // p.block_q, (S + p.block_k - 1) // p.block_k)
+            if _fill_view(&p.block_states, bm, nb, 3, ex, False):
+                return _why(ARG_BLOCK_MASK, RULE_SHAPE)
 
         # the outputs: out (checked) or new, the weights and lse new
         mn = nb + 3 if nd >= 3 else 2
@@ -1338,7 +1357,7 @@ cdef class Call:
             o = <cnp.ndarray>out
             if not (_no_self_overlap(o) and _disjoint(o, q) and _disjoint(o, k) and _disjoint(o, v)
                     and _disjoint(o, m) and _disjoint(o, kl) and _disjoint(o, ks) and _disjoint(o, vs)
-                    and _disjoint(o, ix)
+                    and _disjoint(o, ix) and _disjoint(o, bm)
                     and (alibi_slopes is None or _disjoint(o, <cnp.ndarray>alibi_slopes))
                     and (sinks is None or _disjoint(o, <cnp.ndarray>sinks))):
                 return OUT_MAY_OVERLAP

@@ -8,7 +8,7 @@ to check the fused implementation, and for readers who want the maths in code.
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +24,14 @@ def causal_mask(L: int, S: int, *, bottom_right: bool = False) -> np.ndarray:
     sees every key.
     """
     return np.tri(L, S, k=(S - L) if bottom_right else 0, dtype=bool)
+
+
+def block_elements(states: npt.ArrayLike, block_size: Tuple[int, int], L: int, S: int) -> np.ndarray:
+    """The state of each (row, key) of block states (..., QB, KB) of blocks of
+    ``block_size`` (rows, keys): (..., L, S)."""
+    bq, bk = block_size
+    st = np.asarray(states)
+    return np.repeat(np.repeat(st, bq, axis=-2), bk, axis=-1)[..., :L, :S]
 
 
 def key_length_mask(key_lengths: npt.ArrayLike, S: int) -> np.ndarray:
@@ -53,6 +61,7 @@ def scaled_dot_product_attention(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[npt.ArrayLike] = None,
     sinks: Optional[npt.ArrayLike] = None,
+    block_mask: Any = None,
 ) -> Union[np.ndarray, Tuple[np.ndarray, ...]]:
     """Attention computed in float64 with NumPy, step by step.
 
@@ -75,7 +84,11 @@ def scaled_dot_product_attention(
     (batch..., Hq)) adds ``-slope * |i + o - j|``; ``sinks`` (same shapes) adds
     ``exp(sink)`` to each row's softmax denominator (and to the lse), and no
     value.  A row that sees no key gives zeros whatever the sink, and its lse
-    is the sink.
+    is the sink.  ``block_mask`` (an :class:`sdpa.BlockMask`, states (...,
+    Hq, QB, KB) of blocks of ``block_size``): a key of a skipped block (0) is
+    left out, one of a partial block (1) follows the rules above, one of a
+    full block (2) takes part whatever causality, the window and a bool mask
+    say (a float mask is still added; key_lengths still leave it out).
 
     With ``return_weights`` the weights (..., Hq, L, S) are returned too, and with
     ``return_lse`` the natural log-sum-exp of each row's scaled, masked scores,
@@ -129,6 +142,10 @@ def scaled_dot_product_attention(
             allowed = m if allowed is None else (allowed & m)
         else:
             scores = scores + m.astype(np.float64)
+    if block_mask is not None:
+        state = block_elements(block_mask.states, block_mask.block_size, L, S)
+        base = True if allowed is None else allowed
+        allowed = np.where(state == 2, True, np.where(state == 1, base, False))
     if key_lengths is not None:
         batch_shape = np.broadcast_shapes(q.shape[:-3], k.shape[:-3], v.shape[:-3])
         present = key_length_mask(np.broadcast_to(key_lengths, batch_shape), S)
