@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 import sdpa
-from sdpa import _core, reference
-
 from conftest import assert_close
+from sdpa import _core, reference
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 BF16 = np.dtype(ml_dtypes.bfloat16)

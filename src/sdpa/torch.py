@@ -32,6 +32,7 @@ Importing this module imports torch; ``import sdpa`` alone does not.
 import functools
 import sys
 import warnings
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type, Union, cast
 
 import numpy as np
@@ -64,6 +65,7 @@ __all__ = [
     "layer_from_module",
     "sparse_attention",
     "index_topk",
+    "flex_attention",
 ]
 
 # what the eager call asks torch each time, bound once
@@ -665,3 +667,123 @@ def index_topk(
                     _sparse_numpy(weights, "weights"), k, key_lengths=_sparse_numpy(key_lengths, "key_lengths"),
                     is_causal=is_causal, k_scale=_sparse_numpy(k_scale, "k_scale"), num_threads=num_threads)
     return as_tensor(idx), as_tensor(sc)
+
+
+# torch BlockMasks already read: the sdpa map and the mask of the partial blocks
+_flex_maps: "weakref.WeakKeyDictionary[Any, Tuple[Any, Optional[np.ndarray], bool]]" = weakref.WeakKeyDictionary()
+
+
+def _flex_map(block_mask: Any, L: int, S: int) -> Tuple[Any, Optional[np.ndarray], bool]:
+    """A torch BlockMask as sdpa's (:class:`sdpa.BlockMask`), its mask_mod
+    evaluated once into a bool mask (B, H, L, S) that the partial blocks read
+    (None when it is torch's noop_mask or no block is partial), and whether
+    that mask hides every key above the diagonal; kept for the BlockMask's
+    lifetime."""
+    from torch.nn.attention import flex_attention as flex  # noqa: PLC0415
+
+    from .blockmask import BlockMask  # noqa: PLC0415
+
+    if not isinstance(block_mask, flex.BlockMask):
+        raise TypeError(f"block_mask: expected torch's BlockMask (create_block_mask), got {type(block_mask).__name__}")
+    cached = _flex_maps.get(block_mask)
+    if cached is not None:
+        return cached
+    bq, bk = (int(x) for x in block_mask.BLOCK_SIZE)
+    lengths = tuple(int(x) for x in block_mask.seq_lengths)
+    if lengths != (L, S):
+        raise ValueError(f"block_mask: made for (L, S) = {lengths}, the call has ({L}, {S})")
+
+    def lists(t: Optional[Tensor]) -> Any:
+        return None if t is None else t.detach().to("cpu").numpy()
+
+    full = block_mask.full_kv_num_blocks is not None
+    bm = BlockMask(
+        lists(block_mask.kv_num_blocks), lists(block_mask.kv_indices),
+        full_kv_num_blocks=lists(block_mask.full_kv_num_blocks) if full else None,
+        full_kv_indices=lists(block_mask.full_kv_indices) if full else None,
+        block_size=(bq, bk), seq_lengths=(L, S),
+    )
+    mask, causal = None, False
+    if (bm.states == 1).any() and block_mask.mask_mod is not flex.noop_mask:
+        B, H = bm.states.shape[:2] if bm.states.ndim >= 4 else (1, 1)
+        mask = flex.create_mask(block_mask.mask_mod, B, H, L, S, device="cpu").numpy()
+        # a mask that shows no key above the diagonal (a causal document mask)
+        # goes with is_causal, the same result: the partial blocks on the
+        # diagonal then compute each panel's keys up to its last row only
+        causal = L <= S and not np.triu(mask, 1).any()
+    _flex_maps[block_mask] = (bm, mask, causal)
+    return bm, mask, causal
+
+
+def flex_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *args: Any,
+    block_mask: Any = None,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    score_mod: Any = None,
+    num_threads: Optional[int] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """``torch.nn.attention.flex_attention.flex_attention`` with a mask, computed
+    by sdpa's block-sparse attention on CPU tensors.
+
+    ``block_mask`` is torch's own ``BlockMask`` (``create_block_mask``): only
+    its listed blocks are read and computed; its ``mask_mod`` is evaluated once
+    (``create_mask``, kept while the BlockMask lives) into a bool mask that the
+    partial blocks read, and the full blocks skip.  query (B, Hq, L, E), key
+    and value (B, Hkv, S, E / Ev), float32, float64, bfloat16 or float16;
+    ``enable_gqa`` as torch's.  Returns the output, and with ``return_lse``
+    the natural log-sum-exp of each row (float32; -inf for a row that sees no
+    key), as torch's ``flex_attention`` does.  Forward only.
+
+    ``score_mod`` (by keyword, or in torch's place, the fourth argument) is
+    refused with a TypeError naming it: a score modification is Python code per
+    score, which sdpa does not run (call torch's ``flex_attention`` for it).
+    The block map may also be given fourth, where sdpa's signature puts it.
+
+    >>> import torch, sdpa.torch
+    >>> from torch.nn.attention.flex_attention import create_block_mask
+    >>> causal = lambda b, h, q, kv: q >= kv
+    >>> bm = create_block_mask(causal, None, None, 256, 256, device="cpu")
+    >>> q = k = v = torch.randn(1, 2, 256, 64)
+    >>> out = sdpa.torch.flex_attention(q, k, v, block_mask=bm)
+    >>> ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    >>> bool(torch.allclose(out, ref, atol=1e-5))
+    True
+    """
+    if len(args) > 1:
+        raise TypeError(f"flex_attention: takes at most 4 positional arguments, got {len(args) + 3}")
+    if args:
+        from torch.nn.attention import flex_attention as flex  # noqa: PLC0415
+
+        if isinstance(args[0], flex.BlockMask) and block_mask is None:
+            block_mask = args[0]
+        elif args[0] is not None:
+            score_mod = args[0]
+    if score_mod is not None:
+        raise TypeError(
+            "score_mod: sdpa.torch.flex_attention takes no score modification (Python code run per score); "
+            "call torch.nn.attention.flex_attention.flex_attention for it"
+        )
+    for t, name in ((query, "query"), (key, "key"), (value, "value")):
+        check_on_cpu(t, name)
+        if t.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError(f"{name}: sdpa.torch.flex_attention has no backward; call it under torch.no_grad()")
+    q, k, v = as_numpy(query), as_numpy(key), as_numpy(value)
+    bm = mask = None
+    causal = False
+    if block_mask is not None:
+        bm, mask, causal = _flex_map(block_mask, q.shape[-2], k.shape[-2])
+    res = _api.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=enable_gqa, return_lse=return_lse,
+        block_mask=bm,
+        num_threads=num_threads,
+    )
+    if return_lse:
+        out, lse = res
+        return as_tensor(out), as_tensor(np.asarray(lse, dtype=np.float32))
+    return as_tensor(cast(np.ndarray, res))
+
