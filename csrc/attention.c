@@ -125,6 +125,7 @@ static sdpa_status validate_blocks(const sdpa_problem *p, int64_t count, int64_t
     if (p->cu_seqlens_q || p->cu_seqlens_k) REFUSE(SDPA_ERR_BAD_BLOCKS, p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
     if (p->topk_indices.data) REFUSE(SDPA_ERR_BAD_BLOCKS, "topk_indices");
     if (p->weights.data) REFUSE(SDPA_ERR_BAD_BLOCKS, "weights");
+    if (p->key_scores.data) REFUSE(SDPA_ERR_BAD_BLOCKS, "key_scores");
     if (work == 0) return SDPA_OK;
     const sdpa_view *v = &p->block_states;
     const int64_t qb = sdpa_blocks_of(p->len_q, p->block_q), kb = sdpa_blocks_of(p->len_kv, p->block_k);
@@ -225,6 +226,13 @@ static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count, const c
     if (topk != SDPA_OK) return topk;
     const sdpa_status blocks = validate_blocks(p, count, work, field);
     if (blocks != SDPA_OK) return blocks;
+    if (p->key_scores_rows < 0) REFUSE(SDPA_ERR_BAD_SHAPE, "key_scores_rows");
+    if (p->key_scores.data) {  /* what key scores go with (sdpa.h) */
+        if (p->cu_seqlens_q || p->cu_seqlens_k)
+            REFUSE(SDPA_ERR_BAD_VARIANT, p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+        if (p->topk_indices.data) REFUSE(SDPA_ERR_BAD_VARIANT, "topk_indices");
+        if (p->block_size > 0 && p->mask_kind != SDPA_MASK_NONE) REFUSE(SDPA_ERR_BAD_VARIANT, "mask_kind");
+    }
     if (work > 0) {
         if (!p->query.data) REFUSE(SDPA_ERR_NULL_POINTER, "query");
         if (!p->out.data) REFUSE(SDPA_ERR_NULL_POINTER, "out");
@@ -295,7 +303,67 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
     return sdpa_run_valid(p, batch_count);
 }
 
+static sdpa_status run_plan(const sdpa_problem *p, int64_t batch_count);
+
+/* Rows [r0, r0 + n) of *p as a problem of their own: the views of rows moved,
+ * the offsets (counted from the first row, or from each sequence's last
+ * positions when paged or from the end) moved with them. */
+static sdpa_problem rows_of(const sdpa_problem *p, int64_t r0, int64_t n) {
+    sdpa_problem q = *p;
+    const size_t qe = sdpa_dtype_size(p->dtype), ce = compute_size(p);
+    struct { sdpa_view *v; size_t elem; } rows[5] = {
+        {&q.query, qe}, {&q.out, qe}, {&q.lse, ce}, {&q.weights, ce},
+        {&q.mask, p->mask_kind == SDPA_MASK_BOOL ? 1 : ce}};
+    for (int i = 0; i < 5; i++)
+        if (rows[i].v->data) rows[i].v->data = (char *)rows[i].v->data + r0 * rows[i].v->row_stride * (int64_t)rows[i].elem;
+    const int64_t delta = p->block_size > 0 || p->offsets_from_end ? r0 + n - p->len_q : r0;
+    q.len_q = n;
+    q.causal_offset += delta;
+    q.align_offset += delta;
+    return q;
+}
+
+/* Rows per key/value head's group of a call that keeps key scores: the row
+ * path holds them all against each key tile. */
+#define SDPA_KEY_SCORE_ROWS 64
+
+/* A call with key scores (sdpa.h): the scores zeroed, the rows before the
+ * last key_scores_rows computed on their own (any path), the rows counted in
+ * calls of at most SDPA_KEY_SCORE_ROWS rows a group, each adding its rows'
+ * weights, in row order. */
+static sdpa_status run_key_scores(const sdpa_problem *p, int64_t batch_count) {
+    const int64_t hkv = p->num_heads / p->gqa_group, S = p->len_kv, L = p->len_q;
+    const sdpa_view *ks = &p->key_scores;
+    for (int64_t b = 0; b < batch_count; b++)
+        for (int64_t h = 0; h < hkv; h++) {
+            float *row = (float *)view_at(p, ks, b, h, sizeof(float));
+            for (int64_t s = 0; s < S; s++) row[s * ks->col_stride] = 0;
+        }
+    sdpa_problem c = *p;  /* causal offsets beyond every row's reach are the same as these bounds */
+    const int64_t reach = p->len_q + p->len_kv;
+    if (c.causal_offset > reach) c.causal_offset = reach;
+    if (c.causal_offset < -reach) c.causal_offset = -reach;
+    const int64_t W = p->key_scores_rows > 0 && p->key_scores_rows < L ? p->key_scores_rows : L;
+    sdpa_status st = SDPA_OK;
+    if (W < L) {
+        sdpa_problem head = rows_of(&c, 0, L - W);
+        memset(&head.key_scores, 0, sizeof(head.key_scores));
+        st = run_plan(&head, batch_count);
+    }
+    const int64_t per = SDPA_KEY_SCORE_ROWS / p->gqa_group > 0 ? SDPA_KEY_SCORE_ROWS / p->gqa_group : 1;
+    for (int64_t r0 = L - W; r0 < L && st == SDPA_OK; r0 += per) {
+        sdpa_problem rows = rows_of(&c, r0, L - r0 < per ? L - r0 : per);
+        rows.key_scores_rows = 0;
+        st = run_plan(&rows, batch_count);
+    }
+    return st;
+}
+
 sdpa_status sdpa_run_valid(const sdpa_problem *p, int64_t batch_count) {
+    return p->key_scores.data ? run_key_scores(p, batch_count) : run_plan(p, batch_count);
+}
+
+static sdpa_status run_plan(const sdpa_problem *p, int64_t batch_count) {
     sdpa_status st;
     int by_name = 0;
     const kernel_table *kt = sdpa_kernel_choice(&by_name);
@@ -346,7 +414,8 @@ const char *sdpa_status_message(sdpa_status status) {
                    "sdpa_problem_init)";
         case SDPA_ERR_BAD_VARIANT:
             return "window sides must be -1 or in [0, 2^61], align_offset and len_q at most 2^61 with a window "
-                   "or ALiBi, softcap finite and >= 0";
+                   "or ALiBi, softcap finite and >= 0; key scores not with ragged queries or keys, top-k lists or "
+                   "a paged tree mask";
     }
     return "unknown status";
 }

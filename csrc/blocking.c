@@ -221,6 +221,7 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
                         (p->len_q <= max_l && rows <= SDPA_ROW_MODE_WIDE_ROWS && !(packs && rows >= SDPA_PACKED_MIN_ROWS)) ||
                         (p->len_q == 1 && sdpa_integer_rows(p));
     if (p->block_states.data) pl->path.row_mode = 0;  /* a block map is read by query blocks: tiled */
+    if (p->key_scores.data) pl->path.row_mode = 1;    /* the row path keeps the p of key scores */
     /* the tiled path packs a GQA group's heads into the rows of one task where
      * nothing depends on the head but the output (no mask, ALiBi or weights):
      * position-major, a causal panel's diagonal wastes little, and each K and V
@@ -408,7 +409,7 @@ void sdpa_fold_group(sdpa_problem *q, const kernel_table *kt) {
     const int64_t rule = pairs ? SDPA_FOLD_MIN_GROUP_BF16 : SDPA_FOLD_MIN_GROUP;
     const int64_t min_group = forced > 0 ? forced : forced < 0 ? INT64_MAX : rule;
     if (q->len_q != 1 || q->gqa_group < min_group || q->mask_kind != SDPA_MASK_NONE || q->weights.data ||
-        q->block_states.data ||
+        q->block_states.data || q->key_scores.data ||
         has_window(q) || q->alibi.data || q->sinks.data || sdpa_integer_rows(q))  /* integer products: the row path */
         return;
     if (q->causal && q->causal_offset < q->len_kv - 1) return;  /* the row's last visible key */

@@ -221,6 +221,64 @@ void sdpa_parallel_for(int nthreads, int64_t n, void (*fn)(void *ctx, int64_t i,
     for (int64_t i = 0; i < n; i++) fn(ctx, i, 0);
 }
 
+/*
+ * Key scores keep megabytes a call (the p of every counted row and key; 4
+ * MiB for 32 query heads over 32,768 keys), and fresh pages cost the
+ * kernel's zeroing at every call (4% of such a decoding step, measured).  So
+ * the block of the last call is kept for the next that fits in it: one block,
+ * taken and given back by an atomic exchange (calls on several threads at
+ * once allocate their own), of at most SDPA_KEPT_MAX bytes.
+ */
+#define SDPA_KEPT_MAX ((size_t)32 << 20)
+static SDPA_ATOMIC(void *) kept_block = NULL;
+
+/* A block of at least `bytes` bytes (NULL: no memory), for kept_give. */
+static void *kept_take(size_t bytes) {
+    void *b = sdpa_atomic_exchange(&kept_block, NULL);
+    if (b && ((size_t *)b)[-2] >= bytes) return b;
+    sdpa_aligned_free(b);
+    b = sdpa_aligned_block(bytes);
+    if (b) ((size_t *)b)[-2] = bytes;  /* below the aligned start: room for two words there */
+    return b;
+}
+
+/* A block of kept_take's back: kept for the next call when not too large. */
+static void kept_give(void *b) {
+    if (b && ((size_t *)b)[-2] > SDPA_KEPT_MAX) {
+        sdpa_aligned_free(b);
+        return;
+    }
+    sdpa_aligned_free(sdpa_atomic_exchange(&kept_block, b));
+}
+
+/* Copies n bytes (a multiple of 4) from src to dst where no one reads them
+ * soon: streaming stores on x86-64 (no read of dst's lines first), so that
+ * key scores' kept p cost their writes only; a fence before any later read
+ * (stream_done).  Elsewhere memcpy. */
+static void stream_copy(void *dst, const void *src, size_t n) {
+#if SDPA_HAVE_X86_KERNELS
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    while (n >= 4 && ((uintptr_t)d & 15)) {
+        memcpy(d, s, 4);
+        d += 4, s += 4, n -= 4;
+    }
+    for (; n >= 16; d += 16, s += 16, n -= 16) _mm_stream_ps((float *)(void *)d, _mm_loadu_ps((const float *)(const void *)s));
+    memcpy(d, s, n);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+static void stream_done(void) {
+#if SDPA_HAVE_X86_KERNELS
+    _mm_sfence();
+#endif
+}
+
+/* n bytes rounded up to whole SDPA_ALIGN blocks. */
+static size_t round_bytes(size_t n) { return (n + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN; }
+
 /* What a mask does to a tile (mask_tile_class in scores_impl.h). */
 enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
 

@@ -75,6 +75,20 @@ static void FN(do_row_merge)(const call_plan *cp, const KT *kern, char *block, i
     FN(merge_rows)(pt, kern, (T *)(void *)(block + pt->partial_at) + g * pl->row.num_chunks * pl->row.partial_elems, g);
 }
 
+/* Key-score item k of the call: the k-th task, counted over the parts that
+ * keep key scores, reduced (FN(key_score_reduce)). */
+static void FN(do_key_scores)(const call_plan *cp, int64_t k) {
+    for (int32_t i = 0; i < cp->num_parts; i++) {
+        const part *pt = &cp->parts[i];
+        if (!pt->ks_probs) continue;
+        if (k < pt->pl.num_tasks) {
+            FN(key_score_reduce)(pt, k);
+            return;
+        }
+        k -= pt->pl.num_tasks;
+    }
+}
+
 static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
     const int nthreads = cp->num_threads;
     /* per thread: scratch, a merge's accumulator, the phase counters, its row_memo */
@@ -84,12 +98,57 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
     const size_t per_thread = scratch_bytes + cp->merge_bytes + prof_bytes + memo_bytes;
     const size_t threads_bytes = per_thread * (size_t)nthreads;
     int packing = cp->packed_bytes > 0;
+    /* key scores: each row-path part's kept p, chunk maxima and ranges, and
+     * its rows' lse where the caller asked for none (FN(key_score_reduce)) */
+    int64_t ks_items = 0;
+    size_t ks_bytes = 0;
+    for (int32_t i = 0; i < cp->num_parts; i++) {
+        const part *pt = &cp->parts[i];
+        if (!pt->p.key_scores.data || !pt->pl.path.row_mode) continue;
+        const size_t M = (size_t)pt->pl.row.rows, n = (size_t)pt->pl.num_tasks, groups = (size_t)pt->pl.row.num_groups;
+        ks_bytes += round_bytes(groups * M * (size_t)pt->p.len_kv * sizeof(T)) + round_bytes(n * M * sizeof(T)) +
+                    round_bytes(n * 2 * sizeof(int64_t)) + (pt->p.lse.data ? 0 : round_bytes(groups * M * sizeof(T)));
+        ks_items += pt->pl.num_tasks;
+    }
+    char *ks_mem = NULL;
+    if (ks_bytes) {
+        ks_mem = (char *)kept_take(ks_bytes);
+        if (!ks_mem) return SDPA_ERR_NO_MEMORY;
+        char *at = ks_mem;
+        for (int32_t i = 0; i < cp->num_parts; i++) {
+            part *pt = &cp->parts[i];
+            sdpa_problem *p = &pt->p;
+            if (!p->key_scores.data || !pt->pl.path.row_mode) continue;
+            const size_t M = (size_t)pt->pl.row.rows, n = (size_t)pt->pl.num_tasks, groups = (size_t)pt->pl.row.num_groups;
+            pt->ks_probs = at;
+            at += round_bytes(groups * M * (size_t)p->len_kv * sizeof(T));
+            pt->ks_max = at;
+            at += round_bytes(n * M * sizeof(T));
+            pt->ks_range = (int64_t *)(void *)at;
+            at += round_bytes(n * 2 * sizeof(int64_t));
+            if (!p->lse.data) {  /* the rows' lse, (batch..., Hq, L), contiguous */
+                memset(&p->lse, 0, sizeof(p->lse));
+                p->lse.data = at;
+                p->lse.row_stride = p->lse.col_stride = 1;
+                p->lse.head_stride = p->len_q;
+                int64_t stride = p->num_heads * p->len_q;
+                for (int d = p->num_batch_dims - 1; d >= 0; d--) {
+                    p->lse.batch_strides[d] = stride;
+                    stride *= p->batch_shape[d];
+                }
+                at += round_bytes(groups * M * sizeof(T));
+            }
+        }
+    }
     char *mem = (char *)sdpa_aligned_block(threads_bytes + cp->block_bytes);
     if (!mem && packing) {  /* without room for the packed K/V, tile by tile */
         packing = 0;
         mem = (char *)sdpa_aligned_block(threads_bytes + cp->block_bytes - cp->packed_bytes);
     }
-    if (!mem) return SDPA_ERR_NO_MEMORY;
+    if (!mem) {
+        kept_give(ks_mem);
+        return SDPA_ERR_NO_MEMORY;
+    }
     char *block = mem + threads_bytes;
     for (int32_t i = 0; i < cp->num_parts; i++) {  /* the views of gathered and staged rows */
         part *pt = &cp->parts[i];
@@ -123,6 +182,7 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
         for (int64_t r = 0; r < num_rmerges && !sdpa_atomic_load(&irq.stop); r++) FN(do_row_merge)(cp, kern, block, r);
         for (int64_t g = 0; g < cp->num_merges && !sdpa_atomic_load(&irq.stop); g++)
             FN(merge_parts)(cp, &cp->merges[g], THREAD_MERGE(0));
+        for (int64_t k = 0; k < ks_items && !sdpa_atomic_load(&irq.stop); k++) FN(do_key_scores)(cp, k);
     } else {
 #ifdef _OPENMP
         note_openmp_used();
@@ -157,6 +217,11 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
                 for (int64_t g = 0; g < cp->num_merges; g++)
                     if (!sdpa_atomic_load(&irq.stop)) FN(merge_parts)(cp, &cp->merges[g], THREAD_MERGE(tid));
             }
+            if (ks_items) {  /* every row finished, its lse written */
+#pragma omp for schedule(dynamic, 4)
+                for (int64_t k = 0; k < ks_items; k++)
+                    if (!sdpa_atomic_load(&irq.stop)) FN(do_key_scores)(cp, k);
+            }
             fp_mode_restore(own_mode);
         }
 #endif
@@ -168,6 +233,8 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
 #undef THREAD_MERGE
 #undef THREAD_PROF
     sdpa_aligned_free(mem);
+    kept_give(ks_mem);
+    for (int32_t i = 0; i < cp->num_parts; i++) cp->parts[i].ks_probs = NULL;
     return sdpa_atomic_load(&irq.stop) ? SDPA_ERR_INTERRUPTED : SDPA_OK;
 }
 

@@ -500,6 +500,8 @@ extern const kernel_table sdpa_kernels_neon_bf16;
  * on failure */
 #define sdpa_atomic_cas(p, expected, desired) \
     (_InterlockedCompareExchange((volatile long *)(p), (desired), *(expected)) == *(expected))
+/* pointers only */
+#define sdpa_atomic_exchange(p, v) _InterlockedExchangePointer((void *volatile *)(p), (v))
 #else
 #include <stdatomic.h>
 #define SDPA_ATOMIC(type) _Atomic(type)
@@ -507,6 +509,7 @@ extern const kernel_table sdpa_kernels_neon_bf16;
 #define sdpa_atomic_store(p, v) atomic_store(p, v)
 #define sdpa_atomic_add(p, v) atomic_fetch_add(p, v)
 #define sdpa_atomic_cas(p, expected, desired) atomic_compare_exchange_strong(p, expected, desired)
+#define sdpa_atomic_exchange(p, v) atomic_exchange(p, v)
 #endif
 
 #endif

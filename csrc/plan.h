@@ -96,6 +96,13 @@ typedef struct part {
     int64_t rows_total;      /* a shared prefix's query rows per key/value head */
     int64_t copy_row0;       /* keys copied from the sequence's positions [copy_row0, + len_kv) */
     double task_cost;        /* the estimated cost of its largest task */
+    /* key scores (row path; sdpa.h): where the executor keeps them, NULL when
+     * not asked: each counted row's p of each key (compute type, (groups, M,
+     * len_kv)), as of the max of the key's chunk at its end; that max of each
+     * chunk and row ((groups, chunks, M)); the keys each chunk visited
+     * ((groups, chunks, 2)) */
+    void *ks_probs, *ks_max;
+    int64_t *ks_range;
 } part;
 
 /* A sequence's part: where its row (h, l) lies in the part's staged rows,

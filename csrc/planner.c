@@ -61,6 +61,8 @@ static void sequence_part(part *pt, const sdpa_problem *c, int64_t b, int64_t k0
     move_view(c, &p->alibi, b, 0, ce);
     move_view(c, &p->sinks, b, 0, ce);
     if (c->mask_kind != SDPA_MASK_NONE) move_view(c, &p->mask, b, 0, c->mask_kind == SDPA_MASK_BOOL ? 1 : ce);
+    move_view(c, &p->key_scores, b, 0, sizeof(float));
+    if (p->key_scores.data) p->key_scores.data = (float *)p->key_scores.data + k0 * p->key_scores.col_stride;
     if (c->block_size > 0) {
         p->block_table = c->block_table + b * c->block_table_stride + k0 / c->block_size;
         pt->key_length = S;
@@ -517,7 +519,8 @@ sdpa_status sdpa_plan_call(const sdpa_problem *user, int64_t batch_count, const 
     /* integer_pv rounds P in runs of each tile's keys against the run's largest:
      * shared blocks would be rounded in other runs than a sequence's own call
      * rounds them, so its sequences are computed alone (bit for bit as such) */
-    const int may_share = paged && B > 1 && !has_window(c) && !c->alibi.data && !sdpa_integer_values(c);
+    const int may_share = paged && B > 1 && !has_window(c) && !c->alibi.data && !sdpa_integer_values(c) &&
+                          !c->key_scores.data;  /* (key scores: each sequence's rows keep their own p) */
     if (may_share) {
         int64_t *all = (int64_t *)malloc((size_t)B * sizeof(int64_t));
         if (!all) {

@@ -267,6 +267,13 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
         if (wf > s_begin) s_begin = wf;
         if (we < s_end) s_end = we;
     }
+    /* key scores: the counted rows' p of each visited key, kept (key_score_reduce) */
+    T *ksp = pt->ks_probs ? (T *)pt->ks_probs + g * M * p->len_kv : NULL;
+    const int64_t ks_first = p->key_scores_rows > 0 && p->key_scores_rows < L ? L - p->key_scores_rows : 0;
+    if (ksp) {
+        pt->ks_range[task * 2] = s_begin;
+        pt->ks_range[task * 2 + 1] = s_end;
+    }
     if (s_begin >= s_end) return;
 
     const sdpa_dtype qdt = p->dtype, kvdt = pl->path.kv_dtype;
@@ -335,7 +342,16 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
             if (p->weights.data)
                 FN(store_raw_scores)(p, (T *)view_at(p, &p->weights, b, h, sizeof(T)) + l * p->weights.row_stride, sr,
                                      1, s0, n);
+            const T before = pmax[x];
             kern->row_online_softmax_update(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
+            if (ksp && l >= ks_first) {  /* this tile's p, and the chunk's earlier ones as of the new max */
+                T *kr = ksp + (int64_t)x * p->len_kv;
+                if (pmax[x] > before && before != -(T)INFINITY) {
+                    const T f = EXP(before - pmax[x]);
+                    for (int64_t j = s_begin; j < s0; j++) kr[j] *= f;
+                }
+                stream_copy(kr + s0, sr, (size_t)n * sizeof(T));
+            }
         }
         if (ipv) {
             FN(row_values_int)(p, pl, scratch, st, &vsrc, s0, n, vstep, acc);
@@ -343,4 +359,46 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
         }
         FN(tile_products)(1, p, rp, pl, kern, scratch, qs, &vsrc, s0, n, vstep, latent, st, acc);
     }
+    if (ksp) {
+        memcpy((T *)pt->ks_max + task * M, pmax, (size_t)M * sizeof(T));  /* the chunk's max of each row */
+        stream_done();
+    }
 }
+
+/* Key scores (sdpa.h), item i of a part (its task i): the chunk's keys, once
+ * every row is finished (its lse written): each key the chunk visited gets
+ * the sum over the group's counted rows x of p_x e^(m_x - lse_x), its weight
+ * (p as of the chunk's max m_x), added to its score.  The rows in a fixed
+ * order: the same bits on any thread count. */
+#define SDPA_KS_KEYS 256
+static void FN(key_score_reduce)(const part *pt, int64_t i) {
+    const sdpa_problem *p = &pt->p;
+    const plan *pl = &pt->pl;
+    const int64_t L = p->len_q, group = p->gqa_group, Hkv = p->num_heads / group;
+    const int M = pl->row.rows;
+    const int64_t g = i / pl->row.num_chunks, b = g / Hkv, hkv = g % Hkv;
+    const int64_t s_begin = pt->ks_range[i * 2], s_end = pt->ks_range[i * 2 + 1];
+    if (s_begin >= s_end) return;
+    const int64_t first = p->key_scores_rows > 0 && p->key_scores_rows < L ? L - p->key_scores_rows : 0;
+    const T *probs = (const T *)pt->ks_probs + g * M * p->len_kv, *chunk_max = (const T *)pt->ks_max + i * M;
+    float *out = (float *)view_at(p, &p->key_scores, b, hkv, sizeof(float));
+    const int64_t cs = p->key_scores.col_stride;
+    T sums[SDPA_KS_KEYS];
+    for (int64_t j0 = s_begin; j0 < s_end; j0 += SDPA_KS_KEYS) {
+        const int n = (int)(s_end - j0 < SDPA_KS_KEYS ? s_end - j0 : SDPA_KS_KEYS);
+        for (int j = 0; j < n; j++) sums[j] = 0;
+        for (int x = 0; x < M; x++) {
+            const int64_t h = hkv * group + x / L, l = x % L;
+            if (l < first) continue;
+            const T lse = ((const T *)view_at(p, &p->lse, b, h, sizeof(T)))[l * p->lse.row_stride];
+            const T m = chunk_max[x];
+            /* a row that sees no key (lse -inf), or none of this chunk's, adds nothing */
+            if (lse == -(T)INFINITY || m == -(T)INFINITY) continue;
+            const T f = EXP(m - lse);  /* e^(m - m_row) / l_row, the sink's share included */
+            const T *pr = probs + (int64_t)x * p->len_kv + j0;
+            for (int j = 0; j < n; j++) sums[j] += pr[j] * f;
+        }
+        for (int j = 0; j < n; j++) out[(j0 + j) * cs] += (float)sums[j];
+    }
+}
+#undef SDPA_KS_KEYS

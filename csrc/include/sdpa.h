@@ -64,7 +64,8 @@ typedef enum sdpa_status {
     SDPA_ERR_INTERRUPTED = 9,       /* the interrupt callback asked to stop  */
     SDPA_ERR_BAD_ISA = 10,          /* unknown or unsupported kernel set     */
     SDPA_ERR_BAD_VARIANT = 11,      /* window, softcap or alignment offset
-                                       out of range                          */
+                                       out of range, or key scores with what
+                                       they do not go with                   */
     SDPA_ERR_NOT_FINITE = 12,       /* a value to quantize is NaN or infinite
                                        (or, for float8 without scales, outside
                                        the format's finite range)            */
@@ -374,6 +375,24 @@ typedef struct sdpa_problem {
      * (naming the field).  The cost is in proportion to the blocks computed. */
     sdpa_view block_states;
     int64_t block_q, block_k;    /* rows and keys a block (>= 1 with a map) */
+
+    /* Key scores (0.6): with key_scores.data set, a float32 output (..., Hkv,
+     * S) (batch_strides over batch_shape, head_stride over the key/value
+     * heads, col_stride over the keys; row_stride unused): for each key, the
+     * sum of the softmax weights it received from the query rows counted, over
+     * every query head of its key/value head's group -- the attention mass of
+     * H2O-style cache eviction.  key_scores_rows > 0 counts the last
+     * key_scores_rows query rows only (a window of recent queries, SnapKV),
+     * 0 every row.  A masked key, or one at or past key_lengths[b], scores 0;
+     * a row that sees no key adds nothing.  The scores come from the
+     * probabilities the output is computed with (the rows counted are
+     * computed on the row path, as decoding rows are), so each row adds 1 to
+     * the sum over keys, to rounding (less a sink's share).  Paged: the
+     * scores are indexed by position, key_scores (B, Hkv, len_kv); shared
+     * prefixes are then read by each sequence.  Not with ragged queries or
+     * keys, top-k lists, a block map or a tree mask (SDPA_ERR_BAD_VARIANT). */
+    sdpa_view key_scores;
+    int64_t key_scores_rows;
 } sdpa_problem;
 
 /* Fills *p with an empty problem: float32, key and value of the query's

@@ -41,6 +41,7 @@ from ._checks import (
     declined as declined,
     head_values as head_values,
     key_lengths_checked as key_lengths_checked,
+    key_score_rows as key_score_rows,
     mask_checked as mask_checked,
     output_array as output_array,
     plan_shapes as plan_shapes,
@@ -89,6 +90,7 @@ def scaled_dot_product_attention(
     *,
     return_weights: Literal[False] = ...,
     return_lse: Literal[False] = ...,
+    return_key_scores: Literal[False] = ...,
     key_lengths: Optional[ArrayInput] = ...,
     window: Optional[Tuple[int, int]] = ...,
     softcap: Optional[float] = ...,
@@ -97,6 +99,7 @@ def scaled_dot_product_attention(
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
     block_mask: Optional[BlockMask] = ...,
+    key_scores_window: Optional[int] = ...,
 ) -> FloatArray: ...
 @overload
 def scaled_dot_product_attention(
@@ -110,6 +113,7 @@ def scaled_dot_product_attention(
     *,
     return_weights: Literal[True],
     return_lse: Literal[True],
+    return_key_scores: Literal[False] = ...,
     key_lengths: Optional[ArrayInput] = ...,
     window: Optional[Tuple[int, int]] = ...,
     softcap: Optional[float] = ...,
@@ -118,6 +122,7 @@ def scaled_dot_product_attention(
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
     block_mask: Optional[BlockMask] = ...,
+    key_scores_window: Optional[int] = ...,
 ) -> Tuple[FloatArray, FloatArray, FloatArray]: ...
 @overload
 def scaled_dot_product_attention(
@@ -131,6 +136,7 @@ def scaled_dot_product_attention(
     *,
     return_weights: Literal[True],
     return_lse: Literal[False] = ...,
+    return_key_scores: Literal[False] = ...,
     key_lengths: Optional[ArrayInput] = ...,
     window: Optional[Tuple[int, int]] = ...,
     softcap: Optional[float] = ...,
@@ -139,6 +145,7 @@ def scaled_dot_product_attention(
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
     block_mask: Optional[BlockMask] = ...,
+    key_scores_window: Optional[int] = ...,
 ) -> Tuple[FloatArray, FloatArray]: ...
 @overload
 def scaled_dot_product_attention(
@@ -152,6 +159,7 @@ def scaled_dot_product_attention(
     *,
     return_weights: Literal[False] = ...,
     return_lse: Literal[True],
+    return_key_scores: Literal[False] = ...,
     key_lengths: Optional[ArrayInput] = ...,
     window: Optional[Tuple[int, int]] = ...,
     softcap: Optional[float] = ...,
@@ -160,6 +168,7 @@ def scaled_dot_product_attention(
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
     block_mask: Optional[BlockMask] = ...,
+    key_scores_window: Optional[int] = ...,
 ) -> Tuple[FloatArray, FloatArray]: ...
 @overload
 def scaled_dot_product_attention(
@@ -173,6 +182,7 @@ def scaled_dot_product_attention(
     *,
     return_weights: bool = ...,
     return_lse: bool = ...,
+    return_key_scores: bool = ...,
     key_lengths: Optional[ArrayInput] = ...,
     window: Optional[Tuple[int, int]] = ...,
     softcap: Optional[float] = ...,
@@ -181,6 +191,7 @@ def scaled_dot_product_attention(
     out: Optional[Array] = ...,
     num_threads: Optional[int] = ...,
     block_mask: Optional[BlockMask] = ...,
+    key_scores_window: Optional[int] = ...,
 ) -> AttentionResult: ...
 def scaled_dot_product_attention(
     query: ArrayInput,
@@ -193,6 +204,7 @@ def scaled_dot_product_attention(
     *,
     return_weights: bool = False,
     return_lse: bool = False,
+    return_key_scores: bool = False,
     key_lengths: Optional[ArrayInput] = None,
     window: Optional[Tuple[int, int]] = None,
     softcap: Optional[float] = None,
@@ -201,6 +213,7 @@ def scaled_dot_product_attention(
     out: Optional[Array] = None,
     num_threads: Optional[int] = None,
     block_mask: Optional[BlockMask] = None,
+    key_scores_window: Optional[int] = None,
 ) -> AttentionResult:
     """Scaled dot-product attention: ``softmax(scale * Q Kᵀ + mask) V``.
 
@@ -276,13 +289,26 @@ def scaled_dot_product_attention(
         ``attn_mask``, ``is_causal`` and ``window`` apply as usual; its full
         blocks skip every element test (computed entirely, even above the causal
         diagonal), but a float ``attn_mask`` is still added there.  A row that
-        sees no key gives zeros (lse -inf).  Not with ``return_weights``.
+        sees no key gives zeros (lse -inf).  Not with ``return_weights`` or
+        ``return_key_scores``.
+    return_key_scores : bool, default False
+        Also return, last, the attention mass of every key: float32 (..., Hkv, S),
+        for each key the sum over the query rows and over the query heads of its
+        key/value head's group of the softmax weight it received (H2O's score for
+        evicting keys from a cache).  Masked keys score 0; each row counted adds
+        1 over the keys, to rounding.  Computed from the probabilities of the
+        output, without the weights (..., L, S): the rows counted run on the
+        path decoding rows take, which keeps each key's probabilities.
+    key_scores_window : int, optional
+        With ``return_key_scores``: count only the last ``key_scores_window``
+        query rows (SnapKV's observation window); default every row.
 
     Returns
     -------
     output : numpy.ndarray, shape (..., Hq, L, Ev)
-        With ``return_weights`` and/or ``return_lse``, a tuple
-        ``(output, weights, lse)`` holding those asked for, in that order.  A query row that can see
+        With ``return_weights``, ``return_lse`` and/or ``return_key_scores``, a
+        tuple ``(output, weights, lse, key_scores)`` holding those asked for, in
+        that order.  A query row that can see
         no key (everything masked, or S == 0) gives zeros.
 
     Raises
@@ -296,18 +322,19 @@ def scaled_dot_product_attention(
     """
     # the prepared call of these options (kept by their key), then the arrays
     call = _PLAIN.prepared(is_causal, scale, enable_gqa, window, softcap, num_threads, return_weights, return_lse)
+    rows = key_score_rows(return_key_scores, key_scores_window)
     if block_mask is not None:  # checked against the call's lengths on the general path
         return general(
             call, query, key, value, attn_mask=attn_mask, key_lengths=key_lengths, alibi_slopes=alibi_slopes,
-            sinks=sinks, out=out, block_mask=block_mask,
+            sinks=sinks, out=out, block_mask=block_mask, key_scores=rows,
         )
-    result = call.run(query, key, value, attn_mask, key_lengths, alibi_slopes, sinks, out)
+    result = call.run(query, key, value, attn_mask, key_lengths, alibi_slopes, sinks, out, key_scores=rows)
     if not isinstance(result, int):
         return result
     # declined (not in the core's own form): convert, check, explain
     return general(
         call, query, key, value, attn_mask=attn_mask, key_lengths=key_lengths, alibi_slopes=alibi_slopes,
-        sinks=sinks, out=out,
+        sinks=sinks, out=out, key_scores=rows,
     )
 
 
@@ -329,6 +356,7 @@ def call_core(
     key_scale: Optional[Array] = None,
     value_scale: Optional[Array] = None,
     blocks: Optional[Tuple[Array, int, int]] = None,
+    key_scores: Optional[int] = None,
 ) -> AttentionResult:
     """A prepared call on arrays the general path has converted and checked
     (``blocks``: a block map as :meth:`sdpa._core.Call.run` takes it).
@@ -336,11 +364,13 @@ def call_core(
     (the core's test is by span, the general path's exact) gets the result by
     a copy; any other decline is a ValueError naming the argument."""
     extras = (alibi_slopes, sinks, key_lengths)
-    result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, out, extras, blocks=blocks)
+    result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, out, extras, blocks=blocks,
+                            key_scores=key_scores)
     if not isinstance(result, int):
         return result
     if result == _core.OUT_MAY_OVERLAP and out is not None:
-        result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, None, extras, blocks=blocks)
+        result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, None, extras, blocks=blocks,
+                                key_scores=key_scores)
         if not isinstance(result, int):
             if isinstance(result, tuple):
                 np.copyto(out, result[0])
@@ -415,6 +445,7 @@ def general(
     key_scale: Optional[Array] = None,
     value_scale: Optional[Array] = None,
     block_mask: Optional[BlockMask] = None,
+    key_scores: Optional[int] = None,
 ) -> AttentionResult:
     """A prepared call for any arrays: converts what it can, raises with a
     message naming the argument for what it cannot, and calls the core once.
@@ -457,6 +488,8 @@ def general(
             )
         if call.return_weights:
             raise ValueError("block_mask: not with return_weights (the weights of skipped blocks are not computed)")
+        if key_scores is not None:
+            raise ValueError("block_mask: not with return_key_scores")
         blocks = block_mask.blocks_for(plan.L, S)
         states = blocks[0]
         if states.ndim > 2 and states.shape[-3] not in (1, plan.heads):
@@ -513,6 +546,7 @@ def general(
     return call_core(
         call, q, k, v, attn_mask=m, key_lengths=lengths, alibi_slopes=heads.get("alibi_slopes"),
         sinks=heads.get("sinks"), out=result, key_scale=key_scale, value_scale=value_scale, blocks=blocks,
+        key_scores=key_scores,
     )
 
 

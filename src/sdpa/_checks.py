@@ -481,3 +481,20 @@ def plan_shapes(
         out_shape=batch_shape + head_dims + (L, Ev),
         weights_shape=batch_shape + head_dims + (L, S),
     )
+
+
+def key_score_rows(return_key_scores: bool, key_scores_window: Optional[int]) -> Optional[int]:
+    """The rows key scores count, as the core takes them: None (no key
+    scores), 0 (every row) or the window; a TypeError or ValueError naming
+    the argument."""
+    if not isinstance(return_key_scores, (bool, np.bool_)):
+        raise TypeError(f"return_key_scores: expected a bool, got {type(return_key_scores).__name__}")
+    if key_scores_window is None:
+        return 0 if return_key_scores else None
+    if isinstance(key_scores_window, (bool, np.bool_)) or not isinstance(key_scores_window, (int, np.integer)):
+        raise TypeError(f"key_scores_window: expected an int, got {type(key_scores_window).__name__}")
+    if key_scores_window < 1:
+        raise ValueError(f"key_scores_window: expected at least 1 row, got {key_scores_window}")
+    if not return_key_scores:
+        raise ValueError("key_scores_window: only with return_key_scores=True")
+    return int(key_scores_window)

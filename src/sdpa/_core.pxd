@@ -91,6 +91,8 @@ cdef extern from "sdpa.h" nogil:
         int64_t topk
         sdpa_view block_states
         int64_t block_q, block_k
+        sdpa_view key_scores
+        int64_t key_scores_rows
     void sdpa_problem_init(sdpa_problem *p)
     ctypedef struct sdpa_topk_problem:
         size_t struct_size

@@ -121,6 +121,7 @@ class Call:
         sinks: Any = None,
         out: Any = None,
         blocks: Optional[Tuple[Any, int, int]] = None,
+        key_scores: Optional[int] = None,
     ) -> Result: ...
     def run_cache(
         self,
@@ -134,6 +135,7 @@ class Call:
         extras: Optional[Tuple[Any, Any, Any]] = None,
         indices: Any = None,
         blocks: Optional[Tuple[Any, int, int]] = None,
+        key_scores: Optional[int] = None,
     ) -> Result: ...
     def run_varlen(
         self,
@@ -159,6 +161,7 @@ class Call:
         out: Any = None,
         *,
         plan_threads: int = -1,
+        key_scores: Optional[int] = None,
     ) -> Any: ...
 
 def plain() -> Call: ...

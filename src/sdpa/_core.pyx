@@ -1107,29 +1107,31 @@ cdef class Call:
         return _call_of, (self.constants,)
 
     def run(self, query, key, value, attn_mask=None, key_lengths=None, alibi_slopes=None, sinks=None, out=None,
-            blocks=None):
+            blocks=None, key_scores=None):
         """The call over float keys and values (a reason code when declined);
         ``blocks`` None or a block map (states, block_q, block_k): int8 states
         (..., Hq or 1, ceil(L / block_q), ceil(S / block_k)) of 0, 1 and 2
-        (others refused by the core with a ValueError, nothing written)."""
+        (others refused by the core with a ValueError, nothing written);
+        ``key_scores`` None or the rows they count (0: every row): the key
+        scores (..., Hkv, S), float32, are then returned last."""
         return self._run(query, key, value, None, None, attn_mask, key_lengths, alibi_slopes, sinks, out, None,
-                         blocks)
+                         blocks, key_scores)
 
     def run_cache(self, query, key, value, key_scale, value_scale, attn_mask=None, out=None, extras=None,
-                  indices=None, blocks=None):
+                  indices=None, blocks=None, key_scores=None):
         """The call over a cache's keys and values, with the scales of a
         quantized one (None: unscaled float8, or a float cache); ``extras``
         None or (alibi_slopes, sinks, key_lengths); ``indices`` None or the
         positions each row attends (top-k lists: native, aligned int32
         (..., Hkv or 1, L, k), entries in [-1, S), not checked here: the
         core refuses others with a ValueError, writing nothing); ``blocks``
-        as for :meth:`run`."""
+        and ``key_scores`` as for :meth:`run`."""
         if extras is None:
             return self._run(query, key, value, key_scale, value_scale, attn_mask, None, None, None, out, indices,
-                             blocks)
+                             blocks, key_scores)
         alibi_slopes, sinks, key_lengths = extras
         return self._run(query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes, sinks,
-                         out, indices, blocks)
+                         out, indices, blocks, key_scores)
 
     def run_varlen(self, query, key, value, cu_seqlens_q, cu_seqlens_k, extras=None, out=None, *,
                    int plan_threads=-1):
@@ -1148,7 +1150,7 @@ cdef class Call:
         return _varlen(self, query, key, value, cu_seqlens_q, cu_seqlens_k, extras, out, plan_threads)
 
     def run_paged(self, query, key_cache, value_cache, block_tables, seq_lens, scales=None, extras=None,
-                  out=None, *, int plan_threads=-1):
+                  out=None, *, int plan_threads=-1, key_scores=None):
         """Attention over paged caches of this call's format (arrays as
         :func:`sdpa.paged_attention` checks them): query (B, Hq, L, E) of a
         dtype the core takes, or packed (T, Hq, E) with query_start_loc;
@@ -1162,10 +1164,13 @@ cdef class Call:
         (T, Hq, Ev).  Row l of sequence b is at position seq_lens[b] - L_b +
         l.  Returns the output, and the lse with ``return_lse``, or a reason
         code.  A block id out of range where it is read, or a sequence longer
-        than its table, is a ValueError and nothing is written.
+        than its table, is a ValueError and nothing is written.  ``key_scores``
+        None or the rows they count (0: all; not with a packed query or a
+        tree): the key scores (B, Hkv, max_blocks x block_size) by position,
+        float32, returned last.
         plan_threads as for :meth:`run_varlen`."""
         return _paged(self, query, key_cache, value_cache, block_tables, seq_lens, scales, extras, out,
-                      plan_threads)
+                      plan_threads, key_scores)
 
     cdef void _fill_constants(self, sdpa_problem *p, int64_t E) noexcept:
         """The call's constants into p (E: the head dim, for the default scale)."""
@@ -1180,8 +1185,9 @@ cdef class Call:
         p.integer_pv = self.ipv
 
     cdef object _run(self, query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes,
-                     sinks, out, indices, blocks):
+                     sinks, out, indices, blocks, key_scores):
         cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None, ix = None, bm = None
+        cdef cnp.ndarray ksc = None
         cdef cnp.ndarray ks = None, vs = None
         cdef cnp.npy_intp *shapes[3]
         cdef int nds[3]
@@ -1385,20 +1391,26 @@ cdef class Call:
             lse = cnp.PyArray_EMPTY(mn - 1, dims, _typenum_of(cdt), 0)
             _expected(ex, p.batch_shape, nb, heads, L, Ev)
             _fill_view(&p.lse, lse, nb, 2, ex, True)
+        if key_scores is not None:  # (..., Hkv, S) float32, the rows counted
+            p.key_scores_rows = key_scores
+            if nd >= 3:
+                dims[nb] = heads // group
+            dims[mn - 2] = S
+            ksc = cnp.PyArray_ZEROS(mn - 1, dims, cnp.NPY_FLOAT32, 0)
+            _expected(ex, p.batch_shape, nb, heads // group, S, 1)
+            _fill_view(&p.key_scores, ksc, nb, 2, ex, True)
+            p.key_scores.col_stride = p.key_scores.row_stride
+            p.key_scores.row_stride = 0
 
         if cnp.PyArray_SIZE(o) or (w is not None and cnp.PyArray_SIZE(w)) \
-                or (lse is not None and cnp.PyArray_SIZE(lse)):
+                or (lse is not None and cnp.PyArray_SIZE(lse)) or (ksc is not None and cnp.PyArray_SIZE(ksc)):
             arrays = None
             if _observer is not None:
                 arrays = {"q": q, "k": k, "v": v, "mask": m}
             _execute(&p, _interruptible(), arrays)
-        if w is None and lse is None:
+        if w is None and lse is None and ksc is None:
             return o
-        if w is None:
-            return o, lse
-        if lse is None:
-            return o, w
-        return o, w, lse
+        return (o,) + tuple(a for a in (w, lse, ksc) if a is not None)
 
 
 def _call_of(tuple constants):
@@ -1461,13 +1473,15 @@ cdef object _plan_of(sdpa_problem *p, int threads):
 
 
 cdef object _finish_call(sdpa_problem *p, int plan_threads, q, k, v, mask, cnp.ndarray o, cnp.ndarray lse,
-                         bint return_lse):
+                         bint return_lse, cnp.ndarray scores=None):
     """Computes p (or, plan_threads >= 0, describes its plan) and returns the
     output, with the lse when asked; the observer sees q, k, v and mask."""
     if plan_threads >= 0:
         return _plan_of(p, plan_threads)
     if cnp.PyArray_SIZE(o) or (lse is not None and cnp.PyArray_SIZE(lse)):
         _execute(p, _interruptible(), {"q": q, "k": k, "v": v, "mask": mask} if _observer is not None else None)
+    if scores is not None:
+        return (o, lse, scores) if return_lse else (o, scores)
     return (o, lse) if return_lse else o
 
 
@@ -1585,9 +1599,9 @@ cdef object _varlen(Call c, query, key, value, cu_seqlens_q, cu_seqlens_k, extra
 
 
 cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens, scales, extras, out,
-                   int plan_threads):
+                   int plan_threads, key_scores):
     """:meth:`Call.run_paged`."""
-    cdef cnp.ndarray q, kc, vc, bt, sl, o, lse = None, ks = None, vs = None, tm = None
+    cdef cnp.ndarray q, kc, vc, bt, sl, o, lse = None, ks = None, vs = None, tm = None, ksc = None
     cdef sdpa_problem p
     cdef int64_t ex[MAX_DIMS]
     cdef cnp.npy_intp dims[4]
@@ -1714,4 +1728,14 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
             _fill_packed(&p.lse, lse, Hq, T, -1, True)
         else:
             _fill_view(&p.lse, lse, 1, 2, ex, True)
-    return _finish_call(&p, plan_threads, q, kc, vc, tm, o, lse, c.lse)
+    if key_scores is not None:  # (B, Hkv, len_kv) by position
+        if packed or tm is not None:
+            return _why(ARG_QUERY_START if packed else ARG_TREE, RULE_VALUE)
+        dims[0], dims[1], dims[2] = B, Hkv, p.len_kv
+        ksc = cnp.PyArray_ZEROS(3, dims, cnp.NPY_FLOAT32, 0)
+        p.key_scores.data = cnp.PyArray_DATA(ksc)
+        p.key_scores.batch_strides[0] = Hkv * p.len_kv
+        p.key_scores.head_stride = p.len_kv
+        p.key_scores.col_stride = 1
+        p.key_scores_rows = key_scores
+    return _finish_call(&p, plan_threads, q, kc, vc, tm, o, lse, c.lse, ksc)

@@ -21,6 +21,7 @@ from ._api import (
     count,
     float_dtype,
     general,
+    key_score_rows,
     quantized_query_dtype,
     result_dtype,
 )
@@ -490,6 +491,8 @@ class KVCache:
         sinks: Optional[ArrayInput] = None,
         integer_qk: bool = False,
         integer_pv: bool = False,
+        return_key_scores: bool = False,
+        key_scores_window: Optional[int] = None,
     ) -> AttentionResult:
         """Attention of ``query`` over the held keys and values.
 
@@ -523,10 +526,18 @@ class KVCache:
         weight per term (docs/guarantees.md gives the measured error); the
         VNNI and portable kernels give the same bits.  Both switches together compute both
         products in integers.
+
+        ``return_key_scores=True`` also returns, last, each held key's attention
+        mass, float32 (batch, num_kv_heads, length), indexed as :attr:`keys` is
+        (``key_scores_window``: the last rows only), as
+        :func:`sdpa.scaled_dot_product_attention` computes it: with
+        :meth:`keep`, an H2O-style eviction of the keys that received little
+        attention.
         """
         return self._attend(
             query, attn_mask, is_causal, scale, return_lse, out, num_threads,
             window, softcap, alibi_slopes, sinks, None, integer_qk, integer_pv,
+            key_score_rows(return_key_scores, key_scores_window),
         )
 
     def _attend(
@@ -545,6 +556,7 @@ class KVCache:
         diagonal: Optional[int] = None,
         integer_qk: bool = False,
         integer_pv: bool = False,
+        key_scores: Optional[int] = None,
     ) -> AttentionResult:
         """attend; ``diagonal`` (see ``sdpa._api._attention_general``) replaces
         ``is_causal`` when the held positions are one range of a longer sequence.
@@ -574,12 +586,12 @@ class KVCache:
             if self._scaled:
                 ks, vs = self._ks[:, :, :n], self._vs[:, :, :n]
         extras = None if alibi_slopes is None and sinks is None else (alibi_slopes, sinks, None)
-        result = call.run_cache(query, k, v, ks, vs, attn_mask, out, extras)
+        result = call.run_cache(query, k, v, ks, vs, attn_mask, out, extras, key_scores=key_scores)
         if not isinstance(result, int):
             return result
         return general(
             call, query, k, v, attn_mask=attn_mask, alibi_slopes=alibi_slopes, sinks=sinks, out=out,
-            key_scale=ks, value_scale=vs,
+            key_scale=ks, value_scale=vs, key_scores=key_scores,
         )
 
     def result_dtype(self, query_dtype: Any) -> np.dtype:
@@ -588,6 +600,46 @@ class KVCache:
         if self._int8:
             return quantized_query_dtype(qdt)
         return result_dtype(qdt, self._dtype, self._dtype)
+
+    def keep(self, positions: ArrayInput) -> None:
+        """Keep only the listed held positions of each (batch index, key/value
+        head), in the order given, at the front: ``positions`` ints (batch,
+        num_kv_heads, n) or broadcastable to it (n the same for every head),
+        each in ``[0, length)`` and listed once per head.  The length becomes
+        n; the keys' positions in the sequence are then the caller's to track
+        (causality counts the held keys).  With the scores of
+        :meth:`attend`'s ``return_key_scores``, the eviction of H2O or SnapKV::
+
+            out, scores = cache.attend(q, return_key_scores=True)
+            top = np.sort(np.argsort(scores, axis=-1)[..., -budget:], axis=-1)
+            cache.keep(top)
+
+        Not for a rolling cache (ValueError): its positions are a range."""
+        if self._window is not None:
+            raise ValueError("positions: a rolling cache keeps a range of positions, not a selection")
+        idx = np.asarray(positions)
+        if idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer) or idx.ndim != 3:
+            raise TypeError(f"positions: expected ints (batch, num_kv_heads, n), got {idx.dtype} {idx.shape}")
+        with self._lock:
+            n_held = self._length
+            try:
+                idx = np.broadcast_to(idx, (self._batch, self._heads, idx.shape[-1]))
+            except ValueError:
+                raise ValueError(
+                    f"positions: shape {idx.shape} does not broadcast to ({self._batch}, {self._heads}, n)"
+                ) from None
+            if idx.size and (idx.min() < 0 or idx.max() >= n_held):
+                raise ValueError(f"positions: expected positions in [0, {n_held})")
+            ordered = np.sort(idx, axis=-1)
+            if (ordered[..., 1:] == ordered[..., :-1]).any():
+                raise ValueError("positions: a position is listed twice for one head")
+            n = idx.shape[-1]
+            take = idx[..., None]
+            arrays = [self._k, self._ks] + ([] if self._latent else [self._v, self._vs])
+            for a in arrays:
+                if a.ndim == 4 and a.shape[2] >= n_held:
+                    a[:, :, :n] = np.take_along_axis(a[:, :, :n_held], take, axis=2)
+            self._length = n
 
     def reset(self) -> None:
         """Forget every position (the storage is kept for reuse)."""

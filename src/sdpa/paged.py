@@ -24,6 +24,7 @@ from ._checks import (
     grouped_heads,
     int64_copy,
     int_array,
+    key_score_rows,
     output_array,
     per_sequence,
     prefix_sums,
@@ -322,7 +323,9 @@ def paged_attention(
     query_start_loc: Any = None,
     integer_pv: bool = False,
     topk_indices: Any = None,
-) -> Union[Array, Tuple[Array, Array]]:
+    return_key_scores: bool = False,
+    key_scores_window: Optional[int] = None,
+) -> Union[Array, Tuple[Array, ...]]:
     """Attention of each sequence's last positions over its paged keys and values.
 
     One call serves a whole batch: decoding steps, chunked prefills, speculative
@@ -404,11 +407,21 @@ def paged_attention(
         ignored too; a row left with none gives 0 and lse -inf (its sink,
         with sinks).  An entry below -1 or at or past ``seq_lens[b]`` is a
         ValueError.  Not with ``window``, ``alibi_slopes`` or ``tree_mask``.
+    return_key_scores : bool, default False
+        Also return, last, each key's attention mass by position, float32 (B,
+        Hkv, max(seq_lens)): the sum over the rows counted and the query heads
+        of a key/value head of the softmax weight the key at that position of
+        the sequence received (0 past ``seq_lens[b]``), as
+        :func:`sdpa.scaled_dot_product_attention` computes it;
+        ``key_scores_window`` counts the last rows only.  Shared blocks are then
+        read by each sequence.  Not with ``query_start_loc``, ``tree_mask`` or
+        ``topk_indices``.
 
     Returns
     -------
     out : ndarray, shape (B, Hq, L, Ev), or (T, Hq, Ev), of the query's dtype
     lse : ndarray, shape (B, Hq, L), or (T, Hq), with ``return_lse``
+    key_scores : ndarray, shape (B, Hkv, max(seq_lens)), float32, with ``return_key_scores``
 
     Sequences that share leading blocks (the same block ids at the same table
     positions: forks of one prompt, a common system prompt) have those blocks
@@ -448,6 +461,12 @@ def paged_attention(
     >>> out.shape
     (4, 4, 8)
     """
+    rows = key_score_rows(return_key_scores, key_scores_window)
+    if rows is not None:
+        for value, name in ((query_start_loc, "query_start_loc"), (tree_mask, "tree_mask"),
+                            (topk_indices, "topk_indices")):
+            if value is not None:
+                raise ValueError(f"return_key_scores: not with {name}")
     if topk_indices is not None:
         for value, name in ((window, "window"), (alibi_slopes, "alibi_slopes"), (tree_mask, "tree_mask")):
             if value is not None:
@@ -465,12 +484,15 @@ def paged_attention(
         out=out, num_threads=num_threads, key_scale=key_scale, value_scale=value_scale, kv_dtype=kv_dtype,
         integer_qk=integer_qk, query_start_loc=query_start_loc, integer_pv=integer_pv)
     try:
-        result = call.run_paged(*args)
+        result = call.run_paged(*args, key_scores=rows)
     except ValueError:  # the core checked the table (nothing written): say where it is wrong
         _tables(*tables)
         raise
     if isinstance(result, int):
         raise declined(result)
+    if rows is not None:  # the scores up to the longest sequence
+        longest = int(np.max(args[4])) if len(args[4]) else 0
+        return (*result[:-1], result[-1][..., :longest])
     return result
 
 
