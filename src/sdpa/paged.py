@@ -807,7 +807,7 @@ class PagedKVCache:
             bt[i, : len(self._blocks[s])] = self._blocks[s]
         return bt, np.array([self._lens[s] for s in ids], np.int64)
 
-    def attend(self, seq_ids: Sequence[int], query: Any, **kw: Any) -> Union[Array, Tuple[Array, Array]]:
+    def attend(self, seq_ids: Sequence[int], query: Any, **kw: Any) -> Union[Array, Tuple[Array, ...]]:
         """:func:`paged_attention` of query (len(seq_ids), Hq, L, E) over these
         sequences; keywords as there.  Holds the cache's lock, so that no other
         thread's free or append reuses a block while it is read."""
