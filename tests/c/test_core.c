@@ -2541,6 +2541,73 @@ static void test_sparse(void) {
     sdpa_set_isa(initial);
 }
 
+/* Block maps and key scores (C API 0.6), on every kernel set: a map's call
+ * against a dense call with the bool mask its states make (a partial block
+ * sees every key, no other rule here), and key scores against the sums of the
+ * weights the same call writes; then the refusals. */
+static void test_blocks_and_key_scores(void) {
+    const char *initial = sdpa_isa();
+    const int64_t H = 4, G = 2, L = 70, S = 90, E = 16, bq = 16, bk = 20, W = 5;
+    const int64_t qb = (L + bq - 1) / bq, kb = (S + bk - 1) / bk;
+    for (int i = 0; i < NUM_ISAS; i++) {
+        if (!tested(ISAS[i]) || sdpa_set_isa(ISAS[i]) != SDPA_OK) continue;
+        vprob x;
+        vprob_make(&x, SDPA_FLOAT32, H, G, L, S, E, E);
+        int8_t *states = (int8_t *)xcalloc((size_t)(H * qb * kb), 1);
+        uint8_t *mask = (uint8_t *)xcalloc((size_t)(H * L * S), 1);
+        float *dense = (float *)xcalloc((size_t)(H * L * E), sizeof(float));
+        float *scores = (float *)xcalloc((size_t)(H / G * S), sizeof(float));
+        for (int64_t j = 0; j < H * qb * kb; j++) states[j] = (int8_t)rng_int(0, 2);
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t l = 0; l < L; l++)
+                for (int64_t s = 0; s < S; s++)
+                    mask[(h * L + l) * S + s] = states[(h * qb + l / bq) * kb + s / bk] != 0;
+        sdpa_problem p = x.p;
+        p.weights.data = NULL;
+        p.block_states = (sdpa_view){.data = states, .head_stride = qb * kb, .row_stride = kb, .col_stride = 1};
+        p.block_q = bq, p.block_k = bk;
+        check_status(sdpa_attention(&p), SDPA_OK, "a block map");
+        sdpa_problem d = x.p;
+        d.weights.data = NULL;
+        d.out.data = dense;
+        d.mask_kind = SDPA_MASK_BOOL;
+        d.mask = dense_view(mask, L, S);
+        check_status(sdpa_attention(&d), SDPA_OK, "its dense mask");
+        double err = 0;
+        for (int64_t j = 0; j < H * L * E; j++) err = fmax(err, fabs((double)((float *)x.out)[j] - dense[j]));
+        check(err < 1e-5, "%s: a block map against its dense mask, max error %g", ISAS[i], err);
+
+        sdpa_problem k = x.p;  /* key scores of the last W rows, and the weights of every row */
+        k.key_scores = (sdpa_view){.data = scores, .head_stride = S, .col_stride = 1};
+        k.key_scores_rows = W;
+        k.causal = 1;
+        check_status(sdpa_attention(&k), SDPA_OK, "key scores");
+        err = 0;
+        for (int64_t hk = 0; hk < H / G; hk++)
+            for (int64_t s = 0; s < S; s++) {
+                double want = 0;
+                for (int64_t h = hk * G; h < hk * G + G; h++)
+                    for (int64_t l = L - W; l < L; l++) want += ((float *)x.w)[(h * L + l) * S + s];
+                err = fmax(err, fabs(want - scores[hk * S + s]));
+            }
+        check(err < 1e-5, "%s: key scores against the weights' sums, max error %g", ISAS[i], err);
+
+        states[3] = 3;
+        check_field(&p, SDPA_ERR_BAD_BLOCKS, "block_states", "a state of 3");
+        states[3] = 1;
+        p.block_k = 0;
+        check_field(&p, SDPA_ERR_BAD_BLOCKS, "block_k", "a block of no keys");
+        p.block_k = bk;
+        p.key_scores = k.key_scores;
+        check_field(&p, SDPA_ERR_BAD_BLOCKS, "key_scores", "key scores with a block map");
+        k.key_scores_rows = -1;
+        check_field(&k, SDPA_ERR_BAD_SHAPE, "key_scores_rows", "a negative window of key scores");
+        free(states), free(mask), free(dense), free(scores);
+        vprob_free(&x);
+    }
+    sdpa_set_isa(initial);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
@@ -2585,6 +2652,7 @@ int main(int argc, char **argv) {
     test_ragged();
     test_index_topk();
     test_sparse();
+    test_blocks_and_key_scores();
     sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
         const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
