@@ -958,11 +958,11 @@ def test_an_eager_call_the_core_declines_is_tried_once(monkeypatch):
             codes.append(result if isinstance(result, int) else "computed")
             return result
 
-        def run(self, *args):
-            return self.counted(self.call.run(*args))
+        def run(self, *args, **kw):
+            return self.counted(self.call.run(*args, **kw))
 
-        def run_cache(self, *args):
-            return self.counted(self.call.run_cache(*args))
+        def run_cache(self, *args, **kw):
+            return self.counted(self.call.run_cache(*args, **kw))
 
     monkeypatch.setattr(st, "_PLAIN", Counting(st._PLAIN))
     gen = torch.Generator().manual_seed(3)
