@@ -945,6 +945,9 @@ def test_cli_sparse_smoke(tmp_path, capsys, monkeypatch):
     from sdpa.bench import sparse
 
     monkeypatch.setattr(sparse, "_SIZES", {"S": 4096, "k": 256, "L": 160})
+    monkeypatch.setattr(sparse, "_BLOCK_L", 1024)
+    monkeypatch.setattr(sparse, "_FLEX_L", 2048)
+    monkeypatch.setattr(sparse, "_SCORES", {"S": 4096, "L": 512})
     path = tmp_path / "sparse.json"
     rc = bench.main(["--sparse", "--quick", "--threads", "1", "--min-time", "0", "--repeat", "1",
                      "--bandwidth-mib", "4", "--no-progress", "--json", str(path)])
@@ -959,6 +962,9 @@ def test_cli_sparse_smoke(tmp_path, capsys, monkeypatch):
     by = {r["case"]: r for r in rows}
     assert by["decode-f32-random"]["vs_dense"] > 0 and by["decode-f32-random"]["vs_dense_cold"] > 0
     assert 0 < by["indexer-f32"]["of_roofline"]
+    assert by["blocks-f32-10"]["vs_dense"] > 0 and by["scores-decode"]["overhead"]
+    if "flex-doc-f32" in by:
+        assert by["flex-doc-f32"]["vs_torch"] > 0
     assert bench.main(["--sparse", "--latency"]) == 2
     assert bench.main(["--sparse", "--cases", "nope"]) == 2
 
