@@ -292,18 +292,31 @@ sdpa_status sdpa_check(const sdpa_problem *p, const char **field) {
     return validate(p, &batch_count, field);
 }
 
+/* Zeroes the key scores of a call that computes nothing (no row). */
+static void zero_key_scores(const sdpa_problem *p, int64_t batch_count) {
+    const sdpa_view *ks = &p->key_scores;
+    for (int64_t b = 0; b < batch_count; b++)
+        for (int64_t h = 0; h < (p->gqa_group > 0 ? p->num_heads / p->gqa_group : 0); h++) {
+            float *row = (float *)view_at(p, ks, b, h, sizeof(float));
+            for (int64_t s = 0; s < p->len_kv; s++) row[s * ks->col_stride] = 0;
+        }
+}
+
 sdpa_status sdpa_attention(const sdpa_problem *p) {
     if (!p) return SDPA_ERR_NULL_POINTER;
     if (p->struct_size != sizeof(*p)) return SDPA_ERR_ABI;  /* before reading anything else */
     int64_t batch_count = 0;
     sdpa_status st = sdpa_validate(p, &batch_count);
     if (st != SDPA_OK) return st;
-    if (batch_count * p->num_heads * p->len_q == 0) return SDPA_OK;  /* empty output */
+    if (batch_count * p->num_heads * p->len_q == 0) {  /* empty output */
+        if (p->key_scores.data) zero_key_scores(p, batch_count);
+        return SDPA_OK;
+    }
     if (p->topk_indices.data) return sdpa_sparse_call(p, batch_count);
     return sdpa_run_valid(p, batch_count);
 }
 
-static sdpa_status run_plan(const sdpa_problem *p, int64_t batch_count);
+static sdpa_status run_plan(const sdpa_problem *p, int64_t batch_count, int add_scores);
 
 /* Rows [r0, r0 + n) of *p as a problem of their own: the views of rows moved,
  * the offsets (counted from the first row, or from each sequence's last
@@ -327,18 +340,12 @@ static sdpa_problem rows_of(const sdpa_problem *p, int64_t r0, int64_t n) {
  * path holds them all against each key tile. */
 #define SDPA_KEY_SCORE_ROWS 64
 
-/* A call with key scores (sdpa.h): the scores zeroed, the rows before the
- * last key_scores_rows computed on their own (any path), the rows counted in
- * calls of at most SDPA_KEY_SCORE_ROWS rows a group, each adding its rows'
- * weights, in row order. */
+/* A call with key scores (sdpa.h): the rows before the last key_scores_rows
+ * computed on their own (any path), the rows counted in calls of at most
+ * SDPA_KEY_SCORE_ROWS rows a group: the first writes the scores, each later
+ * one adds its rows' weights, in row order. */
 static sdpa_status run_key_scores(const sdpa_problem *p, int64_t batch_count) {
-    const int64_t hkv = p->num_heads / p->gqa_group, S = p->len_kv, L = p->len_q;
-    const sdpa_view *ks = &p->key_scores;
-    for (int64_t b = 0; b < batch_count; b++)
-        for (int64_t h = 0; h < hkv; h++) {
-            float *row = (float *)view_at(p, ks, b, h, sizeof(float));
-            for (int64_t s = 0; s < S; s++) row[s * ks->col_stride] = 0;
-        }
+    const int64_t L = p->len_q;
     sdpa_problem c = *p;  /* causal offsets beyond every row's reach are the same as these bounds */
     const int64_t reach = p->len_q + p->len_kv;
     if (c.causal_offset > reach) c.causal_offset = reach;
@@ -348,22 +355,22 @@ static sdpa_status run_key_scores(const sdpa_problem *p, int64_t batch_count) {
     if (W < L) {
         sdpa_problem head = rows_of(&c, 0, L - W);
         memset(&head.key_scores, 0, sizeof(head.key_scores));
-        st = run_plan(&head, batch_count);
+        st = run_plan(&head, batch_count, 0);
     }
     const int64_t per = SDPA_KEY_SCORE_ROWS / p->gqa_group > 0 ? SDPA_KEY_SCORE_ROWS / p->gqa_group : 1;
     for (int64_t r0 = L - W; r0 < L && st == SDPA_OK; r0 += per) {
         sdpa_problem rows = rows_of(&c, r0, L - r0 < per ? L - r0 : per);
         rows.key_scores_rows = 0;
-        st = run_plan(&rows, batch_count);
+        st = run_plan(&rows, batch_count, r0 > L - W);
     }
     return st;
 }
 
 sdpa_status sdpa_run_valid(const sdpa_problem *p, int64_t batch_count) {
-    return p->key_scores.data ? run_key_scores(p, batch_count) : run_plan(p, batch_count);
+    return p->key_scores.data ? run_key_scores(p, batch_count) : run_plan(p, batch_count, 0);
 }
 
-static sdpa_status run_plan(const sdpa_problem *p, int64_t batch_count) {
+static sdpa_status run_plan(const sdpa_problem *p, int64_t batch_count, int add_scores) {
     sdpa_status st;
     int by_name = 0;
     const kernel_table *kt = sdpa_kernel_choice(&by_name);
@@ -371,6 +378,7 @@ static sdpa_status run_plan(const sdpa_problem *p, int64_t batch_count) {
     call_plan cp;
     st = sdpa_plan_call(p, batch_count, kt, 0, &cp);
     if (st != SDPA_OK) return st;
+    cp.key_scores_add = add_scores;
     if (cp.bf16) {  /* the OS must allow AMX tiles before their first use: asked here */
         kt = sdpa_kernel_table_for_tiles(kt, by_name);
         if (!kt) st = SDPA_ERR_BAD_ISA;

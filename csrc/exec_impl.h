@@ -42,6 +42,10 @@ static void FN(do_task)(const call_plan *cp, const KT *kern, T *scratch, row_mem
         if (pl->row.num_chunks == 1) {
             if (!sdpa_atomic_load(&irq->stop)) FN(merge_rows)(pt, kern, slot, t);
             memo->pt = NULL;  /* its partial, in the scratch, lies where another part's rows may */
+            if (pl->row.ks_local && pt->p.key_scores.data && !sdpa_atomic_load(&irq->stop)) {
+                const key_score_store ks = FN(key_score_at)(pt, scratch, t);  /* the rows are finished */
+                FN(key_score_reduce)(pt, t, &ks, cp->key_scores_add, cp->call->len_kv);
+            }
         }
         return;
     }
@@ -82,7 +86,8 @@ static void FN(do_key_scores)(const call_plan *cp, int64_t k) {
         const part *pt = &cp->parts[i];
         if (!pt->ks_probs) continue;
         if (k < pt->pl.num_tasks) {
-            FN(key_score_reduce)(pt, k);
+            const key_score_store ks = FN(key_score_at)(pt, NULL, k);
+            FN(key_score_reduce)(pt, k, &ks, cp->key_scores_add, cp->call->len_kv);
             return;
         }
         k -= pt->pl.num_tasks;
@@ -106,9 +111,13 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
         const part *pt = &cp->parts[i];
         if (!pt->p.key_scores.data || !pt->pl.path.row_mode) continue;
         const size_t M = (size_t)pt->pl.row.rows, n = (size_t)pt->pl.num_tasks, groups = (size_t)pt->pl.row.num_groups;
-        ks_bytes += round_bytes(groups * M * (size_t)pt->p.len_kv * sizeof(T)) + round_bytes(n * M * sizeof(T)) +
-                    round_bytes(n * 2 * sizeof(int64_t)) + (pt->p.lse.data ? 0 : round_bytes(groups * M * sizeof(T)));
-        ks_items += pt->pl.num_tasks;
+        const size_t tiles = (size_t)key_score_tiles(&pt->pl);
+        if (!pt->pl.row.ks_local) {  /* (else kept in the thread's scratch) */
+            ks_bytes += round_bytes(groups * M * (size_t)pt->p.len_kv * sizeof(T)) +
+                        round_bytes(n * tiles * M * sizeof(T)) + round_bytes(n * 2 * sizeof(int64_t));
+            ks_items += pt->pl.num_tasks;
+        }
+        ks_bytes += pt->p.lse.data ? 0 : round_bytes(groups * M * sizeof(T));
     }
     char *ks_mem = NULL;
     if (ks_bytes) {
@@ -120,12 +129,14 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
             sdpa_problem *p = &pt->p;
             if (!p->key_scores.data || !pt->pl.path.row_mode) continue;
             const size_t M = (size_t)pt->pl.row.rows, n = (size_t)pt->pl.num_tasks, groups = (size_t)pt->pl.row.num_groups;
-            pt->ks_probs = at;
-            at += round_bytes(groups * M * (size_t)p->len_kv * sizeof(T));
-            pt->ks_max = at;
-            at += round_bytes(n * M * sizeof(T));
-            pt->ks_range = (int64_t *)(void *)at;
-            at += round_bytes(n * 2 * sizeof(int64_t));
+            if (!pt->pl.row.ks_local) {
+                pt->ks_probs = at;
+                at += round_bytes(groups * M * (size_t)p->len_kv * sizeof(T));
+                pt->ks_max = at;
+                at += round_bytes(n * (size_t)key_score_tiles(&pt->pl) * M * sizeof(T));
+                pt->ks_range = (int64_t *)(void *)at;
+                at += round_bytes(n * 2 * sizeof(int64_t));
+            }
             if (!p->lse.data) {  /* the rows' lse, (batch..., Hq, L), contiguous */
                 memset(&p->lse, 0, sizeof(p->lse));
                 p->lse.data = at;

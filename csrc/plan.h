@@ -61,6 +61,7 @@ typedef struct plan {
                                   paged blocks (paged_rows_gathered)         */
         int64_t num_groups, num_chunks;
         size_t partial_elems;  /* per task: max, sum and output of each row */
+        int ks_local;          /* key scores: a group one task, its p in the thread's scratch */
     } row;
     struct {                   /* K and V packed once per call, per key/value slice */
         int on;
@@ -70,11 +71,30 @@ typedef struct plan {
     } pack;
     struct {                   /* a thread's scratch for this part's tasks */
         size_t q, acc, s, m, l, k, v, pp, vp, vt, qi, pvi, partial;
+        size_t ks;             /* row path, key scores kept by the task (row.ks_local) */
         size_t gk, gv;         /* row path, gathered: a tile's K and V rows and scales */
         size_t total;          /* a multiple of SDPA_ALIGN bytes */
     } scratch;
     int64_t num_tasks;
 } plan;
+
+/* Key scores: a call of at least this many key/value groups keeps each
+ * group's p in the scratch of the thread that computes it (plan.row.ks_local) */
+#define SDPA_KEY_SCORE_GROUPS 8
+
+/* Key scores (row path): the tiles a task's keys take at most, each with
+ * its rows' maxima kept (part.ks_max). */
+static inline int64_t key_score_tiles(const plan *pl) {
+    return (pl->blocking.chunk_len + pl->blocking.tile_k - 1) / pl->blocking.tile_k;
+}
+
+/* Where a row-path task keeps its key scores (rows_impl.h): the keys it
+ * visited (2), each tile's maxima of its rows (tiles x M), the p of its rows
+ * (M x len_kv), of the compute type; NULL when none are asked. */
+typedef struct key_score_store {
+    int64_t *range;
+    void *tile_max, *probs;
+} key_score_store;
 
 /* Where a region of the call's block is, in bytes from its start; NO_REGION: none. */
 #define NO_REGION ((size_t)-1)
@@ -98,9 +118,8 @@ typedef struct part {
     double task_cost;        /* the estimated cost of its largest task */
     /* key scores (row path; sdpa.h): where the executor keeps them, NULL when
      * not asked: each counted row's p of each key (compute type, (groups, M,
-     * len_kv)), as of the max of the key's chunk at its end; that max of each
-     * chunk and row ((groups, chunks, M)); the keys each chunk visited
-     * ((groups, chunks, 2)) */
+     * len_kv)), as of the row's max after the key's tile; those maxima
+     * ((tasks, key_score_tiles, M)); the keys each task visited ((tasks, 2)) */
     void *ks_probs, *ks_max;
     int64_t *ks_range;
 } part;
@@ -156,6 +175,7 @@ typedef struct call_plan {
     int num_threads;
     int profile;                /* phase timers on */
     int bf16;                   /* some part multiplies bfloat16 pairs (tiles may be needed) */
+    int key_scores_add;         /* key scores added to the output's (else written) */
     void *arena;                /* what the planner allocated */
     part single;                /* the one part of a dense call, without allocation */
     int32_t single_order;

@@ -238,6 +238,27 @@ static void FN(tile_products)(int values, const sdpa_problem *p, const sdpa_prob
     }
 }
 
+/* Where task `task` of a part keeps its key scores (all NULL: none asked):
+ * the thread's scratch (plan.row.ks_local: a group one task), or the call's
+ * block (part.ks_probs, ks_max, ks_range). */
+static key_score_store FN(key_score_at)(const part *pt, T *scratch, int64_t task) {
+    const plan *pl = &pt->pl;
+    const int64_t M = pl->row.rows, tiles = key_score_tiles(pl);
+    key_score_store ks = {NULL, NULL, NULL};
+    if (!pt->p.key_scores.data) return ks;
+    if (pl->row.ks_local) {  /* the range, then the tiles' maxima, then the p */
+        char *base = (char *)(scratch + pl->scratch.ks);
+        ks.range = (int64_t *)(void *)base;
+        ks.tile_max = base + SDPA_ALIGN;
+        ks.probs = (T *)ks.tile_max + tiles * M;
+    } else if (pt->ks_probs) {
+        ks.range = pt->ks_range + task * 2;
+        ks.tile_max = (T *)pt->ks_max + task * tiles * M;
+        ks.probs = (T *)pt->ks_probs + task / pl->row.num_chunks * M * pt->p.len_kv;
+    }
+    return ks;
+}
+
 static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_memo *memo, T *slot, int64_t task,
                              interrupt_state *irq, int tid) {
     const sdpa_problem *p = &pt->p;
@@ -267,12 +288,14 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
         if (wf > s_begin) s_begin = wf;
         if (we < s_end) s_end = we;
     }
-    /* key scores: the counted rows' p of each visited key, kept (key_score_reduce) */
-    T *ksp = pt->ks_probs ? (T *)pt->ks_probs + g * M * p->len_kv : NULL;
+    /* key scores: the counted rows' p of each visited key and each tile's max of
+     * each row, kept (key_score_reduce) in the thread's scratch or the call's block */
+    key_score_store ks = FN(key_score_at)(pt, scratch, task);
+    T *ksp = (T *)ks.probs, *ks_max = (T *)ks.tile_max;
     const int64_t ks_first = p->key_scores_rows > 0 && p->key_scores_rows < L ? L - p->key_scores_rows : 0;
     if (ksp) {
-        pt->ks_range[task * 2] = s_begin;
-        pt->ks_range[task * 2 + 1] = s_end;
+        ks.range[0] = s_begin;
+        ks.range[1] = s_end;
     }
     if (s_begin >= s_end) return;
 
@@ -342,63 +365,72 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
             if (p->weights.data)
                 FN(store_raw_scores)(p, (T *)view_at(p, &p->weights, b, h, sizeof(T)) + l * p->weights.row_stride, sr,
                                      1, s0, n);
-            const T before = pmax[x];
             kern->row_online_softmax_update(sr, n, pmax + x, psum + x, acc + x * Ev, Ev);
-            if (ksp && l >= ks_first) {  /* this tile's p, and the chunk's earlier ones as of the new max */
-                T *kr = ksp + (int64_t)x * p->len_kv;
-                if (pmax[x] > before && before != -(T)INFINITY) {
-                    const T f = EXP(before - pmax[x]);
-                    for (int64_t j = s_begin; j < s0; j++) kr[j] *= f;
-                }
-                stream_copy(kr + s0, sr, (size_t)n * sizeof(T));
+            if (ksp && l >= ks_first) {  /* this tile's p, as of the row's max after it */
+                if (pl->row.ks_local)  /* kept in cache for the task's own reduction */
+                    memcpy(ksp + (int64_t)x * p->len_kv + s0, sr, (size_t)n * sizeof(T));
+                else
+                    stream_copy(ksp + (int64_t)x * p->len_kv + s0, sr, (size_t)n * sizeof(T));
             }
         }
+        if (ksp) memcpy(ks_max + (s0 - s_begin) / tile_k * M, pmax, (size_t)M * sizeof(T));
         if (ipv) {
             FN(row_values_int)(p, pl, scratch, st, &vsrc, s0, n, vstep, acc);
             continue;
         }
         FN(tile_products)(1, p, rp, pl, kern, scratch, qs, &vsrc, s0, n, vstep, latent, st, acc);
     }
-    if (ksp) {
-        memcpy((T *)pt->ks_max + task * M, pmax, (size_t)M * sizeof(T));  /* the chunk's max of each row */
-        stream_done();
-    }
+    if (ksp && !pl->row.ks_local) stream_done();
 }
 
 /* Key scores (sdpa.h), item i of a part (its task i): the chunk's keys, once
  * every row is finished (its lse written): each key the chunk visited gets
  * the sum over the group's counted rows x of p_x e^(m_x - lse_x), its weight
- * (p as of the chunk's max m_x), added to its score.  The rows in a fixed
+ * (p as of m_x, the row's max after the key's tile), written, or with `add`
+ * added to its score; without `add` the chunk's other keys (and after the
+ * last chunk, the call's keys past the part's) get 0.  The rows in a fixed
  * order: the same bits on any thread count. */
 #define SDPA_KS_KEYS 256
-static void FN(key_score_reduce)(const part *pt, int64_t i) {
+static void FN(key_score_reduce)(const part *pt, int64_t i, const key_score_store *ks, int add,
+                                 int64_t call_len_kv) {
     const sdpa_problem *p = &pt->p;
     const plan *pl = &pt->pl;
-    const int64_t L = p->len_q, group = p->gqa_group, Hkv = p->num_heads / group;
-    const int M = pl->row.rows;
-    const int64_t g = i / pl->row.num_chunks, b = g / Hkv, hkv = g % Hkv;
-    const int64_t s_begin = pt->ks_range[i * 2], s_end = pt->ks_range[i * 2 + 1];
-    if (s_begin >= s_end) return;
+    const int64_t L = p->len_q, group = p->gqa_group, Hkv = p->num_heads / group, chunks = pl->row.num_chunks;
+    const int M = pl->row.rows, tile_k = pl->blocking.tile_k;
+    const int64_t g = i / chunks, c = i % chunks, b = g / Hkv, hkv = g % Hkv;
+    const int64_t s_begin = ks->range[0], s_end = ks->range[1];
     const int64_t first = p->key_scores_rows > 0 && p->key_scores_rows < L ? L - p->key_scores_rows : 0;
-    const T *probs = (const T *)pt->ks_probs + g * M * p->len_kv, *chunk_max = (const T *)pt->ks_max + i * M;
+    const T *probs = (const T *)ks->probs, *tile_max = (const T *)ks->tile_max;
     float *out = (float *)view_at(p, &p->key_scores, b, hkv, sizeof(float));
     const int64_t cs = p->key_scores.col_stride;
-    T sums[SDPA_KS_KEYS];
-    for (int64_t j0 = s_begin; j0 < s_end; j0 += SDPA_KS_KEYS) {
-        const int n = (int)(s_end - j0 < SDPA_KS_KEYS ? s_end - j0 : SDPA_KS_KEYS);
-        for (int j = 0; j < n; j++) sums[j] = 0;
-        for (int x = 0; x < M; x++) {
-            const int64_t h = hkv * group + x / L, l = x % L;
-            if (l < first) continue;
-            const T lse = ((const T *)view_at(p, &p->lse, b, h, sizeof(T)))[l * p->lse.row_stride];
-            const T m = chunk_max[x];
-            /* a row that sees no key (lse -inf), or none of this chunk's, adds nothing */
-            if (lse == -(T)INFINITY || m == -(T)INFINITY) continue;
-            const T f = EXP(m - lse);  /* e^(m - m_row) / l_row, the sink's share included */
-            const T *pr = probs + (int64_t)x * p->len_kv + j0;
-            for (int j = 0; j < n; j++) sums[j] += pr[j] * f;
+    if (!add) {  /* the keys no row of the chunk saw */
+        const int64_t c0 = c * pl->blocking.chunk_len, c1 = c == chunks - 1 ? call_len_kv : c0 + pl->blocking.chunk_len;
+        for (int64_t j = c0; j < c1; j++)
+            if (j < s_begin || j >= s_end) out[j * cs] = 0;
+    }
+    T sums[SDPA_KS_KEYS], f[SDPA_MAX_PANEL];
+    for (int64_t t0 = s_begin; t0 < s_end; t0 += tile_k) {
+        const T *mt = tile_max + (t0 - s_begin) / tile_k * M;
+        const int64_t t1 = s_end - t0 < tile_k ? s_end : t0 + tile_k;
+        for (int64_t j0 = t0; j0 < t1; j0 += SDPA_KS_KEYS) {
+            const int n = (int)(t1 - j0 < SDPA_KS_KEYS ? t1 - j0 : SDPA_KS_KEYS);
+            for (int j = 0; j < n; j++) sums[j] = 0;
+            for (int x0 = 0; x0 < M; x0 += SDPA_MAX_PANEL) {
+                const int nx = M - x0 < SDPA_MAX_PANEL ? M - x0 : SDPA_MAX_PANEL;
+                for (int y = 0; y < nx; y++) {  /* e^(m - lse) = e^(m - m_row) / l_row, a sink's share included */
+                    const int64_t h = hkv * group + (x0 + y) / L, l = (x0 + y) % L;
+                    const T lse = ((const T *)view_at(p, &p->lse, b, h, sizeof(T)))[l * p->lse.row_stride];
+                    /* a row not counted, or that sees no key (lse -inf) or none yet (m -inf), adds nothing */
+                    f[y] = l < first || lse == -(T)INFINITY || mt[x0 + y] == -(T)INFINITY ? 0 : EXP(mt[x0 + y] - lse);
+                }
+                for (int y = 0; y < nx; y++) {
+                    if (f[y] == 0) continue;
+                    const T *pr = probs + (int64_t)(x0 + y) * p->len_kv + j0;
+                    for (int j = 0; j < n; j++) sums[j] += pr[j] * f[y];
+                }
+            }
+            for (int j = 0; j < n; j++) out[(j0 + j) * cs] = add ? out[(j0 + j) * cs] + (float)sums[j] : (float)sums[j];
         }
-        for (int j = 0; j < n; j++) out[(j0 + j) * cs] += (float)sums[j];
     }
 }
 #undef SDPA_KS_KEYS

@@ -85,6 +85,25 @@ def test_masks_and_variants(isa, rng, kw):
             assert (scores[never[:, None, :].repeat(2, 1)] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, BF16])
+@pytest.mark.parametrize("L, window", [(1, None), (3, 2)])
+def test_many_groups_each_kept_by_its_task(isa, rng, dtype, L, window):
+    """With 8 or more key/value groups a group's keys are one task, which keeps
+    its p in the thread's scratch and reduces them itself."""
+    q, k, v = qkv(rng, (4, 16, L, 32), (4, 4, 2500, 32), dtype)
+    for threads in (1, 3):
+        out, scores = sdpa.scaled_dot_product_attention(
+            q, k, v, enable_gqa=True, is_causal="bottom_right", return_key_scores=True, key_scores_window=window,
+            num_threads=threads)
+        np.testing.assert_allclose(scores, expected_scores(q, k, v, window, is_causal="bottom_right"),
+                                   rtol=tol(dtype), atol=tol(dtype))
+        if threads == 1:
+            first = scores
+        else:
+            np.testing.assert_array_equal(scores, first)
+    assert_close(out, sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True, is_causal="bottom_right"), dtype)
+
+
 def test_thread_count_changes_no_bit(isa, rng):
     q, k, v = qkv(rng, (1, 8, 1, 64), (1, 2, 5000, 64), np.float32)
     got = [sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True, return_key_scores=True, num_threads=t)[1]

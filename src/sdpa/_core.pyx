@@ -1396,7 +1396,7 @@ cdef class Call:
             if nd >= 3:
                 dims[nb] = heads // group
             dims[mn - 2] = S
-            ksc = cnp.PyArray_ZEROS(mn - 1, dims, cnp.NPY_FLOAT32, 0)
+            ksc = cnp.PyArray_EMPTY(mn - 1, dims, cnp.NPY_FLOAT32, 0)  # every element written
             _expected(ex, p.batch_shape, nb, heads // group, S, 1)
             _fill_view(&p.key_scores, ksc, nb, 2, ex, True)
             p.key_scores.col_stride = p.key_scores.row_stride
@@ -1732,7 +1732,7 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
         if packed or tm is not None:
             return _why(ARG_QUERY_START if packed else ARG_TREE, RULE_VALUE)
         dims[0], dims[1], dims[2] = B, Hkv, p.len_kv
-        ksc = cnp.PyArray_ZEROS(3, dims, cnp.NPY_FLOAT32, 0)
+        ksc = cnp.PyArray_EMPTY(3, dims, cnp.NPY_FLOAT32, 0)  # every element written
         p.key_scores.data = cnp.PyArray_DATA(ksc)
         p.key_scores.batch_strides[0] = Hkv * p.len_kv
         p.key_scores.head_stride = p.len_kv
