@@ -190,3 +190,18 @@ def test_bad_arguments_are_refused(rng):
     with pytest.raises(ValueError, match="return_key_scores"):
         sdpa.paged_attention(q[0].transpose(1, 0, 2), kc, kc, [[0, 1]], [8], query_start_loc=[0, 4],
                              return_key_scores=True)
+
+
+@pytest.mark.parametrize("heading", ["### Block-sparse attention", "### Key scores"])
+def test_the_readme_examples_run(heading, capsys):
+    """The README's XAttention-style prefill and H2O-style eviction loop run and
+    print what their comments say."""
+    import pathlib
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    at = readme.index(heading)
+    start = readme.index("```python", at) + len("```python")
+    code = readme[start:readme.index("```", start)]
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert ("BlockMask(shape=(1, 4, 16, 16)" in printed) if "Block" in heading else printed.strip() == "256"
