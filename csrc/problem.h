@@ -142,6 +142,51 @@ static inline int block_run_next(const int8_t *row, int64_t cs, int64_t kb, int6
     return 1;
 }
 
+/* The keys a tiled task visits, run after run (tiled_impl.h): without a
+ * block map one run, [begin, end); with one, each run of neighbouring blocks
+ * of one state of its query block's states, a partial run clipped to [begin,
+ * end) (causality and the window), a full one not.  The current run is
+ * [lo, hi), `full` when its blocks are; lo = hi = 0 once no run is left. */
+typedef struct key_runs {
+    const int8_t *states;  /* the query block's states, or NULL */
+    int64_t cs, num_kb, bk, S_b, next_kb;
+    int64_t begin, end;
+    int64_t lo, hi;
+    int full;
+} key_runs;
+
+/* The next run with keys into *r; 0 when none is left. */
+static inline int key_runs_advance(key_runs *r) {
+    if (!r->states) return 0;
+    while (block_run_next(r->states, r->cs, r->num_kb, r->bk, r->S_b, &r->next_kb, &r->lo, &r->hi, &r->full)) {
+        if (!r->full) {
+            if (r->lo < r->begin) r->lo = r->begin;
+            if (r->hi > r->end) r->hi = r->end;
+        }
+        if (r->lo < r->hi) return 1;
+    }
+    return 0;
+}
+
+/* The runs of a task whose keys under causality and the window are [begin,
+ * end), with its query block's states (NULL: no map), at the first run. */
+static inline key_runs key_runs_start(const sdpa_problem *p, const int8_t *states, int64_t S_b, int64_t begin,
+                                      int64_t end) {
+    key_runs r = {states, p->block_states.col_stride, states ? sdpa_blocks_of(p->len_kv, p->block_k) : 0,
+                  p->block_k, S_b, 0, begin, end, begin, end, 0};
+    if (states && !key_runs_advance(&r)) r.lo = r.hi = 0;
+    return r;
+}
+
+/* The tile after the one at s0 (tiles of `step` keys from each run's start),
+ * moving to the next run past this one's end; 0 with r->hi 0 when none is left. */
+static inline int64_t key_runs_next(key_runs *r, int64_t s0, int64_t step) {
+    if (s0 + step < r->hi) return s0 + step;
+    if (key_runs_advance(r)) return r->lo;
+    r->lo = r->hi = 0;
+    return 0;
+}
+
 /* The scale view of a key or value view. */
 static inline const sdpa_view *scales_of(const sdpa_problem *p, const sdpa_view *view) {
     return view == &p->key ? &p->key_scale : &p->value_scale;

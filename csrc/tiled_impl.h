@@ -362,211 +362,197 @@ static void FN(run_task)(const call_plan *cp, int64_t item, const part *pt, cons
     const int rows_vec = p->out.col_stride == 1;
     int packed_q = 0;  /* panels of Q packed so far */
     int64_t scores = 0;  /* computed, for the profile */
-    /* the keys are visited as runs [run_lo, run_hi): [kv_begin, kv_end), or
-     * with a block map each run of the task's query block's blocks (a full
-     * block's keys however causality, the window or a bool mask would hide
-     * them, a partial one's within [kv_begin, kv_end)) */
-    const int8_t *states = pl->tiled.qb_tasks ? block_states_row(p, b, h, qb / pl->tiled.qb_tasks) : NULL;
-    const int64_t num_kb = states ? sdpa_blocks_of(p->len_kv, p->block_k) : 0;
-    int64_t next_kb = 0, run_lo = kv_begin, run_hi = kv_end;
-    int full = 0;
+    /* the keys are visited as runs (key_runs): [kv_begin, kv_end), or with a
+     * block map each run of the task's query block's blocks (a full block's
+     * keys however causality, the window or a bool mask would hide them, a
+     * partial one's within [kv_begin, kv_end)), tile by tile from its start */
+    key_runs kr = key_runs_start(p, pl->tiled.qb_tasks ? block_states_row(p, b, h, qb / pl->tiled.qb_tasks) : NULL,
+                                 S_b, kv_begin, kv_end);
 
 #if HAS_BF16
     unsigned callbacks = tid == 0 ? irq->callbacks : 0;
 #endif
-    for (;;) {
-        if (states) {
-            if (!block_run_next(states, p->block_states.col_stride, num_kb, p->block_k, S_b, &next_kb, &run_lo, &run_hi,
-                                &full))
-                break;
-            if (!full) {
-                if (run_lo < kv_begin) run_lo = kv_begin;
-                if (run_hi > kv_end) run_hi = kv_end;
-            }
+    for (int64_t s0 = kr.lo; s0 < kr.hi; s0 = key_runs_next(&kr, s0, tile_k)) {
+        const int64_t key_end = kr.full ? kr.hi : kv_end;  /* keys from here on hidden (read element by element) */
+        if (should_stop(irq, tid)) return;  /* the output is unspecified then */
+#if HAS_BF16
+        if (bf16 && tid == 0 && irq->callbacks != callbacks) {
+            /* the interrupt callback ran (Python code: it may have used the tiles) */
+            callbacks = irq->callbacks;
+            kern->bf16.tiles_begin();
         }
-        const int64_t key_end = full ? run_hi : kv_end;  /* keys from here on hidden (read element by element) */
-        for (int64_t s0 = run_lo; s0 < run_hi; s0 += tile_k) {
-            if (should_stop(irq, tid)) return;  /* the output is unspecified then */
-#if HAS_BF16
-            if (bf16 && tid == 0 && irq->callbacks != callbacks) {
-                /* the interrupt callback ran (Python code: it may have used the tiles) */
-                callbacks = irq->callbacks;
-                kern->bf16.tiles_begin();
-            }
 #endif
-            const int n = (int)(run_hi - s0 < tile_k ? run_hi - s0 : tile_k);
-            const T *kt = paged ? NULL : (const T *)k + s0 * ksr, *vt = paged ? NULL : (const T *)v + s0 * vsr;
+        const int n = (int)(kr.hi - s0 < tile_k ? kr.hi - s0 : tile_k);
+        const T *kt = paged ? NULL : (const T *)k + s0 * ksr, *vt = paged ? NULL : (const T *)v + s0 * vsr;
 #if HAS_BF16
-            const uint32_t *kpt = NULL, *vpt = NULL;
-            int64_t k_rs = E2;
-            if (bf16) {
-                if (slice && pl->pack.slice_k) {  /* packed for the call */
-                    kpt = (const uint32_t *)slice + s0 * E2;
-                } else if (k_in_place) {  /* paged: by block segments in the product */
-                    kpt = paged ? NULL : (const uint32_t *)((const uint16_t *)k + s0 * p->key.row_stride);
-                    k_rs = p->key.row_stride / 2;
-                } else {
-                    bf16_pack_key_range(kp, E2, &ksrc, s0, n, E);
-                    kpt = kp;
-                }
-                if (slice) {
-                    vpt = (const uint32_t *)slice + pl->pack.slice_k + (byf ? s0 / 2 : s0 / 2 * Ev);
-                } else {
-                    bf16_pack_value_range(kern, vp, vp_ld, &vsrc, s0, n, Ev);
-                    vpt = vp;
-                }
-            } else
-#endif
-            if (slice) {  /* converted once for the call */
-                kt = slice + s0 * E;
-                vt = slice + pl->pack.slice_k + s0 * Ev;
-            } else if (convert_kv) {  /* once per tile, for every panel */
-                FN(convert_range)(kern, kbuf, &ksrc, kvdt, s0, n, E);
-                FN(convert_range)(kern, vbuf, &vsrc, kvdt, s0, n, Ev);
-                kt = kbuf, vt = vbuf;
+        const uint32_t *kpt = NULL, *vpt = NULL;
+        int64_t k_rs = E2;
+        if (bf16) {
+            if (slice && pl->pack.slice_k) {  /* packed for the call */
+                kpt = (const uint32_t *)slice + s0 * E2;
+            } else if (k_in_place) {  /* paged: by block segments in the product */
+                kpt = paged ? NULL : (const uint32_t *)((const uint16_t *)k + s0 * p->key.row_stride);
+                k_rs = p->key.row_stride / 2;
+            } else {
+                bf16_pack_key_range(kp, E2, &ksrc, s0, n, E);
+                kpt = kp;
             }
-            PROF_MARK(PH_PACK);
-            for (int pn = 0; pn < panels; pn++) {
-                int prows;
-                const int x0 = sdpa_panel_at(pl, rows, pn, &prows);  /* the panel's first row in the task */
-                const int64_t r0 = l0 + x0;
-                const KT *pk = FN(panel_kernels)(pl, kern, prows);  /* the panel's kernels and width */
-                const int pnr = pk->nr;
-                /* the panel's first and last positions, and its first row's place in its position */
-                const int64_t p0 = FN(row_position)(pl, r0), p1 = FN(row_position)(pl, r0 + prows - 1);
-                const int phase = (int)(r0 % pg);
-                int np = n;
-                if (p->causal && !full) {  /* the panel's last row sees keys < lim */
-                    int64_t lim = p1 + 1 + p->causal_offset;
-                    if (lim <= s0) continue;
-                    if (lim - s0 < np) np = (int)(lim - s0);
+            if (slice) {
+                vpt = (const uint32_t *)slice + pl->pack.slice_k + (byf ? s0 / 2 : s0 / 2 * Ev);
+            } else {
+                bf16_pack_value_range(kern, vp, vp_ld, &vsrc, s0, n, Ev);
+                vpt = vp;
+            }
+        } else
+#endif
+        if (slice) {  /* converted once for the call */
+            kt = slice + s0 * E;
+            vt = slice + pl->pack.slice_k + s0 * Ev;
+        } else if (convert_kv) {  /* once per tile, for every panel */
+            FN(convert_range)(kern, kbuf, &ksrc, kvdt, s0, n, E);
+            FN(convert_range)(kern, vbuf, &vsrc, kvdt, s0, n, Ev);
+            kt = kbuf, vt = vbuf;
+        }
+        PROF_MARK(PH_PACK);
+        for (int pn = 0; pn < panels; pn++) {
+            int prows;
+            const int x0 = sdpa_panel_at(pl, rows, pn, &prows);  /* the panel's first row in the task */
+            const int64_t r0 = l0 + x0;
+            const KT *pk = FN(panel_kernels)(pl, kern, prows);  /* the panel's kernels and width */
+            const int pnr = pk->nr;
+            /* the panel's first and last positions, and its first row's place in its position */
+            const int64_t p0 = FN(row_position)(pl, r0), p1 = FN(row_position)(pl, r0 + prows - 1);
+            const int phase = (int)(r0 % pg);
+            int np = n;
+            if (p->causal && !kr.full) {  /* the panel's last row sees keys < lim */
+                int64_t lim = p1 + 1 + p->causal_offset;
+                if (lim <= s0) continue;
+                if (lim - s0 < np) np = (int)(lim - s0);
+            }
+            int win_edge = 0, j0 = 0;  /* the panel computes keys [s0 + j0, s0 + np) of the tile */
+            if (win && !kr.full) {  /* the panel's window: keys [first of its first row, end of its last) */
+                const int64_t pf = window_first(p, p0), pe = window_end(p, p1);
+                if (s0 >= pe || s0 + np <= pf) continue;
+                if (pe - s0 < np) np = (int)(pe - s0);
+                if (pf > s0) j0 = (int)((pf - s0) / 16 * 16);  /* from the window's start, in steps of 16 keys */
+                win_edge = !(s0 + j0 >= window_first(p, p1) && s0 + np <= window_end(p, p0));
+            }
+            const int64_t sp = s0 + j0;  /* the panel's first key, and its number of keys */
+            const int nk = np - j0;
+            T *pmax = row_m + x0, *psum = row_l + x0;
+            T *pacc = acc + (int64_t)x0 * Ev;
+            const void *tile_mask = kr.full && p->mask_kind == SDPA_MASK_BOOL ? NULL : mask;
+            if (tile_mask) {
+                const int cls = FN(mask_tile_class)(p, mask, r0, prows, sp, nk);
+                if (cls == TILE_NONE_VISIBLE) {  /* adds nothing to any row */
+                    if (weights) FN(hide_in_weights)(p, weights, r0, prows, sp, nk);
+                    continue;
                 }
-                int win_edge = 0, j0 = 0;  /* the panel computes keys [s0 + j0, s0 + np) of the tile */
-                if (win && !full) {  /* the panel's window: keys [first of its first row, end of its last) */
-                    const int64_t pf = window_first(p, p0), pe = window_end(p, p1);
-                    if (s0 >= pe || s0 + np <= pf) continue;
-                    if (pe - s0 < np) np = (int)(pe - s0);
-                    if (pf > s0) j0 = (int)((pf - s0) / 16 * 16);  /* from the window's start, in steps of 16 keys */
-                    win_edge = !(s0 + j0 >= window_first(p, p1) && s0 + np <= window_end(p, p0));
-                }
-                const int64_t sp = s0 + j0;  /* the panel's first key, and its number of keys */
-                const int nk = np - j0;
-                T *pmax = row_m + x0, *psum = row_l + x0;
-                T *pacc = acc + (int64_t)x0 * Ev;
-                const void *tile_mask = full && p->mask_kind == SDPA_MASK_BOOL ? NULL : mask;
-                if (tile_mask) {
-                    const int cls = FN(mask_tile_class)(p, mask, r0, prows, sp, nk);
-                    if (cls == TILE_NONE_VISIBLE) {  /* adds nothing to any row */
-                        if (weights) FN(hide_in_weights)(p, weights, r0, prows, sp, nk);
+                if (cls == TILE_ALL_VISIBLE) tile_mask = NULL;
+            }
+
+            if (pn >= packed_q) {  /* Q is packed a panel at a time, the next one on its way */
+                for (; packed_q <= pn; packed_q++) {
+                    int gn;
+                    const int gx = sdpa_panel_at(pl, rows, packed_q, &gn);
+                    T *panel = qt + (int64_t)gx * qpanel;
+                    const int64_t g0 = l0 + gx;
+#if HAS_BF16
+                    if (bf16) {
+                        bf16_pack_panel(p, pl, kern, (uint32_t *)panel, b, h, l0, packed_q, gn, E2);
                         continue;
                     }
-                    if (cls == TILE_ALL_VISIBLE) tile_mask = NULL;
-                }
-
-                if (pn >= packed_q) {  /* Q is packed a panel at a time, the next one on its way */
-                    for (; packed_q <= pn; packed_q++) {
-                        int gn;
-                        const int gx = sdpa_panel_at(pl, rows, packed_q, &gn);
-                        T *panel = qt + (int64_t)gx * qpanel;
-                        const int64_t g0 = l0 + gx;
-#if HAS_BF16
-                        if (bf16) {
-                            bf16_pack_panel(p, pl, kern, (uint32_t *)panel, b, h, l0, packed_q, gn, E2);
-                            continue;
-                        }
 #endif
-                        FN(pack_panel)(p, pl, FN(panel_kernels)(pl, kern, gn), panel, b, h, g0, gn);
-                    }
-                    if (packed_q < panels && pg == 1) {
-                        int nn;
-                        const int64_t rn = l0 + sdpa_panel_at(pl, rows, packed_q, &nn);
-                        FN(prefetch_rows)(q, &p->query, sdpa_dtype_size(qdt), rn, nn, E, 0);
-                    }
-                    PROF_MARK(PH_PACK);
+                    FN(pack_panel)(p, pl, FN(panel_kernels)(pl, kern, gn), panel, b, h, g0, gn);
                 }
-                if (mask) {  /* the next panel's mask, or the next tile's first */
+                if (packed_q < panels && pg == 1) {
                     int nn;
-                    const int64_t rn = l0 + sdpa_panel_at(pl, rows, pn + 1 < panels ? pn + 1 : 0, &nn);
-                    const int64_t sn = pn + 1 < panels ? s0 : s0 + tile_k;
-                    const int64_t kn = run_hi - sn < tile_k ? run_hi - sn : tile_k;
-                    FN(prefetch_mask)(p, mask, rn, nn, sn, kn);
+                    const int64_t rn = l0 + sdpa_panel_at(pl, rows, packed_q, &nn);
+                    FN(prefetch_rows)(q, &p->query, sdpa_dtype_size(qdt), rn, nn, E, 0);
                 }
-                if (s0 + tile_k >= run_hi) {  /* the last tile (of a run): this panel's output rows and the next task */
-                    if (rows_vec) {  /* the panel's output rows, for writing */
-                        char *orows[SDPA_MAX_PANEL];
-                        const int64_t bytes = Ev * (int64_t)sdpa_dtype_size(odt);
-                        FN(unit_rows)(p, pl, &p->out, b, h, r0, prows, sdpa_dtype_size(odt), orows);
-                        for (int x = 0; x < prows; x++)
-                            for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(orows[x] + o, 1, 3);
-                    }
-                    /* (a packed group's next task: its rows are many short streams, and measured no faster) */
-                    if (pg == 1) FN(prefetch_task)(cp, item + cp->num_threads, pn, panels);
+                PROF_MARK(PH_PACK);
+            }
+            if (mask) {  /* the next panel's mask, or the next tile's first */
+                int nn;
+                const int64_t rn = l0 + sdpa_panel_at(pl, rows, pn + 1 < panels ? pn + 1 : 0, &nn);
+                const int64_t sn = pn + 1 < panels ? s0 : s0 + tile_k;
+                const int64_t kn = kr.hi - sn < tile_k ? kr.hi - sn : tile_k;
+                FN(prefetch_mask)(p, mask, rn, nn, sn, kn);
+            }
+            if (s0 + tile_k >= kr.hi) {  /* the last tile (of a run): this panel's output rows and the next task */
+                if (rows_vec) {  /* the panel's output rows, for writing */
+                    char *orows[SDPA_MAX_PANEL];
+                    const int64_t bytes = Ev * (int64_t)sdpa_dtype_size(odt);
+                    FN(unit_rows)(p, pl, &p->out, b, h, r0, prows, sdpa_dtype_size(odt), orows);
+                    for (int x = 0; x < prows; x++)
+                        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(orows[x] + o, 1, 3);
                 }
+                /* (a packed group's next task: its rows are many short streams, and measured no faster) */
+                if (pg == 1) FN(prefetch_task)(cp, item + cp->num_threads, pn, panels);
+            }
 #if HAS_BF16
-                if (bf16) {
-                    const uint32_t *qp = (const uint32_t *)qt + (int64_t)x0 * E2;
-                    if (!kpt) {  /* paged keys in place, segment by segment */
-                        kv_cursor cur = kv_walk(&ksrc, sp, sp + nk);
-                        const char *ka;
-                        kv_scales none;
-                        for (int64_t a = sp, m; (m = kv_next(&ksrc, &cur, &ka, &none, 0)) > 0; a += m)
-                            kern->bf16.gemm_bf16((int)m, E2, (const uint32_t *)ka, k_rs, 1, qp, nr, st + (a - sp) * nr,
-                                                 nr, 0);
-                    } else {
-                        kern->bf16.gemm_bf16(nk, E2, kpt + j0 * k_rs, k_rs, 1, qp, nr, st, nr, 0);
-                    }
-                    PROF_MARK(PH_QK);
-                    if (!fold) {  /* the scaled scores, for what comes next */
-                        kern->scale_copy(st, st, (int64_t)nk * nr, scale);
-                    }
-                } else
-#endif
-                if (paged_products) {
+            if (bf16) {
+                const uint32_t *qp = (const uint32_t *)qt + (int64_t)x0 * E2;
+                if (!kpt) {  /* paged keys in place, segment by segment */
                     kv_cursor cur = kv_walk(&ksrc, sp, sp + nk);
                     const char *ka;
                     kv_scales none;
                     for (int64_t a = sp, m; (m = kv_next(&ksrc, &cur, &ka, &none, 0)) > 0; a += m)
-                        pk->gemm((int)m, E, (const T *)ka, ksr, ksc, qt + (int64_t)x0 * E, pnr, st + (a - sp) * pnr,
-                                 pnr, 0);
-                    PROF_MARK(PH_QK);
+                        kern->bf16.gemm_bf16((int)m, E2, (const uint32_t *)ka, k_rs, 1, qp, nr, st + (a - sp) * nr,
+                                             nr, 0);
                 } else {
-                    pk->gemm(nk, E, kt + j0 * ksr, ksr, ksc, qt + (int64_t)x0 * E, pnr, st, pnr, 0);
-                    PROF_MARK(PH_QK);
+                    kern->bf16.gemm_bf16(nk, E2, kpt + j0 * k_rs, k_rs, 1, qp, nr, st, nr, 0);
                 }
-                const int diagonal = p->causal && !full && sp + nk - 1 > p0 + p->causal_offset;
-                FN(apply_tile_modifiers)(p, pk, st, pnr, p0, (int)pg, phase, prows, sp, nk, key_end, tile_mask,
-                                         diagonal || win_edge, slope, cap);
-                if (weights)
-                    for (int x = 0; x < prows; x++)
-                        FN(store_raw_scores)(p, FN(weights_row)(p, pl, b, h, r0 + x), st + x, pnr, sp, nk);
-                PROF_MARK(PH_MASK);
-                scores += (int64_t)nk * prows;
+                PROF_MARK(PH_QK);
+                if (!fold) {  /* the scaled scores, for what comes next */
+                    kern->scale_copy(st, st, (int64_t)nk * nr, scale);
+                }
+            } else
+#endif
+            if (paged_products) {
+                kv_cursor cur = kv_walk(&ksrc, sp, sp + nk);
+                const char *ka;
+                kv_scales none;
+                for (int64_t a = sp, m; (m = kv_next(&ksrc, &cur, &ka, &none, 0)) > 0; a += m)
+                    pk->gemm((int)m, E, (const T *)ka, ksr, ksc, qt + (int64_t)x0 * E, pnr, st + (a - sp) * pnr,
+                             pnr, 0);
+                PROF_MARK(PH_QK);
+            } else {
+                pk->gemm(nk, E, kt + j0 * ksr, ksr, ksc, qt + (int64_t)x0 * E, pnr, st, pnr, 0);
+                PROF_MARK(PH_QK);
+            }
+            const int diagonal = p->causal && !kr.full && sp + nk - 1 > p0 + p->causal_offset;
+            FN(apply_tile_modifiers)(p, pk, st, pnr, p0, (int)pg, phase, prows, sp, nk, key_end, tile_mask,
+                                     diagonal || win_edge, slope, cap);
+            if (weights)
+                for (int x = 0; x < prows; x++)
+                    FN(store_raw_scores)(p, FN(weights_row)(p, pl, b, h, r0 + x), st + x, pnr, sp, nk);
+            PROF_MARK(PH_MASK);
+            scores += (int64_t)nk * prows;
 
 #if HAS_BF16
-                if (bf16) {
-                    kern->bf16.online_softmax_pairs(st, nk, fold ? scale : 1, pmax, psum, pacc, Ev, pp);
-                    PROF_MARK(PH_SOFTMAX);
-                    FN(pv_pairs)(kern, (int)Ev, nk, vpt + (byf ? j0 / 2 : j0 / 2 * Ev), vp_rs, vp_ks, pp, nr, pacc,
-                                 vtail);
-                    PROF_MARK(PH_PV);
-                    continue;
-                }
-#endif
-                pk->online_softmax_update(st, nk, pmax, psum, pacc, Ev);
+            if (bf16) {
+                kern->bf16.online_softmax_pairs(st, nk, fold ? scale : 1, pmax, psum, pacc, Ev, pp);
                 PROF_MARK(PH_SOFTMAX);
-                if (paged_products) {
-                    kv_cursor cur = kv_walk(&vsrc, sp, sp + nk);
-                    const char *va;
-                    kv_scales none;
-                    for (int64_t a = sp, m; (m = kv_next(&vsrc, &cur, &va, &none, 0)) > 0; a += m)
-                        pk->gemm((int)Ev, (int)m, (const T *)va, vsc, vsr, st + (a - sp) * pnr, pnr, pacc, pnr, 1);
-                } else {
-                    pk->gemm((int)Ev, nk, vt + j0 * vsr, vsc, vsr, st, pnr, pacc, pnr, 1);
-                }
+                FN(pv_pairs)(kern, (int)Ev, nk, vpt + (byf ? j0 / 2 : j0 / 2 * Ev), vp_rs, vp_ks, pp, nr, pacc,
+                             vtail);
                 PROF_MARK(PH_PV);
+                continue;
             }
+#endif
+            pk->online_softmax_update(st, nk, pmax, psum, pacc, Ev);
+            PROF_MARK(PH_SOFTMAX);
+            if (paged_products) {
+                kv_cursor cur = kv_walk(&vsrc, sp, sp + nk);
+                const char *va;
+                kv_scales none;
+                for (int64_t a = sp, m; (m = kv_next(&vsrc, &cur, &va, &none, 0)) > 0; a += m)
+                    pk->gemm((int)Ev, (int)m, (const T *)va, vsc, vsr, st + (a - sp) * pnr, pnr, pacc, pnr, 1);
+            } else {
+                pk->gemm((int)Ev, nk, vt + j0 * vsr, vsc, vsr, st, pnr, pacc, pnr, 1);
+            }
+            PROF_MARK(PH_PV);
         }
-        if (!states) break;
     }
 
     FN(finish_rows)(p, pl, kern, b, h, l0, rows, acc, row_m, row_l, S_b);
