@@ -122,7 +122,8 @@ static sdpa_status validate_blocks(const sdpa_problem *p, int64_t count, int64_t
     if (p->block_q < 1) REFUSE(SDPA_ERR_BAD_BLOCKS, "block_q");
     if (p->block_k < 1) REFUSE(SDPA_ERR_BAD_BLOCKS, "block_k");
     if (p->block_size != 0) REFUSE(SDPA_ERR_BAD_BLOCKS, "block_size");
-    if (p->cu_seqlens_q || p->cu_seqlens_k) REFUSE(SDPA_ERR_BAD_BLOCKS, p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
+    if (p->cu_seqlens_q || p->cu_seqlens_k)
+        REFUSE(SDPA_ERR_BAD_BLOCKS, p->cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k");
     if (p->topk_indices.data) REFUSE(SDPA_ERR_BAD_BLOCKS, "topk_indices");
     if (p->weights.data) REFUSE(SDPA_ERR_BAD_BLOCKS, "weights");
     if (p->key_scores.data) REFUSE(SDPA_ERR_BAD_BLOCKS, "key_scores");
@@ -327,8 +328,10 @@ static sdpa_problem rows_of(const sdpa_problem *p, int64_t r0, int64_t n) {
     struct { sdpa_view *v; size_t elem; } rows[5] = {
         {&q.query, qe}, {&q.out, qe}, {&q.lse, ce}, {&q.weights, ce},
         {&q.mask, p->mask_kind == SDPA_MASK_BOOL ? 1 : ce}};
-    for (int i = 0; i < 5; i++)
-        if (rows[i].v->data) rows[i].v->data = (char *)rows[i].v->data + r0 * rows[i].v->row_stride * (int64_t)rows[i].elem;
+    for (int i = 0; i < 5; i++) {
+        sdpa_view *v = rows[i].v;
+        if (v->data) v->data = (char *)v->data + r0 * v->row_stride * (int64_t)rows[i].elem;
+    }
     const int64_t delta = p->block_size > 0 || p->offsets_from_end ? r0 + n - p->len_q : r0;
     q.len_q = n;
     q.causal_offset += delta;

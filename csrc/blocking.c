@@ -293,7 +293,8 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
         pl->tiled.num_qblocks = (p->len_q * pl->tiled.pack_g + pl->blocking.tile_q - 1) / pl->blocking.tile_q;
         if (p->block_states.data) {  /* a task's rows within one query block of the map */
             const int64_t bq = p->block_q < p->len_q ? p->block_q : (p->len_q > 0 ? p->len_q : 1);
-            if (bq < pl->blocking.tile_q) pl->blocking.tile_q = (int)((bq + pl->path.nr - 1) / pl->path.nr * pl->path.nr);
+            const int64_t nr = pl->path.nr;
+            if (bq < pl->blocking.tile_q) pl->blocking.tile_q = (int)((bq + nr - 1) / nr * nr);
             pl->tiled.qb_tasks = (bq + pl->blocking.tile_q - 1) / pl->blocking.tile_q;
             pl->tiled.num_qblocks = sdpa_blocks_of(p->len_q, p->block_q) * pl->tiled.qb_tasks;
         }

@@ -263,7 +263,8 @@ static void stream_copy(void *dst, const void *src, size_t n) {
         memcpy(d, s, 4);
         d += 4, s += 4, n -= 4;
     }
-    for (; n >= 16; d += 16, s += 16, n -= 16) _mm_stream_ps((float *)(void *)d, _mm_loadu_ps((const float *)(const void *)s));
+    for (; n >= 16; d += 16, s += 16, n -= 16)
+        _mm_stream_ps((float *)(void *)d, _mm_loadu_ps((const float *)(const void *)s));
     memcpy(d, s, n);
 #else
     memcpy(dst, src, n);

@@ -110,8 +110,8 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
     for (int32_t i = 0; i < cp->num_parts; i++) {
         const part *pt = &cp->parts[i];
         if (!pt->p.key_scores.data || !pt->pl.path.row_mode) continue;
-        const size_t M = (size_t)pt->pl.row.rows, n = (size_t)pt->pl.num_tasks, groups = (size_t)pt->pl.row.num_groups;
-        const size_t tiles = (size_t)key_score_tiles(&pt->pl);
+        const size_t M = (size_t)pt->pl.row.rows, n = (size_t)pt->pl.num_tasks;
+        const size_t groups = (size_t)pt->pl.row.num_groups, tiles = (size_t)key_score_tiles(&pt->pl);
         if (!pt->pl.row.ks_local) {  /* (else kept in the thread's scratch) */
             ks_bytes += round_bytes(groups * M * (size_t)pt->p.len_kv * sizeof(T)) +
                         round_bytes(n * tiles * M * sizeof(T)) + round_bytes(n * 2 * sizeof(int64_t));
@@ -128,7 +128,8 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
             part *pt = &cp->parts[i];
             sdpa_problem *p = &pt->p;
             if (!p->key_scores.data || !pt->pl.path.row_mode) continue;
-            const size_t M = (size_t)pt->pl.row.rows, n = (size_t)pt->pl.num_tasks, groups = (size_t)pt->pl.row.num_groups;
+            const size_t M = (size_t)pt->pl.row.rows, n = (size_t)pt->pl.num_tasks;
+            const size_t groups = (size_t)pt->pl.row.num_groups;
             if (!pt->pl.row.ks_local) {
                 pt->ks_probs = at;
                 at += round_bytes(groups * M * (size_t)p->len_kv * sizeof(T));
