@@ -75,6 +75,22 @@ def test_the_mask_is_evaluated_once():
     assert len(calls) == n
 
 
+def test_a_causal_document_mask_goes_with_is_causal_alone():
+    """Where the mask is the causal one in every partial block (a causal
+    document mask), is_causal alone masks them: no mask is kept."""
+    L = 256
+    doc = flex.create_block_mask(doc_causal(L, 2), None, None, L, L, device="cpu", BLOCK_SIZE=32)
+    bm, mask, causal = sdpa.torch._flex_map(doc, L, L)
+    assert causal and mask is None
+    shifted = flex.create_block_mask(lambda b, h, q, kv: q >= kv + 1, None, None, L, L, device="cpu",
+                                     BLOCK_SIZE=32)
+    bm, mask, causal = sdpa.torch._flex_map(shifted, L, L)
+    assert causal and mask is not None  # hides the diagonal too: kept
+    q = torch.randn(1, 1, L, 16)
+    torch.testing.assert_close(sdpa.torch.flex_attention(q, q, q, block_mask=shifted),
+                               torch_flex(q, q, q, shifted), rtol=1e-5, atol=1e-5)
+
+
 def test_score_mod_is_refused_naming_it():
     q = torch.randn(1, 1, 64, 16)
     with pytest.raises(TypeError, match="score_mod"):
