@@ -10,13 +10,16 @@
  * interrupt callback, the model variants (window sides, the alignment offset,
  * softcap, ALiBi slopes and sink logits, with values out of range too), top-k
  * lists (per key/value head or shared, -1 entries, repeats, entries out of
- * range, with the options they refuse), and values with NaN, infinities and
- * subnormals.  For each problem:
+ * range, with the options they refuse), block maps (blocks of 1-20 rows and
+ * keys, states 0-2, a bad state or block size, with weights), key scores
+ * (every row or the last ones, with lists or a map), and values with NaN,
+ * infinities and subnormals.  For each problem:
  *
  *   - a problem the harness built invalid must get an error status, a valid
  *     one SDPA_OK (or SDPA_ERR_INTERRUPTED when its callback stops it);
- *   - outputs, weights and lse are compared with a double-precision reference
- *     written here, when every input value is finite;
+ *   - outputs, weights, lse and key scores are compared with a
+ *     double-precision reference written here, when every input value is
+ *     finite;
  *   - the bits must not change with the thread count or the output's layout
  *     (except which NaN a NaN result is);
  *   - the inputs must be unchanged.
@@ -181,7 +184,8 @@ static int poll_stopper(void *data) {
 
 static const sdpa_status ERRORS_OF_INVALID[] = {SDPA_ERR_NULL_POINTER, SDPA_ERR_BAD_DTYPE, SDPA_ERR_BAD_SHAPE,
                                                 SDPA_ERR_BAD_GQA, SDPA_ERR_BAD_MASK, SDPA_ERR_BAD_THREADS,
-                                                SDPA_ERR_OVERFLOW, SDPA_ERR_BAD_VARIANT, SDPA_ERR_BAD_TOPK};
+                                                SDPA_ERR_OVERFLOW, SDPA_ERR_BAD_VARIANT, SDPA_ERR_BAD_TOPK,
+                                                SDPA_ERR_BAD_BLOCKS};
 
 static int is_validation_error(sdpa_status st) {
     for (size_t i = 0; i < sizeof(ERRORS_OF_INVALID) / sizeof(ERRORS_OF_INVALID[0]); i++)
@@ -317,6 +321,27 @@ static int run_input(const uint8_t *data, size_t size) {
             p.window_right >= 0)
             valid = 0;
     }
+    /* a block map (in a fifth of the problems without lists): blocks of 1-20
+     * rows and keys (0 refused), states 0-2 (3 refused, below); not with
+     * weights (refused: in 9 of 10 such problems they are turned off) */
+    const int with_blocks = !with_topk && one_in(r, 5);
+    int64_t bq = 1, bk = 1;
+    if (with_blocks) {
+        bq = range(r, 1, 20), bk = range(r, 1, 20);
+        if (one_in(r, 40)) *(one_in(r, 2) ? &bq : &bk) = 0, valid = 0;
+        if (!one_in(r, 10)) with_weights = 0;
+        if (with_weights) valid = 0;
+    }
+    const int64_t QB = bq > 0 ? (L + bq - 1) / bq : 1, KB = bk > 0 ? (S + bk - 1) / bk : 1;
+    /* key scores (in a fifth of the problems): the last W rows (0: all); not
+     * with lists or a map, nor a negative W (refused) */
+    const int with_scores = one_in(r, 5);
+    int64_t W = 0;
+    if (with_scores) {
+        W = range(r, 0, L + 2);
+        if (one_in(r, 40)) W = -range(r, 1, 3), valid = 0;
+        if (with_topk || with_blocks) valid = 0;
+    }
     p.num_threads = (int32_t)range(r, 0, 3);
     if (one_in(r, 60)) p.num_threads = -1, valid = 0;
     stopper stop = {0, (int)range(r, 0, 3)};
@@ -325,9 +350,9 @@ static int run_input(const uint8_t *data, size_t size) {
     /* the operands */
     int64_t shape[MAX_DIMS];
     for (int d = 0; d < nbv; d++) shape[d] = p.batch_shape[d] > 0 ? p.batch_shape[d] : 0;
-    operand q, k, v, out, mask, weights, lse, lengths, alibi, sinks, lists;
-    operand *all[11] = {&q, &k, &v, &out, &mask, &weights, &lse, &lengths, &alibi, &sinks, &lists};
-    for (int i = 0; i < 11; i++) memset(all[i], 0, sizeof(operand));
+    operand q, k, v, out, mask, weights, lse, lengths, alibi, sinks, lists, states, scores;
+    operand *all[13] = {&q, &k, &v, &out, &mask, &weights, &lse, &lengths, &alibi, &sinks, &lists, &states, &scores};
+    for (int i = 0; i < 13; i++) memset(all[i], 0, sizeof(operand));
     int ok = 1;
     const int specials = one_in(r, 4);
     shape[nbv] = H, shape[nbv + 1] = L, shape[nbv + 2] = E;
@@ -350,9 +375,13 @@ static int run_input(const uint8_t *data, size_t size) {
     if (ok && with_sinks) ok = make_operand(r, &sinks, nbv + 1, shape, celem, 1);
     shape[nbv] = topk_shared ? 1 : Hkv, shape[nbv + 1] = L, shape[nbv + 2] = K;
     if (ok && with_topk) ok = make_operand(r, &lists, nbv + 3, shape, sizeof(int32_t), 1);
+    shape[nbv] = H, shape[nbv + 1] = QB, shape[nbv + 2] = KB;
+    if (ok && with_blocks) ok = make_operand(r, &states, nbv + 3, shape, 1, 1);
+    shape[nbv] = Hkv, shape[nbv + 1] = S;
+    if (ok && with_scores) ok = make_operand(r, &scores, nbv + 2, shape, sizeof(float), 0);
     if (!ok) {
         stat_skipped++;
-        for (int i = 0; i < 11; i++) free_operand(all[i]);
+        for (int i = 0; i < 13; i++) free_operand(all[i]);
         return 0;
     }
     fill(r, &q, dt, specials);
@@ -383,6 +412,20 @@ static int run_input(const uint8_t *data, size_t size) {
             valid = 0;
         }
     }
+    for (size_t i = 0; i < states.total; i++) states.base[i] = (unsigned char)range(r, 0, 2);
+    if (with_blocks) {
+        p.block_states = view_of(&states, nbv);
+        p.block_q = bq, p.block_k = bk;
+        if (one_in(r, 30) && batch_count * H * L * QB * KB > 0) { /* read first: refused */
+            *(int8_t *)states.data = (int8_t)(one_in(r, 2) ? 3 : -1);
+            valid = 0;
+        }
+    }
+    if (with_scores) { /* (..., Hkv, S): the keys along col_stride */
+        p.key_scores = view_of(&scores, nbv);
+        p.key_scores.col_stride = p.key_scores.row_stride, p.key_scores.row_stride = 0;
+        p.key_scores_rows = W;
+    }
     p.query = view_of(&q, nbv), p.key = view_of(&k, nbv), p.value = view_of(&v, nbv), p.out = view_of(&out, nbv);
     if (mask.base) p.mask = view_of(&mask, nbv);
     if (with_weights) p.weights = view_of(&weights, nbv);
@@ -400,19 +443,20 @@ static int run_input(const uint8_t *data, size_t size) {
     snprintf(problem_text, sizeof(problem_text),
              "dtype=%d/%d nb=%d batch=%lld,%lld,%lld H=%lld G=%lld L=%lld S=%lld E=%lld Ev=%lld mask=%d scale=%g "
              "causal=%d offset=%lld lengths=%d weights=%d lse=%d threads=%d interrupt=%d specials=%d "
-             "window=%lld,%lld align=%lld softcap=%g alibi=%d sinks=%d topk=%lld%s valid=%d",
+             "window=%lld,%lld align=%lld softcap=%g alibi=%d sinks=%d topk=%lld%s blocks=%lld,%lld scores=%lld valid=%d",
              (int)p.dtype, (int)p.kv_dtype, nb, (long long)p.batch_shape[0], (long long)p.batch_shape[1],
              (long long)p.batch_shape[2], (long long)p.num_heads, (long long)p.gqa_group, (long long)p.len_q,
              (long long)p.len_kv, (long long)p.head_dim, (long long)p.head_dim_v, (int)p.mask_kind, p.scale,
              p.causal, (long long)p.causal_offset, with_lengths, with_weights, with_lse, p.num_threads,
              p.interrupt != NULL, specials, (long long)p.window_left, (long long)p.window_right,
              (long long)p.align_offset, p.softcap, with_alibi, with_sinks, with_topk ? (long long)p.topk : -1LL,
-             topk_shared ? " shared" : "", valid);
+             topk_shared ? " shared" : "", with_blocks ? (long long)bq : 0LL, with_blocks ? (long long)bk : 0LL,
+             with_scores ? (long long)W : -1LL, valid);
 
     /* inputs kept, to check they are not written */
-    unsigned char *copies[8];
-    const operand *inputs[8] = {&q, &k, &v, &mask, &lengths, &alibi, &sinks, &lists};
-    for (int i = 0; i < 8; i++) {
+    unsigned char *copies[9];
+    const operand *inputs[9] = {&q, &k, &v, &mask, &lengths, &alibi, &sinks, &lists, &states};
+    for (int i = 0; i < 9; i++) {
         size_t bytes = inputs[i]->total * inputs[i]->elem;
         copies[i] = (unsigned char *)malloc(bytes ? bytes : 1);
         if (inputs[i]->base) memcpy(copies[i], inputs[i]->base, bytes);
@@ -430,7 +474,7 @@ static int run_input(const uint8_t *data, size_t size) {
     } else if (st != SDPA_OK) {
         fail("a valid problem was refused");
     }
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < 9; i++)
         if (inputs[i]->base && memcmp(copies[i], inputs[i]->base, inputs[i]->total * inputs[i]->elem))
             fail("an input was written");
 
@@ -470,7 +514,12 @@ static int run_input(const uint8_t *data, size_t size) {
             const int64_t total = batch_count * H * L;
             double *s = (double *)malloc(sizeof(double) * (size_t)(S ? S : 1));
             int64_t *mult = (int64_t *)malloc(sizeof(int64_t) * (size_t)(S ? S : 1));
-            int64_t idx[MAX_DIMS];
+            /* key scores: each (batch index, key/value head, key)'s sum and its tolerance */
+            const size_t ks_n = with_scores ? (size_t)(batch_count * Hkv * S) : 0;
+            double *ks_ref = (double *)calloc(ks_n ? ks_n : 1, sizeof(double));
+            double *ks_tol = (double *)calloc(ks_n ? ks_n : 1, sizeof(double));
+            const int64_t counted = W > 0 && W < L ? W : L;
+            int64_t idx[MAX_DIMS], si[MAX_DIMS];
             for (int64_t row = 0; row < total; row++) {
                 int64_t rem = row;
                 const int64_t l = rem % L;
@@ -523,6 +572,12 @@ static int run_input(const uint8_t *data, size_t size) {
                         if (p.mask_kind == SDPA_MASK_BOOL) visible &= mask.data[mo] != 0;
                         else sj += load(&mask, cdt, mo);
                     }
+                    if (with_blocks) { /* skipped: hidden; full: every key within the length; partial: the rules */
+                        memcpy(si, idx, sizeof(si));
+                        si[nbv] = h, si[nbv + 1] = l / bq, si[nbv + 2] = j / bk;
+                        const int state = (int8_t)states.data[offset_of(&states, si)];
+                        visible = state == 0 ? 0 : state == 2 ? j < limit : visible;
+                    }
                     s[j] = visible ? sj : -INFINITY;
                     if (s[j] > mx) mx = s[j];
                 }
@@ -557,6 +612,14 @@ static int run_input(const uint8_t *data, size_t size) {
                         fail("output differs from the reference");
                     }
                 }
+                if (with_scores && l >= L - counted) {
+                    const int64_t at = (row / (H * L) * Hkv + h / G) * S;
+                    for (int64_t j = 0; j < S; j++) {
+                        if (s[j] == -INFINITY) continue;
+                        ks_ref[at + j] += mult[j] * exp(s[j] - top) / denom;
+                        ks_tol[at + j] += tol_c * size + 2 * cap_err;
+                    }
+                }
                 if (with_weights) {
                     idx[nbv] = h, idx[nbv + 1] = l;
                     for (int64_t j = 0; j < S; j++) {
@@ -580,12 +643,25 @@ static int run_input(const uint8_t *data, size_t size) {
                     }
                 }
             }
+            for (size_t i = 0; i < ks_n; i++) {  /* the key scores, (batch..., Hkv, S) */
+                int64_t rem = (int64_t)i;
+                idx[nbv + 1] = rem % S, rem /= S;
+                idx[nbv] = rem % Hkv, rem /= Hkv;
+                for (int d = nbv - 1; d >= 0; d--) idx[d] = rem % p.batch_shape[d], rem /= p.batch_shape[d];
+                const double got = ((const float *)scores.data)[offset_of(&scores, idx)];
+                if (!(fabs(got - ks_ref[i]) <= ks_tol[i] + 1e-6 * (1 + ks_ref[i]))) {
+                    fprintf(stderr, "key score %zu: got %g ref %g\n", i, got, ks_ref[i]);
+                    fail("key scores differ from the reference");
+                }
+            }
             free(s);
             free(mult);
+            free(ks_ref);
+            free(ks_tol);
         }
     }
-    for (int i = 0; i < 8; i++) free(copies[i]);
-    for (int i = 0; i < 11; i++) free_operand(all[i]);
+    for (int i = 0; i < 9; i++) free(copies[i]);
+    for (int i = 0; i < 13; i++) free_operand(all[i]);
     return 0;
 }
 
