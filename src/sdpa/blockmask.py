@@ -212,10 +212,13 @@ class BlockMask:
         bq, bk = _pair(block_size, "block_size")
         L, S = m.shape[-2:]
         qb, kb = -(-L // bq), -(-S // bk)
-        padded = np.zeros(m.shape[:-2] + (qb * bq, kb * bk), dtype=np.int32)
-        padded[..., :L, :S] = m
+        if (L, S) == (qb * bq, kb * bk):
+            padded = m
+        else:
+            padded = np.zeros(m.shape[:-2] + (qb * bq, kb * bk), dtype=np.bool_)
+            padded[..., :L, :S] = m
         tiles = padded.reshape(m.shape[:-2] + (qb, bq, kb, bk))
-        seen = tiles.sum(axis=(-3, -1))
+        seen = tiles.sum(axis=(-3, -1), dtype=np.int64)
         rows = np.minimum(bq, L - np.arange(qb) * bq)[:, None]
         cols = np.minimum(bk, S - np.arange(kb) * bk)[None, :]
         states = np.where(seen == rows * cols, FULL, np.where(seen > 0, PARTIAL, SKIP))
