@@ -390,7 +390,7 @@ static void FN(run_row_task)(const part *pt, const KT *kern, T *scratch, row_mem
  * added to its score; without `add` the chunk's other keys (and after the
  * last chunk, the call's keys past the part's) get 0.  The rows in a fixed
  * order: the same bits on any thread count. */
-#define SDPA_KS_KEYS 256
+#define SDPA_KS_KEYS 1024  /* a row-path tile's keys at most, as blocking.c picks them */
 static void FN(key_score_reduce)(const part *pt, int64_t i, const key_score_store *ks, int add,
                                  int64_t call_len_kv) {
     const sdpa_problem *p = &pt->p;
@@ -405,8 +405,9 @@ static void FN(key_score_reduce)(const part *pt, int64_t i, const key_score_stor
     const int64_t cs = p->key_scores.col_stride;
     if (!add) {  /* the keys no row of the chunk saw */
         const int64_t c0 = c * pl->blocking.chunk_len, c1 = c == chunks - 1 ? call_len_kv : c0 + pl->blocking.chunk_len;
-        for (int64_t j = c0; j < c1; j++)
-            if (j < s_begin || j >= s_end) out[j * cs] = 0;
+        const int64_t seen0 = s_begin < s_end ? s_begin : c1, seen1 = s_begin < s_end ? s_end : c1;
+        for (int64_t j = c0; j < seen0; j++) out[j * cs] = 0;
+        for (int64_t j = seen1; j < c1; j++) out[j * cs] = 0;
     }
     T sums[SDPA_KS_KEYS], f[SDPA_MAX_PANEL];
     for (int64_t t0 = s_begin; t0 < s_end; t0 += tile_k) {
@@ -414,7 +415,7 @@ static void FN(key_score_reduce)(const part *pt, int64_t i, const key_score_stor
         const int64_t t1 = s_end - t0 < tile_k ? s_end : t0 + tile_k;
         for (int64_t j0 = t0; j0 < t1; j0 += SDPA_KS_KEYS) {
             const int n = (int)(t1 - j0 < SDPA_KS_KEYS ? t1 - j0 : SDPA_KS_KEYS);
-            for (int j = 0; j < n; j++) sums[j] = 0;
+            int started = 0;  /* sums holds a row's terms (the first row's written, not added) */
             for (int x0 = 0; x0 < M; x0 += SDPA_MAX_PANEL) {
                 const int nx = M - x0 < SDPA_MAX_PANEL ? M - x0 : SDPA_MAX_PANEL;
                 for (int y = 0; y < nx; y++) {  /* e^(m - lse) = e^(m - m_row) / l_row, a sink's share included */
@@ -425,11 +426,23 @@ static void FN(key_score_reduce)(const part *pt, int64_t i, const key_score_stor
                 }
                 for (int y = 0; y < nx; y++) {
                     if (f[y] == 0) continue;
-                    const T *pr = probs + (int64_t)(x0 + y) * p->len_kv + j0;
-                    for (int j = 0; j < n; j++) sums[j] += pr[j] * f[y];
+                    const T *restrict pr = probs + (int64_t)(x0 + y) * p->len_kv + j0;
+                    T *restrict sm = sums;
+                    const T fy = f[y];
+                    if (started)
+                        for (int j = 0; j < n; j++) sm[j] += pr[j] * fy;
+                    else
+                        for (int j = 0; j < n; j++) sm[j] = pr[j] * fy;
+                    started = 1;
                 }
             }
-            for (int j = 0; j < n; j++) out[(j0 + j) * cs] = add ? out[(j0 + j) * cs] + (float)sums[j] : (float)sums[j];
+            if (!started)
+                for (int j = 0; j < n; j++) sums[j] = 0;
+            float *o = out + j0 * cs;
+            if (cs == 1 && !add)
+                for (int j = 0; j < n; j++) o[j] = (float)sums[j];
+            else
+                for (int j = 0; j < n; j++) o[j * cs] = add ? o[j * cs] + (float)sums[j] : (float)sums[j];
         }
     }
 }
