@@ -242,10 +242,11 @@ void sdpa_make_plan(const sdpa_problem *p, int64_t batch_count, double task_flop
          * thread's scratch and reduces them once its rows are finished: no
          * trip through memory (decoding 32 heads over 32,768 keys: 4-6% added
          * with the p kept for the call, in memory) */
-        int64_t l1, l2;
-        sdpa_cache_sizes(&l1, &l2);
-        pl->row.ks_local = p->key_scores.data && pl->row.num_groups >= SDPA_KEY_SCORE_GROUPS &&
-                           (double)M * (double)p->len_kv * (double)elem <= (double)l2 / 2;
+        if (p->key_scores.data && pl->row.num_groups >= SDPA_KEY_SCORE_GROUPS) {
+            int64_t l1, l2;
+            sdpa_cache_sizes(&l1, &l2);
+            pl->row.ks_local = (double)M * (double)p->len_kv * (double)elem <= (double)l2 / 2;
+        }
         if (pl->row.ks_local) pl->blocking.chunk_len = p->len_kv > 0 ? p->len_kv : 1;
         pl->row.num_chunks = p->len_kv > 0 ? (p->len_kv + pl->blocking.chunk_len - 1) / pl->blocking.chunk_len : 1;
         pl->num_tasks = pl->row.num_groups * pl->row.num_chunks;

@@ -277,9 +277,6 @@ static void stream_done(void) {
 #endif
 }
 
-/* n bytes rounded up to whole SDPA_ALIGN blocks. */
-static size_t round_bytes(size_t n) { return (n + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN; }
-
 /* What a mask does to a tile (mask_tile_class in scores_impl.h). */
 enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
 

@@ -42,7 +42,7 @@ static void FN(do_task)(const call_plan *cp, const KT *kern, T *scratch, row_mem
         if (pl->row.num_chunks == 1) {
             if (!sdpa_atomic_load(&irq->stop)) FN(merge_rows)(pt, kern, slot, t);
             memo->pt = NULL;  /* its partial, in the scratch, lies where another part's rows may */
-            if (pl->row.ks_local && pt->p.key_scores.data && !sdpa_atomic_load(&irq->stop)) {
+            if (pl->row.ks_local && !sdpa_atomic_load(&irq->stop)) {
                 const key_score_store ks = FN(key_score_at)(pt, scratch, t);  /* the rows are finished */
                 FN(key_score_reduce)(pt, t, &ks, cp->key_scores_add, cp->call->len_kv);
             }
@@ -94,6 +94,43 @@ static void FN(do_key_scores)(const call_plan *cp, int64_t k) {
     }
 }
 
+/* Key scores' regions of a row-path part from offset *at of a block at base
+ * (NULL: sized only): its kept p, tile maxima and ranges where its tasks do
+ * not keep them (plan.row.ks_local), and its rows' lse where the caller asked
+ * for none.  Returns the tasks to reduce after the merges. */
+static int64_t FN(key_score_layout)(part *pt, char *base, size_t *at) {
+    sdpa_problem *p = &pt->p;
+    const plan *pl = &pt->pl;
+    if (!p->key_scores.data || !pl->path.row_mode) return 0;
+    const size_t M = (size_t)pl->row.rows, n = (size_t)pl->num_tasks, groups = (size_t)pl->row.num_groups;
+    const int kept = !pl->row.ks_local;
+    if (kept) {
+        const size_t probs = plan_take(at, groups * M * (size_t)p->len_kv * sizeof(T));
+        const size_t tile_max = plan_take(at, n * (size_t)key_score_tiles(pl) * M * sizeof(T));
+        const size_t range = plan_take(at, n * 2 * sizeof(int64_t));
+        if (base) {
+            pt->ks_probs = base + probs;
+            pt->ks_max = base + tile_max;
+            pt->ks_range = (int64_t *)(void *)(base + range);
+        }
+    }
+    if (!p->lse.data) {  /* the rows' lse, (batch..., Hq, L), contiguous */
+        const size_t lse = plan_take(at, groups * M * sizeof(T));
+        if (base) {
+            memset(&p->lse, 0, sizeof(p->lse));
+            p->lse.data = base + lse;
+            p->lse.row_stride = p->lse.col_stride = 1;
+            p->lse.head_stride = p->len_q;
+            int64_t stride = p->num_heads * p->len_q;
+            for (int d = p->num_batch_dims - 1; d >= 0; d--) {
+                p->lse.batch_strides[d] = stride;
+                stride *= p->batch_shape[d];
+            }
+        }
+    }
+    return kept ? pl->num_tasks : 0;
+}
+
 static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
     const int nthreads = cp->num_threads;
     /* per thread: scratch, a merge's accumulator, the phase counters, its row_memo */
@@ -103,54 +140,17 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
     const size_t per_thread = scratch_bytes + cp->merge_bytes + prof_bytes + memo_bytes;
     const size_t threads_bytes = per_thread * (size_t)nthreads;
     int packing = cp->packed_bytes > 0;
-    /* key scores: each row-path part's kept p, chunk maxima and ranges, and
-     * its rows' lse where the caller asked for none (FN(key_score_reduce)) */
+    /* key scores: each row-path part's kept p, tile maxima and ranges, and
+     * its rows' lse where the caller asked for none (FN(key_score_layout)) */
     int64_t ks_items = 0;
     size_t ks_bytes = 0;
-    for (int32_t i = 0; i < cp->num_parts; i++) {
-        const part *pt = &cp->parts[i];
-        if (!pt->p.key_scores.data || !pt->pl.path.row_mode) continue;
-        const size_t M = (size_t)pt->pl.row.rows, n = (size_t)pt->pl.num_tasks;
-        const size_t groups = (size_t)pt->pl.row.num_groups, tiles = (size_t)key_score_tiles(&pt->pl);
-        if (!pt->pl.row.ks_local) {  /* (else kept in the thread's scratch) */
-            ks_bytes += round_bytes(groups * M * (size_t)pt->p.len_kv * sizeof(T)) +
-                        round_bytes(n * tiles * M * sizeof(T)) + round_bytes(n * 2 * sizeof(int64_t));
-            ks_items += pt->pl.num_tasks;
-        }
-        ks_bytes += pt->p.lse.data ? 0 : round_bytes(groups * M * sizeof(T));
-    }
+    for (int32_t i = 0; i < cp->num_parts; i++) ks_items += FN(key_score_layout)(&cp->parts[i], NULL, &ks_bytes);
     char *ks_mem = NULL;
     if (ks_bytes) {
         ks_mem = (char *)kept_take(ks_bytes);
         if (!ks_mem) return SDPA_ERR_NO_MEMORY;
-        char *at = ks_mem;
-        for (int32_t i = 0; i < cp->num_parts; i++) {
-            part *pt = &cp->parts[i];
-            sdpa_problem *p = &pt->p;
-            if (!p->key_scores.data || !pt->pl.path.row_mode) continue;
-            const size_t M = (size_t)pt->pl.row.rows, n = (size_t)pt->pl.num_tasks;
-            const size_t groups = (size_t)pt->pl.row.num_groups;
-            if (!pt->pl.row.ks_local) {
-                pt->ks_probs = at;
-                at += round_bytes(groups * M * (size_t)p->len_kv * sizeof(T));
-                pt->ks_max = at;
-                at += round_bytes(n * (size_t)key_score_tiles(&pt->pl) * M * sizeof(T));
-                pt->ks_range = (int64_t *)(void *)at;
-                at += round_bytes(n * 2 * sizeof(int64_t));
-            }
-            if (!p->lse.data) {  /* the rows' lse, (batch..., Hq, L), contiguous */
-                memset(&p->lse, 0, sizeof(p->lse));
-                p->lse.data = at;
-                p->lse.row_stride = p->lse.col_stride = 1;
-                p->lse.head_stride = p->len_q;
-                int64_t stride = p->num_heads * p->len_q;
-                for (int d = p->num_batch_dims - 1; d >= 0; d--) {
-                    p->lse.batch_strides[d] = stride;
-                    stride *= p->batch_shape[d];
-                }
-                at += round_bytes(groups * M * sizeof(T));
-            }
-        }
+        size_t at = 0;
+        for (int32_t i = 0; i < cp->num_parts; i++) FN(key_score_layout)(&cp->parts[i], ks_mem, &at);
     }
     char *mem = (char *)sdpa_aligned_block(threads_bytes + cp->block_bytes);
     if (!mem && packing) {  /* without room for the packed K/V, tile by tile */

@@ -96,6 +96,14 @@ typedef struct key_score_store {
     void *tile_max, *probs;
 } key_score_store;
 
+/* A region of `bytes` bytes at *at (a block's offset, moved past it to the
+ * next multiple of SDPA_ALIGN): its offset. */
+static inline size_t plan_take(size_t *at, size_t bytes) {
+    const size_t here = *at;
+    *at += (bytes + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN;
+    return here;
+}
+
 /* Where a region of the call's block is, in bytes from its start; NO_REGION: none. */
 #define NO_REGION ((size_t)-1)
 

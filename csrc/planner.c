@@ -364,12 +364,6 @@ static void sort_items(call_plan *cp) {
     cp->items = items;
 }
 
-static size_t take(size_t *at, size_t bytes) {
-    const size_t here = *at;
-    *at += (bytes + SDPA_ALIGN - 1) / SDPA_ALIGN * SDPA_ALIGN;
-    return here;
-}
-
 /* The regions of the call's block, the threads, and the costs. */
 static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
     const sdpa_problem *c = cp->call;
@@ -382,7 +376,7 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
         const plan *pl = &pt->pl;
         if (pl->scratch.total > scratch) scratch = pl->scratch.total;
         if (pl->path.row_mode && pl->row.num_chunks > 1)  /* merged after every chunk is done */
-            pt->partial_at = take(&at, (size_t)pl->num_tasks * pl->row.partial_elems * ce);
+            pt->partial_at = plan_take(&at, (size_t)pl->num_tasks * pl->row.partial_elems * ce);
         if (pl->bf16.on) cp->bf16 = 1;
         double worst = 0;
         if (pl->path.row_mode) {
@@ -406,28 +400,28 @@ static void finish(call_plan *cp, const kernel_table *kt, int threads_asked) {
         const sdpa_problem *p = &pt->p;
         const int64_t Hkv = p->num_heads / p->gqa_group;
         if (pt->num_members)
-            pt->query_at = take(&at, (size_t)(Hkv * pt->rows_total * p->head_dim) * sdpa_dtype_size(p->dtype));
+            pt->query_at = plan_take(&at, (size_t)(Hkv * pt->rows_total * p->head_dim) * sdpa_dtype_size(p->dtype));
         if (pt->staged) {
-            pt->out_at = take(&at, (size_t)(p->num_heads * p->len_q * p->head_dim_v) * ce);
-            pt->lse_at = take(&at, (size_t)(p->num_heads * p->len_q) * ce);
+            pt->out_at = plan_take(&at, (size_t)(p->num_heads * p->len_q * p->head_dim_v) * ce);
+            pt->lse_at = plan_take(&at, (size_t)(p->num_heads * p->len_q) * ce);
         }
         if (pt->copies_kv) {
             const sdpa_dtype kvdt = kv_dtype_of(p);
             const int64_t w = kvdt == SDPA_INT4 ? 2 : 1;
             const int64_t rows = Hkv * p->len_kv;
-            pt->kv_at[0] = take(&at, (size_t)(rows * p->head_dim / w) * sdpa_dtype_size(kvdt));
-            pt->kv_at[1] = take(&at, (size_t)(rows * p->head_dim_v / w) * sdpa_dtype_size(kvdt));
+            pt->kv_at[0] = plan_take(&at, (size_t)(rows * p->head_dim / w) * sdpa_dtype_size(kvdt));
+            pt->kv_at[1] = plan_take(&at, (size_t)(rows * p->head_dim_v / w) * sdpa_dtype_size(kvdt));
             const int64_t G = p->kv_group_size;
             if (p->key_scale.head_stride)
-                pt->kv_at[2] = take(&at, (size_t)(rows * (G ? p->head_dim / G : 1)) * sizeof(float));
+                pt->kv_at[2] = plan_take(&at, (size_t)(rows * (G ? p->head_dim / G : 1)) * sizeof(float));
             if (p->value_scale.head_stride)
-                pt->kv_at[3] = take(&at, (size_t)(rows * (G ? p->head_dim_v / G : 1)) * sizeof(float));
+                pt->kv_at[3] = plan_take(&at, (size_t)(rows * (G ? p->head_dim_v / G : 1)) * sizeof(float));
         }
     }
     const size_t packed_from = at;  /* last: dropped when memory is short */
     for (int32_t i = 0; i < cp->num_parts; i++) {
         part *pt = &cp->parts[i];
-        if (pt->pl.pack.on) pt->packed_at = take(&at, pt->pl.pack.buffer_elems * ce);
+        if (pt->pl.pack.on) pt->packed_at = plan_take(&at, pt->pl.pack.buffer_elems * ce);
     }
     cp->packed_bytes = at - packed_from;
     /* a thread's merge accumulator sits between its scratch and the next

@@ -491,10 +491,7 @@ def key_score_rows(return_key_scores: bool, key_scores_window: Optional[int]) ->
         raise TypeError(f"return_key_scores: expected a bool, got {type(return_key_scores).__name__}")
     if key_scores_window is None:
         return 0 if return_key_scores else None
-    if isinstance(key_scores_window, (bool, np.bool_)) or not isinstance(key_scores_window, (int, np.integer)):
-        raise TypeError(f"key_scores_window: expected an int, got {type(key_scores_window).__name__}")
-    if key_scores_window < 1:
-        raise ValueError(f"key_scores_window: expected at least 1 row, got {key_scores_window}")
+    rows = count(key_scores_window, "key_scores_window", 1)
     if not return_key_scores:
         raise ValueError("key_scores_window: only with return_key_scores=True")
-    return int(key_scores_window)
+    return rows

@@ -24,6 +24,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
+from ._checks import count
 from ._dtypes import _to_array
 
 __all__ = ["BlockMask"]
@@ -40,12 +41,7 @@ def _pair(value: Any, name: str) -> Tuple[int, int]:
         a, b = pair
     except (TypeError, ValueError):
         raise TypeError(f"{name}: expected an int or a pair of ints, got {value!r}") from None
-    for x in (a, b):
-        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-            raise TypeError(f"{name}: expected ints, got {value!r}")
-        if x < 1:
-            raise ValueError(f"{name}: expected sizes >= 1, got {value!r}")
-    return int(a), int(b)
+    return count(a, name, 1), count(b, name, 1)
 
 
 def _counts_and_lists(counts: Any, lists: Any, names: Tuple[str, str]) -> Tuple[Array, Array]:
