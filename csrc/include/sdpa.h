@@ -432,6 +432,53 @@ SDPA_API sdpa_status sdpa_attention(const sdpa_problem *p);
  * SDPA_ERR_INTERRUPTED, SDPA_ERR_BAD_ISA) are not checked.  Thread safe. */
 SDPA_API sdpa_status sdpa_check(const sdpa_problem *p, const char **field);
 
+/* ---- the backward pass (training) ---- */
+
+/* The gradients of one attention call, for sdpa_attention_backward.  Views as
+ * sdpa_problem's (strides in elements; the same batch dims and heads):
+ *   grad_out    (..., Hq, L, Ev)   dtype, read: the loss's gradient of out
+ *   grad_query  (..., Hq, L, E)    dtype, written
+ *   grad_key    (..., Hkv, S, E)   dtype, written (summed over the GQA group)
+ *   grad_value  (..., Hkv, S, Ev)  dtype, written (summed over the GQA group)
+ *   grad_sinks  (..., Hq)          compute type, written when data is set
+ *                                  (head_stride and batch_strides only)
+ * The written views must not overlap each other or any input, and may not
+ * broadcast (a zero stride over a dimension of more than one element is
+ * SDPA_ERR_BAD_SHAPE): a caller whose key broadcasts sums its gradient. */
+typedef struct sdpa_grads {
+    size_t struct_size;  /* sizeof(sdpa_grads), set by sdpa_grads_init */
+    sdpa_view grad_out;
+    sdpa_view grad_query;
+    sdpa_view grad_key;
+    sdpa_view grad_value;
+    sdpa_view grad_sinks;
+} sdpa_grads;
+
+SDPA_API void sdpa_grads_init_sized(sdpa_grads *g, size_t struct_size);
+#define sdpa_grads_init(g) sdpa_grads_init_sized((g), sizeof(sdpa_grads))
+
+/* The gradients of the attention *p computed, given the loss's gradient of
+ * its output (FlashAttention-2's backward pass).  p describes the forward
+ * call; its out and lse views are read, as that call wrote them (lse is
+ * required).  The probabilities are recomputed a tile at a time from the lse,
+ * so the memory beyond the operands is O(L + S) a head (and a dQ accumulator
+ * of the compute type, the size of grad_query, once more per key split of a
+ * problem with few heads).  Every variant of a dense call is taken: a bool or
+ * additive mask, causality, key_lengths, the window, softcap, ALiBi, sinks
+ * (grad_sinks), GQA, batch dims; float32, float64, bfloat16 and float16
+ * (accumulated in float32, the gradients rounded once).  Not with weights,
+ * key scores, paged, ragged or quantized keys, top-k lists or a block map
+ * (SDPA_ERR_BAD_VARIANT or _BAD_DTYPE naming the field, sdpa_check_backward).
+ * The gradients do not depend on the thread count: each dK, dV row is
+ * summed by one task in a fixed order, and dQ's partial sums are added in
+ * the order of their key splits, which depend on the problem's sizes only.
+ * Thread safe; nothing but the gradients is written.  No interrupt. */
+SDPA_API sdpa_status sdpa_attention_backward(const sdpa_problem *p, const sdpa_grads *g);
+
+/* sdpa_check for a backward call: SDPA_OK or the status sdpa_attention_backward
+ * would return, the field that broke the rule in *field (when not NULL). */
+SDPA_API sdpa_status sdpa_check_backward(const sdpa_problem *p, const sdpa_grads *g, const char **field);
+
 /* ---- the indexer of sparse attention ---- */
 
 /* A top-k indexer problem (DeepSeek's sparse attention): for each query row

@@ -33,10 +33,12 @@ from .layers import MultiHeadAttention
 from .merge import merge_attention
 from .paged import PagedKVCache, paged_attention, paged_write
 from .sparse import index_topk, sparse_attention
+from .training import attention_backward
 from .varlen import varlen_attention
 
 __all__ = [
     "scaled_dot_product_attention",
+    "attention_backward",
     "merge_attention",
     "varlen_attention",
     "paged_attention",

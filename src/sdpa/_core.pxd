@@ -94,6 +94,15 @@ cdef extern from "sdpa.h" nogil:
         sdpa_view key_scores
         int64_t key_scores_rows
     void sdpa_problem_init(sdpa_problem *p)
+    ctypedef struct sdpa_grads:
+        sdpa_view grad_out
+        sdpa_view grad_query
+        sdpa_view grad_key
+        sdpa_view grad_value
+        sdpa_view grad_sinks
+    void sdpa_grads_init(sdpa_grads *g)
+    sdpa_status sdpa_attention_backward(const sdpa_problem *p, const sdpa_grads *g)
+    sdpa_status sdpa_check_backward(const sdpa_problem *p, const sdpa_grads *g, const char **field)
     ctypedef struct sdpa_topk_problem:
         size_t struct_size
         int64_t batch, heads, len_q, len_kv, head_dim, k

@@ -1739,3 +1739,89 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
         p.key_scores.col_stride = 1
         p.key_scores_rows = key_scores
     return _finish_call(&p, plan_threads, q, kc, vc, tm, o, lse, c.lse, ksc)
+
+
+def backward(q, k, v, out, lse, grad_out, grad_query, grad_key, grad_value, attn_mask, key_lengths, alibi_slopes,
+             sinks, grad_sinks, *, int64_t gqa_group, double scale, bint causal, int64_t causal_offset,
+             int64_t align_offset, int64_t window_left, int64_t window_right, double softcap, int num_threads):
+    """The gradients of one attention call into grad_query, grad_key, grad_value
+    (and grad_sinks): arrays as :func:`sdpa.attention_backward` prepares them.
+    All have nb + 3 dims (nb + 2 for lse, nb + 1 for slopes and sinks, nb for
+    key_lengths): q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev),
+    out and grad_out (..., Hq, L, Ev) of one dtype (inputs may broadcast by
+    dims of 1); lse (..., Hq, L), an additive mask, slopes and sinks of the
+    compute type; the gradients exactly their full shapes, not overlapping
+    anything.  Raises ValueError naming the field the core refuses."""
+    cdef cnp.ndarray a
+    cdef sdpa_problem p
+    cdef sdpa_grads g
+    cdef int64_t ex[MAX_DIMS]
+    cdef int nb = cnp.PyArray_NDIM(<cnp.ndarray>q) - 3, i, dt
+    cdef cnp.npy_intp *qs = cnp.PyArray_DIMS(<cnp.ndarray>q)
+    cdef cnp.npy_intp *ks = cnp.PyArray_DIMS(<cnp.ndarray>k)
+    cdef cnp.npy_intp *vs = cnp.PyArray_DIMS(<cnp.ndarray>v)
+    cdef sdpa_status status
+    cdef const char *field = NULL
+    dt = _dtype_of(<cnp.ndarray>q)
+    if dt < 0:
+        raise TypeError(f"query: dtype {q.dtype} not supported")
+    sdpa_problem_init(&p)
+    sdpa_grads_init(&g)
+    p.dtype = <sdpa_dtype>dt
+    p.num_batch_dims = nb
+    for i in range(nb):
+        p.batch_shape[i] = cnp.PyArray_DIM(<cnp.ndarray>grad_query, i)
+    p.num_heads = qs[nb]
+    p.gqa_group = gqa_group
+    p.len_q = qs[nb + 1]
+    p.head_dim = qs[nb + 2]
+    p.len_kv = ks[nb + 1]
+    p.head_dim_v = vs[nb + 2]
+    p.scale = scale
+    p.causal = causal
+    p.causal_offset = causal_offset
+    p.align_offset = align_offset
+    p.window_left = window_left
+    p.window_right = window_right
+    p.softcap = softcap
+    p.num_threads = num_threads
+    cdef int64_t H = p.num_heads, Hkv = p.num_heads // max(gqa_group, 1), L = p.len_q, S = p.len_kv
+    cdef int64_t E = p.head_dim, Ev = p.head_dim_v
+    views = ((q, <uintptr_t>&p.query, H, L, E, 3, False, "query"), (k, <uintptr_t>&p.key, Hkv, S, E, 3, False, "key"),
+             (v, <uintptr_t>&p.value, Hkv, S, Ev, 3, False, "value"), (out, <uintptr_t>&p.out, H, L, Ev, 3, False, "out"),
+             (grad_out, <uintptr_t>&g.grad_out, H, L, Ev, 3, False, "grad_out"),
+             (grad_query, <uintptr_t>&g.grad_query, H, L, E, 3, True, "grad_query"),
+             (grad_key, <uintptr_t>&g.grad_key, Hkv, S, E, 3, True, "grad_key"),
+             (grad_value, <uintptr_t>&g.grad_value, Hkv, S, Ev, 3, True, "grad_value"))
+    for arr, view_addr, h, r, c, ncore, output, name in views:
+        a = <cnp.ndarray>arr
+        if cnp.PyArray_TYPE(a) != cnp.PyArray_TYPE(<cnp.ndarray>q):
+            raise TypeError(f"{name}: expected the query's dtype {q.dtype}, got {arr.dtype}")
+        _expected(ex, p.batch_shape, nb, h, r, c)
+        if _fill_view(<sdpa_view *><uintptr_t>view_addr, a, nb, ncore, ex, output):
+            raise ValueError(f"{name}: shape {arr.shape} does not fit")
+    _expected(ex, p.batch_shape, nb, H, L, S)
+    if _fill_view(&p.lse, <cnp.ndarray>lse, nb, 2, ex, False):
+        raise ValueError(f"lse: shape {lse.shape} does not fit")
+    if attn_mask is not None:
+        a = <cnp.ndarray>attn_mask
+        p.mask_kind = SDPA_MASK_BOOL if cnp.PyArray_TYPE(a) == cnp.NPY_BOOL else SDPA_MASK_ADDITIVE
+        if _fill_view(&p.mask, a, nb, 3, ex, False):
+            raise ValueError(f"attn_mask: shape {attn_mask.shape} does not fit")
+    if key_lengths is not None and _fill_lengths(&p, <cnp.ndarray>key_lengths):
+        raise ValueError("key_lengths: does not fit the batch dims")
+    for arr, view_addr, output, name in ((alibi_slopes, <uintptr_t>&p.alibi, False, "alibi_slopes"),
+                                         (sinks, <uintptr_t>&p.sinks, False, "sinks"),
+                                         (grad_sinks, <uintptr_t>&g.grad_sinks, True, "grad_sinks")):
+        if arr is not None and _fill_view(<sdpa_view *><uintptr_t>view_addr, <cnp.ndarray>arr, nb, 1, ex, output):
+            raise ValueError(f"{name}: shape {arr.shape} does not fit")
+    with nogil:
+        status = sdpa_attention_backward(&p, &g)
+    if status == SDPA_OK:
+        return
+    if status == SDPA_ERR_NO_MEMORY:
+        raise MemoryError("sdpa: " + sdpa_status_message(status).decode())
+    text = "sdpa: " + sdpa_status_message(status).decode()
+    if sdpa_check_backward(&p, &g, &field) == status and field != NULL:
+        text += f" ({field.decode()})"
+    raise ValueError(text)

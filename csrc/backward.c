@@ -1,0 +1,119 @@
+/*
+ * sdpa_attention_backward: the gradients of a dense attention call
+ * (backward_impl.h has the loop).  The forward's rules are sdpa_validate's;
+ * this file adds the backward's own: which variants it takes and its views.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "convert.h"
+#include "internal.h"
+#include "plan.h"
+#include "problem.h"
+
+/* what a mask does to a tile (scores_impl.h's mask_tile_class; not used here) */
+enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
+
+#define T float
+#define TDT SDPA_FLOAT32
+#define SUF f32
+#define KT kernels_f32
+#define EXP sdpa_exp_cut_f32
+#include "backward_impl.h"
+#undef T
+#undef TDT
+#undef SUF
+#undef KT
+#undef EXP
+
+#define T double
+#define TDT SDPA_FLOAT64
+#define SUF f64
+#define KT kernels_f64
+#define EXP sdpa_exp_cut_f64
+#include "backward_impl.h"
+#undef T
+#undef TDT
+#undef SUF
+#undef KT
+#undef EXP
+
+void sdpa_grads_init_sized(sdpa_grads *g, size_t struct_size) {
+    if (!g) return;
+    if (struct_size != sizeof(*g)) {
+        if (struct_size >= sizeof(size_t)) g->struct_size = struct_size;
+        return;
+    }
+    memset(g, 0, sizeof(*g));
+    g->struct_size = sizeof(*g);
+}
+
+#define REFUSE(status, name)           \
+    do {                               \
+        if (field) *field = (name);    \
+        return (status);               \
+    } while (0)
+
+/* A written view that broadcasts (a zero stride over more than one element). */
+static int broadcasts(const sdpa_problem *p, const sdpa_view *v, int64_t heads, int64_t rows, int64_t cols) {
+    for (int d = 0; d < p->num_batch_dims; d++)
+        if (p->batch_shape[d] > 1 && v->batch_strides[d] == 0) return 1;
+    return (heads > 1 && v->head_stride == 0) || (rows > 1 && v->row_stride == 0) ||
+           (cols > 1 && v->col_stride == 0);
+}
+
+sdpa_status sdpa_check_backward(const sdpa_problem *p, const sdpa_grads *g, const char **field) {
+    if (field) *field = NULL;
+    if (!p) return SDPA_ERR_NULL_POINTER;
+    if (p->struct_size != sizeof(*p)) REFUSE(SDPA_ERR_ABI, "struct_size");
+    if (!g) REFUSE(SDPA_ERR_NULL_POINTER, "grads");
+    if (g->struct_size != sizeof(*g)) REFUSE(SDPA_ERR_ABI, "grads");
+    sdpa_status st = sdpa_check(p, field);
+    if (st != SDPA_OK) return st;
+    if (p->dtype != SDPA_FLOAT32 && p->dtype != SDPA_FLOAT64 && p->dtype != SDPA_BFLOAT16 &&
+        p->dtype != SDPA_FLOAT16)
+        REFUSE(SDPA_ERR_BAD_DTYPE, "dtype");
+    if (kv_dtype_of(p) != p->dtype) REFUSE(SDPA_ERR_BAD_DTYPE, "kv_dtype");
+    if (p->block_size > 0) REFUSE(SDPA_ERR_BAD_VARIANT, "block_size");
+    if (p->cu_seqlens_q) REFUSE(SDPA_ERR_BAD_VARIANT, "cu_seqlens_q");
+    if (p->cu_seqlens_k) REFUSE(SDPA_ERR_BAD_VARIANT, "cu_seqlens_k");
+    if (p->topk_indices.data) REFUSE(SDPA_ERR_BAD_VARIANT, "topk_indices");
+    if (p->block_states.data) REFUSE(SDPA_ERR_BAD_VARIANT, "block_states");
+    if (p->weights.data) REFUSE(SDPA_ERR_BAD_VARIANT, "weights");
+    if (p->key_scores.data) REFUSE(SDPA_ERR_BAD_VARIANT, "key_scores");
+    int64_t count = 1;
+    for (int d = 0; d < p->num_batch_dims; d++) count *= p->batch_shape[d];
+    const int64_t hkv = p->num_heads / p->gqa_group;
+    const int64_t L = p->len_q, S = p->len_kv, E = p->head_dim, Ev = p->head_dim_v;
+    if (count * p->num_heads * L > 0) {
+        if (!p->lse.data) REFUSE(SDPA_ERR_NULL_POINTER, "lse");
+        if (Ev > 0 && !g->grad_out.data) REFUSE(SDPA_ERR_NULL_POINTER, "grad_out");
+        if (E > 0 && !g->grad_query.data) REFUSE(SDPA_ERR_NULL_POINTER, "grad_query");
+    }
+    if (count * hkv * S > 0) {
+        if (E > 0 && !g->grad_key.data) REFUSE(SDPA_ERR_NULL_POINTER, "grad_key");
+        if (Ev > 0 && !g->grad_value.data) REFUSE(SDPA_ERR_NULL_POINTER, "grad_value");
+    }
+    if (broadcasts(p, &g->grad_query, p->num_heads, L, E)) REFUSE(SDPA_ERR_BAD_SHAPE, "grad_query");
+    if (broadcasts(p, &g->grad_key, hkv, S, E)) REFUSE(SDPA_ERR_BAD_SHAPE, "grad_key");
+    if (broadcasts(p, &g->grad_value, hkv, S, Ev)) REFUSE(SDPA_ERR_BAD_SHAPE, "grad_value");
+    if (g->grad_sinks.data && broadcasts(p, &g->grad_sinks, p->num_heads, 1, 1))
+        REFUSE(SDPA_ERR_BAD_SHAPE, "grad_sinks");
+    return SDPA_OK;
+}
+
+#undef REFUSE
+
+sdpa_status sdpa_attention_backward(const sdpa_problem *p, const sdpa_grads *g) {
+    sdpa_status st = sdpa_check_backward(p, g, NULL);
+    if (st != SDPA_OK) return st;
+    int by_name = 0;
+    const kernel_table *kt = sdpa_kernel_choice(&by_name);
+    if (!kt) return SDPA_ERR_BAD_ISA;
+    int64_t count = 1;
+    for (int d = 0; d < p->num_batch_dims; d++) count *= p->batch_shape[d];
+    if (count * p->num_heads == 0) return SDPA_OK;
+    return p->dtype == SDPA_FLOAT64 ? bwd_run_f64(p, g, &kt->f64, count) : bwd_run_f32(p, g, &kt->f32, count);
+}
