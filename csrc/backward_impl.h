@@ -93,6 +93,8 @@ static void FN(bwd_rows_seeing)(const sdpa_problem *p, int64_t s0, int64_t n, in
     *hi = z < a ? a : z;
 }
 
+static void FN(bwd_write_dq)(const FN(bwd_call) *c, int64_t bh, const T *base, T *row);
+
 static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
     FN(bwd_call) *c = (FN(bwd_call) *)ctx;
     const sdpa_problem *p = c->p;
@@ -125,7 +127,8 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
     T *dp = FN(bwd_take)(&w, (int64_t)nk * nr);
     T *sc = FN(bwd_take)(&w, (int64_t)nk * nr);
     T *rowbuf = FN(bwd_take)(&w, 2 * (E > Ev ? E : Ev));
-    T *dq = c->dq + t * c->dq_task;
+    /* one split: dQ's sums in the thread's scratch, finished here */
+    T *dq = c->splits == 1 ? FN(bwd_take)(&w, c->dq_task) : c->dq + t * c->dq_task;
 
     memset(qr, 0, (size_t)(G * np * nr * Ep) * sizeof(T));
     memset(orow, 0, (size_t)(G * np * nr * Evp) * sizeof(T));
@@ -231,17 +234,16 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
                           dv + j * Evp, 1, Ev, 1);
         }
     }
+    if (c->splits == 1) FN(bwd_write_dq)(c, bh, dq, rowbuf);
 }
 
-/* dQ of (b, head group) = scale * the sum of its splits' partials, in order */
-static void FN(bwd_finish)(void *ctx, int64_t bh, int tid) {
-    FN(bwd_call) *c = (FN(bwd_call) *)ctx;
+/* dQ of (b, head group) = scale * the sum of its splits' partials (dQ^T
+ * panels from base, one split after another), in order; row: E of scratch */
+static void FN(bwd_write_dq)(const FN(bwd_call) *c, int64_t bh, const T *base, T *row) {
     const sdpa_problem *p = c->p;
     const int nr = c->nr;
     const int64_t E = p->head_dim, b = bh / c->hkv, hk = bh % c->hkv;
     const size_t de = sdpa_dtype_size(p->dtype);
-    T *row = (T *)(void *)(c->scratch + (size_t)tid * c->scratch_bytes);
-    const T *base = c->dq + bh * c->splits * c->dq_task;
     for (int64_t gi = 0; gi < c->G; gi++)
         for (int64_t l = 0; l < p->len_q; l++) {
             const int64_t off = (gi * c->np + l / nr) * E * nr + l % nr;
@@ -255,8 +257,15 @@ static void FN(bwd_finish)(void *ctx, int64_t bh, int tid) {
         }
 }
 
-/* Zeroes grad_key and grad_value of every (batch, key/value head) for an
- * empty query (no row sees anything), and grad_sinks. */
+/* the splits' dQ of one (b, head group), after every task */
+static void FN(bwd_finish)(void *ctx, int64_t bh, int tid) {
+    FN(bwd_call) *c = (FN(bwd_call) *)ctx;
+    FN(bwd_write_dq)(c, bh, c->dq + bh * c->splits * c->dq_task,
+                     (T *)(void *)(c->scratch + (size_t)tid * c->scratch_bytes));
+}
+
+/* The backward of *p (batch_count batch indices) on kern's products: the
+ * tasks, then, with key splits, the dQ of each head group. */
 static sdpa_status FN(bwd_run)(const sdpa_problem *p, const sdpa_grads *g, const KT *kern, int64_t batch_count) {
     FN(bwd_call) c;
     memset(&c, 0, sizeof(c));
@@ -286,23 +295,24 @@ static sdpa_status FN(bwd_run)(const sdpa_problem *p, const sdpa_grads *g, const
     const int64_t buf[] = {G * np * E * nr, G * np * nr * c.Ep, G * np * Ev * nr, G * np * nr * c.Evp,
                            G * np * nr, G * np * nr, nk * E, nk * Ev, nk * c.Ep, nk * c.Evp, nk * nr, nk * nr,
                            nk * nr, 2 * (E > Ev ? E : Ev)};
-    c.scratch_bytes = 0;
+    c.scratch_bytes = splits == 1 ? ((size_t)c.dq_task * sizeof(T) + 63) / 64 * 64 : 0;
     for (size_t i = 0; i < sizeof(buf) / sizeof(buf[0]); i++)
         c.scratch_bytes += ((size_t)buf[i] * sizeof(T) + 63) / 64 * 64;
     const double flops = 2.0 * (double)batch_count * (double)p->num_heads * (double)p->len_q *
                          (double)p->len_kv * (double)(3 * E + 2 * Ev);
     const int nthreads = sdpa_threads_for(p->num_threads, 0, tasks, flops);
-    c.dq = (T *)sdpa_aligned_block((size_t)tasks * (size_t)c.dq_task * sizeof(T) + 64);
-    c.scratch = (char *)sdpa_aligned_block((size_t)nthreads * c.scratch_bytes);
-    if (!c.dq || !c.scratch) {
+    /* the threads' scratch kept from call to call (fresh pages cost their zeroing) */
+    c.scratch = (char *)sdpa_kept_take(SDPA_KEPT_BACKWARD, (size_t)nthreads * c.scratch_bytes);
+    c.dq = splits > 1 ? (T *)sdpa_aligned_block((size_t)tasks * (size_t)c.dq_task * sizeof(T)) : NULL;
+    if (!c.scratch || (splits > 1 && !c.dq)) {
         sdpa_aligned_free(c.dq);
-        sdpa_aligned_free(c.scratch);
+        sdpa_kept_give(SDPA_KEPT_BACKWARD, c.scratch);
         return SDPA_ERR_NO_MEMORY;
     }
     sdpa_parallel_for(nthreads, tasks, FN(bwd_task), &c);
-    sdpa_parallel_for(nthreads, groups, FN(bwd_finish), &c);
+    if (splits > 1) sdpa_parallel_for(nthreads, groups, FN(bwd_finish), &c);
     sdpa_aligned_free(c.dq);
-    sdpa_aligned_free(c.scratch);
+    sdpa_kept_give(SDPA_KEPT_BACKWARD, c.scratch);
     return SDPA_OK;
 }
 

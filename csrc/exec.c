@@ -223,18 +223,19 @@ void sdpa_parallel_for(int nthreads, int64_t n, void (*fn)(void *ctx, int64_t i,
 
 /*
  * Key scores keep megabytes a call (the p of every counted row and key; 4
- * MiB for 32 query heads over 32,768 keys), and fresh pages cost the
- * kernel's zeroing at every call (4% of such a decoding step, measured).  So
- * the block of the last call is kept for the next that fits in it: one block,
- * taken and given back by an atomic exchange (calls on several threads at
- * once allocate their own), of at most SDPA_KEPT_MAX bytes.
+ * MiB for 32 query heads over 32,768 keys), and so does the backward pass
+ * (its threads' packed panels and dQ sums); fresh pages cost the kernel's
+ * zeroing at every call (4% of such a decoding step, measured).  So the
+ * block of the last call is kept for the next that fits in it: one block a
+ * use (enum sdpa_kept_use in plan.h), taken and given back by an atomic
+ * exchange (calls on several threads at once allocate their own), of at most
+ * SDPA_KEPT_MAX bytes.
  */
 #define SDPA_KEPT_MAX ((size_t)32 << 20)
-static SDPA_ATOMIC(void *) kept_block = NULL;
+static SDPA_ATOMIC(void *) kept_block[SDPA_KEPT_USES];
 
-/* A block of at least `bytes` bytes (NULL: no memory), for kept_give. */
-static void *kept_take(size_t bytes) {
-    void *b = sdpa_atomic_exchange(&kept_block, NULL);
+void *sdpa_kept_take(int use, size_t bytes) {
+    void *b = sdpa_atomic_exchange(&kept_block[use], NULL);
     if (b && ((size_t *)b)[-2] >= bytes) return b;
     sdpa_aligned_free(b);
     b = sdpa_aligned_block(bytes);
@@ -242,13 +243,12 @@ static void *kept_take(size_t bytes) {
     return b;
 }
 
-/* A block of kept_take's back: kept for the next call when not too large. */
-static void kept_give(void *b) {
+void sdpa_kept_give(int use, void *b) {
     if (b && ((size_t *)b)[-2] > SDPA_KEPT_MAX) {
         sdpa_aligned_free(b);
         return;
     }
-    sdpa_aligned_free(sdpa_atomic_exchange(&kept_block, b));
+    sdpa_aligned_free(sdpa_atomic_exchange(&kept_block[use], b));
 }
 
 /* Copies n bytes (a multiple of 4) from src to dst where no one reads them

@@ -147,7 +147,7 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
     for (int32_t i = 0; i < cp->num_parts; i++) ks_items += FN(key_score_layout)(&cp->parts[i], NULL, &ks_bytes);
     char *ks_mem = NULL;
     if (ks_bytes) {
-        ks_mem = (char *)kept_take(ks_bytes);
+        ks_mem = (char *)sdpa_kept_take(SDPA_KEPT_KEY_SCORES, ks_bytes);
         if (!ks_mem) return SDPA_ERR_NO_MEMORY;
         size_t at = 0;
         for (int32_t i = 0; i < cp->num_parts; i++) FN(key_score_layout)(&cp->parts[i], ks_mem, &at);
@@ -158,7 +158,7 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
         mem = (char *)sdpa_aligned_block(threads_bytes + cp->block_bytes - cp->packed_bytes);
     }
     if (!mem) {
-        kept_give(ks_mem);
+        sdpa_kept_give(SDPA_KEPT_KEY_SCORES, ks_mem);
         return SDPA_ERR_NO_MEMORY;
     }
     char *block = mem + threads_bytes;
@@ -245,7 +245,7 @@ static sdpa_status FN(run_call)(call_plan *cp, const KT *kern) {
 #undef THREAD_MERGE
 #undef THREAD_PROF
     sdpa_aligned_free(mem);
-    kept_give(ks_mem);
+    sdpa_kept_give(SDPA_KEPT_KEY_SCORES, ks_mem);
     for (int32_t i = 0; i < cp->num_parts; i++) cp->parts[i].ks_probs = NULL;
     return sdpa_atomic_load(&irq.stop) ? SDPA_ERR_INTERRUPTED : SDPA_OK;
 }

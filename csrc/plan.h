@@ -237,6 +237,12 @@ int sdpa_threads_for(int num_threads, int forced, int64_t units, double work);
  * freed with sdpa_aligned_free (exec.c). */
 void *sdpa_aligned_block(size_t bytes);
 void sdpa_aligned_free(void *block);
+/* A block of at least `bytes` bytes kept from the last call of the same use
+ * when it fits (exec.c; NULL: no memory), and its return, with
+ * sdpa_kept_give, for the next call. */
+enum sdpa_kept_use { SDPA_KEPT_KEY_SCORES, SDPA_KEPT_BACKWARD, SDPA_KEPT_USES };
+void *sdpa_kept_take(int use, size_t bytes);
+void sdpa_kept_give(int use, void *b);
 /* Runs fn(ctx, i, tid) for i in [0, n) on nthreads threads (tid < nthreads),
  * each under the caller's floating-point control flags, as a call's tasks
  * run (exec.c). */
