@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from . import _api, _core
+from .training import attention_backward as _api_backward
 from ._dtypes import NEEDS_ML_DTYPES
 from ._tensors import DTYPES, SINGLE_OR_HALF, as_numpy, as_tensor, check_on_cpu, eager_numpy, numpy_bfloat16
 from .layers import MultiHeadAttention
@@ -226,6 +227,187 @@ def _attention_fake(
     return query.new_empty(plan.out_shape, dtype=dtype)
 
 
+# ------------------------------------------------------------------ autograd
+
+
+@torch.library.custom_op("sdpa::attention_fwd", mutates_args=())
+def attention_fwd_op(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    window: Optional[List[int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """``torch.ops.sdpa.attention_fwd``: :func:`attention_op` and the lse of
+    each row (float32, float64 for float64 inputs), which its backward
+    (``torch.ops.sdpa.attention_bwd``) reuses; what the autograd of
+    :func:`scaled_dot_product_attention` runs."""
+    _check_tensors(query, key, value, attn_mask)
+    _check_variants(query, window, alibi_slopes, sinks)
+    call = _PLAIN.prepared(is_causal, scale, enable_gqa, _sides(window), softcap, None, False, True)
+    q, k, v = as_numpy(query), as_numpy(key), as_numpy(value)
+    m = None if attn_mask is None else as_numpy(attn_mask)
+    slopes = None if alibi_slopes is None else _per_head_numpy(alibi_slopes)
+    logits = None if sinks is None else _per_head_numpy(sinks)
+    result = call.run(q, k, v, m, None, slopes, logits)
+    if isinstance(result, int):
+        result = _api.general(call, q, k, v, attn_mask=m, alibi_slopes=slopes, sinks=logits)
+    out, lse = cast(Tuple[np.ndarray, np.ndarray], result)
+    return as_tensor(out), as_tensor(lse)
+
+
+def _sides(window: Optional[List[int]]) -> Optional[Tuple[int, int]]:
+    return None if window is None else (int(window[0]), int(window[1]))
+
+
+@attention_fwd_op.register_fake
+def _attention_fwd_fake(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    window: Optional[List[int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    dtype = _check_tensors(query, key, value, attn_mask, allow_meta=True)
+    _check_variants(query, window, alibi_slopes, sinks)
+    plan = _api.plan_shapes(query.shape, key.shape, value.shape, enable_gqa, broadcast=_broadcast_shapes)
+    lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    return query.new_empty(plan.out_shape, dtype=dtype), query.new_empty(plan.out_shape[:-1], dtype=lse_dtype)
+
+
+@torch.library.custom_op("sdpa::attention_bwd", mutates_args=())
+def attention_bwd_op(
+    grad_out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    window: Optional[List[int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``torch.ops.sdpa.attention_bwd``: :func:`sdpa.attention_backward` on
+    tensors: (grad_query, grad_key, grad_value, grad_sinks), grad_sinks of
+    shape (0,) without sinks."""
+    grads = _api_backward(
+        eager_numpy(grad_out.detach().contiguous()), as_numpy(query), as_numpy(key), as_numpy(value),
+        as_numpy(out), as_numpy(lse), attn_mask=None if attn_mask is None else as_numpy(attn_mask),
+        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, window=_sides(window), softcap=softcap,
+        alibi_slopes=None if alibi_slopes is None else _per_head_numpy(alibi_slopes),
+        sinks=None if sinks is None else _per_head_numpy(sinks),
+    )
+    dq, dk, dv = (as_tensor(np.ascontiguousarray(g)) for g in grads[:3])
+    if sinks is None:
+        return dq, dk, dv, query.new_empty((0,))
+    return dq, dk, dv, torch.from_numpy(np.ascontiguousarray(grads[3])).to(sinks.dtype).reshape(sinks.shape)
+
+
+@attention_bwd_op.register_fake
+def _attention_bwd_fake(
+    grad_out: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+    window: Optional[List[int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    ds = query.new_empty((0,)) if sinks is None else torch.empty_like(sinks, memory_format=torch.contiguous_format)
+    return (torch.empty_like(query, memory_format=torch.contiguous_format),
+            torch.empty_like(key, memory_format=torch.contiguous_format),
+            torch.empty_like(value, memory_format=torch.contiguous_format), ds)
+
+
+def _options(inputs: Tuple[Any, ...]) -> Dict[str, Any]:
+    """The operators' arguments after query, key, value, by name."""
+    names = ("attn_mask", "is_causal", "scale", "enable_gqa", "window", "softcap", "alibi_slopes", "sinks")
+    return dict(zip(names, inputs[3:]))
+
+
+_TENSOR_OPTIONS = ("attn_mask", "alibi_slopes", "sinks")
+
+
+def _refuse_grads(kw: Dict[str, Any]) -> None:
+    """RuntimeError for inputs whose gradient sdpa does not compute."""
+    for name in ("attn_mask", "alibi_slopes"):
+        t = kw[name]
+        if isinstance(t, Tensor) and t.requires_grad:
+            raise RuntimeError(
+                f"{name}: sdpa computes no gradient of {name}; detach it (a mask or slopes that are not "
+                "trained), or use torch's scaled_dot_product_attention for this call"
+            )
+
+
+def _setup_fwd(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, Tensor]) -> None:
+    query, key, value = inputs[:3]
+    kw = _options(inputs)
+    _refuse_grads(kw)
+    ctx.kw = {n: x for n, x in kw.items() if n not in _TENSOR_OPTIONS}
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(query, key, value, output[0], output[1], kw["attn_mask"], kw["alibi_slopes"], kw["sinks"])
+
+
+def _grads(ctx: Any, grad_out: Tensor, out: Optional[Tensor], lse: Optional[Tensor]) -> Tuple[Any, ...]:
+    """The gradients of the operators' inputs (None for the options)."""
+    query, key, value, out0, lse0, mask, slopes, sinks = ctx.saved_tensors
+    if out is None:
+        out, lse = out0, lse0
+    if out is None or lse is None:  # sdpa::attention saved no lse: the forward again
+        out, lse = attention_fwd_op(query, key, value, mask, alibi_slopes=slopes, sinks=sinks, **ctx.kw)
+    dq, dk, dv, ds = attention_bwd_op(grad_out, query, key, value, out, lse, mask, alibi_slopes=slopes,
+                                      sinks=sinks, **ctx.kw)
+    return (dq, dk, dv, None, None, None, None, None, None, None, ds if sinks is not None else None)
+
+
+def _backward_fwd(ctx: Any, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]) -> Tuple[Any, ...]:
+    if grad_out is None:  # the lse is not differentiable (marked so)
+        return (None,) * 11
+    return _grads(ctx, grad_out, None, None)
+
+
+def _setup_attention(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
+    query, key, value = inputs[:3]
+    kw = _options(inputs)
+    _refuse_grads(kw)
+    ctx.kw = {n: x for n, x in kw.items() if n not in _TENSOR_OPTIONS}
+    ctx.save_for_backward(query, key, value, None, None, kw["attn_mask"], kw["alibi_slopes"], kw["sinks"])
+
+
+torch.library.register_autograd("sdpa::attention_fwd", _backward_fwd, setup_context=_setup_fwd)
+torch.library.register_autograd(
+    "sdpa::attention", lambda ctx, grad_out: _grads(ctx, grad_out, None, None), setup_context=_setup_attention)
+
+
+def _needs_grad(*tensors: Any) -> bool:
+    """Whether autograd records a call on these tensors."""
+    return torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+
+
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,
@@ -328,16 +510,6 @@ def scaled_dot_product_attention(
             f"dropout_p: sdpa has no dropout, got {dropout_p}; pass 0.0 (as models do in eval mode), "
             "or use sdpa.torch.patch(fallback=True) to let torch compute the calls with dropout"
         )
-    if torch.is_grad_enabled():
-        for t, name in ((query, "query"), (key, "key"), (value, "value"), (attn_mask, "attn_mask"),
-                        (alibi_slopes, "alibi_slopes"), (sinks, "sinks")):
-            if isinstance(t, Tensor) and t.requires_grad:
-                raise RuntimeError(
-                    f"sdpa has no backward, but {name} requires grad and grad mode is on (the outputs "
-                    "of a model's layers require grad, as its parameters do). Run the call under "
-                    "torch.no_grad() or torch.inference_mode(), detach the inputs, or use "
-                    "sdpa.torch.patch(fallback=True) to let torch compute the calls that need gradients"
-                )
     # torch's dispatcher refuses nested tensors with a bare NotImplementedError
     _check_nested(query, key, value, mask)
     if causal == "bottom_right":  # the operator's is_causal is a bool: the mask itself
@@ -357,6 +529,10 @@ def scaled_dot_product_attention(
             query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
             declined=True,
         )
+    if _needs_grad(query, key, value, mask, alibi_slopes, sinks):  # the forward that keeps the lse
+        return attention_fwd_op(
+            query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
+        )[0]
     out: Tensor = attention_op(
         query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
     )
@@ -462,11 +638,8 @@ def _fallback_reason(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p
             numpy_bfloat16()
         except TypeError:
             return f"bfloat16 tensors ({NEEDS_ML_DTYPES})"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return (
-            "calls that need gradients (grad mode is on and an input requires grad; sdpa has no "
-            "backward). Calls under torch.no_grad() or torch.inference_mode() run on sdpa"
-        )
+    if isinstance(attn_mask, Tensor) and attn_mask.requires_grad and torch.is_grad_enabled():
+        return "masks that require grad (sdpa computes no gradient of attn_mask)"
     if dropout_p != 0.0:
         return "calls with dropout_p > 0 (sdpa has no dropout; a model in eval mode passes 0.0)"
     return None
