@@ -227,6 +227,11 @@ static sdpa_status validate(const sdpa_problem *p, int64_t *batch_count, const c
     if (topk != SDPA_OK) return topk;
     const sdpa_status blocks = validate_blocks(p, count, work, field);
     if (blocks != SDPA_OK) return blocks;
+    if (!(p->dropout_p >= 0 && p->dropout_p < 1)) REFUSE(SDPA_ERR_BAD_VARIANT, "dropout_p");
+    if (p->dropout_p > 0) {
+        const sdpa_status dense = dense_only(p, field);
+        if (dense != SDPA_OK) return dense;
+    }
     if (p->key_scores_rows < 0) REFUSE(SDPA_ERR_BAD_SHAPE, "key_scores_rows");
     if (p->key_scores.data) {  /* what key scores go with (sdpa.h) */
         if (p->cu_seqlens_q || p->cu_seqlens_k)
@@ -314,6 +319,7 @@ sdpa_status sdpa_attention(const sdpa_problem *p) {
         return SDPA_OK;
     }
     if (p->topk_indices.data) return sdpa_sparse_call(p, batch_count);
+    if (p->dropout_p > 0) return sdpa_dropout_call(p, batch_count);
     return sdpa_run_valid(p, batch_count);
 }
 

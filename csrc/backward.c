@@ -72,17 +72,8 @@ sdpa_status sdpa_check_backward(const sdpa_problem *p, const sdpa_grads *g, cons
     if (g->struct_size != sizeof(*g)) REFUSE(SDPA_ERR_ABI, "grads");
     sdpa_status st = sdpa_check(p, field);
     if (st != SDPA_OK) return st;
-    if (p->dtype != SDPA_FLOAT32 && p->dtype != SDPA_FLOAT64 && p->dtype != SDPA_BFLOAT16 &&
-        p->dtype != SDPA_FLOAT16)
-        REFUSE(SDPA_ERR_BAD_DTYPE, "dtype");
-    if (kv_dtype_of(p) != p->dtype) REFUSE(SDPA_ERR_BAD_DTYPE, "kv_dtype");
-    if (p->block_size > 0) REFUSE(SDPA_ERR_BAD_VARIANT, "block_size");
-    if (p->cu_seqlens_q) REFUSE(SDPA_ERR_BAD_VARIANT, "cu_seqlens_q");
-    if (p->cu_seqlens_k) REFUSE(SDPA_ERR_BAD_VARIANT, "cu_seqlens_k");
-    if (p->topk_indices.data) REFUSE(SDPA_ERR_BAD_VARIANT, "topk_indices");
-    if (p->block_states.data) REFUSE(SDPA_ERR_BAD_VARIANT, "block_states");
-    if (p->weights.data) REFUSE(SDPA_ERR_BAD_VARIANT, "weights");
-    if (p->key_scores.data) REFUSE(SDPA_ERR_BAD_VARIANT, "key_scores");
+    st = dense_only(p, field);
+    if (st != SDPA_OK) return st;
     int64_t count = 1;
     for (int d = 0; d < p->num_batch_dims; d++) count *= p->batch_shape[d];
     const int64_t hkv = p->num_heads / p->gqa_group;
@@ -115,5 +106,13 @@ sdpa_status sdpa_attention_backward(const sdpa_problem *p, const sdpa_grads *g) 
     int64_t count = 1;
     for (int d = 0; d < p->num_batch_dims; d++) count *= p->batch_shape[d];
     if (count * p->num_heads == 0) return SDPA_OK;
-    return p->dtype == SDPA_FLOAT64 ? bwd_run_f64(p, g, &kt->f64, count) : bwd_run_f32(p, g, &kt->f32, count);
+    return p->dtype == SDPA_FLOAT64 ? bwd_run_f64(p, g, kt, &kt->f64, count) : bwd_run_f32(p, g, kt, &kt->f32, count);
+}
+
+sdpa_status sdpa_dropout_call(const sdpa_problem *p, int64_t batch_count) {
+    int by_name = 0;
+    const kernel_table *kt = sdpa_kernel_choice(&by_name);
+    if (!kt) return SDPA_ERR_BAD_ISA;
+    return p->dtype == SDPA_FLOAT64 ? drop_run_f64(p, kt, &kt->f64, batch_count)
+                                    : drop_run_f32(p, kt, &kt->f32, batch_count);
 }

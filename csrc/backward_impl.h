@@ -66,11 +66,30 @@ static T *FN(bwd_take)(char **w, int64_t n) {
     return r;
 }
 
+/* A tile's dropout (sdpa.h): the n keys x nr rows of st from key s0 and row
+ * r0 of (b, h) times keep where kept, 0 where dropped, into dst (st itself
+ * allowed); bits: n x nr words of scratch. */
+static void FN(drop_tile)(const sdpa_problem *p, const kernel_table *kt, int64_t b, int64_t h, int64_t r0, int nr,
+                          int64_t s0, int n, uint32_t *bits, const T *st, T *dst, uint32_t thr, T keep) {
+    kt->dropout_bits(p->dropout_seed, (uint32_t)b, (uint32_t)h, (uint32_t)(r0 / 4), nr / 4, (uint64_t)s0, n, bits);
+    for (int64_t i = 0; i < (int64_t)n * nr; i++) dst[i] = bits[i] >= thr ? st[i] * keep : 0;
+}
+
+/* dropout's threshold on a word (kept when u >= it) and the kept weights' factor */
+static void FN(drop_constants)(const sdpa_problem *p, uint32_t *thr, T *keep) {
+    const double t = ceil(p->dropout_p * 4294967296.0);
+    *thr = t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
+    *keep = (T)(1.0 / (1.0 - p->dropout_p));
+}
+
 typedef struct FN(bwd_call) {
     const sdpa_problem *p;
     const sdpa_grads *g;
     sdpa_problem mods;   /* *p without softcap: the modifiers after the cap (applied apart) */
     const KT *kern;
+    const kernel_table *kt;  /* its set (dropout's bits) */
+    uint32_t thr;        /* dropout (sdpa.h): kept where the word >= thr, times keep */
+    T keep;
     int nr, nk;          /* panel rows, keys a block */
     int64_t G, hkv, np;  /* heads a group, key/value heads, panels of L */
     int64_t Ep, Evp;     /* E and Ev rounded up to nr */
@@ -126,6 +145,8 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
     T *st = FN(bwd_take)(&w, (int64_t)nk * nr);
     T *dp = FN(bwd_take)(&w, (int64_t)nk * nr);
     T *sc = FN(bwd_take)(&w, (int64_t)nk * nr);
+    T *pd = p->dropout_p > 0 ? FN(bwd_take)(&w, (int64_t)nk * nr) : st;  /* P dropped, for dV */
+    uint32_t *bits = p->dropout_p > 0 ? (uint32_t *)(void *)FN(bwd_take)(&w, (int64_t)nk * nr) : NULL;
     T *rowbuf = FN(bwd_take)(&w, 2 * (E > Ev ? E : Ev));
     /* one split: dQ's sums in the thread's scratch, finished here */
     T *dq = c->splits == 1 ? FN(bwd_take)(&w, c->dq_task) : c->dq + t * c->dq_task;
@@ -212,6 +233,10 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
                 kern->exp(st, (int64_t)nv * nr);  /* P^T */
                 /* dP^T = V dO^T, then dS^T = P (dP - D) (times the cap's slope) */
                 kern->gemm(nv, Ev, vb, Ev, 1, otp, nr, dp, nr, 0);
+                if (p->dropout_p > 0) {  /* the forward's mask: dV takes P dropped, dP is dropped */
+                    FN(drop_tile)(p, c->kt, b, h, r0, nr, s0, nv, bits, st, pd, c->thr, c->keep);
+                    for (int64_t i = 0; i < (int64_t)nv * nr; i++) dp[i] = bits[i] >= c->thr ? dp[i] * c->keep : 0;
+                }
                 for (int j = 0; j < nv; j++)
                     for (int x = 0; x < nr; x++) dp[j * nr + x] = st[j * nr + x] * (dp[j * nr + x] - dr[x]);
                 if (p->softcap > 0) {
@@ -222,7 +247,7 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
                     }
                 }
                 /* dV += P^T dO, dK += dS^T (scale Q), dQ^T += K^T dS^T */
-                for (int64_t e = 0; e < Evp; e += nr) kern->gemm(nv, nr, st, nr, 1, orp + e, Evp, dv + e, Evp, 1);
+                for (int64_t e = 0; e < Evp; e += nr) kern->gemm(nv, nr, pd, nr, 1, orp + e, Evp, dv + e, Evp, 1);
                 for (int64_t e = 0; e < Ep; e += nr) kern->gemm(nv, nr, dp, nr, 1, qrp + e, Ep, dk + e, Ep, 1);
                 kern->gemm((int)E, nv, kb, 1, E, dp, nr, dq + (gi * np + pi) * E * nr, nr, 1);
             }
@@ -266,10 +291,13 @@ static void FN(bwd_finish)(void *ctx, int64_t bh, int tid) {
 
 /* The backward of *p (batch_count batch indices) on kern's products: the
  * tasks, then, with key splits, the dQ of each head group. */
-static sdpa_status FN(bwd_run)(const sdpa_problem *p, const sdpa_grads *g, const KT *kern, int64_t batch_count) {
+static sdpa_status FN(bwd_run)(const sdpa_problem *p, const sdpa_grads *g, const kernel_table *kt, const KT *kern,
+                               int64_t batch_count) {
     FN(bwd_call) c;
     memset(&c, 0, sizeof(c));
     c.p = p;
+    c.kt = kt;
+    FN(drop_constants)(p, &c.thr, &c.keep);
     c.g = g;
     c.mods = *p;
     c.mods.softcap = 0;
@@ -294,7 +322,7 @@ static sdpa_status FN(bwd_run)(const sdpa_problem *p, const sdpa_grads *g, const
     const int64_t tasks = groups * splits;
     const int64_t buf[] = {G * np * E * nr, G * np * nr * c.Ep, G * np * Ev * nr, G * np * nr * c.Evp,
                            G * np * nr, G * np * nr, nk * E, nk * Ev, nk * c.Ep, nk * c.Evp, nk * nr, nk * nr,
-                           nk * nr, 2 * (E > Ev ? E : Ev)};
+                           nk * nr, 2 * (E > Ev ? E : Ev), nk * nr, nk * nr};
     c.scratch_bytes = splits == 1 ? ((size_t)c.dq_task * sizeof(T) + 63) / 64 * 64 : 0;
     for (size_t i = 0; i < sizeof(buf) / sizeof(buf[0]); i++)
         c.scratch_bytes += ((size_t)buf[i] * sizeof(T) + 63) / 64 * 64;
@@ -312,6 +340,119 @@ static sdpa_status FN(bwd_run)(const sdpa_problem *p, const sdpa_grads *g, const
     sdpa_parallel_for(nthreads, tasks, FN(bwd_task), &c);
     if (splits > 1) sdpa_parallel_for(nthreads, groups, FN(bwd_finish), &c);
     sdpa_aligned_free(c.dq);
+    sdpa_kept_give(SDPA_KEPT_BACKWARD, c.scratch);
+    return SDPA_OK;
+}
+
+/* ---- the forward with dropout: a task is one query panel of one (b, h) ---- */
+
+typedef struct FN(drop_call) {
+    const sdpa_problem *p;
+    const kernel_table *kt;
+    const KT *kern;
+    int nr, nk;
+    int64_t np;
+    uint32_t thr;
+    T keep;
+    size_t scratch_bytes;
+    char *scratch;
+} FN(drop_call);
+
+static void FN(drop_task)(void *ctx, int64_t t, int tid) {
+    FN(drop_call) *c = (FN(drop_call) *)ctx;
+    const sdpa_problem *p = c->p;
+    const KT *kern = c->kern;
+    const sdpa_dtype dt = p->dtype;
+    const size_t de = sdpa_dtype_size(dt), ce = sizeof(T);
+    const int nr = c->nr, nk = c->nk;
+    const int64_t E = p->head_dim, Ev = p->head_dim_v, H = p->num_heads, L = p->len_q;
+    const int64_t pi = t % c->np, h = (t / c->np) % H, b = t / (c->np * H), hk = h / p->gqa_group;
+    const int64_t r0 = pi * nr, kv_end = key_limit(p, b);
+    const int prows = (int)(L - r0 < nr ? L - r0 : nr);
+    char *w = c->scratch + (size_t)tid * c->scratch_bytes;
+    T *qt = FN(bwd_take)(&w, E * nr), *st = FN(bwd_take)(&w, (int64_t)nk * nr), *acc = FN(bwd_take)(&w, Ev * nr);
+    T *row_max = FN(bwd_take)(&w, nr), *row_sum = FN(bwd_take)(&w, nr), *row = FN(bwd_take)(&w, E > Ev ? E : Ev);
+    T *kb = FN(bwd_take)(&w, (int64_t)nk * E), *vb = FN(bwd_take)(&w, (int64_t)nk * Ev);
+    uint32_t *bits = (uint32_t *)(void *)FN(bwd_take)(&w, (int64_t)nk * nr);
+    memset(qt, 0, (size_t)(E * nr) * sizeof(T));
+    memset(acc, 0, (size_t)(Ev * nr) * sizeof(T));
+    for (int x = 0; x < nr; x++) row_max[x] = -(T)INFINITY, row_sum[x] = 0;
+    for (int x = 0; x < prows; x++) {
+        FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->query, b, h, r0 + x, de), p->query.col_stride, row, E);
+        for (int64_t e = 0; e < E; e++) qt[e * nr + x] = (T)p->scale * row[e];
+    }
+    /* the keys the panel's rows may see */
+    const int64_t last = r0 + prows - 1;
+    int64_t lo = 0, hi = kv_end;
+    if (p->causal && last + p->causal_offset + 1 < hi) hi = last + p->causal_offset + 1;
+    if (p->window_right >= 0 && last + p->align_offset + p->window_right + 1 < hi)
+        hi = last + p->align_offset + p->window_right + 1;
+    if (p->window_left >= 0 && r0 + p->align_offset - p->window_left > lo) lo = r0 + p->align_offset - p->window_left;
+    const void *mask = FN(mask_at)(p, b, h);
+    const T slope = p->alibi.data ? FN(head_value)(p, &p->alibi, b, h) : 0;
+    const T cap = p->softcap > 0 ? FN(softcap_value)(p) : 0;
+    const int edges = p->causal || has_window(p);
+    const int in_place = dt == TDT;  /* float keys and values read where they lie */
+    for (int64_t s0 = lo; s0 < hi; s0 += nk) {
+        const int n = (int)(hi - s0 < nk ? hi - s0 : nk);
+        const T *k = kb, *v = vb;
+        int64_t k_rs = E, k_cs = 1, v_rs = Ev, v_cs = 1;
+        if (in_place) {
+            k = (const T *)(const void *)FN(bwd_row)(p, &p->key, b, hk, s0, ce);
+            v = (const T *)(const void *)FN(bwd_row)(p, &p->value, b, hk, s0, ce);
+            k_rs = p->key.row_stride, k_cs = p->key.col_stride, v_rs = p->value.row_stride, v_cs = p->value.col_stride;
+        } else {
+            for (int j = 0; j < n; j++) {
+                FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->key, b, hk, s0 + j, de), p->key.col_stride, kb + j * E, E);
+                FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->value, b, hk, s0 + j, de), p->value.col_stride,
+                             vb + j * Ev, Ev);
+            }
+        }
+        kern->gemm(n, E, k, k_rs, k_cs, qt, nr, st, nr, 0);
+        FN(apply_tile_modifiers)(p, kern, st, nr, r0, 1, 0, prows, s0, n, kv_end, mask, edges, slope, cap);
+        kern->online_softmax_update(st, n, row_max, row_sum, acc, Ev);
+        FN(drop_tile)(p, c->kt, b, h, r0, nr, s0, n, bits, st, st, c->thr, c->keep);
+        kern->gemm((int)Ev, n, v, v_cs, v_rs, st, nr, acc, nr, 1);
+    }
+    const T sink = p->sinks.data ? FN(head_value)(p, &p->sinks, b, h) : 0;
+    for (int x = 0; x < prows; x++) {
+        T m = row_max[x], l = row_sum[x], f = 1;
+        if (p->sinks.data && m != -(T)INFINITY) {  /* the sink joins the denominator */
+            const T m2 = sink > m ? sink : m;
+            f = EXP(m - m2);
+            l = l * f + EXP(sink - m2);
+            m = m2;
+        }
+        const int none = m == -(T)INFINITY || l == 0;  /* no key seen: zeros */
+        FN(bwd_store)(dt, FN(bwd_row)(p, &p->out, b, h, r0 + x, de), p->out.col_stride, acc + x, nr, Ev,
+                      none ? 0 : f / l);
+        if (p->lse.data) {
+            T *lr = (T *)(void *)FN(bwd_row)(p, &p->lse, b, h, r0 + x, ce);
+            *lr = none ? (p->sinks.data ? sink : -(T)INFINITY) : m + (TDT == SDPA_FLOAT64 ? (T)log(l) : (T)logf((float)l));
+        }
+    }
+}
+
+static sdpa_status FN(drop_run)(const sdpa_problem *p, const kernel_table *kt, const KT *kern, int64_t batch_count) {
+    FN(drop_call) c;
+    memset(&c, 0, sizeof(c));
+    c.p = p;
+    c.kt = kt;
+    c.kern = kern;
+    c.nr = kern->nr;
+    c.nk = c.nr * ((64 + c.nr - 1) / c.nr);
+    c.np = sdpa_blocks_of(p->len_q, c.nr);
+    FN(drop_constants)(p, &c.thr, &c.keep);
+    const int64_t E = p->head_dim, Ev = p->head_dim_v, nr = c.nr, nk = c.nk;
+    const int64_t buf[] = {E * nr, nk * nr, Ev * nr, nr, nr, E > Ev ? E : Ev, nk * E, nk * Ev, nk * nr};
+    for (size_t i = 0; i < sizeof(buf) / sizeof(buf[0]); i++) c.scratch_bytes += ((size_t)buf[i] * sizeof(T) + 63) / 64 * 64;
+    const int64_t tasks = batch_count * p->num_heads * c.np;
+    const double flops = 2.0 * (double)batch_count * (double)p->num_heads * (double)p->len_q * (double)p->len_kv *
+                         (double)(E + Ev);
+    const int nthreads = sdpa_threads_for(p->num_threads, 0, tasks, flops);
+    c.scratch = (char *)sdpa_kept_take(SDPA_KEPT_BACKWARD, (size_t)nthreads * c.scratch_bytes);
+    if (!c.scratch) return SDPA_ERR_NO_MEMORY;
+    sdpa_parallel_for(nthreads, tasks, FN(drop_task), &c);
     sdpa_kept_give(SDPA_KEPT_BACKWARD, c.scratch);
     return SDPA_OK;
 }

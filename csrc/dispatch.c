@@ -127,6 +127,7 @@ SDPA_COMPLETE_HALF(kernels_f64, complete_half_f64, complete_f64)
 int sdpa_complete_table(kernel_table *dst, const kernel_table *src) {
     *dst = *src;
     int filled = complete_f32(&dst->f32, &sdpa_kernels_scalar.f32) + complete_f64(&dst->f64, &sdpa_kernels_scalar.f64);
+    if (!dst->dropout_bits) dst->dropout_bits = sdpa_kernels_scalar.dropout_bits, filled++;
     /* the portable gemm and softmax update are built for the scalar panel width
      * alone: a set of another width must have its own (left unset otherwise, so
      * that sdpa_table_is_complete says so) */
@@ -173,7 +174,7 @@ int sdpa_table_is_complete(const kernel_table *kt) {
         SDPA_TYPED_KERNELS(SDPA_COUNT_SET, double)
         all += k->nr <= 0 || k->nr >= kt->f64.nr;
     }
-    return set == all && kt->f32.nr > 0 && kt->f64.nr > 0;
+    return set == all && kt->f32.nr > 0 && kt->f64.nr > 0 && kt->dropout_bits;
 }
 #undef SDPA_COUNT_SET
 

@@ -387,9 +387,20 @@ enum {
 /* One kernel set: its name, the features it needs, and its kernels for each
  * element type.  Tables are written with designated initializers and hold what
  * the set has; sdpa_complete_table fills the rest. */
+/* Dropout's random bits: for keys j < n from s0 and row groups q < nq from
+ * q0 (rows 4 q0 .. 4 (q0 + nq)), the four 32-bit words of Philox-4x32-10
+ * (kernels/philox_impl.h) with the key (seed lo, seed hi ^ (s >> 32)) and the
+ * counter (s, q, h, b), s = s0 + j, q = q0 + the group:
+ *     out[j * 4 nq + 4 q + w] = word w      (row 4 (q0 + q) + w's bits)
+ * the layout of a transposed score tile of nr = 4 nq rows.  Every set gives
+ * the same bits (integer arithmetic). */
+typedef void (*sdpa_dropout_bits_fn)(uint64_t seed, uint32_t b, uint32_t h, uint32_t q0, int nq, uint64_t s0, int n,
+                                     uint32_t *out);
+
 typedef struct kernel_table {
     const char *name;
     unsigned features;
+    sdpa_dropout_bits_fn dropout_bits; /* filled in from the portable set when not declared */
     int bf16_products; /* 1: f32.bf16 is the set's (bfloat16 problems multiply pairs), 0: none */
     kernels_f32 f32;
     kernels_f64 f64;

@@ -261,6 +261,8 @@ sdpa_status sdpa_validate(const sdpa_problem *p, int64_t *batch_count);
 sdpa_status sdpa_run_valid(const sdpa_problem *p, int64_t batch_count);
 /* Runs a valid problem with top-k lists (sparse.c), through sdpa_run_valid. */
 sdpa_status sdpa_sparse_call(const sdpa_problem *p, int64_t batch_count);
+/* Runs a valid problem with dropout (backward.c). */
+sdpa_status sdpa_dropout_call(const sdpa_problem *p, int64_t batch_count);
 
 /* Plans the validated call *p (offsets clamped) for kernel table kt with
  * `threads` threads (0: the problem's own rule); frees nothing on failure. */

@@ -69,6 +69,28 @@ static inline int paged_rows_gathered(const sdpa_problem *p, int64_t row_bytes) 
            p->value.col_stride == 1;
 }
 
+/* The rules of a problem with dropout, and of the backward pass: dense
+ * float keys and values of the query's dtype, no weights or key scores (the
+ * status and the field that breaks them; SDPA_OK, NULL). */
+static inline sdpa_status dense_only(const sdpa_problem *p, const char **field) {
+    const char *f = NULL;
+    sdpa_status st = SDPA_ERR_BAD_VARIANT;
+    if (p->dtype != SDPA_FLOAT32 && p->dtype != SDPA_FLOAT64 && p->dtype != SDPA_BFLOAT16 &&
+        p->dtype != SDPA_FLOAT16)
+        f = "dtype", st = SDPA_ERR_BAD_DTYPE;
+    else if (kv_dtype_of(p) != p->dtype) f = "kv_dtype", st = SDPA_ERR_BAD_DTYPE;
+    else if (p->block_size > 0) f = "block_size";
+    else if (p->cu_seqlens_q) f = "cu_seqlens_q";
+    else if (p->cu_seqlens_k) f = "cu_seqlens_k";
+    else if (p->topk_indices.data) f = "topk_indices";
+    else if (p->block_states.data) f = "block_states";
+    else if (p->weights.data) f = "weights";
+    else if (p->key_scores.data) f = "key_scores";
+    if (!f) return SDPA_OK;
+    if (field) *field = f;
+    return st;
+}
+
 /* Whether the window bounds a side. */
 static inline int has_window(const sdpa_problem *p) { return p->window_left >= 0 || p->window_right >= 0; }
 

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define SDPA_VERSION_MAJOR 0
-#define SDPA_VERSION_MINOR 6
+#define SDPA_VERSION_MINOR 7
 #define SDPA_VERSION_PATCH 0
 
 /* Leading batch dimensions, in front of the head dimension. */
@@ -393,6 +393,23 @@ typedef struct sdpa_problem {
      * keys, top-k lists, a block map or a tree mask (SDPA_ERR_BAD_VARIANT). */
     sdpa_view key_scores;
     int64_t key_scores_rows;
+
+    /* Dropout (0.7): with dropout_p in (0, 1), each weight of the output's
+     * sum is kept with probability 1 - dropout_p and then divided by it, or
+     * dropped:  out = sum_s keep(b, h, l, s) p_s v_s / (1 - dropout_p).  The
+     * softmax (its denominator, the lse, sinks) is that of every key, before
+     * dropout.  keep(b, h, l, s) is a function of dropout_seed and the
+     * position alone -- batch index b (over batch_shape), query head h, row l,
+     * key s -- drawn by Philox-4x32-10: the words of the counter (s mod 2^32,
+     * l / 4, h, b mod 2^32) under the key (seed's low half, its high half xor
+     * s / 2^32), word l mod 4 a 32-bit u, kept when u >= ceil(dropout_p 2^32).
+     * So the mask is the same whatever the tiling, kernel set or thread
+     * count, and sdpa_attention_backward draws it again.  0 (the default) is
+     * no dropout, the usual path.  Dropout takes what the backward takes (a
+     * dense problem: SDPA_ERR_BAD_VARIANT naming the field otherwise) and no
+     * weights; a value outside [0, 1) or NaN is SDPA_ERR_BAD_VARIANT. */
+    double dropout_p;
+    uint64_t dropout_seed;
 } sdpa_problem;
 
 /* Fills *p with an empty problem: float32, key and value of the query's
@@ -466,8 +483,9 @@ SDPA_API void sdpa_grads_init_sized(sdpa_grads *g, size_t struct_size);
  * problem with few heads).  Every variant of a dense call is taken: a bool or
  * additive mask, causality, key_lengths, the window, softcap, ALiBi, sinks
  * (grad_sinks), GQA, batch dims; float32, float64, bfloat16 and float16
- * (accumulated in float32, the gradients rounded once).  Not with weights,
- * key scores, paged, ragged or quantized keys, top-k lists or a block map
+ * (accumulated in float32, the gradients rounded once), and dropout (the
+ * forward's mask drawn again from dropout_seed).  Not with weights, key
+ * scores, paged, ragged or quantized keys, top-k lists or a block map
  * (SDPA_ERR_BAD_VARIANT or _BAD_DTYPE naming the field, sdpa_check_backward).
  * The gradients do not depend on the thread count: each dK, dV row is
  * summed by one task in a fixed order, and dQ's partial sums are added in

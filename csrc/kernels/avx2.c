@@ -399,6 +399,11 @@ static double peak_vnni_avx2(int64_t iters) {
     return (double)iters * 12 * 32 * 2;
 }
 
+/* dropout's bits (internal.h), the portable loop vectorized for AVX2 */
+#define PHILOX_NAME dropout_bits_avx2
+#include "philox_impl.h"
+#undef PHILOX_NAME
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
@@ -414,6 +419,7 @@ const sdpa_pv_qi_fn sdpa_pv_qi_avx2 = pv_qi_avx2;
 const sdpa_peak_fn sdpa_peak_vnni_avx2 = peak_vnni_avx2;
 
 const kernel_table sdpa_kernels_avx2 = {
+    .dropout_bits = dropout_bits_avx2,
     .name = "avx2",
     .features = SDPA_FEATURE_AVX2,
     .f32 = {.nr = panel_rows_avx2_f32, .widen = widen_avx2,

@@ -273,6 +273,11 @@ static void scale_copy_avx512(float *dst, const float *src, int64_t n, float sca
     for (; i < n; i++) dst[i] = scale * src[i];
 }
 
+/* dropout's bits (internal.h), the portable loop vectorized for AVX-512 */
+#define PHILOX_NAME dropout_bits_avx512
+#include "philox_impl.h"
+#undef PHILOX_NAME
+
 static void scale_copy_d_avx512(float *dst, const float *src, int64_t n, double inv) {
     const __m512d s = _mm512_set1_pd(inv);
     int64_t i = 0;
@@ -962,6 +967,7 @@ const sdpa_peak_fn sdpa_peak_vnni_avx512 = peak_vnni_avx512;
     .f32_quarter = {SDPA_HALF_KERNELS_F32(avx512_f32q)}
 
 const kernel_table sdpa_kernels_avx512 = {
+    .dropout_bits = dropout_bits_avx512,
     .name = "avx512",
     .features = AVX512_FEATURES,
     .f32 = {AVX512_F32_KERNELS},
@@ -971,6 +977,7 @@ const kernel_table sdpa_kernels_avx512 = {
 
 /* The avx512 set plus bfloat16 dot products for bfloat16 problems. */
 const kernel_table sdpa_kernels_avx512_bf16 = {
+    .dropout_bits = dropout_bits_avx512,
     .name = "avx512_bf16",
     .features = AVX512_FEATURES | SDPA_FEATURE_AVX512_BF16,
     .bf16_products = 1,
@@ -982,6 +989,7 @@ const kernel_table sdpa_kernels_avx512_bf16 = {
 #if SDPA_HAVE_AMX_KERNELS
 /* The avx512_bf16 set with its bfloat16 products on AMX tiles. */
 const kernel_table sdpa_kernels_amx = {
+    .dropout_bits = dropout_bits_avx512,
     .name = "amx",
     .features = AVX512_FEATURES | SDPA_FEATURE_AVX512_BF16 | SDPA_FEATURE_AMX_BF16,
     .bf16_products = 1,
@@ -996,6 +1004,7 @@ const kernel_table sdpa_kernels_amx = {
 /* The amx set's code over emulated tiles (testing.h): runs wherever
  * avx512_bf16 does. */
 const kernel_table sdpa_kernels_amx_emulated = {
+    .dropout_bits = dropout_bits_avx512,
     .name = "amx_emulated",
     .features = AVX512_FEATURES | SDPA_FEATURE_AVX512_BF16,
     .bf16_products = 1,

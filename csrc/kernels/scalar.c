@@ -37,6 +37,11 @@ void sdpa_widen_portable(sdpa_dtype dt, const uint16_t *src, float *dst, int64_t
 #include "pv_qi_impl.h"
 #undef PV_QI_NAME
 
+/* dropout's bits (internal.h) */
+#define PHILOX_NAME dropout_bits_portable
+#include "philox_impl.h"
+#undef PHILOX_NAME
+
 /* the bfloat16 products' state around a task: none without tiles */
 static void tiles_none(void) {}
 
@@ -54,6 +59,7 @@ static void tiles_none(void) {}
 const kernel_table sdpa_kernels_scalar = {
     .name = "scalar",
     .features = 0,
+    .dropout_bits = dropout_bits_portable,
     .f32 = {PORTABLE(f32), .bf16 = {.tiles_begin = tiles_none, .tiles_end = tiles_none}},
     .f64 = {PORTABLE(f64)},
 };

@@ -39,6 +39,7 @@ from ._checks import (
     _physical_memory_bytes as _physical_memory_bytes,
     count as count,
     declined as declined,
+    dropout_args as dropout_args,
     head_values as head_values,
     key_lengths_checked as key_lengths_checked,
     key_score_rows as key_score_rows,
@@ -100,6 +101,8 @@ def scaled_dot_product_attention(
     num_threads: Optional[int] = ...,
     block_mask: Optional[BlockMask] = ...,
     key_scores_window: Optional[int] = ...,
+    dropout_p: float = ...,
+    seed: Optional[int] = ...,
 ) -> FloatArray: ...
 @overload
 def scaled_dot_product_attention(
@@ -123,6 +126,8 @@ def scaled_dot_product_attention(
     num_threads: Optional[int] = ...,
     block_mask: Optional[BlockMask] = ...,
     key_scores_window: Optional[int] = ...,
+    dropout_p: float = ...,
+    seed: Optional[int] = ...,
 ) -> Tuple[FloatArray, FloatArray, FloatArray]: ...
 @overload
 def scaled_dot_product_attention(
@@ -146,6 +151,8 @@ def scaled_dot_product_attention(
     num_threads: Optional[int] = ...,
     block_mask: Optional[BlockMask] = ...,
     key_scores_window: Optional[int] = ...,
+    dropout_p: float = ...,
+    seed: Optional[int] = ...,
 ) -> Tuple[FloatArray, FloatArray]: ...
 @overload
 def scaled_dot_product_attention(
@@ -169,6 +176,8 @@ def scaled_dot_product_attention(
     num_threads: Optional[int] = ...,
     block_mask: Optional[BlockMask] = ...,
     key_scores_window: Optional[int] = ...,
+    dropout_p: float = ...,
+    seed: Optional[int] = ...,
 ) -> Tuple[FloatArray, FloatArray]: ...
 @overload
 def scaled_dot_product_attention(
@@ -192,6 +201,8 @@ def scaled_dot_product_attention(
     num_threads: Optional[int] = ...,
     block_mask: Optional[BlockMask] = ...,
     key_scores_window: Optional[int] = ...,
+    dropout_p: float = ...,
+    seed: Optional[int] = ...,
 ) -> AttentionResult: ...
 def scaled_dot_product_attention(
     query: ArrayInput,
@@ -214,11 +225,12 @@ def scaled_dot_product_attention(
     num_threads: Optional[int] = None,
     block_mask: Optional[BlockMask] = None,
     key_scores_window: Optional[int] = None,
+    dropout_p: float = 0.0,
+    seed: Optional[int] = None,
 ) -> AttentionResult:
     """Scaled dot-product attention: ``softmax(scale * Q Kᵀ + mask) V``.
 
-    The semantics are those of ``torch.nn.functional.scaled_dot_product_attention``
-    (without dropout).
+    The semantics are those of ``torch.nn.functional.scaled_dot_product_attention``.
 
     Parameters
     ----------
@@ -302,6 +314,16 @@ def scaled_dot_product_attention(
     key_scores_window : int, optional
         With ``return_key_scores``: count only the last ``key_scores_window``
         query rows (SnapKV's observation window); default every row.
+    dropout_p : float, default 0.0
+        Dropout on the attention weights (training): each weight is kept with
+        probability ``1 - dropout_p`` and divided by it, or dropped.  The
+        softmax and the lse are those before dropout.  The mask is a function
+        of ``seed`` and each weight's (batch, head, row, key) alone (Philox),
+        so it is bitwise the same for every thread count and kernel set, and
+        :func:`attention_backward` draws it again.  Not with
+        ``return_weights``, ``return_key_scores`` or ``block_mask``.
+    seed : int, optional
+        In [0, 2**64); required when ``dropout_p > 0``.
 
     Returns
     -------
@@ -323,6 +345,18 @@ def scaled_dot_product_attention(
     # the prepared call of these options (kept by their key), then the arrays
     call = _PLAIN.prepared(is_causal, scale, enable_gqa, window, softcap, num_threads, return_weights, return_lse)
     rows = key_score_rows(return_key_scores, key_scores_window)
+    if dropout_p != 0.0 or seed is not None:
+        dropout = dropout_args(dropout_p, seed)
+        if dropout is not None:
+            if return_weights or return_key_scores or block_mask is not None:
+                raise ValueError("dropout_p: not with return_weights, return_key_scores or block_mask")
+            result = call.run(query, key, value, attn_mask, key_lengths, alibi_slopes, sinks, out, dropout=dropout)
+            if not isinstance(result, int):
+                return result
+            return general(
+                call, query, key, value, attn_mask=attn_mask, key_lengths=key_lengths, alibi_slopes=alibi_slopes,
+                sinks=sinks, out=out, dropout=dropout,
+            )
     if block_mask is not None:  # checked against the call's lengths on the general path
         return general(
             call, query, key, value, attn_mask=attn_mask, key_lengths=key_lengths, alibi_slopes=alibi_slopes,
@@ -357,6 +391,7 @@ def call_core(
     value_scale: Optional[Array] = None,
     blocks: Optional[Tuple[Array, int, int]] = None,
     key_scores: Optional[int] = None,
+    dropout: Optional[Tuple[float, int]] = None,
 ) -> AttentionResult:
     """A prepared call on arrays the general path has converted and checked
     (``blocks``: a block map as :meth:`sdpa._core.Call.run` takes it).
@@ -365,12 +400,12 @@ def call_core(
     a copy; any other decline is a ValueError naming the argument."""
     extras = (alibi_slopes, sinks, key_lengths)
     result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, out, extras, blocks=blocks,
-                            key_scores=key_scores)
+                            key_scores=key_scores, dropout=dropout)
     if not isinstance(result, int):
         return result
     if result == _core.OUT_MAY_OVERLAP and out is not None:
         result = call.run_cache(query, key, value, key_scale, value_scale, attn_mask, None, extras, blocks=blocks,
-                                key_scores=key_scores)
+                                key_scores=key_scores, dropout=dropout)
         if not isinstance(result, int):
             if isinstance(result, tuple):
                 np.copyto(out, result[0])
@@ -446,6 +481,7 @@ def general(
     value_scale: Optional[Array] = None,
     block_mask: Optional[BlockMask] = None,
     key_scores: Optional[int] = None,
+    dropout: Optional[Tuple[float, int]] = None,
 ) -> AttentionResult:
     """A prepared call for any arrays: converts what it can, raises with a
     message naming the argument for what it cannot, and calls the core once.
@@ -546,7 +582,7 @@ def general(
     return call_core(
         call, q, k, v, attn_mask=m, key_lengths=lengths, alibi_slopes=heads.get("alibi_slopes"),
         sinks=heads.get("sinks"), out=result, key_scale=key_scale, value_scale=value_scale, blocks=blocks,
-        key_scores=key_scores,
+        key_scores=key_scores, dropout=dropout,
     )
 
 

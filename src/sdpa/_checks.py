@@ -483,6 +483,28 @@ def plan_shapes(
     )
 
 
+def dropout_args(dropout_p: object, seed: object) -> Optional[Tuple[float, int]]:
+    """``dropout_p=`` and ``seed=`` checked: None for no dropout (``dropout_p``
+    0), else (dropout_p, seed) with dropout_p in (0, 1) and seed an int in
+    [0, 2**64) (required: the mask is a function of it, ValueError naming
+    ``seed`` when missing)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p: expected a float in [0, 1), got {type(dropout_p).__name__}")
+    p = float(dropout_p)
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+    if seed is not None and not 0 <= int(seed) < 2**64:
+        raise ValueError(f"seed: expected an int in [0, 2**64), got {seed}")
+    if p == 0.0:
+        return None
+    if seed is None:
+        raise ValueError("seed: dropout_p > 0 needs a seed (an int): the dropout mask is a function of it, "
+                         "and the backward pass draws it again from the same seed")
+    return p, int(seed)
+
+
 def key_score_rows(return_key_scores: bool, key_scores_window: Optional[int]) -> Optional[int]:
     """The rows key scores count, as the core takes them: None (no key
     scores), 0 (every row) or the window; a TypeError or ValueError naming

@@ -1,7 +1,7 @@
 # The C declarations sdpa._core uses: the public API (sdpa.h), two internal
 # functions (internal.h) and the test hooks (testing.h).  Cython reads this file
 # with _core.pyx (a module's own .pxd); sdpa.h is the reference for every field.
-from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t
+from libc.stdint cimport uint64_t, int8_t, int32_t, int64_t, uint32_t
 
 cdef extern from "numpy/ndarraytypes.h":
     enum: NPY_USERDEF  # the first type number of dtypes registered by other packages
@@ -93,6 +93,8 @@ cdef extern from "sdpa.h" nogil:
         int64_t block_q, block_k
         sdpa_view key_scores
         int64_t key_scores_rows
+        double dropout_p
+        uint64_t dropout_seed
     void sdpa_problem_init(sdpa_problem *p)
     ctypedef struct sdpa_grads:
         sdpa_view grad_out

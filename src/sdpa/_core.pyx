@@ -17,7 +17,7 @@ from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 from cpython.pythread cimport PyThread_get_thread_ident
 from libc.float cimport DBL_MAX
 from libc.math cimport sqrt
-from libc.stdint cimport int32_t, int64_t, uintptr_t, int8_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uintptr_t, int8_t, uint32_t, uint64_t
 
 import threading
 
@@ -1107,31 +1107,33 @@ cdef class Call:
         return _call_of, (self.constants,)
 
     def run(self, query, key, value, attn_mask=None, key_lengths=None, alibi_slopes=None, sinks=None, out=None,
-            blocks=None, key_scores=None):
+            blocks=None, key_scores=None, dropout=None):
         """The call over float keys and values (a reason code when declined);
         ``blocks`` None or a block map (states, block_q, block_k): int8 states
         (..., Hq or 1, ceil(L / block_q), ceil(S / block_k)) of 0, 1 and 2
         (others refused by the core with a ValueError, nothing written);
         ``key_scores`` None or the rows they count (0: every row): the key
-        scores (..., Hkv, S), float32, are then returned last."""
+        scores (..., Hkv, S), float32, are then returned last; ``dropout``
+        None or (dropout_p, seed): dropout_p in (0, 1), seed an int in
+        [0, 2**64) (checked by the caller)."""
         return self._run(query, key, value, None, None, attn_mask, key_lengths, alibi_slopes, sinks, out, None,
-                         blocks, key_scores)
+                         blocks, key_scores, dropout)
 
     def run_cache(self, query, key, value, key_scale, value_scale, attn_mask=None, out=None, extras=None,
-                  indices=None, blocks=None, key_scores=None):
+                  indices=None, blocks=None, key_scores=None, dropout=None):
         """The call over a cache's keys and values, with the scales of a
         quantized one (None: unscaled float8, or a float cache); ``extras``
         None or (alibi_slopes, sinks, key_lengths); ``indices`` None or the
         positions each row attends (top-k lists: native, aligned int32
         (..., Hkv or 1, L, k), entries in [-1, S), not checked here: the
         core refuses others with a ValueError, writing nothing); ``blocks``
-        and ``key_scores`` as for :meth:`run`."""
+        ``key_scores`` and ``dropout`` as for :meth:`run`."""
         if extras is None:
             return self._run(query, key, value, key_scale, value_scale, attn_mask, None, None, None, out, indices,
-                             blocks, key_scores)
+                             blocks, key_scores, dropout)
         alibi_slopes, sinks, key_lengths = extras
         return self._run(query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes, sinks,
-                         out, indices, blocks, key_scores)
+                         out, indices, blocks, key_scores, dropout)
 
     def run_varlen(self, query, key, value, cu_seqlens_q, cu_seqlens_k, extras=None, out=None, *,
                    int plan_threads=-1):
@@ -1185,7 +1187,7 @@ cdef class Call:
         p.integer_pv = self.ipv
 
     cdef object _run(self, query, key, value, key_scale, value_scale, attn_mask, key_lengths, alibi_slopes,
-                     sinks, out, indices, blocks, key_scores):
+                     sinks, out, indices, blocks, key_scores, dropout=None):
         cdef cnp.ndarray q, k, v, m = None, o = None, kl = None, lse = None, w = None, ix = None, bm = None
         cdef cnp.ndarray ksc = None
         cdef cnp.ndarray ks = None, vs = None
@@ -1401,6 +1403,9 @@ cdef class Call:
             _fill_view(&p.key_scores, ksc, nb, 2, ex, True)
             p.key_scores.col_stride = p.key_scores.row_stride
             p.key_scores.row_stride = 0
+        if dropout is not None:
+            p.dropout_p = dropout[0]
+            p.dropout_seed = dropout[1]
 
         if cnp.PyArray_SIZE(o) or (w is not None and cnp.PyArray_SIZE(w)) \
                 or (lse is not None and cnp.PyArray_SIZE(lse)) or (ksc is not None and cnp.PyArray_SIZE(ksc)):
@@ -1743,7 +1748,8 @@ cdef object _paged(Call c, query, key_cache, value_cache, block_tables, seq_lens
 
 def backward(q, k, v, out, lse, grad_out, grad_query, grad_key, grad_value, attn_mask, key_lengths, alibi_slopes,
              sinks, grad_sinks, *, int64_t gqa_group, double scale, bint causal, int64_t causal_offset,
-             int64_t align_offset, int64_t window_left, int64_t window_right, double softcap, int num_threads):
+             int64_t align_offset, int64_t window_left, int64_t window_right, double softcap, int num_threads,
+             double dropout_p=0.0, uint64_t seed=0):
     """The gradients of one attention call into grad_query, grad_key, grad_value
     (and grad_sinks): arrays as :func:`sdpa.attention_backward` prepares them.
     All have nb + 3 dims (nb + 2 for lse, nb + 1 for slopes and sinks, nb for
@@ -1785,6 +1791,8 @@ def backward(q, k, v, out, lse, grad_out, grad_query, grad_key, grad_value, attn
     p.window_right = window_right
     p.softcap = softcap
     p.num_threads = num_threads
+    p.dropout_p = dropout_p
+    p.dropout_seed = seed
     cdef int64_t H = p.num_heads, Hkv = p.num_heads // max(gqa_group, 1), L = p.len_q, S = p.len_kv
     cdef int64_t E = p.head_dim, Ev = p.head_dim_v
     views = ((q, <uintptr_t>&p.query, H, L, E, 3, False, "query"), (k, <uintptr_t>&p.key, Hkv, S, E, 3, False, "key"),

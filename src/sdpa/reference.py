@@ -8,7 +8,7 @@ to check the fused implementation, and for readers who want the maths in code.
 from __future__ import annotations
 
 import math
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +45,37 @@ def key_length_mask(key_lengths: npt.ArrayLike, S: int) -> np.ndarray:
     return np.arange(S) < np.asarray(key_lengths)[..., None, None, None]
 
 
+def dropout_keep(
+    seed: int, batch_shape: Tuple[int, ...], heads: int, L: int, S: int, dropout_p: float
+) -> np.ndarray:
+    """The keep mask of dropout, bool (batch..., heads, L, S), as sdpa's core
+    draws it (sdpa.h, ``dropout_p``): Philox-4x32-10 under the key (seed's
+    low 32 bits, its high 32 bits xor s >> 32) on the counter (s, l // 4, h,
+    b) for key s, row l, head h and batch index b (the batch dims flattened
+    in C order); word l % 4 is u, kept when u >= ceil(dropout_p * 2**32)."""
+    M = np.uint64(0xFFFFFFFF)
+    nb = int(np.prod(batch_shape)) if batch_shape else 1
+    b = np.arange(nb, dtype=np.uint64)[:, None, None, None]
+    h = np.arange(heads, dtype=np.uint64)[None, :, None, None]
+    q = (np.arange(L, dtype=np.uint64) // np.uint64(4))[None, None, :, None]
+    s = np.arange(S, dtype=np.uint64)[None, None, None, :]
+    shape = (nb, heads, L, S)
+    x0, x1, x2, x3 = (np.broadcast_to(a, shape) & M for a in (s, q, h, b))
+    k0 = np.uint64(seed) & M
+    k1 = (np.uint64(seed) >> np.uint64(32)) ^ (s >> np.uint64(32))
+    for _ in range(10):
+        p0 = np.uint64(0xD2511F53) * x0
+        p1 = np.uint64(0xCD9E8D57) * x2
+        x0, x1, x2, x3 = (p1 >> np.uint64(32)) ^ x1 ^ k0, p1 & M, (p0 >> np.uint64(32)) ^ x3 ^ k1, p0 & M
+        k0 = (k0 + np.uint64(0x9E3779B9)) & M
+        k1 = (k1 + np.uint64(0xBB67AE85)) & M
+    words = np.stack([x0, x1, x2, x3])  # word l % 4 of row l
+    u = np.take_along_axis(words, np.broadcast_to((np.arange(L) % 4)[None, None, None, :, None], (1,) + shape),
+                           axis=0)[0]
+    threshold = min(math.ceil(dropout_p * 2.0**32), 2**32 - 1)
+    return (u >= np.uint64(threshold)).reshape(tuple(batch_shape) + (heads, L, S))
+
+
 def scaled_dot_product_attention(
     query: npt.ArrayLike,
     key: npt.ArrayLike,
@@ -62,6 +93,8 @@ def scaled_dot_product_attention(
     alibi_slopes: Optional[npt.ArrayLike] = None,
     sinks: Optional[npt.ArrayLike] = None,
     block_mask: Any = None,
+    dropout_p: float = 0.0,
+    seed: Optional[int] = None,
 ) -> Union[np.ndarray, Tuple[np.ndarray, ...]]:
     """Attention computed in float64 with NumPy, step by step.
 
@@ -89,6 +122,9 @@ def scaled_dot_product_attention(
     left out, one of a partial block (1) follows the rules above, one of a
     full block (2) takes part whatever causality, the window and a bool mask
     say (a float mask is still added; key_lengths still leave it out).
+    ``dropout_p`` > 0 with ``seed``: the weights of the output's sum are
+    those :func:`dropout_keep` keeps, divided by ``1 - dropout_p`` (the
+    returned weights and lse are those before dropout).
 
     With ``return_weights`` the weights (..., Hq, L, S) are returned too, and with
     ``return_lse`` the natural log-sum-exp of each row's scaled, masked scores,
@@ -177,8 +213,14 @@ def scaled_dot_product_attention(
     with np.errstate(invalid="ignore", divide="ignore"):
         weights = np.where(denom > 0, e / np.where(denom > 0, denom, 1.0), 0.0)
     weights = np.where(np.isnan(denom), np.nan, weights)
-    # 4. weighted sum of the values
-    out = weights @ v
+    # 4. weighted sum of the values (those dropout keeps, scaled up)
+    if dropout_p > 0:
+        batch_shape = weights.shape[:-3] if weights.ndim >= 3 else ()
+        keep = dropout_keep(int(cast(int, seed)), batch_shape, weights.shape[-3] if weights.ndim >= 3 else 1, L, S,
+                            dropout_p).reshape(weights.shape)
+        out = np.where(keep, weights, 0.0) @ v / (1.0 - dropout_p)
+    else:
+        out = weights @ v
 
     extra: List[np.ndarray] = []
     if return_weights:

@@ -19,6 +19,7 @@ import numpy as np
 from . import _core
 from ._checks import (
     call_constants,
+    dropout_args,
     head_values,
     key_lengths_checked,
     mask_checked,
@@ -87,7 +88,7 @@ def attention_backward(
         The forward's arguments, with the same meaning.  A float ``attn_mask``
         gets no gradient.
     dropout_p, seed
-        Dropout is not supported yet: ``dropout_p`` must be 0.
+        The forward's dropout: the same mask is drawn again from ``seed``.
     num_threads : int, optional
         As for the forward.  The gradients are bitwise the same for every
         thread count.
@@ -104,17 +105,15 @@ def attention_backward(
     Raises
     ------
     ValueError
-        Shapes that do not fit (naming the argument), ``dropout_p`` not 0.
+        Shapes that do not fit (naming the argument); ``dropout_p > 0``
+        without a ``seed``.
     TypeError
         Unsupported dtypes or argument types.
     """
     causal_given, scale_given, gqa, sides, cap, threads = call_constants(
         is_causal, scale, enable_gqa, window, softcap, num_threads
     )[:6]
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
-        raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p: the backward pass has no dropout yet, got {dropout_p}")
+    dropout = dropout_args(dropout_p, seed)
     given = {name: _to_array(x, name) for x, name in (
         (grad_out, "grad_out"), (query, "query"), (key, "key"), (value, "value"), (out, "out"), (lse, "lse"))}
     for name, a in given.items():
@@ -173,7 +172,7 @@ def attention_backward(
         q, k, v, o, lse_c, do, dq, dk, dv, m, lengths, per_head.get("alibi_slopes"), per_head.get("sinks"),
         dsinks, gqa_group=max(group, 1), scale=_scale(scale_given, E), causal=causal, causal_offset=offset,
         align_offset=align, window_left=left, window_right=right, softcap=cap or 0.0,
-        num_threads=threads or 0,
+        num_threads=threads or 0, dropout_p=dropout[0] if dropout else 0.0, seed=dropout[1] if dropout else 0,
     )
     result: List[FloatArray] = [
         _summed(dq, q0.shape, dtype), _summed(dk, k0.shape, kv_dtype), _summed(dv, v0.shape, kv_dtype)]

@@ -41,11 +41,14 @@ What a model's attention call becomes:
   returned (float32 weights in the query's dtype) when the model asks for them
   with ``output_attentions=True``, else None.
 
+Training: with grad mode on and an input that requires grad (a model being
+fine-tuned), the call goes through ``torch.ops.sdpa.attention_fwd``, whose
+backward is :func:`sdpa.attention_backward` (the model's mask is then passed as
+it is, and ``s_aux`` gets its gradient).
+
 Limits: CPU tensors; no dropout (``ValueError`` when a model in training mode
-passes a dropout probability > 0; in eval mode models pass 0); no autograd (with
-grad mode on and an input that requires grad it raises ``RuntimeError``: run the
-model under ``torch.no_grad()`` or ``torch.inference_mode()``; ``generate()`` does
-so itself); eager execution only (not under ``torch.compile``).  A query row that
+passes a dropout probability > 0; in eval mode models pass 0); eager execution
+only (not under ``torch.compile``).  A query row that
 sees no key (a padding position of a left-padded batch) gives zeros, as
 transformers' ``"sdpa"`` does; ``"eager"`` gives an average of the values there.
 Those rows never reach the tokens that are not padding.
@@ -310,9 +313,8 @@ def attention_forward(
     Raises
     ------
     ValueError
-        ``dropout`` is not 0, a tensor is not on the CPU.
-    RuntimeError
-        Gradients are required (grad mode on and an input requiring grad).
+        ``dropout`` is not 0, a tensor is not on the CPU; ``output_attentions``
+        in a call that needs gradients.
     TypeError
         Unsupported dtypes.
     """
@@ -328,14 +330,6 @@ def attention_forward(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dtype not in DTYPES:
             raise TypeError(f"{name}: expected float32, float64, bfloat16 or float16, got {t.dtype}")
-    if torch.is_grad_enabled():
-        for name, t in named:
-            if isinstance(t, Tensor) and t.requires_grad:
-                raise RuntimeError(
-                    f"sdpa has no backward, but {name} requires grad; run the model under torch.no_grad() "
-                    "or torch.inference_mode() (generate() does so itself)"
-                )
-
     L, S = query.shape[-2], key.shape[-2]
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     if sliding_window is None:
@@ -345,6 +339,9 @@ def attention_forward(
         if isinstance(sliding_window, (int, np.integer)) and not isinstance(sliding_window, bool) and sliding_window > 0
         else None
     )
+    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for _, t in named):
+        return _training_forward(query, key, value, attention_mask, position_bias, scaling, causal, window_left,
+                                 softcap, s_aux, bool(kwargs.get("output_attentions", False)))
 
     arguments: Dict[str, Any] = {}
     attn_mask: Optional[Tensor] = None
@@ -421,4 +418,38 @@ def attention_forward(
     return output, weights
 
 
+def _training_forward(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Optional[Tensor],
+    position_bias: Optional[Tensor],
+    scaling: Optional[float],
+    causal: bool,
+    window_left: Optional[int],
+    softcap: Optional[float],
+    s_aux: Optional[Tensor],
+    want_weights: bool,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """:func:`attention_forward` of a call autograd records: the model's mask
+    as it is, through ``torch.ops.sdpa.attention_fwd``, whose backward is
+    sdpa's (the sinks get their gradient)."""
+    from .torch import attention_fwd_op
 
+    if want_weights:
+        raise ValueError("output_attentions: sdpa returns no weights from a call that needs gradients")
+    L = query.shape[-2]
+    mask = attention_mask
+    if position_bias is not None:
+        if mask is None:
+            mask = position_bias
+        elif mask.dtype == torch.bool:
+            mask = torch.where(mask, position_bias, torch.tensor(float("-inf"), dtype=position_bias.dtype))
+        else:
+            mask = position_bias + mask
+    is_causal = mask is None and causal and L > 1
+    window = [window_left, 0] if mask is None and causal and window_left is not None else None
+    out, _ = attention_fwd_op(
+        query, key, value, mask, is_causal, scaling, query.shape[-3] != key.shape[-3], window, softcap, None, s_aux,
+    )
+    return out.transpose(-2, -3).contiguous(), None
