@@ -243,11 +243,14 @@ def attention_fwd_op(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
     sinks: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    seed: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """``torch.ops.sdpa.attention_fwd``: :func:`attention_op` and the lse of
-    each row (float32, float64 for float64 inputs), which its backward
-    (``torch.ops.sdpa.attention_bwd``) reuses; what the autograd of
-    :func:`scaled_dot_product_attention` runs."""
+    """``torch.ops.sdpa.attention_fwd``: :func:`attention_op` with dropout
+    (``seed`` an int64 tensor of one element, required with ``dropout_p >
+    0``), and the lse of each row (float32, float64 for float64 inputs),
+    which its backward (``torch.ops.sdpa.attention_bwd``) reuses; what the
+    autograd of :func:`scaled_dot_product_attention` runs."""
     _check_tensors(query, key, value, attn_mask)
     _check_variants(query, window, alibi_slopes, sinks)
     call = _PLAIN.prepared(is_causal, scale, enable_gqa, _sides(window), softcap, None, False, True)
@@ -255,15 +258,32 @@ def attention_fwd_op(
     m = None if attn_mask is None else as_numpy(attn_mask)
     slopes = None if alibi_slopes is None else _per_head_numpy(alibi_slopes)
     logits = None if sinks is None else _per_head_numpy(sinks)
-    result = call.run(q, k, v, m, None, slopes, logits)
+    dropout = _dropout(dropout_p, seed)
+    result = call.run(q, k, v, m, None, slopes, logits, dropout=dropout)
     if isinstance(result, int):
-        result = _api.general(call, q, k, v, attn_mask=m, alibi_slopes=slopes, sinks=logits)
+        result = _api.general(call, q, k, v, attn_mask=m, alibi_slopes=slopes, sinks=logits, dropout=dropout)
     out, lse = cast(Tuple[np.ndarray, np.ndarray], result)
     return as_tensor(out), as_tensor(lse)
 
 
 def _sides(window: Optional[List[int]]) -> Optional[Tuple[int, int]]:
     return None if window is None else (int(window[0]), int(window[1]))
+
+
+def _dropout(dropout_p: float, seed: Optional[Tensor]) -> Optional[Tuple[float, int]]:
+    """The operators' dropout as the core takes it: None, or (p, the seed
+    tensor's value as an unsigned 64-bit int)."""
+    if dropout_p == 0.0:
+        return None
+    if seed is None:
+        raise ValueError("seed: dropout_p > 0 needs a seed tensor")
+    return _api.dropout_args(dropout_p, int(seed.reshape(()).item()) % 2**64)
+
+
+def _draw_seed() -> Tensor:
+    """A seed from torch's default CPU generator (torch.manual_seed makes it
+    reproducible), as a tensor the operators take."""
+    return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
 
 
 @attention_fwd_op.register_fake
@@ -279,6 +299,8 @@ def _attention_fwd_fake(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
     sinks: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    seed: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     dtype = _check_tensors(query, key, value, attn_mask, allow_meta=True)
     _check_variants(query, window, alibi_slopes, sinks)
@@ -303,6 +325,8 @@ def attention_bwd_op(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
     sinks: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    seed: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """``torch.ops.sdpa.attention_bwd``: :func:`sdpa.attention_backward` on
     tensors: (grad_query, grad_key, grad_value, grad_sinks), grad_sinks of
@@ -312,12 +336,17 @@ def attention_bwd_op(
         as_numpy(out), as_numpy(lse), attn_mask=None if attn_mask is None else as_numpy(attn_mask),
         is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, window=_sides(window), softcap=softcap,
         alibi_slopes=None if alibi_slopes is None else _per_head_numpy(alibi_slopes),
-        sinks=None if sinks is None else _per_head_numpy(sinks),
+        sinks=None if sinks is None else _per_head_numpy(sinks), **_dropout_kw(dropout_p, seed),
     )
     dq, dk, dv = (as_tensor(np.ascontiguousarray(g)) for g in grads[:3])
     if sinks is None:
         return dq, dk, dv, query.new_empty((0,))
     return dq, dk, dv, torch.from_numpy(np.ascontiguousarray(grads[3])).to(sinks.dtype).reshape(sinks.shape)
+
+
+def _dropout_kw(dropout_p: float, seed: Optional[Tensor]) -> Dict[str, Any]:
+    d = _dropout(dropout_p, seed)
+    return {} if d is None else {"dropout_p": d[0], "seed": d[1]}
 
 
 @attention_bwd_op.register_fake
@@ -336,6 +365,8 @@ def _attention_bwd_fake(
     softcap: Optional[float] = None,
     alibi_slopes: Optional[Tensor] = None,
     sinks: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    seed: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     ds = query.new_empty((0,)) if sinks is None else torch.empty_like(sinks, memory_format=torch.contiguous_format)
     return (torch.empty_like(query, memory_format=torch.contiguous_format),
@@ -345,11 +376,12 @@ def _attention_bwd_fake(
 
 def _options(inputs: Tuple[Any, ...]) -> Dict[str, Any]:
     """The operators' arguments after query, key, value, by name."""
-    names = ("attn_mask", "is_causal", "scale", "enable_gqa", "window", "softcap", "alibi_slopes", "sinks")
+    names = ("attn_mask", "is_causal", "scale", "enable_gqa", "window", "softcap", "alibi_slopes", "sinks",
+             "dropout_p", "seed")
     return dict(zip(names, inputs[3:]))
 
 
-_TENSOR_OPTIONS = ("attn_mask", "alibi_slopes", "sinks")
+_TENSOR_OPTIONS = ("attn_mask", "alibi_slopes", "sinks", "seed")
 
 
 def _refuse_grads(kw: Dict[str, Any]) -> None:
@@ -367,26 +399,29 @@ def _setup_fwd(ctx: Any, inputs: Tuple[Any, ...], output: Tuple[Tensor, Tensor])
     query, key, value = inputs[:3]
     kw = _options(inputs)
     _refuse_grads(kw)
+    ctx.inputs = len(inputs)
     ctx.kw = {n: x for n, x in kw.items() if n not in _TENSOR_OPTIONS}
     ctx.mark_non_differentiable(output[1])
-    ctx.save_for_backward(query, key, value, output[0], output[1], kw["attn_mask"], kw["alibi_slopes"], kw["sinks"])
+    ctx.save_for_backward(query, key, value, output[0], output[1], kw["attn_mask"], kw["alibi_slopes"], kw["sinks"],
+                          kw.get("seed"))
 
 
 def _grads(ctx: Any, grad_out: Tensor, out: Optional[Tensor], lse: Optional[Tensor]) -> Tuple[Any, ...]:
     """The gradients of the operators' inputs (None for the options)."""
-    query, key, value, out0, lse0, mask, slopes, sinks = ctx.saved_tensors
+    query, key, value, out0, lse0, mask, slopes, sinks, seed = ctx.saved_tensors
     if out is None:
         out, lse = out0, lse0
     if out is None or lse is None:  # sdpa::attention saved no lse: the forward again
-        out, lse = attention_fwd_op(query, key, value, mask, alibi_slopes=slopes, sinks=sinks, **ctx.kw)
+        out, lse = attention_fwd_op(query, key, value, mask, alibi_slopes=slopes, sinks=sinks, seed=seed, **ctx.kw)
     dq, dk, dv, ds = attention_bwd_op(grad_out, query, key, value, out, lse, mask, alibi_slopes=slopes,
-                                      sinks=sinks, **ctx.kw)
-    return (dq, dk, dv, None, None, None, None, None, None, None, ds if sinks is not None else None)
+                                      sinks=sinks, seed=seed, **ctx.kw)
+    return (dq, dk, dv, None, None, None, None, None, None, None, ds if sinks is not None else None) + \
+        (None,) * (ctx.inputs - 11)
 
 
 def _backward_fwd(ctx: Any, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]) -> Tuple[Any, ...]:
     if grad_out is None:  # the lse is not differentiable (marked so)
-        return (None,) * 11
+        return (None,) * ctx.inputs
     return _grads(ctx, grad_out, None, None)
 
 
@@ -394,8 +429,9 @@ def _setup_attention(ctx: Any, inputs: Tuple[Any, ...], output: Tensor) -> None:
     query, key, value = inputs[:3]
     kw = _options(inputs)
     _refuse_grads(kw)
+    ctx.inputs = len(inputs)
     ctx.kw = {n: x for n, x in kw.items() if n not in _TENSOR_OPTIONS}
-    ctx.save_for_backward(query, key, value, None, None, kw["attn_mask"], kw["alibi_slopes"], kw["sinks"])
+    ctx.save_for_backward(query, key, value, None, None, kw["attn_mask"], kw["alibi_slopes"], kw["sinks"], None)
 
 
 torch.library.register_autograd("sdpa::attention_fwd", _backward_fwd, setup_context=_setup_fwd)
@@ -505,11 +541,7 @@ def scaled_dot_product_attention(
             if type(result) is np.ndarray:
                 return as_tensor(result)
             declined = True  # the operator's body explains, and the general path computes without a second try
-    if dropout_p != 0.0:
-        raise ValueError(
-            f"dropout_p: sdpa has no dropout, got {dropout_p}; pass 0.0 (as models do in eval mode), "
-            "or use sdpa.torch.patch(fallback=True) to let torch compute the calls with dropout"
-        )
+    _api.dropout_args(dropout_p, 0)  # a TypeError or ValueError naming dropout_p
     # torch's dispatcher refuses nested tensors with a bare NotImplementedError
     _check_nested(query, key, value, mask)
     if causal == "bottom_right":  # the operator's is_causal is a bool: the mask itself
@@ -529,9 +561,10 @@ def scaled_dot_product_attention(
             query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
             declined=True,
         )
-    if _needs_grad(query, key, value, mask, alibi_slopes, sinks):  # the forward that keeps the lse
+    if dropout_p != 0.0 or _needs_grad(query, key, value, mask, alibi_slopes, sinks):  # keeps the lse
         return attention_fwd_op(
             query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
+            float(dropout_p), _draw_seed() if dropout_p != 0.0 else None,
         )[0]
     out: Tensor = attention_op(
         query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
@@ -640,8 +673,6 @@ def _fallback_reason(query: Any, key: Any, value: Any, attn_mask: Any, dropout_p
             return f"bfloat16 tensors ({NEEDS_ML_DTYPES})"
     if isinstance(attn_mask, Tensor) and attn_mask.requires_grad and torch.is_grad_enabled():
         return "masks that require grad (sdpa computes no gradient of attn_mask)"
-    if dropout_p != 0.0:
-        return "calls with dropout_p > 0 (sdpa has no dropout; a model in eval mode passes 0.0)"
     return None
 
 
@@ -670,7 +701,7 @@ def _with_fallback(previous: _TorchSDPA) -> _TorchSDPA:
         reason = _fallback_reason(query, key, value, mask, dropout_p)
         if reason is None:
             return scaled_dot_product_attention(
-                query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
             )
         _warn_fallback(reason)
         if causal == "bottom_right":

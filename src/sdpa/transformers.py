@@ -42,13 +42,14 @@ What a model's attention call becomes:
   with ``output_attentions=True``, else None.
 
 Training: with grad mode on and an input that requires grad (a model being
-fine-tuned), the call goes through ``torch.ops.sdpa.attention_fwd``, whose
-backward is :func:`sdpa.attention_backward` (the model's mask is then passed as
-it is, and ``s_aux`` gets its gradient).
+fine-tuned), or a dropout probability > 0 (a model in training mode), the call
+goes through ``torch.ops.sdpa.attention_fwd``, whose backward is
+:func:`sdpa.attention_backward` (the model's mask is then passed as it is,
+``s_aux`` gets its gradient, and the dropout mask is drawn from a seed taken
+from torch's default generator, so ``torch.manual_seed`` makes a step
+reproducible).
 
-Limits: CPU tensors; no dropout (``ValueError`` when a model in training mode
-passes a dropout probability > 0; in eval mode models pass 0); eager execution
-only (not under ``torch.compile``).  A query row that
+Limits: CPU tensors; eager execution only (not under ``torch.compile``).  A query row that
 sees no key (a padding position of a left-padded batch) gives zeros, as
 transformers' ``"sdpa"`` does; ``"eager"`` gives an average of the values there.
 Those rows never reach the tokens that are not padding.
@@ -287,7 +288,7 @@ def attention_forward(
         as transformers' mask functions build it; None: causal (top-left, for
         L > 1) when the layer is causal, else none.
     dropout : float
-        Must be 0.
+        The attention dropout of a model in training mode (0 in eval mode).
     scaling : float, optional
         The scale of the scores; ``1 / sqrt(E)`` when None.
     is_causal : bool, optional
@@ -313,16 +314,11 @@ def attention_forward(
     Raises
     ------
     ValueError
-        ``dropout`` is not 0, a tensor is not on the CPU; ``output_attentions``
-        in a call that needs gradients.
+        A tensor is not on the CPU; ``output_attentions`` in a call that
+        needs gradients or has dropout.
     TypeError
         Unsupported dtypes.
     """
-    if dropout:
-        raise ValueError(
-            f"dropout: sdpa has no dropout, got {dropout}; put the model in eval mode (model.eval()), "
-            "where transformers passes 0.0"
-        )
     named = (("query", query), ("key", key), ("value", value), ("s_aux", s_aux),
              ("position_bias", position_bias), ("attention_mask", attention_mask))
     for name, t in named:
@@ -339,9 +335,9 @@ def attention_forward(
         if isinstance(sliding_window, (int, np.integer)) and not isinstance(sliding_window, bool) and sliding_window > 0
         else None
     )
-    if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for _, t in named):
+    if dropout or (torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for _, t in named)):
         return _training_forward(query, key, value, attention_mask, position_bias, scaling, causal, window_left,
-                                 softcap, s_aux, bool(kwargs.get("output_attentions", False)))
+                                 softcap, s_aux, bool(kwargs.get("output_attentions", False)), float(dropout))
 
     arguments: Dict[str, Any] = {}
     attn_mask: Optional[Tensor] = None
@@ -430,14 +426,17 @@ def _training_forward(
     softcap: Optional[float],
     s_aux: Optional[Tensor],
     want_weights: bool,
+    dropout: float,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """:func:`attention_forward` of a call autograd records: the model's mask
-    as it is, through ``torch.ops.sdpa.attention_fwd``, whose backward is
-    sdpa's (the sinks get their gradient)."""
-    from .torch import attention_fwd_op
+    """:func:`attention_forward` of a call autograd records, or with dropout:
+    the model's mask as it is, through ``torch.ops.sdpa.attention_fwd``, whose
+    backward is sdpa's (the sinks get their gradient); dropout's seed drawn
+    from torch's default generator."""
+    from .torch import _draw_seed, attention_fwd_op
 
     if want_weights:
-        raise ValueError("output_attentions: sdpa returns no weights from a call that needs gradients")
+        raise ValueError("output_attentions: sdpa returns no weights from a call that needs gradients "
+                         "or drops weights")
     L = query.shape[-2]
     mask = attention_mask
     if position_bias is not None:
@@ -451,5 +450,6 @@ def _training_forward(
     window = [window_left, 0] if mask is None and causal and window_left is not None else None
     out, _ = attention_fwd_op(
         query, key, value, mask, is_causal, scaling, query.shape[-3] != key.shape[-3], window, softcap, None, s_aux,
+        dropout, _draw_seed() if dropout else None,
     )
     return out.transpose(-2, -3).contiguous(), None
