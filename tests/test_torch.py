@@ -132,20 +132,25 @@ def test_inference_mode():
 # --------------------------------------------------------------------------- errors
 
 
-def test_dropout_is_refused():
+def test_dropout_p_is_checked():
     q, k, v = make("small", torch.float32)
-    with pytest.raises(ValueError, match="dropout_p"):
-        st.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="dropout_p"):
+            st.scaled_dot_product_attention(q, k, v, dropout_p=bad)
+    with pytest.raises(TypeError, match="dropout_p"):
+        st.scaled_dot_product_attention(q, k, v, dropout_p="0.1")
 
 
-def test_requires_grad_is_refused():
+def test_requires_grad_runs_sdpas_backward():
+    """Grad mode on and an input that requires grad: sdpa's forward that keeps
+    the lse, and sdpa's backward (tests/test_training.py checks the values)."""
     q, k, v = make("small", torch.float32)
     q.requires_grad_(True)
-    with pytest.raises(RuntimeError, match="no backward.*query requires grad"):
-        st.scaled_dot_product_attention(q, k, v)
-    with torch.no_grad():
-        out = st.scaled_dot_product_attention(q, k, v)
-    assert_close(out.numpy(), TORCH_SDPA(q.detach(), k, v).numpy(), np.float32, scale=2)
+    out = st.scaled_dot_product_attention(q, k, v)
+    assert out.grad_fn is not None and "sdpa" in type(out.grad_fn).__name__.lower()
+    assert_close(out.detach().numpy(), TORCH_SDPA(q.detach(), k, v).numpy(), np.float32, scale=2)
+    out.sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.complex64, torch.uint8])
@@ -348,8 +353,10 @@ def test_opcheck(with_mask):
     mask = (torch.rand(8, 33, 63, generator=torch.Generator().manual_seed(4)) < 0.7) if with_mask else None
     if mask is not None:
         mask[..., 0] = True
-    # no input requires grad: sdpa has no backward
     torch.library.opcheck(torch.ops.sdpa.attention.default, (q, k, v, mask, True, 0.3, True))
+    q.requires_grad_(True)
+    torch.library.opcheck(torch.ops.sdpa.attention.default, (q, k, v, mask, True, 0.3, True))
+    torch.library.opcheck(torch.ops.sdpa.attention_fwd.default, (q, k, v, mask, True, 0.3, True))
 
 
 # --------------------------------------------------------------------------- window, softcap, ALiBi, sinks
@@ -453,7 +460,7 @@ def test_variant_keywords_are_checked():
         assert torch.equal(wide, plain)
         with pytest.raises(ValueError, match="softcap"):
             st.scaled_dot_product_attention(q, k, v, enable_gqa=True, softcap=-1.0)
-    with pytest.raises(RuntimeError, match="alibi_slopes requires grad"):
+    with pytest.raises(RuntimeError, match="alibi_slopes: sdpa computes no gradient"):
         st.scaled_dot_product_attention(q, k, v, enable_gqa=True, alibi_slopes=slopes.requires_grad_())
 
 
@@ -566,18 +573,20 @@ def test_patch_is_undone_on_errors():
     assert F.scaled_dot_product_attention is TORCH_SDPA
 
 
-def test_patched_model_without_no_grad_raises(model_and_input):
-    """A plain model(x): the parameters require grad, so q, k and v do; the error
-    names every remedy."""
+def test_patched_model_trains_on_sdpa(model_and_input):
+    """A plain model(x) whose parameters require grad: sdpa's forward and
+    backward, the gradients of torch's own."""
     model, x = model_and_input
-    with st.patch(), pytest.raises(RuntimeError, match="no backward") as info:
-        model(x)
-    message = str(info.value)
-    assert "query requires grad and grad mode is on" in message
-    for remedy in ("torch.no_grad()", "torch.inference_mode()", "sdpa.torch.patch(fallback=True)"):
-        assert remedy in message
-    with st.patch(), torch.inference_mode():
-        model(x)  # the first remedy
+    expected = model(x)
+    expected.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with st.patch():
+        got = model(x)
+    got.sum().backward()
+    assert_close(got.detach().numpy(), expected.detach().numpy(), np.float32, scale=4)
+    for p, g in zip(model.parameters(), grads):
+        assert_close(p.grad.numpy(), g.numpy(), np.float32, scale=16)
 
 
 def test_fallback(model_and_input, monkeypatch):
@@ -586,49 +595,34 @@ def test_fallback(model_and_input, monkeypatch):
     real = st.scaled_dot_product_attention
     monkeypatch.setattr(st, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     with st.patch(fallback=True):
-        with pytest.warns(st.FallbackWarning, match="calls that need gradients"):
-            y = model(x)  # grad required: torch's own, with autograd
+        y = model(x)  # grad required: sdpa's backward
         y.sum().backward()
-        assert calls == []
-        with torch.no_grad():
-            model(x)
         assert len(calls) == 2
         q = torch.randn(2, 4, 8, dtype=torch.float16)
-        out = F.scaled_dot_product_attention(q, q, q)  # grad enabled but not required: sdpa
+        out = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)  # dropout: sdpa's too
         assert out.dtype == torch.float16 and len(calls) == 3
-        with torch.no_grad(), pytest.warns(st.FallbackWarning, match="dropout_p > 0"):
-            F.scaled_dot_product_attention(q.float(), q.float(), q.float(), dropout_p=0.5)  # torch's own
+        mask = torch.zeros(4, 4, requires_grad=True)
+        with pytest.warns(st.FallbackWarning, match="masks that require grad"):
+            F.scaled_dot_product_attention(q.float(), q.float(), q.float(), attn_mask=mask)  # torch's own
         assert len(calls) == 3
 
 
-def test_fallback_warns_once_per_reason_and_matches_torch(model_and_input):
-    """Repeated calls that need gradients: one FallbackWarning, pointing at the
-    caller; torch's results and gradients."""
-    model, x = model_and_input
-    expected = model(x)
-    expected.sum().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
+def test_fallback_warns_once_per_reason_and_matches_torch():
+    """Repeated calls sdpa cannot take (a trained mask): one FallbackWarning,
+    pointing at the caller; torch's results and gradients."""
+    q = torch.randn(2, 4, 8, 16, requires_grad=True)
+    mask = torch.zeros(8, 8, requires_grad=True)
+    expected = TORCH_SDPA(q, q, q, attn_mask=mask)
     with warnings.catch_warnings(record=True) as caught, st.patch(fallback=True):
         warnings.simplefilter("always")
         for _ in range(3):
-            got = model(x)  # two attention calls each
-        got.sum().backward()
-        q = torch.randn(2, 4, 8, dtype=torch.float16)
-        with torch.no_grad():
-            for _ in range(2):
-                F.scaled_dot_product_attention(q, q, q, dropout_p=0.3)
+            got = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     ours = [w for w in caught if issubclass(w.category, st.FallbackWarning)]
     assert [str(w.message) for w in ours] == [
-        "sdpa.torch: falling back to torch for calls that need gradients (grad mode is on and an input "
-        "requires grad; sdpa has no backward). Calls under torch.no_grad() or torch.inference_mode() run on sdpa",
-        "sdpa.torch: falling back to torch for calls with dropout_p > 0 (sdpa has no dropout; a model in "
-        "eval mode passes 0.0)",
+        "sdpa.torch: falling back to torch for masks that require grad (sdpa computes no gradient of attn_mask)",
     ]
-    assert ours[1].filename == __file__  # the caller of F.scaled_dot_product_attention
+    assert ours[0].filename == __file__  # the caller of F.scaled_dot_product_attention
     assert torch.equal(got, expected)
-    for p, g in zip(model.parameters(), grads):
-        assert torch.equal(p.grad, g)
 
 
 def test_fallback_for_other_devices():
@@ -732,10 +726,9 @@ def test_causal_bias_through_the_operator(variant):
 
 @pytest.mark.parametrize("L,S", [(3, 5), (5, 3)])
 @pytest.mark.parametrize("variant", ["causal_upper_left", "causal_lower_right"])
-def test_causal_bias_falls_back_to_torch_with_gradients(variant, L, S):
-    """A call that needs gradients goes to torch's own function, which under the
-    patch no longer recognises a CausalBias by itself: it gets what the bias
-    stands for, and gives torch's results and gradients."""
+def test_causal_bias_with_gradients(variant, L, S):
+    """A call that needs gradients under the patch runs on sdpa, the bias
+    taken as its causal flag: torch's results and gradients."""
     gen = torch.Generator().manual_seed(L * 10 + S)
     q = torch.randn(2, 4, L, 16, generator=gen, requires_grad=True)
     k = torch.randn(2, 4, S, 16, generator=gen, requires_grad=True)
@@ -743,7 +736,8 @@ def test_causal_bias_falls_back_to_torch_with_gradients(variant, L, S):
     mask = causal_bias(variant, L, S)
     expected = TORCH_SDPA(q, k, v, attn_mask=mask)
     expected_grads = torch.autograd.grad(expected.sum(), (q, k))
-    with st.patch(fallback=True), pytest.warns(st.FallbackWarning, match="calls that need gradients"):
+    with warnings.catch_warnings(), st.patch(fallback=True):
+        warnings.simplefilter("error", st.FallbackWarning)
         got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert type(got) is torch.Tensor
     assert torch.allclose(got, expected, atol=1e-6)

@@ -287,31 +287,6 @@ def test_t5_position_bias_and_padding(name, calls):
 # --------------------------------------------------------------------------- what is refused
 
 
-def test_dropout_is_refused(name):
-    model = build("llama-gqa", attention_dropout=0.1)
-    model.set_attn_implementation(name)
-    ids, mask = prompt()
-    model.train()
-    with torch.no_grad(), pytest.raises(ValueError, match="dropout"):
-        model(ids, attention_mask=mask)
-    model.eval()  # transformers passes dropout=0.0 in eval mode
-    with torch.no_grad():
-        model(ids, attention_mask=mask)
-
-
-def test_gradients_are_refused(name):
-    model = build("llama-gqa")
-    model.set_attn_implementation(name)
-    ids, mask = prompt()
-    with pytest.raises(RuntimeError, match=r"no backward.*no_grad\(\).*inference_mode\(\)"):
-        model(ids, attention_mask=mask)
-    with torch.inference_mode():
-        model(ids, attention_mask=mask)
-    for p in model.parameters():  # nothing requires grad: grad mode may stay on
-        p.requires_grad_(False)
-    model(ids, attention_mask=mask)
-
-
 def test_other_devices_and_dtypes_are_refused():
     q = torch.zeros(1, 2, 3, 4, device="meta")
     with pytest.raises(ValueError, match="CPU"):

@@ -1763,9 +1763,10 @@ def backward(q, k, v, out, lse, grad_out, grad_query, grad_key, grad_value, attn
     cdef sdpa_grads g
     cdef int64_t ex[MAX_DIMS]
     cdef int nb = cnp.PyArray_NDIM(<cnp.ndarray>q) - 3, i, dt
-    cdef cnp.npy_intp *qs = cnp.PyArray_DIMS(<cnp.ndarray>q)
-    cdef cnp.npy_intp *ks = cnp.PyArray_DIMS(<cnp.ndarray>k)
-    cdef cnp.npy_intp *vs = cnp.PyArray_DIMS(<cnp.ndarray>v)
+    # the sizes, from the gradients' full (unbroadcast) shapes
+    cdef cnp.npy_intp *qs = cnp.PyArray_DIMS(<cnp.ndarray>grad_query)
+    cdef cnp.npy_intp *ks = cnp.PyArray_DIMS(<cnp.ndarray>grad_key)
+    cdef cnp.npy_intp *vs = cnp.PyArray_DIMS(<cnp.ndarray>grad_value)
     cdef sdpa_status status
     cdef const char *field = NULL
     dt = _dtype_of(<cnp.ndarray>q)

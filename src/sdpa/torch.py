@@ -16,11 +16,18 @@ of torch's own function, so that an eager model calling
     with sdpa.torch.patch(), torch.inference_mode():
         y = model(x)
 
+Training: a call whose inputs require grad (with grad mode on) runs
+``torch.ops.sdpa.attention_fwd``, which keeps each row's lse, and its backward
+``torch.ops.sdpa.attention_bwd`` (:func:`sdpa.attention_backward`);
+``torch.ops.sdpa.attention`` has the same backward (its forward run again for
+the lse).  ``dropout_p > 0`` drops weights with a mask drawn from a seed taken
+from torch's default CPU generator (``torch.manual_seed`` makes it
+reproducible) and kept for the backward.  The gradients of a float
+``attn_mask`` and of ``alibi_slopes`` are not computed (a RuntimeError naming
+them when they require grad).
+
 Limits: CPU tensors of float32, float64, bfloat16 or float16 (bfloat16 needs
-ml_dtypes, NumPy's bfloat16 dtype); no dropout (``dropout_p`` must be 0); no
-nested (jagged) tensors; no autograd (call it under ``torch.no_grad()`` or
-``torch.inference_mode()``, or on tensors that do not require grad: a model's
-parameters do, so a plain ``model(x)`` needs one of the two).
+ml_dtypes, NumPy's bfloat16 dtype); no nested (jagged) tensors.
 ``patch(fallback=True)`` sends the calls beyond these limits to torch, warning
 once for each reason (:class:`FallbackWarning`).  torch's ``CausalBias`` masks
 (``torch.nn.attention.bias.causal_upper_left`` / ``causal_lower_right``) are
@@ -141,7 +148,8 @@ def attention_op(
 ) -> Tensor:
     """The operator ``torch.ops.sdpa.attention``: attention without dropout,
     arguments as for :func:`scaled_dot_product_attention` (``window`` a list of
-    two ints).  It has no backward."""
+    two ints).  Its backward runs the forward again for the lse (the autograd
+    of :func:`scaled_dot_product_attention` keeps it instead)."""
     return _attention_tensors(
         query, key, value, attn_mask, is_causal, scale, enable_gqa, window, softcap, alibi_slopes, sinks,
     )
@@ -477,7 +485,9 @@ def scaled_dot_product_attention(
         ``is_causal=True``, or ``causal_lower_right(L, S)``, the causal mask
         aligned to the last query row and key, ``tril(ones(L, S), S - L)``).
     dropout_p : float
-        Must be 0.0: sdpa has no dropout.
+        Dropout on the attention weights, as torch's (applied whenever it is
+        > 0: models pass 0.0 in eval mode), with a mask drawn from a seed
+        taken from torch's default CPU generator.
     is_causal : bool
         Mask with ``tril(ones(L, S))``; may be combined with ``attn_mask``
         (but not with a ``CausalBias``).
@@ -504,12 +514,13 @@ def scaled_dot_product_attention(
     Raises
     ------
     ValueError
-        ``dropout_p`` is not 0, a tensor is not on the CPU, shapes do not fit
-        (those of a ``CausalBias`` included).
+        ``dropout_p`` not in [0, 1), a tensor is not on the CPU, shapes do
+        not fit (those of a ``CausalBias`` included).
     TypeError
         Unsupported dtypes; nested tensors.
     RuntimeError
-        Gradients are required: grad mode is on and an input requires grad.
+        ``attn_mask`` or ``alibi_slopes`` requires grad (sdpa computes no
+        gradient of them).
     """
     declined = False  # the core has declined the arrays as they are
     mask: Any = attn_mask
@@ -642,7 +653,7 @@ _replaced: List[_TorchSDPA] = []
 
 class FallbackWarning(UserWarning):
     """Warned by ``patch(fallback=True)`` the first time it sends a call to torch
-    for a given reason (gradients, dropout, a device, dtypes, nested tensors); once
+    for a given reason (a device, dtypes, nested tensors, a mask that requires grad); once
     per reason and process.  Silence it with
     ``warnings.filterwarnings("ignore", category=sdpa.torch.FallbackWarning)``."""
 
@@ -751,13 +762,12 @@ def patch(fallback: bool = False) -> _Patch:
     ``from torch.nn.functional import scaled_dot_product_attention``, keep torch's.
 
     With ``fallback=False`` every call goes to :func:`scaled_dot_product_attention`,
-    whose errors say what sdpa cannot do: a forward pass with grad mode on over
-    inputs that require grad (a model's activations do) raises ``RuntimeError``,
-    so run the model under ``torch.no_grad()`` or ``torch.inference_mode()``.
-    With ``fallback=True`` the calls sdpa cannot take (gradients required,
-    dropout, other devices or dtypes, nested tensors) go to the function that was
+    whose errors say what sdpa cannot do; calls that need gradients or have
+    dropout (a model being trained) run on sdpa, backward included.
+    With ``fallback=True`` the calls sdpa cannot take (other devices or dtypes,
+    nested tensors, a mask that requires grad) go to the function that was
     there before, and a :class:`FallbackWarning` says so, once for each reason
-    (``"sdpa.torch: falling back to torch for calls that need gradients ..."``).
+    (``"sdpa.torch: falling back to torch for tensors on meta ..."``).
 
     Patching is process-wide, for every Python thread.
     """
