@@ -64,6 +64,7 @@ from .sparse import (
     sparse_limits,
 )
 from .suite import iter_suite, suite_dtypes
+from .training import BACKWARD_CASES, backward_case_available, format_backward_table, iter_backward
 from .threads import default_threads, threads_text
 from .timing import Progress
 
@@ -136,6 +137,14 @@ def _build_parser() -> argparse.ArgumentParser:
         + ",".join(n for n, _ in SPARSE_CASES) + ")",
     )
     p.add_argument(
+        "--backward",
+        action="store_true",
+        help="instead of the suite, training: attention_backward against the forward and torch's CPU flash "
+        "backward (float32, bfloat16), a forward + backward step through sdpa.torch against torch's, and "
+        "the forward with dropout against without (--quick: B 1, S 512; --cases picks some of "
+        + ",".join(n for n, _ in BACKWARD_CASES) + ")",
+    )
+    p.add_argument(
         "--serving",
         action="store_true",
         help="instead of the suite, ragged serving calls in one call against the ways they are done "
@@ -151,7 +160,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cases",
-        help="with --serving or --plan: comma-separated case names (a prefix such as decode-avx512 "
+        help="with --serving, --plan, --sparse or --backward: comma-separated case names (a prefix such as decode-avx512 "
         "selects the cases it starts)",
     )
     p.add_argument(
@@ -269,6 +278,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         return _run_roofline(args, shapes, specs)
+    if args.backward:
+        if args.latency or cache_mode or args.profile or args.impls or args.plot or args.shapes or args.paged \
+                or args.serving or args.sparse:
+            print("error: --backward is a mode of its own: no --latency, --cache-dtypes, --profile, --paged, "
+                  "--serving, --sparse, --impls, --shapes or --plot", file=sys.stderr)
+            return 2
+        args.min_time = _TIMING[0] if args.min_time is None else args.min_time
+        args.repeat = _TIMING[1] if args.repeat is None else args.repeat
+        return _run_backward(args)
     if args.sparse:
         if args.latency or cache_mode or args.profile or args.impls or args.plot or args.shapes or args.paged \
                 or args.serving:
@@ -510,6 +528,46 @@ def _print_header(info: Dict[str, Any], dtype: str, extra: str = "") -> None:
         f"{info['cpu_model'] or info['machine']}, {info['cpu_count']} CPUs, numpy {info['numpy']}"
         f"{blas_text}, torch {info['torch'] or 'not installed'}{extra}, {dtype}"
     )
+
+
+def _run_backward(args: argparse.Namespace) -> int:
+    """``--backward``: the training table; the exit status."""
+    threads = args.threads or default_threads()
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    cases = [n for n, _ in BACKWARD_CASES if backward_case_available(n)]
+    if args.cases:
+        asked = [c.strip() for c in args.cases.split(",") if c.strip()]
+        unknown = [c for c in asked if c not in dict(BACKWARD_CASES)]
+        if unknown:
+            print(f"error: --cases: unknown backward case(s) {', '.join(unknown)}", file=sys.stderr)
+            return 2
+        cases = [c for c in cases if c in asked]
+    progress = Progress(len(cases) * len(threads), enabled=show)
+    info = machine_info()
+    rows: List[Dict[str, Any]] = []
+    interrupted = False
+    try:
+        for row in iter_backward(threads, min_time=args.min_time, repeat=args.repeat, seed=args.seed,
+                                 quick=args.quick, cases=cases, progress=progress):
+            rows.append(row)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        progress.close()
+    _print_header(info, "training: backward and dropout")
+    print(format_backward_table(rows))
+    print("  GFLOP/s: the causal products computed (backward 2.5x, a step 3.5x the forward's)")
+    absent = [n for n, _ in BACKWARD_CASES if not backward_case_available(n)]
+    if absent:
+        print(f"  not run: {', '.join(absent)} (they need torch, or ml_dtypes for bfloat16)")
+    if interrupted:
+        print("(interrupted: partial results)")
+    if args.json:
+        payload = {"machine": info, "settings": {"mode": "backward", "threads": threads, "quick": args.quick,
+                                                 "min_time": args.min_time, "repeat": args.repeat, "cases": cases},
+                   "results": rows}
+        write_json(args.json, payload)
+    return 130 if interrupted else 0
 
 
 def _run_sparse(args: argparse.Namespace) -> int:
