@@ -24,13 +24,10 @@ static void FN(bwd_load)(const KT *kern, sdpa_dtype dt, const char *src, int64_t
         memcpy(dst, src, (size_t)n * sizeof(T));
         return;
     }
-#if TDT == SDPA_FLOAT32
-    if ((dt == SDPA_BFLOAT16 || dt == SDPA_FLOAT16) && cs == 1) {
+    if (TDT == SDPA_FLOAT32 && (dt == SDPA_BFLOAT16 || dt == SDPA_FLOAT16) && cs == 1) {
         kern->widen(dt, (const uint16_t *)(const void *)src, dst, n);
         return;
     }
-#endif
-    (void)kern;
     for (int64_t i = 0; i < n; i++) {
         switch (dt) {
             case SDPA_FLOAT64: dst[i] = (T)((const double *)(const void *)src)[i * cs]; break;
@@ -66,20 +63,44 @@ static T *FN(bwd_take)(char **w, int64_t n) {
     return r;
 }
 
-/* A tile's dropout (sdpa.h): the n keys x nr rows of st from key s0 and row
- * r0 of (b, h) times keep where kept, 0 where dropped, into dst (st itself
- * allowed); bits: n x nr words of scratch. */
-static void FN(drop_tile)(const sdpa_problem *p, const kernel_table *kt, int64_t b, int64_t h, int64_t r0, int nr,
-                          int64_t s0, int n, uint32_t *bits, const T *st, T *dst, uint32_t thr, T keep) {
-    kt->dropout_bits(p->dropout_seed, (uint32_t)b, (uint32_t)h, (uint32_t)(r0 / 4), nr / 4, (uint64_t)s0, n, bits);
-    for (int64_t i = 0; i < (int64_t)n * nr; i++) dst[i] = bits[i] >= thr ? st[i] * keep : 0;
+/* dst[i] = keep * src[i] where mask[i] is set, else 0: an AND of the bits (a
+ * dropped NaN is 0 too), vectorized */
+static void FN(drop_apply)(const uint32_t *mask, const T *src, T *dst, int64_t n, T keep) {
+    if (sizeof(T) == sizeof(uint32_t)) {
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &src[i], sizeof(u));
+            u &= mask[i];
+            memcpy(&dst[i], &u, sizeof(u));
+            dst[i] *= keep;
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            uint64_t u;
+            memcpy(&u, &src[i], sizeof(u));
+            u &= (uint64_t)mask[i] | ((uint64_t)mask[i] << 32);
+            memcpy(&dst[i], &u, sizeof(u));
+            dst[i] *= keep;
+        }
+    }
 }
 
-/* dropout's threshold on a word (kept when u >= it) and the kept weights' factor */
+/* A tile's dropout (sdpa.h): the n keys x nr rows of st from key s0 and row
+ * r0 of (b, h) times keep where kept, 0 where dropped, into dst (st itself
+ * allowed); bits: n x nr words, the keep masks, left there. */
+static void FN(drop_tile)(const sdpa_problem *p, const kernel_table *kt, int64_t b, int64_t h, int64_t r0, int nr,
+                          int64_t s0, int n, uint32_t *bits, const T *st, T *dst, uint32_t thr, T keep) {
+    kt->dropout_bits(p->dropout_seed, (uint32_t)b, (uint32_t)h, (uint32_t)(r0 / 8), nr / 8, (uint64_t)s0, n, thr,
+                     bits);
+    FN(drop_apply)(bits, st, dst, (int64_t)n * nr, keep);
+}
+
+/* dropout's threshold on a 16-bit number (kept when u >= it) and the kept
+ * weights' factor, 1 / (1 - thr / 65536) */
 static void FN(drop_constants)(const sdpa_problem *p, uint32_t *thr, T *keep) {
-    const double t = ceil(p->dropout_p * 4294967296.0);
-    *thr = t >= 4294967295.0 ? 4294967295u : (uint32_t)t;
-    *keep = (T)(1.0 / (1.0 - p->dropout_p));
+    const double t = ceil(p->dropout_p * 65536.0);
+    *thr = t >= 65535.0 ? 65535u : (uint32_t)t;
+    *keep = (T)(65536.0 / (65536.0 - (double)*thr));
 }
 
 typedef struct FN(bwd_call) {
@@ -235,7 +256,7 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
                 kern->gemm(nv, Ev, vb, Ev, 1, otp, nr, dp, nr, 0);
                 if (p->dropout_p > 0) {  /* the forward's mask: dV takes P dropped, dP is dropped */
                     FN(drop_tile)(p, c->kt, b, h, r0, nr, s0, nv, bits, st, pd, c->thr, c->keep);
-                    for (int64_t i = 0; i < (int64_t)nv * nr; i++) dp[i] = bits[i] >= c->thr ? dp[i] * c->keep : 0;
+                    FN(drop_apply)(bits, dp, dp, (int64_t)nv * nr, c->keep);
                 }
                 for (int j = 0; j < nv; j++)
                     for (int x = 0; x < nr; x++) dp[j * nr + x] = st[j * nr + x] * (dp[j * nr + x] - dr[x]);

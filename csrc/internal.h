@@ -387,15 +387,17 @@ enum {
 /* One kernel set: its name, the features it needs, and its kernels for each
  * element type.  Tables are written with designated initializers and hold what
  * the set has; sdpa_complete_table fills the rest. */
-/* Dropout's random bits: for keys j < n from s0 and row groups q < nq from
- * q0 (rows 4 q0 .. 4 (q0 + nq)), the four 32-bit words of Philox-4x32-10
- * (kernels/philox_impl.h) with the key (seed lo, seed hi ^ (s >> 32)) and the
- * counter (s, q, h, b), s = s0 + j, q = q0 + the group:
- *     out[j * 4 nq + 4 q + w] = word w      (row 4 (q0 + q) + w's bits)
- * the layout of a transposed score tile of nr = 4 nq rows.  Every set gives
- * the same bits (integer arithmetic). */
-typedef void (*sdpa_dropout_bits_fn)(uint64_t seed, uint32_t b, uint32_t h, uint32_t q0, int nq, uint64_t s0, int n,
-                                     uint32_t *out);
+/* Dropout's keep masks (sdpa.h, dropout_p): for keys j < n from s0 and row
+ * groups g < ng from g0 (rows 8 g0 .. 8 (g0 + ng)), the four 32-bit words of
+ * Philox-4x32-10 (kernels/philox_impl.h) under the key (seed lo, seed hi ^
+ * (s >> 32)) on the counter (s, g, h, b), s = s0 + j, g = g0 + the group, as
+ * eight 16-bit numbers u (row x of the group: half x % 2, the low one first,
+ * of word x / 2), each kept when u >= thr:
+ *     out[j * 8 ng + 8 g + x] = u >= thr ? 0xFFFFFFFF : 0
+ * the layout of a transposed score tile of nr = 8 ng rows (ng 1, 2, 4 or 8).
+ * Every set gives the same words (integer arithmetic). */
+typedef void (*sdpa_dropout_bits_fn)(uint64_t seed, uint32_t b, uint32_t h, uint32_t g0, int ng, uint64_t s0, int n,
+                                     uint32_t thr, uint32_t *out);
 
 typedef struct kernel_table {
     const char *name;

@@ -285,12 +285,13 @@ def test_bad_input_names_the_argument(rng):
 
 def core_keep_mask(batch_shape, heads, L, S, p, seed):
     """The core's keep mask, read from a forward whose weights are uniform (q =
-    k = 0) over values that are the identity: out[l, s] = keep(l, s) / S / (1 - p)."""
+    k = 0) over values that are the identity: out[l, s] = keep(l, s) / S / (1 - d),
+    d = p rounded up to 2^-16."""
     q = np.zeros(batch_shape + (heads, L, 4))
     k = np.zeros(batch_shape + (heads, S, 4))
     v = np.broadcast_to(np.eye(S), batch_shape + (heads, S, S))
     out = sdpa.scaled_dot_product_attention(q, k, v, dropout_p=p, seed=seed)
-    scaled = out * S * (1 - p)
+    scaled = out * S * (1 - reference.dropout_threshold(p) / 65536)
     assert np.allclose(scaled, np.round(scaled), atol=1e-9)
     return np.round(scaled).astype(bool)
 

@@ -395,19 +395,22 @@ typedef struct sdpa_problem {
     int64_t key_scores_rows;
 
     /* Dropout (0.7): with dropout_p in (0, 1), each weight of the output's
-     * sum is kept with probability 1 - dropout_p and then divided by it, or
-     * dropped:  out = sum_s keep(b, h, l, s) p_s v_s / (1 - dropout_p).  The
-     * softmax (its denominator, the lse, sinks) is that of every key, before
-     * dropout.  keep(b, h, l, s) is a function of dropout_seed and the
-     * position alone -- batch index b (over batch_shape), query head h, row l,
-     * key s -- drawn by Philox-4x32-10: the words of the counter (s mod 2^32,
-     * l / 4, h, b mod 2^32) under the key (seed's low half, its high half xor
-     * s / 2^32), word l mod 4 a 32-bit u, kept when u >= ceil(dropout_p 2^32).
-     * So the mask is the same whatever the tiling, kernel set or thread
-     * count, and sdpa_attention_backward draws it again.  0 (the default) is
-     * no dropout, the usual path.  Dropout takes what the backward takes (a
-     * dense problem: SDPA_ERR_BAD_VARIANT naming the field otherwise) and no
-     * weights; a value outside [0, 1) or NaN is SDPA_ERR_BAD_VARIANT. */
+     * sum is kept with probability 1 - d and divided by it, or dropped:
+     * out = sum_s keep(b, h, l, s) p_s v_s / (1 - d), where d is dropout_p
+     * rounded up to a multiple of 2^-16, t / 65536 with t = ceil(dropout_p
+     * 65536) (at most 65535).  The softmax (its denominator, the lse, sinks)
+     * is that of every key, before dropout.  keep(b, h, l, s) is a function
+     * of dropout_seed and the position alone -- batch index b (over
+     * batch_shape), query head h, row l, key s -- drawn by Philox-4x32-10: the
+     * words of the counter (s mod 2^32, l / 8, h, b mod 2^32) under the key
+     * (seed's low half, its high half xor s / 2^32) as eight 16-bit numbers,
+     * row l's the half l mod 2 (low first) of word (l mod 8) / 2, kept when
+     * it is >= t.  So the mask is the same whatever the tiling, kernel set or
+     * thread count, and sdpa_attention_backward draws it again.  0 (the
+     * default) is no dropout, the usual path.  Dropout takes what the
+     * backward takes (a dense problem: SDPA_ERR_BAD_VARIANT naming the field
+     * otherwise) and no weights; a value outside [0, 1) or NaN is
+     * SDPA_ERR_BAD_VARIANT. */
     double dropout_p;
     uint64_t dropout_seed;
 } sdpa_problem;

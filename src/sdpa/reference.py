@@ -45,22 +45,30 @@ def key_length_mask(key_lengths: npt.ArrayLike, S: int) -> np.ndarray:
     return np.arange(S) < np.asarray(key_lengths)[..., None, None, None]
 
 
+def dropout_threshold(dropout_p: float) -> int:
+    """The 16-bit threshold of dropout (sdpa.h): a weight is kept when its
+    number is at least ``ceil(dropout_p * 65536)`` (at most 65535), so with
+    probability ``1 - threshold / 65536``, and then divided by that."""
+    return min(math.ceil(dropout_p * 65536.0), 65535)
+
+
 def dropout_keep(
     seed: int, batch_shape: Tuple[int, ...], heads: int, L: int, S: int, dropout_p: float
 ) -> np.ndarray:
     """The keep mask of dropout, bool (batch..., heads, L, S), as sdpa's core
     draws it (sdpa.h, ``dropout_p``): Philox-4x32-10 under the key (seed's
-    low 32 bits, its high 32 bits xor s >> 32) on the counter (s, l // 4, h,
+    low 32 bits, its high 32 bits xor s >> 32) on the counter (s, l // 8, h,
     b) for key s, row l, head h and batch index b (the batch dims flattened
-    in C order); word l % 4 is u, kept when u >= ceil(dropout_p * 2**32)."""
+    in C order); row l's number is the 16-bit half l % 2 (the low one first)
+    of word (l % 8) // 2, kept when it is >= :func:`dropout_threshold`."""
     M = np.uint64(0xFFFFFFFF)
     nb = int(np.prod(batch_shape)) if batch_shape else 1
     b = np.arange(nb, dtype=np.uint64)[:, None, None, None]
     h = np.arange(heads, dtype=np.uint64)[None, :, None, None]
-    q = (np.arange(L, dtype=np.uint64) // np.uint64(4))[None, None, :, None]
+    g = (np.arange(L, dtype=np.uint64) // np.uint64(8))[None, None, :, None]
     s = np.arange(S, dtype=np.uint64)[None, None, None, :]
     shape = (nb, heads, L, S)
-    x0, x1, x2, x3 = (np.broadcast_to(a, shape) & M for a in (s, q, h, b))
+    x0, x1, x2, x3 = (np.broadcast_to(a, shape) & M for a in (s, g, h, b))
     k0 = np.uint64(seed) & M
     k1 = (np.uint64(seed) >> np.uint64(32)) ^ (s >> np.uint64(32))
     for _ in range(10):
@@ -69,11 +77,12 @@ def dropout_keep(
         x0, x1, x2, x3 = (p1 >> np.uint64(32)) ^ x1 ^ k0, p1 & M, (p0 >> np.uint64(32)) ^ x3 ^ k1, p0 & M
         k0 = (k0 + np.uint64(0x9E3779B9)) & M
         k1 = (k1 + np.uint64(0xBB67AE85)) & M
-    words = np.stack([x0, x1, x2, x3])  # word l % 4 of row l
-    u = np.take_along_axis(words, np.broadcast_to((np.arange(L) % 4)[None, None, None, :, None], (1,) + shape),
-                           axis=0)[0]
-    threshold = min(math.ceil(dropout_p * 2.0**32), 2**32 - 1)
-    return (u >= np.uint64(threshold)).reshape(tuple(batch_shape) + (heads, L, S))
+    words = np.stack([x0, x1, x2, x3])
+    rows = np.arange(L)
+    word = np.take_along_axis(words, np.broadcast_to(((rows % 8) // 2)[None, None, None, :, None], (1,) + shape),
+                              axis=0)[0]
+    u = (word >> (np.uint64(16) * (rows % 2).astype(np.uint64))[:, None]) & np.uint64(0xFFFF)
+    return (u >= np.uint64(dropout_threshold(dropout_p))).reshape(tuple(batch_shape) + (heads, L, S))
 
 
 def scaled_dot_product_attention(
@@ -123,8 +132,9 @@ def scaled_dot_product_attention(
     full block (2) takes part whatever causality, the window and a bool mask
     say (a float mask is still added; key_lengths still leave it out).
     ``dropout_p`` > 0 with ``seed``: the weights of the output's sum are
-    those :func:`dropout_keep` keeps, divided by ``1 - dropout_p`` (the
-    returned weights and lse are those before dropout).
+    those :func:`dropout_keep` keeps, divided by the probability of keeping
+    one, ``1 - dropout_threshold(dropout_p) / 65536`` (the returned weights and
+    lse are those before dropout).
 
     With ``return_weights`` the weights (..., Hq, L, S) are returned too, and with
     ``return_lse`` the natural log-sum-exp of each row's scaled, masked scores,
@@ -218,7 +228,7 @@ def scaled_dot_product_attention(
         batch_shape = weights.shape[:-3] if weights.ndim >= 3 else ()
         keep = dropout_keep(int(cast(int, seed)), batch_shape, weights.shape[-3] if weights.ndim >= 3 else 1, L, S,
                             dropout_p).reshape(weights.shape)
-        out = np.where(keep, weights, 0.0) @ v / (1.0 - dropout_p)
+        out = np.where(keep, weights, 0.0) @ v / (1.0 - dropout_threshold(dropout_p) / 65536.0)
     else:
         out = weights @ v
 
