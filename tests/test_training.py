@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 import sdpa
-from sdpa import reference
-
 from conftest import assert_close
+from sdpa import reference
 
 # (B, Hq, Hkv, L, S, E, Ev) of the variant tests: GQA groups of two, L != S
 SIZES = (2, 4, 2, 19, 27, 8, 6)
@@ -476,3 +475,21 @@ def test_transformers_fine_tuning_step(kind):
         steps.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
     assert steps[0][0] == steps[1][0]
     assert all(torch.equal(a, b) for a, b in zip(steps[0][1], steps[1][1]))
+
+
+def test_the_readme_example_runs():
+    """The README's Training example runs, and its gradients are those of the
+    float64 computation of the same call."""
+    import pathlib
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    at = readme.index("## Training: gradients and dropout")
+    start = readme.index("```python", at) + len("```python")
+    scope: dict = {}
+    exec(compile(readme[start:readme.index("```", start)], "README.md", "exec"), scope)
+    q, k, v, kw = (scope[n] for n in ("q", "k", "v", "kw"))
+    wide = [x.astype(np.float64) for x in (q, k, v)]
+    out, lse = sdpa.scaled_dot_product_attention(*wide, return_lse=True, **kw)
+    expected = sdpa.attention_backward(np.ones_like(out), *wide, out, lse, **kw)
+    for got, want in zip((scope["dq"], scope["dk"], scope["dv"]), expected):
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()

@@ -122,6 +122,7 @@ class Call:
         out: Any = None,
         blocks: Optional[Tuple[Any, int, int]] = None,
         key_scores: Optional[int] = None,
+        dropout: Optional[Tuple[float, int]] = None,
     ) -> Result: ...
     def run_cache(
         self,
@@ -136,6 +137,7 @@ class Call:
         indices: Any = None,
         blocks: Optional[Tuple[Any, int, int]] = None,
         key_scores: Optional[int] = None,
+        dropout: Optional[Tuple[float, int]] = None,
     ) -> Result: ...
     def run_varlen(
         self,
@@ -165,3 +167,32 @@ class Call:
     ) -> Any: ...
 
 def plain() -> Call: ...
+
+def backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    grad_out: Any,
+    grad_query: Any,
+    grad_key: Any,
+    grad_value: Any,
+    attn_mask: Any,
+    key_lengths: Any,
+    alibi_slopes: Any,
+    sinks: Any,
+    grad_sinks: Any,
+    *,
+    gqa_group: int,
+    scale: float,
+    causal: bool,
+    causal_offset: int,
+    align_offset: int,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    num_threads: int,
+    dropout_p: float = 0.0,
+    seed: int = 0,
+) -> None: ...

@@ -82,7 +82,8 @@ def dropout_keep(
     word = np.take_along_axis(words, np.broadcast_to(((rows % 8) // 2)[None, None, None, :, None], (1,) + shape),
                               axis=0)[0]
     u = (word >> (np.uint64(16) * (rows % 2).astype(np.uint64))[:, None]) & np.uint64(0xFFFF)
-    return (u >= np.uint64(dropout_threshold(dropout_p))).reshape(tuple(batch_shape) + (heads, L, S))
+    keep: np.ndarray = (u >= np.uint64(dropout_threshold(dropout_p))).reshape(tuple(batch_shape) + (heads, L, S))
+    return keep
 
 
 def scaled_dot_product_attention(

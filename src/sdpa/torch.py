@@ -47,10 +47,10 @@ import torch
 from torch import Tensor
 
 from . import _api, _core
-from .training import attention_backward as _api_backward
 from ._dtypes import NEEDS_ML_DTYPES
 from ._tensors import DTYPES, SINGLE_OR_HALF, as_numpy, as_tensor, check_on_cpu, eager_numpy, numpy_bfloat16
 from .layers import MultiHeadAttention
+from .training import attention_backward as _api_backward
 
 # the base of the prepared calls: float keys and values
 _PLAIN = _core.plain()
@@ -349,7 +349,8 @@ def attention_bwd_op(
     dq, dk, dv = (as_tensor(np.ascontiguousarray(g)) for g in grads[:3])
     if sinks is None:
         return dq, dk, dv, query.new_empty((0,))
-    return dq, dk, dv, torch.from_numpy(np.ascontiguousarray(grads[3])).to(sinks.dtype).reshape(sinks.shape)
+    ds = np.ascontiguousarray(list(grads)[3])
+    return dq, dk, dv, torch.from_numpy(ds).to(sinks.dtype).reshape(sinks.shape)
 
 
 def _dropout_kw(dropout_p: float, seed: Optional[Tensor]) -> Dict[str, Any]:
@@ -423,13 +424,13 @@ def _grads(ctx: Any, grad_out: Tensor, out: Optional[Tensor], lse: Optional[Tens
         out, lse = attention_fwd_op(query, key, value, mask, alibi_slopes=slopes, sinks=sinks, seed=seed, **ctx.kw)
     dq, dk, dv, ds = attention_bwd_op(grad_out, query, key, value, out, lse, mask, alibi_slopes=slopes,
                                       sinks=sinks, seed=seed, **ctx.kw)
-    return (dq, dk, dv, None, None, None, None, None, None, None, ds if sinks is not None else None) + \
-        (None,) * (ctx.inputs - 11)
+    nones: Tuple[None, ...] = (None,) * (int(ctx.inputs) - 11)
+    return (dq, dk, dv, None, None, None, None, None, None, None, ds if sinks is not None else None) + nones
 
 
 def _backward_fwd(ctx: Any, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]) -> Tuple[Any, ...]:
     if grad_out is None:  # the lse is not differentiable (marked so)
-        return (None,) * ctx.inputs
+        return (None,) * int(ctx.inputs)
     return _grads(ctx, grad_out, None, None)
 
 
@@ -573,10 +574,11 @@ def scaled_dot_product_attention(
             declined=True,
         )
     if dropout_p != 0.0 or _needs_grad(query, key, value, mask, alibi_slopes, sinks):  # keeps the lse
-        return attention_fwd_op(
+        trained: Tensor = attention_fwd_op(
             query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
             float(dropout_p), _draw_seed() if dropout_p != 0.0 else None,
         )[0]
+        return trained
     out: Tensor = attention_op(
         query, key, value, mask, bool(causal), scale, enable_gqa, sides, softcap, alibi_slopes, sinks,
     )

@@ -18,13 +18,13 @@ import numpy as np
 
 from . import _core
 from ._checks import (
+    _causal_offset,
     call_constants,
     dropout_args,
     head_values,
     key_lengths_checked,
     mask_checked,
     plan_shapes,
-    _causal_offset,
 )
 from ._dtypes import Array, ArrayInput, FloatArray, _as_operand, _check_real, _to_array, compute_dtype, operand_dtypes
 

@@ -64,9 +64,9 @@ from .sparse import (
     sparse_limits,
 )
 from .suite import iter_suite, suite_dtypes
-from .training import BACKWARD_CASES, backward_case_available, format_backward_table, iter_backward
 from .threads import default_threads, threads_text
 from .timing import Progress
+from .training import BACKWARD_CASES, backward_case_available, format_backward_table, iter_backward
 
 __all__ = ["main"]
 
@@ -160,8 +160,8 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cases",
-        help="with --serving, --plan, --sparse or --backward: comma-separated case names (a prefix such as decode-avx512 "
-        "selects the cases it starts)",
+        help="with --serving, --plan, --sparse or --backward: comma-separated case names (a prefix such as "
+        "decode-avx512 selects the cases it starts)",
     )
     p.add_argument(
         "--profile",
