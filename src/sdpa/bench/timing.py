@@ -56,7 +56,12 @@ def loop_times(
 
 
 def alternating_loop_times(
-    fns: Mapping[str, Callable[[], Any]], min_time: float = 0.5, repeat: int = 5, max_number: int = 1_000_000
+    fns: Mapping[str, Callable[[], Any]],
+    min_time: float = 0.5,
+    repeat: int = 5,
+    max_number: int = 1_000_000,
+    *,
+    settle: bool = False,
 ) -> Tuple[Dict[str, List[float]], Dict[str, int]]:
     """Seconds per call of several functions, timed in alternating rounds.
 
@@ -64,8 +69,12 @@ def alternating_loop_times(
     4, ... calls warm it up, the first lasting ``min_time / repeat`` seconds sets
     ``number``).  Then ``repeat`` rounds each time one loop of every function, the
     order rotated by one from round to round, so that a slow spell of a noisy machine
-    falls on all of them alike and none always follows the same one.  Returns, per
-    function, the per-call time of each of its loops, and its ``number``.
+    falls on all of them alike and none always follows the same one.  With
+    ``settle``, each timed loop follows one untimed call of its function: the
+    threads of the library timed before (another OpenMP runtime's, which spin a
+    while after their work) have gone quiet, and the first call, which meets
+    them, is not counted.  Returns, per function, the per-call time of each of
+    its loops, and its ``number``.
     """
     names = list(fns)
     target = min_time / max(repeat, 1)
@@ -78,6 +87,8 @@ def alternating_loop_times(
     times: Dict[str, List[float]] = {name: [] for name in names}
     for r in range(repeat):
         for name in names[r % len(names) :] + names[: r % len(names)] if names else []:
+            if settle:
+                fns[name]()
             times[name].append(_time_loop(fns[name], numbers[name]) / numbers[name])
     return times, numbers
 

@@ -14,7 +14,9 @@ the same inputs in one run:
 - dropout (``dropout_p=0.1``) in the forward against the forward without it.
 
 ``--quick``: B 1, S 512.  The implementations of a case are timed in
-alternating rounds; times are medians.
+alternating rounds, each timed loop after an untimed call (torch's OpenMP
+threads spin a while after its calls, and slowed the next sdpa call by up to
+1.8x on 2 cores); times are medians.
 """
 
 from __future__ import annotations
@@ -155,9 +157,9 @@ def iter_backward(
             with SdpaThreads(n):
                 if torch_threads is not None:
                     with torch_threads:
-                        times, _ = alternating_loop_times(impls, min_time, repeat)
+                        times, _ = alternating_loop_times(impls, min_time, repeat, settle=True)
                 else:
-                    times, _ = alternating_loop_times(impls, min_time, repeat)
+                    times, _ = alternating_loop_times(impls, min_time, repeat, settle=True)
             med = {i: statistics.median(t) for i, t in times.items()}
             row: Dict[str, Any] = {"case": name, "what": what, "threads": n, **facts, "median_s": med,
                                    "times_s": times}
