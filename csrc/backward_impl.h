@@ -249,17 +249,14 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
                 }
                 FN(apply_tile_modifiers)(&c->mods, kern, st, nr, r0, 1, 0, prows, s0, nv, kv_end, mask, edges,
                                          slope, cap);
-                for (int j = 0; j < nv; j++)
-                    for (int x = 0; x < nr; x++) st[j * nr + x] -= lr[x];
-                kern->exp(st, (int64_t)nv * nr);  /* P^T */
+                kern->bwd_probs(st, nv, nr, lr);  /* P^T */
                 /* dP^T = V dO^T, then dS^T = P (dP - D) (times the cap's slope) */
                 kern->gemm(nv, Ev, vb, Ev, 1, otp, nr, dp, nr, 0);
                 if (p->dropout_p > 0) {  /* the forward's mask: dV takes P dropped, dP is dropped */
                     FN(drop_tile)(p, c->kt, b, h, r0, nr, s0, nv, bits, st, pd, c->thr, c->keep);
                     FN(drop_apply)(bits, dp, dp, (int64_t)nv * nr, c->keep);
                 }
-                for (int j = 0; j < nv; j++)
-                    for (int x = 0; x < nr; x++) dp[j * nr + x] = st[j * nr + x] * (dp[j * nr + x] - dr[x]);
+                kern->bwd_dscores(dp, st, nv, nr, dr);
                 if (p->softcap > 0) {
                     const T ic = 1 / cap;
                     for (int64_t i = 0; i < (int64_t)nv * nr; i++) {

@@ -248,6 +248,10 @@ int sdpa_threads_setting(void);
  * Row-mode copies of contiguous rows:
  *   scale_copy:   dst[i] = scale * src[i]                   (a query row, scaled)
  *   scale_copy_d: dst[i] = (T)((double)src[i] * inv)        (a finished row)
+ * The backward's tiles (n keys x nr rows, transposed; nr a multiple of the
+ * set's vector width, rows and lse / dd aligned), whatever the panel width:
+ *   bwd_probs:    s[j*nr + x] = exp(s[j*nr + x] - lse[x])    (P from the lse)
+ *   bwd_dscores:  d[j*nr + x] = p[j*nr + x] * (d[j*nr + x] - dd[x])   (dS)
  *
  * Every set declares what it has; sdpa_complete_table fills the rest with the
  * portable kernels (kernels/scalar.c), so that every entry the driver calls is
@@ -292,7 +296,9 @@ int sdpa_threads_setting(void);
     X(void, store_rows_half, (sdpa_dtype dt, uint16_t *const *rows, const T *acc, int nr, const T *row_l, int n, \
                               int64_t ev))                                                                        \
     X(void, scale_copy, (T * dst, const T *src, int64_t n, T scale))                                              \
-    X(void, scale_copy_d, (T * dst, const T *src, int64_t n, double inv))
+    X(void, scale_copy_d, (T * dst, const T *src, int64_t n, double inv))                                        \
+    X(void, bwd_probs, (T * s, int n, int nr, const T *lse))                                                      \
+    X(void, bwd_dscores, (T * d, const T *p, int n, int nr, const T *dd))
 
 #define SDPA_KERNEL_FIELD(ret, name, params) ret(*name) params;
 

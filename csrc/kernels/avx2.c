@@ -419,9 +419,9 @@ const sdpa_pv_qi_fn sdpa_pv_qi_avx2 = pv_qi_avx2;
 const sdpa_peak_fn sdpa_peak_vnni_avx2 = peak_vnni_avx2;
 
 const kernel_table sdpa_kernels_avx2 = {
-    .dropout_bits = dropout_bits_avx2,
     .name = "avx2",
     .features = SDPA_FEATURE_AVX2,
+    .dropout_bits = dropout_bits_avx2,
     .f32 = {.nr = panel_rows_avx2_f32, .widen = widen_avx2,
             .gemm = gemm_avx2_f32, .online_softmax_update = online_softmax_update_avx2_f32, .exp = exp_avx2_f32, .softcap = softcap_avx2_f32,
             .dot = dot_avx2_f32, .pv_rows = pv_rows_avx2_f32, .row_online_softmax_update = row_online_softmax_update_avx2_f32,
@@ -431,10 +431,12 @@ const kernel_table sdpa_kernels_avx2 = {
             .mask_add = mask_add_avx2_f32, .mask_bool = mask_bool_avx2_f32,
             .pack_q = pack_q_avx2_f32, .store_rows = store_rows_avx2_f32,
             .pack_q_half = pack_q_half_avx2_f32, .store_rows_half = store_rows_half_avx2_f32,
-            .scale_copy = scale_copy_avx2, .scale_copy_d = scale_copy_d_avx2},
+            .scale_copy = scale_copy_avx2, .scale_copy_d = scale_copy_d_avx2,
+            .bwd_probs = bwd_probs_avx2_f32, .bwd_dscores = bwd_dscores_avx2_f32},
     .f64 = {.nr = panel_rows_avx2_f64,
             .gemm = gemm_avx2_f64, .online_softmax_update = online_softmax_update_avx2_f64, .exp = exp_avx2_f64, .softcap = softcap_avx2_f64,
-            .dot = dot_avx2_f64, .pv_rows = pv_rows_avx2_f64, .row_online_softmax_update = row_online_softmax_update_avx2_f64},
+            .dot = dot_avx2_f64, .pv_rows = pv_rows_avx2_f64, .row_online_softmax_update = row_online_softmax_update_avx2_f64,
+            .bwd_probs = bwd_probs_avx2_f64, .bwd_dscores = bwd_dscores_avx2_f64},
     .f32_half = {SDPA_HALF_KERNELS_F32(avx2_f32h)},
     .f64_half = {SDPA_HALF_KERNELS(avx2_f64h)},
 };

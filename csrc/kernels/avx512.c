@@ -952,7 +952,8 @@ const sdpa_peak_fn sdpa_peak_vnni_avx512 = peak_vnni_avx512;
     .dot_q_grouped = dot_q_grouped_avx512_f32, .pv_rows_q_grouped = pv_rows_q_grouped_avx512_f32, .mask_add = mask_add_avx512_f32,     \
     .mask_bool = mask_bool_avx512_f32, .pack_q = pack_q_avx512_f32, .store_rows = store_rows_avx512_f32,         \
     .pack_q_half = pack_q_half_avx512_f32, .store_rows_half = store_rows_half_avx512_f32,                      \
-    .scale_copy = scale_copy_avx512, .scale_copy_d = scale_copy_d_avx512
+    .scale_copy = scale_copy_avx512, .scale_copy_d = scale_copy_d_avx512, .bwd_probs = bwd_probs_avx512_f32,       \
+    .bwd_dscores = bwd_dscores_avx512_f32
 /* The bfloat16 pair kernels of the avx512_bf16 and amx sets. */
 #define BF16_PAIR_KERNELS                                                                                     \
     .pack_q_pairs = pack_q_pairs_avx512, .pack_v_pairs = pack_v_pairs_set_avx512,                            \
@@ -960,16 +961,17 @@ const sdpa_peak_fn sdpa_peak_vnni_avx512 = peak_vnni_avx512;
 #define AVX512_F64_KERNELS                                                                                     \
     .nr = panel_rows_avx512_f64, .gemm = gemm_avx512_f64, .online_softmax_update = online_softmax_update_avx512_f64, \
     .exp = exp_avx512_f64, .softcap = softcap_avx512_f64, .dot = dot_avx512_f64, .pv_rows = pv_rows_avx512_f64,  \
-    .row_online_softmax_update = row_online_softmax_update_avx512_f64
+    .row_online_softmax_update = row_online_softmax_update_avx512_f64, .bwd_probs = bwd_probs_avx512_f64,          \
+    .bwd_dscores = bwd_dscores_avx512_f64
 #define AVX512_FEATURES (SDPA_FEATURE_AVX2 | SDPA_FEATURE_AVX512)
 #define AVX512_HALF_KERNELS                                                                                    \
     .f32_half = {SDPA_HALF_KERNELS_F32(avx512_f32h)}, .f64_half = {SDPA_HALF_KERNELS(avx512_f64h)},             \
     .f32_quarter = {SDPA_HALF_KERNELS_F32(avx512_f32q)}
 
 const kernel_table sdpa_kernels_avx512 = {
-    .dropout_bits = dropout_bits_avx512,
     .name = "avx512",
     .features = AVX512_FEATURES,
+    .dropout_bits = dropout_bits_avx512,
     .f32 = {AVX512_F32_KERNELS},
     .f64 = {AVX512_F64_KERNELS},
     AVX512_HALF_KERNELS,
@@ -977,9 +979,9 @@ const kernel_table sdpa_kernels_avx512 = {
 
 /* The avx512 set plus bfloat16 dot products for bfloat16 problems. */
 const kernel_table sdpa_kernels_avx512_bf16 = {
-    .dropout_bits = dropout_bits_avx512,
     .name = "avx512_bf16",
     .features = AVX512_FEATURES | SDPA_FEATURE_AVX512_BF16,
+    .dropout_bits = dropout_bits_avx512,
     .bf16_products = 1,
     .f32 = {AVX512_F32_KERNELS, .bf16 = {.gemm_bf16 = gemm_bf16_avx512, BF16_PAIR_KERNELS}},
     .f64 = {AVX512_F64_KERNELS},
@@ -989,9 +991,9 @@ const kernel_table sdpa_kernels_avx512_bf16 = {
 #if SDPA_HAVE_AMX_KERNELS
 /* The avx512_bf16 set with its bfloat16 products on AMX tiles. */
 const kernel_table sdpa_kernels_amx = {
-    .dropout_bits = dropout_bits_avx512,
     .name = "amx",
     .features = AVX512_FEATURES | SDPA_FEATURE_AVX512_BF16 | SDPA_FEATURE_AMX_BF16,
+    .dropout_bits = dropout_bits_avx512,
     .bf16_products = 1,
     .f32 = {AVX512_F32_KERNELS,
             .bf16 = {.gemm_bf16 = gemm_bf16_amx, BF16_PAIR_KERNELS, .values_by_feature = 1, .pairs_block = 16,
@@ -1004,9 +1006,9 @@ const kernel_table sdpa_kernels_amx = {
 /* The amx set's code over emulated tiles (testing.h): runs wherever
  * avx512_bf16 does. */
 const kernel_table sdpa_kernels_amx_emulated = {
-    .dropout_bits = dropout_bits_avx512,
     .name = "amx_emulated",
     .features = AVX512_FEATURES | SDPA_FEATURE_AVX512_BF16,
+    .dropout_bits = dropout_bits_avx512,
     .bf16_products = 1,
     .f32 = {AVX512_F32_KERNELS,
             .bf16 = {.gemm_bf16 = gemm_bf16_amx_emulated, BF16_PAIR_KERNELS, .values_by_feature = 1,

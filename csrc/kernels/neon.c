@@ -264,11 +264,13 @@ static void scale_copy_d_neon(float *dst, const float *src, int64_t n, double in
     .pv_rows_q = pv_rows_q_neon_f32, .dot_q_grouped = dot_q_grouped_neon_f32,                                     \
     .pv_rows_q_grouped = pv_rows_q_grouped_neon_f32, .mask_add = mask_add_neon_f32, .mask_bool = mask_bool_neon_f32, \
     .pack_q = pack_q_neon_f32, .store_rows = store_rows_neon_f32, .pack_q_half = pack_q_half_neon_f32,           \
-    .store_rows_half = store_rows_half_neon_f32, .scale_copy = scale_copy_neon, .scale_copy_d = scale_copy_d_neon
+    .store_rows_half = store_rows_half_neon_f32, .scale_copy = scale_copy_neon, .scale_copy_d = scale_copy_d_neon, \
+    .bwd_probs = bwd_probs_neon_f32, .bwd_dscores = bwd_dscores_neon_f32
 #define NEON_F64_KERNELS                                                                                          \
     .nr = panel_rows_neon_f64, .gemm = gemm_neon_f64, .online_softmax_update = online_softmax_update_neon_f64,    \
     .exp = exp_neon_f64, .softcap = softcap_neon_f64, .dot = dot_neon_f64, .pv_rows = pv_rows_neon_f64,          \
-    .row_online_softmax_update = row_online_softmax_update_neon_f64
+    .row_online_softmax_update = row_online_softmax_update_neon_f64, .bwd_probs = bwd_probs_neon_f64,             \
+    .bwd_dscores = bwd_dscores_neon_f64
 #define NEON_HALF_KERNELS .f32_half = {SDPA_HALF_KERNELS_F32(neon_f32h)}, .f64_half = {SDPA_HALF_KERNELS(neon_f64h)}
 
 /* The roofline report's probe (internal.h). */

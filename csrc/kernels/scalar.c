@@ -53,7 +53,8 @@ static void tiles_none(void) {}
     .dot_q_grouped = dot_q_grouped_##suf, .pv_rows_q_grouped = pv_rows_q_grouped_##suf, .dot_qi = dot_qi_##suf,                    \
     .mask_add = mask_add_##suf, .mask_bool = mask_bool_##suf, .pack_q = pack_q_##suf,                          \
     .store_rows = store_rows_##suf, .pack_q_half = pack_q_half_##suf, .store_rows_half = store_rows_half_##suf, \
-    .scale_copy = scale_copy_##suf, .scale_copy_d = scale_copy_d_##suf
+    .scale_copy = scale_copy_##suf, .scale_copy_d = scale_copy_d_##suf, .bwd_probs = bwd_probs_##suf,          \
+    .bwd_dscores = bwd_dscores_##suf
 
 /* Every entry but the bfloat16 products: what completes every other set's table. */
 const kernel_table sdpa_kernels_scalar = {

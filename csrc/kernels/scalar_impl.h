@@ -63,6 +63,19 @@ static void FN(exp)(T *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = EXP(x[i]);
 }
 
+static void FN(bwd_probs)(T *s, int n, int nr, const T *lse) {
+    for (int j = 0; j < n; j++)
+        for (int x = 0; x < nr; x++) s[(int64_t)j * nr + x] = EXP(s[(int64_t)j * nr + x] - lse[x]);
+}
+
+static void FN(bwd_dscores)(T *d, const T *p, int n, int nr, const T *dd) {
+    for (int j = 0; j < n; j++)
+        for (int x = 0; x < nr; x++) {
+            T *dj = d + (int64_t)j * nr + x;
+            *dj = p[(int64_t)j * nr + x] * (*dj - dd[x]);
+        }
+}
+
 static void FN(dot)(int m, int n, int64_t e, const T *q, int64_t ldq, const T *k, int64_t ldk, T *s,
                     int64_t lds) {
     for (int x = 0; x < m; x++)

@@ -173,6 +173,27 @@ static void FN(exp)(T *x, int64_t n) {
     }
 }
 
+/* The backward's tiles (internal.h): any nr that is a multiple of LANES. */
+static void FN(bwd_probs)(T *s, int n, int nr, const T *lse) {
+    for (int x = 0; x < nr; x += LANES) {
+        const V l = V_LOAD(lse + x);
+        for (int j = 0; j < n; j++) {
+            T *p = s + (int64_t)j * nr + x;
+            V_STORE(p, V_EXP(V_SUB(V_LOAD(p), l)));
+        }
+    }
+}
+
+static void FN(bwd_dscores)(T *d, const T *p, int n, int nr, const T *dd) {
+    for (int x = 0; x < nr; x += LANES) {
+        const V dv = V_LOAD(dd + x);
+        for (int j = 0; j < n; j++) {
+            T *dj = d + (int64_t)j * nr + x;
+            V_STORE(dj, V_MUL(V_LOAD(p + (int64_t)j * nr + x), V_SUB(V_LOAD(dj), dv)));
+        }
+    }
+}
+
 #endif
 
 /* ---- masks on a transposed score tile ---- */
