@@ -2612,6 +2612,135 @@ static void test_blocks_and_key_scores(void) {
     sdpa_set_isa(initial);
 }
 
+/* ---- the backward pass and dropout ---- */
+
+enum { BW_H = 4, BW_G = 2, BW_L = 13, BW_S = 17, BW_E = 8, BW_EV = 6 };
+
+typedef struct bw_data {
+    double q[BW_H][BW_L][BW_E], k[BW_H / BW_G][BW_S][BW_E], v[BW_H / BW_G][BW_S][BW_EV];
+    double g[BW_H][BW_L][BW_EV], out[BW_H][BW_L][BW_EV], lse[BW_H][BW_L], sinks[BW_H], slopes[BW_H];
+    double dq[BW_H][BW_L][BW_E], dk[BW_H / BW_G][BW_S][BW_E], dv[BW_H / BW_G][BW_S][BW_EV], dsinks[BW_H];
+} bw_data;
+
+static sdpa_view bw_view(void *data, int64_t rows, int64_t cols) {
+    return (sdpa_view){.data = data, .head_stride = rows * cols, .row_stride = cols, .col_stride = 1};
+}
+
+/* every variant at once: GQA, bottom-right causality, a window, softcap,
+ * ALiBi, sinks and, with dropout_p > 0, dropout */
+static sdpa_problem bw_problem(bw_data *d, double dropout_p) {
+    sdpa_problem p;
+    sdpa_problem_init(&p);
+    p.dtype = SDPA_FLOAT64;
+    p.num_heads = BW_H, p.gqa_group = BW_G, p.len_q = BW_L, p.len_kv = BW_S, p.head_dim = BW_E;
+    p.head_dim_v = BW_EV, p.scale = 0.4, p.causal = 1, p.causal_offset = BW_S - BW_L;
+    p.window_left = 7, p.window_right = 0, p.align_offset = BW_S - BW_L, p.softcap = 1.7;
+    p.query = bw_view(d->q, BW_L, BW_E), p.key = bw_view(d->k, BW_S, BW_E), p.value = bw_view(d->v, BW_S, BW_EV);
+    p.out = bw_view(d->out, BW_L, BW_EV), p.lse = bw_view(d->lse, BW_L, 1);
+    p.sinks = (sdpa_view){.data = d->sinks, .head_stride = 1};
+    p.alibi = (sdpa_view){.data = d->slopes, .head_stride = 1};
+    p.dropout_p = dropout_p, p.dropout_seed = 77;
+    return p;
+}
+
+static double bw_loss(bw_data *d, double dropout_p) {
+    sdpa_problem p = bw_problem(d, dropout_p);
+    if (sdpa_attention(&p) != SDPA_OK) return NAN;
+    double sum = 0;
+    for (int i = 0; i < BW_H * BW_L * BW_EV; i++) sum += (&d->g[0][0][0])[i] * (&d->out[0][0][0])[i];
+    return sum;
+}
+
+/* <grad, u> against the central difference of the loss along u, for random u */
+static double bw_directional(bw_data *d, double *x, const double *grad, int n, double dropout_p) {
+    double *u = (double *)xcalloc((size_t)n, sizeof(double)), worst = 0;
+    for (int t = 0; t < 2; t++) {
+        double analytic = 0;
+        for (int i = 0; i < n; i++) u[i] = rng_uniform() - 0.5, analytic += u[i] * grad[i];
+        const double h = 1e-6;
+        for (int i = 0; i < n; i++) x[i] += h * u[i];
+        const double up = bw_loss(d, dropout_p);
+        for (int i = 0; i < n; i++) x[i] -= 2 * h * u[i];
+        const double down = bw_loss(d, dropout_p);
+        for (int i = 0; i < n; i++) x[i] += h * u[i];
+        const double err = fabs((up - down) / (2 * h) - analytic) / (1 + fabs(analytic));
+        if (!(err <= worst)) worst = err;
+    }
+    free(u);
+    return worst;
+}
+
+static void test_backward(void) {
+    const char *initial = sdpa_isa();
+    bw_data *d = (bw_data *)xcalloc(1, sizeof(bw_data));
+    for (int i = 0; i < NUM_ISAS; i++) {
+        if (!tested(ISAS[i]) || sdpa_set_isa(ISAS[i]) != SDPA_OK) continue;
+        for (int drop = 0; drop < 2; drop++) {
+            const double dropout_p = drop ? 0.3 : 0.0;
+            double *fill[] = {&d->q[0][0][0], &d->k[0][0][0], &d->v[0][0][0], &d->g[0][0][0], d->sinks, d->slopes};
+            const int sizes[] = {BW_H * BW_L * BW_E, BW_H / BW_G * BW_S * BW_E, BW_H / BW_G * BW_S * BW_EV,
+                                 BW_H * BW_L * BW_EV, BW_H, BW_H};
+            for (int a = 0; a < 6; a++)
+                for (int j = 0; j < sizes[a]; j++) fill[a][j] = a == 5 ? 0.3 * rng_uniform() : 2 * rng_uniform() - 1;
+            sdpa_problem p = bw_problem(d, dropout_p);
+            check_status(sdpa_attention(&p), SDPA_OK, "the forward of the backward's problem");
+            sdpa_grads g;
+            sdpa_grads_init(&g);
+            g.grad_out = bw_view(d->g, BW_L, BW_EV), g.grad_query = bw_view(d->dq, BW_L, BW_E);
+            g.grad_key = bw_view(d->dk, BW_S, BW_E), g.grad_value = bw_view(d->dv, BW_S, BW_EV);
+            g.grad_sinks = (sdpa_view){.data = d->dsinks, .head_stride = 1};
+            check_status(sdpa_attention_backward(&p, &g), SDPA_OK, "sdpa_attention_backward");
+            const double eq = bw_directional(d, fill[0], &d->dq[0][0][0], sizes[0], dropout_p);
+            const double ek = bw_directional(d, fill[1], &d->dk[0][0][0], sizes[1], dropout_p);
+            const double ev = bw_directional(d, fill[2], &d->dv[0][0][0], sizes[2], dropout_p);
+            const double es = bw_directional(d, d->sinks, d->dsinks, BW_H, dropout_p);
+            check(eq < 1e-7 && ek < 1e-7 && ev < 1e-7 && es < 1e-7,
+                  "%s, dropout %.1f: gradients against central differences: dQ %g, dK %g, dV %g, sinks %g", ISAS[i],
+                  dropout_p, eq, ek, ev, es);
+            p = bw_problem(d, dropout_p);  /* the gradients of 1 and 3 threads, bit for bit */
+            double dq1[BW_H * BW_L * BW_E], dk1[BW_H / BW_G * BW_S * BW_E];
+            p.num_threads = 1;
+            sdpa_attention(&p);
+            sdpa_attention_backward(&p, &g);
+            memcpy(dq1, d->dq, sizeof(dq1)), memcpy(dk1, d->dk, sizeof(dk1));
+            p.num_threads = 3;
+            sdpa_attention_backward(&p, &g);
+            check(memcmp(dq1, d->dq, sizeof(dq1)) == 0 && memcmp(dk1, d->dk, sizeof(dk1)) == 0,
+                  "%s, dropout %.1f: the gradients of 1 and 3 threads differ", ISAS[i], dropout_p);
+        }
+    }
+    sdpa_set_isa(initial);
+    /* refusals, naming the field */
+    sdpa_problem p = bw_problem(d, 0.0);
+    sdpa_grads g;
+    sdpa_grads_init(&g);
+    g.grad_out = bw_view(d->g, BW_L, BW_EV), g.grad_query = bw_view(d->dq, BW_L, BW_E);
+    g.grad_key = bw_view(d->dk, BW_S, BW_E), g.grad_value = bw_view(d->dv, BW_S, BW_EV);
+    const char *field = NULL;
+    sdpa_grads bad = g;
+    bad.grad_key.row_stride = 0;
+    check(sdpa_check_backward(&p, &bad, &field) == SDPA_ERR_BAD_SHAPE && field && !strcmp(field, "grad_key"),
+          "a broadcast grad_key: %s", field ? field : "(none)");
+    bad = g;
+    bad.struct_size = 8;
+    check_status(sdpa_attention_backward(&p, &bad), SDPA_ERR_ABI, "a grads struct of another size");
+    sdpa_problem q = p;
+    q.lse.data = NULL;
+    check(sdpa_check_backward(&q, &g, &field) == SDPA_ERR_NULL_POINTER && field && !strcmp(field, "lse"),
+          "no lse: %s", field ? field : "(none)");
+    q = p;
+    q.weights = bw_view(d->dq, BW_L, BW_S);
+    check(sdpa_check_backward(&q, &g, &field) == SDPA_ERR_BAD_VARIANT && field && !strcmp(field, "weights"),
+          "weights: %s", field ? field : "(none)");
+    q = p;
+    q.dropout_p = 1.0;
+    check_field(&q, SDPA_ERR_BAD_VARIANT, "dropout_p", "dropout_p 1");
+    q.dropout_p = 0.5;
+    q.weights = bw_view(d->dq, BW_L, BW_S);
+    check_field(&q, SDPA_ERR_BAD_VARIANT, "weights", "dropout with weights");
+    free(d);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--quick") == 0) quick = 1;
@@ -2657,6 +2786,7 @@ int main(int argc, char **argv) {
     test_index_topk();
     test_sparse();
     test_blocks_and_key_scores();
+    test_backward();
     sdpa_set_isa(initial_isa);
     for (int d = 0; d < 2; d++) {
         const sdpa_dtype dt = d == 0 ? SDPA_FLOAT32 : SDPA_FLOAT64;
