@@ -939,6 +939,28 @@ def test_cli_paged_smoke(tmp_path, capsys, monkeypatch):
     assert bench.main(["--paged", "--latency"]) == 2
 
 
+def test_cli_backward_smoke(tmp_path, capsys, monkeypatch):
+    """--backward at a tiny size: every case runs, the JSON has the ratios the
+    targets are stated in; an unknown case is an error."""
+    from sdpa.bench import training
+
+    monkeypatch.setattr(training, "_SIZES", {"B": 1, "H": 2, "S": 512, "E": 32})
+    path = tmp_path / "backward.json"
+    rc = bench.main(["--backward", "--quick", "--threads", "1", "--min-time", "0", "--repeat", "1",
+                     "--no-progress", "--json", str(path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    names = [name for name, _ in training.BACKWARD_CASES if training.backward_case_available(name)]
+    rows = json.loads(path.read_text())["results"]
+    assert [r["case"] for r in rows] == names
+    for r in rows:
+        assert r["case"] in out
+        key = "backward_over_forward" if r["case"].startswith("backward") else (
+            "dropout_speed" if r["case"].startswith("dropout") else "vs_torch")
+        assert r[key] > 0
+    assert bench.main(["--backward", "--cases", "nothing"]) == 2
+
+
 def test_cli_sparse_smoke(tmp_path, capsys, monkeypatch):
     """--sparse at a tiny size: every case runs against its references, the
     indexer against its roofline, the JSON has a row per case."""

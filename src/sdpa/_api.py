@@ -345,30 +345,22 @@ def scaled_dot_product_attention(
     # the prepared call of these options (kept by their key), then the arrays
     call = _PLAIN.prepared(is_causal, scale, enable_gqa, window, softcap, num_threads, return_weights, return_lse)
     rows = key_score_rows(return_key_scores, key_scores_window)
-    if dropout_p != 0.0 or seed is not None:
-        dropout = dropout_args(dropout_p, seed)
-        if dropout is not None:
-            if return_weights or return_key_scores or block_mask is not None:
-                raise ValueError("dropout_p: not with return_weights, return_key_scores or block_mask")
-            result = call.run(query, key, value, attn_mask, key_lengths, alibi_slopes, sinks, out, dropout=dropout)
-            if not isinstance(result, int):
-                return result
-            return general(
-                call, query, key, value, attn_mask=attn_mask, key_lengths=key_lengths, alibi_slopes=alibi_slopes,
-                sinks=sinks, out=out, dropout=dropout,
-            )
+    dropout = None if dropout_p == 0.0 and seed is None else dropout_args(dropout_p, seed)
+    if dropout is not None and (return_weights or return_key_scores or block_mask is not None):
+        raise ValueError("dropout_p: not with return_weights, return_key_scores or block_mask")
     if block_mask is not None:  # checked against the call's lengths on the general path
         return general(
             call, query, key, value, attn_mask=attn_mask, key_lengths=key_lengths, alibi_slopes=alibi_slopes,
             sinks=sinks, out=out, block_mask=block_mask, key_scores=rows,
         )
-    result = call.run(query, key, value, attn_mask, key_lengths, alibi_slopes, sinks, out, key_scores=rows)
+    result = call.run(query, key, value, attn_mask, key_lengths, alibi_slopes, sinks, out, key_scores=rows,
+                      dropout=dropout)
     if not isinstance(result, int):
         return result
     # declined (not in the core's own form): convert, check, explain
     return general(
         call, query, key, value, attn_mask=attn_mask, key_lengths=key_lengths, alibi_slopes=alibi_slopes,
-        sinks=sinks, out=out, key_scores=rows,
+        sinks=sinks, out=out, key_scores=rows, dropout=dropout,
     )
 
 

@@ -367,13 +367,7 @@ def attention_forward(
             attn_mask = layout.key_mask
 
     if position_bias is not None:
-        bias = position_bias[..., :keys]
-        if attn_mask is None:
-            attn_mask = bias
-        elif attn_mask.dtype == torch.bool:
-            attn_mask = torch.where(attn_mask, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
-        else:
-            attn_mask = bias + attn_mask
+        attn_mask = _with_bias(attn_mask, position_bias[..., :keys])
     if keys < S:
         key, value = key[..., :keys, :], value[..., :keys, :]
 
@@ -414,6 +408,16 @@ def attention_forward(
     return output, weights
 
 
+def _with_bias(mask: Optional[Tensor], bias: Tensor) -> Tensor:
+    """T5's position bias joined with the mask: the float mask of both (-inf
+    where a bool mask hides a key)."""
+    if mask is None:
+        return bias
+    if mask.dtype == torch.bool:
+        return torch.where(mask, bias, torch.tensor(float("-inf"), dtype=bias.dtype))
+    return bias + mask
+
+
 def _training_forward(
     query: Tensor,
     key: Tensor,
@@ -438,14 +442,7 @@ def _training_forward(
         raise ValueError("output_attentions: sdpa returns no weights from a call that needs gradients "
                          "or drops weights")
     L = query.shape[-2]
-    mask = attention_mask
-    if position_bias is not None:
-        if mask is None:
-            mask = position_bias
-        elif mask.dtype == torch.bool:
-            mask = torch.where(mask, position_bias, torch.tensor(float("-inf"), dtype=position_bias.dtype))
-        else:
-            mask = position_bias + mask
+    mask = attention_mask if position_bias is None else _with_bias(attention_mask, position_bias)
     is_causal = mask is None and causal and L > 1
     window = [window_left, 0] if mask is None and causal and window_left is not None else None
     out, _ = attention_fwd_op(

@@ -530,18 +530,29 @@ def _print_header(info: Dict[str, Any], dtype: str, extra: str = "") -> None:
     )
 
 
+def _mode_cases(
+    args: argparse.Namespace, known: Sequence[Any], available: Any, mode: str
+) -> Optional[List[str]]:
+    """The cases of a mode that run: those available, of ``--cases`` when
+    given; None (after the error) for a name the mode does not have."""
+    cases = [n for n, _ in known if available(n)]
+    if args.cases:
+        asked = _cases_asked(args)
+        unknown = [c for c in asked if c not in dict(known)]
+        if unknown:
+            print(f"error: --cases: unknown {mode} case(s) {', '.join(unknown)}", file=sys.stderr)
+            return None
+        cases = [c for c in cases if c in asked]
+    return cases
+
+
 def _run_backward(args: argparse.Namespace) -> int:
     """``--backward``: the training table; the exit status."""
     threads = args.threads or default_threads()
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    cases = [n for n, _ in BACKWARD_CASES if backward_case_available(n)]
-    if args.cases:
-        asked = [c.strip() for c in args.cases.split(",") if c.strip()]
-        unknown = [c for c in asked if c not in dict(BACKWARD_CASES)]
-        if unknown:
-            print(f"error: --cases: unknown backward case(s) {', '.join(unknown)}", file=sys.stderr)
-            return 2
-        cases = [c for c in cases if c in asked]
+    cases = _mode_cases(args, BACKWARD_CASES, backward_case_available, "backward")
+    if cases is None:
+        return 2
     progress = Progress(len(cases) * len(threads), enabled=show)
     info = machine_info()
     rows: List[Dict[str, Any]] = []
@@ -574,14 +585,9 @@ def _run_sparse(args: argparse.Namespace) -> int:
     """``--sparse``: the machine's limits, then the sparse table; the exit status."""
     threads = args.threads or default_threads()
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    cases = [n for n, _ in SPARSE_CASES if sparse_case_available(n)]
-    if args.cases:
-        asked = [c.strip() for c in args.cases.split(",") if c.strip()]
-        unknown = [c for c in asked if c not in dict(SPARSE_CASES)]
-        if unknown:
-            print(f"error: --cases: unknown sparse case(s) {', '.join(unknown)}", file=sys.stderr)
-            return 2
-        cases = [c for c in cases if c in asked]
+    cases = _mode_cases(args, SPARSE_CASES, sparse_case_available, "sparse")
+    if cases is None:
+        return 2
     progress = Progress(len(threads) + len(cases) * len(threads), enabled=show)
     info = machine_info()
     rows: List[Dict[str, Any]] = []
