@@ -21,7 +21,9 @@ enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
 #define SUF f32
 #define KT kernels_f32
 #define EXP sdpa_exp_cut_f32
+#define BWD_PAIRS 1
 #include "backward_impl.h"
+#undef BWD_PAIRS
 #undef T
 #undef TDT
 #undef SUF
@@ -33,7 +35,9 @@ enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
 #define SUF f64
 #define KT kernels_f64
 #define EXP sdpa_exp_cut_f64
+#define BWD_PAIRS 0
 #include "backward_impl.h"
+#undef BWD_PAIRS
 #undef T
 #undef TDT
 #undef SUF

@@ -103,6 +103,27 @@ static void FN(drop_constants)(const sdpa_problem *p, uint32_t *thr, T *keep) {
     *keep = (T)(65536.0 / (65536.0 - (double)*thr));
 }
 
+#if BWD_PAIRS
+/* Whether a bfloat16 problem's S = K Q^T and dP = V dO^T multiply the stored
+ * pairs (gemm_bf16 of a set with bfloat16 products, reading its operands a
+ * pair at a time: not AMX's tiles): K and V rows of whole 32-bit pairs where
+ * they lie, query and dO rows contiguous. */
+static int FN(bwd_pairs)(const sdpa_problem *p, const sdpa_grads *g, const kernel_table *kt, const KT *kern) {
+    if (p->dtype != SDPA_BFLOAT16 || !kt->bf16_products || !kern->bf16.gemm_bf16 || kern->bf16.pairs_block > 1 ||
+        kern->nr > SDPA_MAX_PANEL)
+        return 0;
+    if (p->head_dim % 2 || p->head_dim_v % 2) return 0;
+    const sdpa_view *kv[2] = {&p->key, &p->value};
+    for (int i = 0; i < 2; i++) {
+        const sdpa_view *v = kv[i];
+        if (v->col_stride != 1 || v->row_stride % 2 || v->head_stride % 2 || ((uintptr_t)v->data & 3)) return 0;
+        for (int d = 0; d < p->num_batch_dims; d++)
+            if (v->batch_strides[d] % 2) return 0;
+    }
+    return p->query.col_stride == 1 && g->grad_out.col_stride == 1;
+}
+#endif
+
 typedef struct FN(bwd_call) {
     const sdpa_problem *p;
     const sdpa_grads *g;
@@ -115,6 +136,7 @@ typedef struct FN(bwd_call) {
     int64_t G, hkv, np;  /* heads a group, key/value heads, panels of L */
     int64_t Ep, Evp;     /* E and Ev rounded up to nr */
     int64_t splits;      /* key splits a (batch, head): tasks = batch_count * hkv * splits */
+    int pairs;           /* bfloat16: S and dP multiply the stored pairs (bwd_pairs) */
     T *dq;               /* tasks x G x np x E x nr: each task's dQ^T panels */
     int64_t dq_task;     /* elements of dq a task */
     size_t scratch_bytes;
@@ -171,6 +193,26 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
     T *rowbuf = FN(bwd_take)(&w, 2 * (E > Ev ? E : Ev));
     /* one split: dQ's sums in the thread's scratch, finished here */
     T *dq = c->splits == 1 ? FN(bwd_take)(&w, c->dq_task) : c->dq + t * c->dq_task;
+#if BWD_PAIRS
+    /* bfloat16 pairs: the group's Q and dO panels as pairs, for S and dP */
+    uint32_t *qpairs = c->pairs ? (uint32_t *)(void *)FN(bwd_take)(&w, G * np * (E / 2) * nr) : NULL;
+    uint32_t *opairs = c->pairs ? (uint32_t *)(void *)FN(bwd_take)(&w, G * np * (Ev / 2) * nr) : NULL;
+    if (c->pairs) {
+        kern->bf16.tiles_begin();
+        for (int64_t gi = 0; gi < G; gi++)
+            for (int64_t pi = 0; pi < np; pi++) {
+                const uint16_t *qrows[SDPA_MAX_PANEL], *orows[SDPA_MAX_PANEL];
+                const int rows = (int)(L - pi * nr < nr ? L - pi * nr : nr);
+                for (int x = 0; x < rows; x++) {
+                    qrows[x] = (const uint16_t *)(const void *)FN(bwd_row)(p, &p->query, b, hk * G + gi, pi * nr + x, 2);
+                    orows[x] = (const uint16_t *)(const void *)FN(bwd_row)(p, &g->grad_out, b, hk * G + gi, pi * nr + x,
+                                                                          2);
+                }
+                kern->bf16.pack_q_pairs(qpairs + (gi * np + pi) * (E / 2) * nr, qrows, rows, E / 2);
+                kern->bf16.pack_q_pairs(opairs + (gi * np + pi) * (Ev / 2) * nr, orows, rows, Ev / 2);
+            }
+    }
+#endif
 
     memset(qr, 0, (size_t)(G * np * nr * Ep) * sizeof(T));
     memset(orow, 0, (size_t)(G * np * nr * Evp) * sizeof(T));
@@ -227,8 +269,9 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
         if (hi > lo) {
             for (int j = 0; j < nv; j++) {
                 FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->key, b, hk, s0 + j, de), p->key.col_stride, kb + j * E, E);
-                FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->value, b, hk, s0 + j, de), p->value.col_stride,
-                             vb + j * Ev, Ev);
+                if (!c->pairs)
+                    FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->value, b, hk, s0 + j, de), p->value.col_stride,
+                                 vb + j * Ev, Ev);
             }
         }
         for (int64_t gi = 0; gi < G && hi > lo; gi++) {
@@ -242,7 +285,15 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
                 const T *otp = ot + (gi * np + pi) * Ev * nr, *orp = orow + (gi * np + pi) * nr * Evp;
                 const T *lr = lse + gi * Lp + r0, *dr = dd + gi * Lp + r0;
                 /* S^T = K (scale Q)^T, with the forward's modifiers */
-                kern->gemm(nv, E, kb, E, 1, qtp, nr, st, nr, 0);
+#if BWD_PAIRS
+                if (c->pairs) {  /* the stored pairs, exact products: K where it lies, then the scale */
+                    kern->bf16.gemm_bf16(nv, E / 2, (const uint32_t *)(const void *)FN(bwd_row)(p, &p->key, b, hk, s0, 2),
+                                         p->key.row_stride / 2, 1, qpairs + (gi * np + pi) * (E / 2) * nr, nr, st, nr,
+                                         0);
+                    kern->scale_copy(st, st, (int64_t)nv * nr, scale);
+                } else
+#endif
+                    kern->gemm(nv, E, kb, E, 1, qtp, nr, st, nr, 0);
                 if (p->softcap > 0) {
                     kern->softcap(st, (int64_t)nv * nr, cap);
                     memcpy(sc, st, (size_t)nv * (size_t)nr * sizeof(T));
@@ -251,7 +302,15 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
                                          slope, cap);
                 kern->bwd_probs(st, nv, nr, lr);  /* P^T */
                 /* dP^T = V dO^T, then dS^T = P (dP - D) (times the cap's slope) */
-                kern->gemm(nv, Ev, vb, Ev, 1, otp, nr, dp, nr, 0);
+#if BWD_PAIRS
+                if (c->pairs)
+                    kern->bf16.gemm_bf16(nv, Ev / 2,
+                                         (const uint32_t *)(const void *)FN(bwd_row)(p, &p->value, b, hk, s0, 2),
+                                         p->value.row_stride / 2, 1, opairs + (gi * np + pi) * (Ev / 2) * nr, nr, dp,
+                                         nr, 0);
+                else
+#endif
+                    kern->gemm(nv, Ev, vb, Ev, 1, otp, nr, dp, nr, 0);
                 if (p->dropout_p > 0) {  /* the forward's mask: dV takes P dropped, dP is dropped */
                     FN(drop_tile)(p, c->kt, b, h, r0, nr, s0, nv, bits, st, pd, c->thr, c->keep);
                     FN(drop_apply)(bits, dp, dp, (int64_t)nv * nr, c->keep);
@@ -278,6 +337,9 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
         }
     }
     if (c->splits == 1) FN(bwd_write_dq)(c, bh, dq, rowbuf);
+#if BWD_PAIRS
+    if (c->pairs) kern->bf16.tiles_end();
+#endif
 }
 
 /* dQ of (b, head group) = scale * the sum of its splits' partials (dQ^T
@@ -337,11 +399,15 @@ static sdpa_status FN(bwd_run)(const sdpa_problem *p, const sdpa_grads *g, const
     const double part_bytes = (double)groups * (double)c.dq_task * sizeof(T);
     while (splits > 1 && (double)splits * part_bytes > (double)((size_t)256 << 20)) splits--;
     c.splits = splits;
+#if BWD_PAIRS
+    c.pairs = FN(bwd_pairs)(p, g, kt, kern);
+#endif
     const int64_t tasks = groups * splits;
     const int64_t buf[] = {G * np * E * nr, G * np * nr * c.Ep, G * np * Ev * nr, G * np * nr * c.Evp,
                            G * np * nr, G * np * nr, nk * E, nk * Ev, nk * c.Ep, nk * c.Evp, nk * nr, nk * nr,
                            nk * nr, 2 * (E > Ev ? E : Ev), nk * nr, nk * nr};
     c.scratch_bytes = splits == 1 ? ((size_t)c.dq_task * sizeof(T) + 63) / 64 * 64 : 0;
+    if (c.pairs) c.scratch_bytes += ((size_t)(G * np * ((E + Ev) / 2) * nr) * 4 + 127) / 64 * 64;
     for (size_t i = 0; i < sizeof(buf) / sizeof(buf[0]); i++)
         c.scratch_bytes += ((size_t)buf[i] * sizeof(T) + 63) / 64 * 64;
     const double flops = 2.0 * (double)batch_count * (double)p->num_heads * (double)p->len_q *

@@ -2670,6 +2670,63 @@ static double bw_directional(bw_data *d, double *x, const double *grad, int n, d
     return worst;
 }
 
+/* bfloat16 operands (on the sets with bfloat16 products, S and dP multiply the
+ * stored pairs): the gradients within bfloat16's rounding of float64's over
+ * the same (rounded) values */
+static void test_backward_bf16(bw_data *d) {
+    enum { NQ = BW_H * BW_L * BW_E, NK = BW_H / BW_G * BW_S * BW_E, NV = BW_H / BW_G * BW_S * BW_EV,
+           NO = BW_H * BW_L * BW_EV };
+    uint16_t *h = (uint16_t *)xcalloc(2 * (NQ + NK) + 2 * NV + 2 * NO, sizeof(uint16_t));
+    uint16_t *q = h, *k = q + NQ, *v = k + NK, *g = v + NV, *out = g + NO, *dq = out + NO, *dk = dq + NQ,
+             *dv = dk + NK;
+    double *src[] = {&d->q[0][0][0], &d->k[0][0][0], &d->v[0][0][0], &d->g[0][0][0]};
+    uint16_t *dst[] = {q, k, v, g};
+    const int n[] = {NQ, NK, NV, NO};
+    for (int a = 0; a < 4; a++)
+        for (int j = 0; j < n[a]; j++) {
+            dst[a][j] = sdpa_f32_to_bf16((float)(2 * rng_uniform() - 1));
+            src[a][j] = sdpa_bf16_to_f32(dst[a][j]);
+        }
+    const char *initial = sdpa_isa();
+    for (int i = 0; i < NUM_ISAS; i++) {
+        if (!tested(ISAS[i]) || sdpa_set_isa(ISAS[i]) != SDPA_OK) continue;
+        sdpa_problem p = bw_problem(d, 0.0);  /* float64: the reference */
+        sdpa_grads g64;
+        sdpa_grads_init(&g64);
+        g64.grad_out = bw_view(d->g, BW_L, BW_EV), g64.grad_query = bw_view(d->dq, BW_L, BW_E);
+        g64.grad_key = bw_view(d->dk, BW_S, BW_E), g64.grad_value = bw_view(d->dv, BW_S, BW_EV);
+        sdpa_attention(&p);
+        check_status(sdpa_attention_backward(&p, &g64), SDPA_OK, "the float64 backward");
+        float lse[BW_H][BW_L], sinks[BW_H], slopes[BW_H];
+        for (int j = 0; j < BW_H; j++) sinks[j] = (float)d->sinks[j], slopes[j] = (float)d->slopes[j];
+        sdpa_problem b = p;
+        b.dtype = SDPA_BFLOAT16;
+        b.query.data = q, b.key.data = k, b.value.data = v, b.out.data = out, b.lse.data = lse;
+        b.sinks.data = sinks, b.alibi.data = slopes;
+        check_status(sdpa_attention(&b), SDPA_OK, "the bfloat16 forward");
+        sdpa_grads g16 = g64;
+        g16.grad_out.data = g, g16.grad_query.data = dq, g16.grad_key.data = dk, g16.grad_value.data = dv;
+        check_status(sdpa_attention_backward(&b, &g16), SDPA_OK, "the bfloat16 backward");
+        const uint16_t *got[] = {dq, dk, dv};
+        const double *want[] = {&d->dq[0][0][0], &d->dk[0][0][0], &d->dv[0][0][0]};
+        const int m[] = {NQ, NK, NV};
+        double worst = 0;
+        for (int a = 0; a < 3; a++) {
+            double err = 0, top = 0;
+            for (int j = 0; j < m[a]; j++) {
+                const double e = fabs(sdpa_bf16_to_f32(got[a][j]) - want[a][j]);
+                if (e > err) err = e;
+                if (fabs(want[a][j]) > top) top = fabs(want[a][j]);
+            }
+            if (err / top > worst) worst = err / top;
+        }
+        check(worst < 2e-2, "%s: bfloat16 gradients against float64's, largest error %g of the largest", ISAS[i],
+              worst);
+    }
+    sdpa_set_isa(initial);
+    free(h);
+}
+
 static void test_backward(void) {
     const char *initial = sdpa_isa();
     bw_data *d = (bw_data *)xcalloc(1, sizeof(bw_data));
@@ -2710,6 +2767,7 @@ static void test_backward(void) {
         }
     }
     sdpa_set_isa(initial);
+    test_backward_bf16(d);
     /* refusals, naming the field */
     sdpa_problem p = bw_problem(d, 0.0);
     sdpa_grads g;
