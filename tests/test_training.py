@@ -433,9 +433,11 @@ def _tiny(transformers, torch, kind, **extra):
 @pytest.mark.parametrize("kind", ["llama", "bert"])
 def test_transformers_fine_tuning_step(kind):
     """One training step of a tiny model with sdpa's registered attention: the
-    loss and every parameter's gradient those of transformers' torch "sdpa"
-    attention (without dropout); with the module's attention dropout, the
-    step runs on sdpa and is reproducible under torch.manual_seed."""
+    loss and every parameter's gradient those of transformers' "eager"
+    attention over a right-padded batch, and of its torch "sdpa" attention
+    over a left-padded one (where "eager" gives no key-less rows zeros), without
+    dropout; with the module's attention dropout, the step runs on sdpa and is
+    reproducible under torch.manual_seed."""
     torch = _torch()
     transformers = pytest.importorskip("transformers")
     import copy
@@ -444,25 +446,28 @@ def test_transformers_fine_tuning_step(kind):
 
     name = sdpa.transformers.register()
     ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(2, 12, dtype=torch.long)
-    mask[1, :3] = 0  # left padding
-    theirs = _tiny(transformers, torch, kind)
-    theirs.set_attn_implementation("sdpa")
-    ours = copy.deepcopy(theirs)
-    ours.set_attn_implementation(name)
-    losses = []
-    for model in (theirs, ours):
-        model.train()
-        if kind == "bert":  # the hidden dropout of BERT: off, so that the two steps compare
-            for module in model.modules():
-                if isinstance(module, torch.nn.Dropout):
-                    module.p = 0.0
-        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
-        loss.backward()
-        losses.append(loss.item())
-    assert abs(losses[0] - losses[1]) < 1e-5
-    for (n, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
-        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), n
+    right, left = torch.ones(2, 12, dtype=torch.long), torch.ones(2, 12, dtype=torch.long)
+    right[1, 9:] = 0
+    left[1, :3] = 0
+    for reference_impl, mask in (("eager", right), ("sdpa", left)):
+        theirs = _tiny(transformers, torch, kind)
+        theirs.set_attn_implementation(reference_impl)
+        ours = copy.deepcopy(theirs)
+        ours.set_attn_implementation(name)
+        losses = []
+        for model in (theirs, ours):
+            model.train()
+            if kind == "bert":  # the hidden dropout of BERT: off, so that the two steps compare
+                for module in model.modules():
+                    if isinstance(module, torch.nn.Dropout):
+                        module.p = 0.0
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+            loss.backward()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) < 1e-5, reference_impl
+        for (n, a), (_, b) in zip(theirs.named_parameters(), ours.named_parameters()):
+            assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6), (reference_impl, n)
+    mask = left
 
     dropout = {"attention_dropout": 0.2} if kind == "llama" else {"attention_probs_dropout_prob": 0.2}
     model = _tiny(transformers, torch, kind, **dropout)
