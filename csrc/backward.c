@@ -10,20 +10,21 @@
 
 #include "convert.h"
 #include "internal.h"
+#include "kv_source.h"
 #include "plan.h"
 #include "problem.h"
 
-/* what a mask does to a tile (scores_impl.h's mask_tile_class; not used here) */
-enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
+/* the operands' rows are read without scales (float keys and values) */
+static const kv_scales no_scales = {0};
 
 #define T float
 #define TDT SDPA_FLOAT32
 #define SUF f32
 #define KT kernels_f32
 #define EXP sdpa_exp_cut_f32
-#define BWD_PAIRS 1
+#define HAS_BF16 1
 #include "backward_impl.h"
-#undef BWD_PAIRS
+#undef HAS_BF16
 #undef T
 #undef TDT
 #undef SUF
@@ -35,9 +36,9 @@ enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
 #define SUF f64
 #define KT kernels_f64
 #define EXP sdpa_exp_cut_f64
-#define BWD_PAIRS 0
+#define HAS_BF16 0
 #include "backward_impl.h"
-#undef BWD_PAIRS
+#undef HAS_BF16
 #undef T
 #undef TDT
 #undef SUF

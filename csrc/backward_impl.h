@@ -16,39 +16,12 @@
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)
 
+#include "kv_impl.h"
 #include "scores_impl.h"
-
-/* n elements of a row of dtype dt (col stride cs) as T */
-static void FN(bwd_load)(const KT *kern, sdpa_dtype dt, const char *src, int64_t cs, T *dst, int64_t n) {
-    if (dt == TDT && cs == 1) {
-        memcpy(dst, src, (size_t)n * sizeof(T));
-        return;
-    }
-    if (TDT == SDPA_FLOAT32 && (dt == SDPA_BFLOAT16 || dt == SDPA_FLOAT16) && cs == 1) {
-        kern->widen(dt, (const uint16_t *)(const void *)src, dst, n);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        switch (dt) {
-            case SDPA_FLOAT64: dst[i] = (T)((const double *)(const void *)src)[i * cs]; break;
-            case SDPA_FLOAT32: dst[i] = (T)((const float *)(const void *)src)[i * cs]; break;
-            case SDPA_BFLOAT16: dst[i] = (T)sdpa_bf16_to_f32(((const uint16_t *)(const void *)src)[i * cs]); break;
-            default: dst[i] = (T)sdpa_f16_to_f32(((const uint16_t *)(const void *)src)[i * cs]); break;
-        }
-    }
-}
 
 /* dst[i * cs] = f * src[i * ss] in dtype dt (rounded once), i < n */
 static void FN(bwd_store)(sdpa_dtype dt, char *dst, int64_t cs, const T *src, int64_t ss, int64_t n, T f) {
-    for (int64_t i = 0; i < n; i++) {
-        const T x = f * src[i * ss];
-        switch (dt) {
-            case SDPA_FLOAT64: ((double *)(void *)dst)[i * cs] = (double)x; break;
-            case SDPA_FLOAT32: ((float *)(void *)dst)[i * cs] = (float)x; break;
-            case SDPA_BFLOAT16: ((uint16_t *)(void *)dst)[i * cs] = sdpa_f32_to_bf16((float)x); break;
-            default: ((uint16_t *)(void *)dst)[i * cs] = sdpa_f32_to_f16((float)x); break;
-        }
-    }
+    for (int64_t i = 0; i < n; i++) FN(store)(dst, i * cs, dt, f * src[i * ss]);
 }
 
 /* The address of row r of (b, h) in a view of elements of `elem` bytes. */
@@ -56,11 +29,11 @@ static char *FN(bwd_row)(const sdpa_problem *p, const sdpa_view *v, int64_t b, i
     return (char *)view_at(p, v, b, h, elem) + r * v->row_stride * (int64_t)elem;
 }
 
-/* n elements of T from *w, which moves on to the next 64-byte boundary */
-static T *FN(bwd_take)(char **w, int64_t n) {
-    T *r = (T *)(void *)*w;
-    *w += ((size_t)n * sizeof(T) + 63) / 64 * 64;
-    return r;
+/* n elements of `size` bytes at *at bytes from base (plan_take moves *at on,
+ * aligned); NULL when base is (a layout only sized) */
+static void *FN(bwd_take)(char *base, size_t *at, int64_t n, size_t size) {
+    const size_t here = plan_take(at, (size_t)n * size);
+    return base ? base + here : NULL;
 }
 
 /* dst[i] = keep * src[i] where mask[i] is set, else 0: an AND of the bits (a
@@ -103,7 +76,7 @@ static void FN(drop_constants)(const sdpa_problem *p, uint32_t *thr, T *keep) {
     *keep = (T)(65536.0 / (65536.0 - (double)*thr));
 }
 
-#if BWD_PAIRS
+#if HAS_BF16
 /* Whether a bfloat16 problem's S = K Q^T and dP = V dO^T multiply the stored
  * pairs (gemm_bf16 of a set with bfloat16 products, reading its operands a
  * pair at a time: not AMX's tiles): K and V rows of whole 32-bit pairs where
@@ -155,6 +128,44 @@ static void FN(bwd_rows_seeing)(const sdpa_problem *p, int64_t s0, int64_t n, in
     *hi = z < a ? a : z;
 }
 
+/* A thread's scratch in the backward: the group's panels, packed once (Q^T
+ * and Q scaled, dO^T, dO; as bfloat16 pairs too for S and dP), the rows' lse
+ * and D, a key block's K, V and dK, dV, a tile's S, dP, softcapped S, P
+ * dropped and dropout's masks, a row, and (one split) dQ's sums. */
+typedef struct FN(bwd_scratch) {
+    T *qt, *qr, *ot, *orow, *lse, *dd, *kb, *vb, *dk, *dv, *st, *dp, *sc, *pd, *rowbuf, *dq;
+    uint32_t *bits, *qpairs, *opairs;
+} FN(bwd_scratch);
+
+/* The regions of one thread's scratch from base (NULL: sized only): its bytes. */
+static size_t FN(bwd_layout)(const FN(bwd_call) *c, char *base, FN(bwd_scratch) *s) {
+    const sdpa_problem *p = c->p;
+    const int64_t E = p->head_dim, Ev = p->head_dim_v, G = c->G, np = c->np, nr = c->nr, nk = c->nk;
+    const int64_t panels = G * np * nr, tile = nk * nr;
+    const int drop = p->dropout_p > 0;
+    size_t at = 0;
+    s->qt = (T *)FN(bwd_take)(base, &at, panels * E, sizeof(T));
+    s->qr = (T *)FN(bwd_take)(base, &at, panels * c->Ep, sizeof(T));
+    s->ot = (T *)FN(bwd_take)(base, &at, panels * Ev, sizeof(T));
+    s->orow = (T *)FN(bwd_take)(base, &at, panels * c->Evp, sizeof(T));
+    s->lse = (T *)FN(bwd_take)(base, &at, panels, sizeof(T));
+    s->dd = (T *)FN(bwd_take)(base, &at, panels, sizeof(T));
+    s->kb = (T *)FN(bwd_take)(base, &at, nk * E, sizeof(T));
+    s->vb = (T *)FN(bwd_take)(base, &at, nk * Ev, sizeof(T));
+    s->dk = (T *)FN(bwd_take)(base, &at, nk * c->Ep, sizeof(T));
+    s->dv = (T *)FN(bwd_take)(base, &at, nk * c->Evp, sizeof(T));
+    s->st = (T *)FN(bwd_take)(base, &at, tile, sizeof(T));
+    s->dp = (T *)FN(bwd_take)(base, &at, tile, sizeof(T));
+    s->sc = (T *)FN(bwd_take)(base, &at, tile, sizeof(T));
+    s->pd = drop ? (T *)FN(bwd_take)(base, &at, tile, sizeof(T)) : s->st;  /* P dropped, for dV */
+    s->bits = drop ? (uint32_t *)FN(bwd_take)(base, &at, tile, sizeof(uint32_t)) : NULL;
+    s->rowbuf = (T *)FN(bwd_take)(base, &at, 2 * (E > Ev ? E : Ev), sizeof(T));
+    s->dq = c->splits == 1 ? (T *)FN(bwd_take)(base, &at, c->dq_task, sizeof(T)) : NULL;
+    s->qpairs = c->pairs ? (uint32_t *)FN(bwd_take)(base, &at, panels * (E / 2), sizeof(uint32_t)) : NULL;
+    s->opairs = c->pairs ? (uint32_t *)FN(bwd_take)(base, &at, panels * (Ev / 2), sizeof(uint32_t)) : NULL;
+    return at;
+}
+
 static void FN(bwd_write_dq)(const FN(bwd_call) *c, int64_t bh, const T *base, T *row);
 
 static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
@@ -172,31 +183,16 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
     const T scale = (T)p->scale;
     const T cap = p->softcap > 0 ? FN(softcap_value)(p) : 0;
 
-    /* scratch: the group's panels, packed once (Q^T and Q scaled, dO^T, dO),
-     * the rows' lse and D, a key block's K, V and dK, dV, a tile's S and dP */
-    char *w = c->scratch + (size_t)tid * c->scratch_bytes;
-    T *qt = FN(bwd_take)(&w, G * np * E * nr);
-    T *qr = FN(bwd_take)(&w, G * np * nr * Ep);
-    T *ot = FN(bwd_take)(&w, G * np * Ev * nr);
-    T *orow = FN(bwd_take)(&w, G * np * nr * Evp);
-    T *lse = FN(bwd_take)(&w, G * Lp);
-    T *dd = FN(bwd_take)(&w, G * Lp);
-    T *kb = FN(bwd_take)(&w, (int64_t)nk * E);
-    T *vb = FN(bwd_take)(&w, (int64_t)nk * Ev);
-    T *dk = FN(bwd_take)(&w, (int64_t)nk * Ep);
-    T *dv = FN(bwd_take)(&w, (int64_t)nk * Evp);
-    T *st = FN(bwd_take)(&w, (int64_t)nk * nr);
-    T *dp = FN(bwd_take)(&w, (int64_t)nk * nr);
-    T *sc = FN(bwd_take)(&w, (int64_t)nk * nr);
-    T *pd = p->dropout_p > 0 ? FN(bwd_take)(&w, (int64_t)nk * nr) : st;  /* P dropped, for dV */
-    uint32_t *bits = p->dropout_p > 0 ? (uint32_t *)(void *)FN(bwd_take)(&w, (int64_t)nk * nr) : NULL;
-    T *rowbuf = FN(bwd_take)(&w, 2 * (E > Ev ? E : Ev));
+    FN(bwd_scratch) sb;
+    FN(bwd_layout)(c, c->scratch + (size_t)tid * c->scratch_bytes, &sb);
+    T *qt = sb.qt, *qr = sb.qr, *ot = sb.ot, *orow = sb.orow, *lse = sb.lse, *dd = sb.dd, *kb = sb.kb, *vb = sb.vb;
+    T *dk = sb.dk, *dv = sb.dv, *st = sb.st, *dp = sb.dp, *sc = sb.sc, *pd = sb.pd, *rowbuf = sb.rowbuf;
+    uint32_t *bits = sb.bits;
     /* one split: dQ's sums in the thread's scratch, finished here */
-    T *dq = c->splits == 1 ? FN(bwd_take)(&w, c->dq_task) : c->dq + t * c->dq_task;
-#if BWD_PAIRS
+    T *dq = c->splits == 1 ? sb.dq : c->dq + t * c->dq_task;
+#if HAS_BF16
     /* bfloat16 pairs: the group's Q and dO panels as pairs, for S and dP */
-    uint32_t *qpairs = c->pairs ? (uint32_t *)(void *)FN(bwd_take)(&w, G * np * (E / 2) * nr) : NULL;
-    uint32_t *opairs = c->pairs ? (uint32_t *)(void *)FN(bwd_take)(&w, G * np * (Ev / 2) * nr) : NULL;
+    uint32_t *qpairs = sb.qpairs, *opairs = sb.opairs;
     if (c->pairs) {
         kern->bf16.tiles_begin();
         for (int64_t gi = 0; gi < G; gi++)
@@ -204,7 +200,8 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
                 const uint16_t *qrows[SDPA_MAX_PANEL], *orows[SDPA_MAX_PANEL];
                 const int rows = (int)(L - pi * nr < nr ? L - pi * nr : nr);
                 for (int x = 0; x < rows; x++) {
-                    qrows[x] = (const uint16_t *)(const void *)FN(bwd_row)(p, &p->query, b, hk * G + gi, pi * nr + x, 2);
+                    qrows[x] =
+                        (const uint16_t *)(const void *)FN(bwd_row)(p, &p->query, b, hk * G + gi, pi * nr + x, 2);
                     orows[x] = (const uint16_t *)(const void *)FN(bwd_row)(p, &g->grad_out, b, hk * G + gi, pi * nr + x,
                                                                           2);
                 }
@@ -232,14 +229,14 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
             }
             const int64_t pi = l / nr, x = l % nr;
             T *q = rowbuf, *o = rowbuf + (E > Ev ? E : Ev);
-            FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->query, b, h, l, de), p->query.col_stride, q, E);
+            FN(convert_rows)(kern, q, FN(bwd_row)(p, &p->query, b, h, l, de), &p->query, dt, 1, E, &no_scales);
             T *qrr = qr + ((gi * np + pi) * nr + x) * Ep, *qtp = qt + (gi * np + pi) * E * nr;
             for (int64_t e = 0; e < E; e++) {
                 qrr[e] = scale * q[e];
                 qtp[e * nr + x] = scale * q[e];
             }
-            FN(bwd_load)(kern, dt, FN(bwd_row)(p, &g->grad_out, b, h, l, de), g->grad_out.col_stride, q, Ev);
-            FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->out, b, h, l, de), p->out.col_stride, o, Ev);
+            FN(convert_rows)(kern, q, FN(bwd_row)(p, &g->grad_out, b, h, l, de), &g->grad_out, dt, 1, Ev, &no_scales);
+            FN(convert_rows)(kern, o, FN(bwd_row)(p, &p->out, b, h, l, de), &p->out, dt, 1, Ev, &no_scales);
             T *orr = orow + ((gi * np + pi) * nr + x) * Evp, *otp = ot + (gi * np + pi) * Ev * nr;
             T d = 0;
             for (int64_t e = 0; e < Ev; e++) {
@@ -267,12 +264,9 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
         int64_t lo = 0, hi = 0;
         if (nv > 0) FN(bwd_rows_seeing)(p, s0, nv, &lo, &hi);
         if (hi > lo) {
-            for (int j = 0; j < nv; j++) {
-                FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->key, b, hk, s0 + j, de), p->key.col_stride, kb + j * E, E);
-                if (!c->pairs)
-                    FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->value, b, hk, s0 + j, de), p->value.col_stride,
-                                 vb + j * Ev, Ev);
-            }
+            FN(convert_rows)(kern, kb, FN(bwd_row)(p, &p->key, b, hk, s0, de), &p->key, dt, nv, E, &no_scales);
+            if (!c->pairs)
+                FN(convert_rows)(kern, vb, FN(bwd_row)(p, &p->value, b, hk, s0, de), &p->value, dt, nv, Ev, &no_scales);
         }
         for (int64_t gi = 0; gi < G && hi > lo; gi++) {
             const int64_t h = hk * G + gi;
@@ -285,9 +279,10 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
                 const T *otp = ot + (gi * np + pi) * Ev * nr, *orp = orow + (gi * np + pi) * nr * Evp;
                 const T *lr = lse + gi * Lp + r0, *dr = dd + gi * Lp + r0;
                 /* S^T = K (scale Q)^T, with the forward's modifiers */
-#if BWD_PAIRS
+#if HAS_BF16
                 if (c->pairs) {  /* the stored pairs, exact products: K where it lies, then the scale */
-                    kern->bf16.gemm_bf16(nv, E / 2, (const uint32_t *)(const void *)FN(bwd_row)(p, &p->key, b, hk, s0, 2),
+                    kern->bf16.gemm_bf16(nv, E / 2,
+                                         (const uint32_t *)(const void *)FN(bwd_row)(p, &p->key, b, hk, s0, 2),
                                          p->key.row_stride / 2, 1, qpairs + (gi * np + pi) * (E / 2) * nr, nr, st, nr,
                                          0);
                     kern->scale_copy(st, st, (int64_t)nv * nr, scale);
@@ -302,7 +297,7 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
                                          slope, cap);
                 kern->bwd_probs(st, nv, nr, lr);  /* P^T */
                 /* dP^T = V dO^T, then dS^T = P (dP - D) (times the cap's slope) */
-#if BWD_PAIRS
+#if HAS_BF16
                 if (c->pairs)
                     kern->bf16.gemm_bf16(nv, Ev / 2,
                                          (const uint32_t *)(const void *)FN(bwd_row)(p, &p->value, b, hk, s0, 2),
@@ -337,7 +332,7 @@ static void FN(bwd_task)(void *ctx, int64_t t, int tid) {
         }
     }
     if (c->splits == 1) FN(bwd_write_dq)(c, bh, dq, rowbuf);
-#if BWD_PAIRS
+#if HAS_BF16
     if (c->pairs) kern->bf16.tiles_end();
 #endif
 }
@@ -399,17 +394,12 @@ static sdpa_status FN(bwd_run)(const sdpa_problem *p, const sdpa_grads *g, const
     const double part_bytes = (double)groups * (double)c.dq_task * sizeof(T);
     while (splits > 1 && (double)splits * part_bytes > (double)((size_t)256 << 20)) splits--;
     c.splits = splits;
-#if BWD_PAIRS
+#if HAS_BF16
     c.pairs = FN(bwd_pairs)(p, g, kt, kern);
 #endif
     const int64_t tasks = groups * splits;
-    const int64_t buf[] = {G * np * E * nr, G * np * nr * c.Ep, G * np * Ev * nr, G * np * nr * c.Evp,
-                           G * np * nr, G * np * nr, nk * E, nk * Ev, nk * c.Ep, nk * c.Evp, nk * nr, nk * nr,
-                           nk * nr, 2 * (E > Ev ? E : Ev), nk * nr, nk * nr};
-    c.scratch_bytes = splits == 1 ? ((size_t)c.dq_task * sizeof(T) + 63) / 64 * 64 : 0;
-    if (c.pairs) c.scratch_bytes += ((size_t)(G * np * ((E + Ev) / 2) * nr) * 4 + 127) / 64 * 64;
-    for (size_t i = 0; i < sizeof(buf) / sizeof(buf[0]); i++)
-        c.scratch_bytes += ((size_t)buf[i] * sizeof(T) + 63) / 64 * 64;
+    FN(bwd_scratch) sized;
+    c.scratch_bytes = FN(bwd_layout)(&c, NULL, &sized);
     const double flops = 2.0 * (double)batch_count * (double)p->num_heads * (double)p->len_q *
                          (double)p->len_kv * (double)(3 * E + 2 * Ev);
     const int nthreads = sdpa_threads_for(p->num_threads, 0, tasks, flops);
@@ -442,6 +432,30 @@ typedef struct FN(drop_call) {
     char *scratch;
 } FN(drop_call);
 
+/* A thread's scratch in the forward with dropout: the panel's Q^T, a tile's
+ * S, the accumulator, the rows' statistics, a row, a key block's K and V
+ * (16-bit), the tile's keep masks. */
+typedef struct FN(drop_scratch) {
+    T *qt, *st, *acc, *row_max, *row_sum, *row, *kb, *vb;
+    uint32_t *bits;
+} FN(drop_scratch);
+
+/* The regions of one thread's scratch from base (NULL: sized only): its bytes. */
+static size_t FN(drop_layout)(const FN(drop_call) *c, char *base, FN(drop_scratch) *s) {
+    const int64_t E = c->p->head_dim, Ev = c->p->head_dim_v, nr = c->nr, nk = c->nk;
+    size_t at = 0;
+    s->qt = (T *)FN(bwd_take)(base, &at, E * nr, sizeof(T));
+    s->st = (T *)FN(bwd_take)(base, &at, nk * nr, sizeof(T));
+    s->acc = (T *)FN(bwd_take)(base, &at, Ev * nr, sizeof(T));
+    s->row_max = (T *)FN(bwd_take)(base, &at, nr, sizeof(T));
+    s->row_sum = (T *)FN(bwd_take)(base, &at, nr, sizeof(T));
+    s->row = (T *)FN(bwd_take)(base, &at, E > Ev ? E : Ev, sizeof(T));
+    s->kb = (T *)FN(bwd_take)(base, &at, nk * E, sizeof(T));
+    s->vb = (T *)FN(bwd_take)(base, &at, nk * Ev, sizeof(T));
+    s->bits = (uint32_t *)FN(bwd_take)(base, &at, nk * nr, sizeof(uint32_t));
+    return at;
+}
+
 static void FN(drop_task)(void *ctx, int64_t t, int tid) {
     FN(drop_call) *c = (FN(drop_call) *)ctx;
     const sdpa_problem *p = c->p;
@@ -453,16 +467,16 @@ static void FN(drop_task)(void *ctx, int64_t t, int tid) {
     const int64_t pi = t % c->np, h = (t / c->np) % H, b = t / (c->np * H), hk = h / p->gqa_group;
     const int64_t r0 = pi * nr, kv_end = key_limit(p, b);
     const int prows = (int)(L - r0 < nr ? L - r0 : nr);
-    char *w = c->scratch + (size_t)tid * c->scratch_bytes;
-    T *qt = FN(bwd_take)(&w, E * nr), *st = FN(bwd_take)(&w, (int64_t)nk * nr), *acc = FN(bwd_take)(&w, Ev * nr);
-    T *row_max = FN(bwd_take)(&w, nr), *row_sum = FN(bwd_take)(&w, nr), *row = FN(bwd_take)(&w, E > Ev ? E : Ev);
-    T *kb = FN(bwd_take)(&w, (int64_t)nk * E), *vb = FN(bwd_take)(&w, (int64_t)nk * Ev);
-    uint32_t *bits = (uint32_t *)(void *)FN(bwd_take)(&w, (int64_t)nk * nr);
+    FN(drop_scratch) sb;
+    FN(drop_layout)(c, c->scratch + (size_t)tid * c->scratch_bytes, &sb);
+    T *qt = sb.qt, *st = sb.st, *acc = sb.acc, *row_max = sb.row_max, *row_sum = sb.row_sum, *row = sb.row;
+    T *kb = sb.kb, *vb = sb.vb;
+    uint32_t *bits = sb.bits;
     memset(qt, 0, (size_t)(E * nr) * sizeof(T));
     memset(acc, 0, (size_t)(Ev * nr) * sizeof(T));
     for (int x = 0; x < nr; x++) row_max[x] = -(T)INFINITY, row_sum[x] = 0;
     for (int x = 0; x < prows; x++) {
-        FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->query, b, h, r0 + x, de), p->query.col_stride, row, E);
+        FN(convert_rows)(kern, row, FN(bwd_row)(p, &p->query, b, h, r0 + x, de), &p->query, dt, 1, E, &no_scales);
         for (int64_t e = 0; e < E; e++) qt[e * nr + x] = (T)p->scale * row[e];
     }
     /* the keys the panel's rows may see */
@@ -486,11 +500,8 @@ static void FN(drop_task)(void *ctx, int64_t t, int tid) {
             v = (const T *)(const void *)FN(bwd_row)(p, &p->value, b, hk, s0, ce);
             k_rs = p->key.row_stride, k_cs = p->key.col_stride, v_rs = p->value.row_stride, v_cs = p->value.col_stride;
         } else {
-            for (int j = 0; j < n; j++) {
-                FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->key, b, hk, s0 + j, de), p->key.col_stride, kb + j * E, E);
-                FN(bwd_load)(kern, dt, FN(bwd_row)(p, &p->value, b, hk, s0 + j, de), p->value.col_stride,
-                             vb + j * Ev, Ev);
-            }
+            FN(convert_rows)(kern, kb, FN(bwd_row)(p, &p->key, b, hk, s0, de), &p->key, dt, n, E, &no_scales);
+            FN(convert_rows)(kern, vb, FN(bwd_row)(p, &p->value, b, hk, s0, de), &p->value, dt, n, Ev, &no_scales);
         }
         kern->gemm(n, E, k, k_rs, k_cs, qt, nr, st, nr, 0);
         FN(apply_tile_modifiers)(p, kern, st, nr, r0, 1, 0, prows, s0, n, kv_end, mask, edges, slope, cap);
@@ -512,7 +523,8 @@ static void FN(drop_task)(void *ctx, int64_t t, int tid) {
                       none ? 0 : f / l);
         if (p->lse.data) {
             T *lr = (T *)(void *)FN(bwd_row)(p, &p->lse, b, h, r0 + x, ce);
-            *lr = none ? (p->sinks.data ? sink : -(T)INFINITY) : m + (TDT == SDPA_FLOAT64 ? (T)log(l) : (T)logf((float)l));
+            *lr = none ? (p->sinks.data ? sink : -(T)INFINITY)
+                       : m + (TDT == SDPA_FLOAT64 ? (T)log(l) : (T)logf((float)l));
         }
     }
 }
@@ -527,9 +539,9 @@ static sdpa_status FN(drop_run)(const sdpa_problem *p, const kernel_table *kt, c
     c.nk = c.nr * ((64 + c.nr - 1) / c.nr);
     c.np = sdpa_blocks_of(p->len_q, c.nr);
     FN(drop_constants)(p, &c.thr, &c.keep);
-    const int64_t E = p->head_dim, Ev = p->head_dim_v, nr = c.nr, nk = c.nk;
-    const int64_t buf[] = {E * nr, nk * nr, Ev * nr, nr, nr, E > Ev ? E : Ev, nk * E, nk * Ev, nk * nr};
-    for (size_t i = 0; i < sizeof(buf) / sizeof(buf[0]); i++) c.scratch_bytes += ((size_t)buf[i] * sizeof(T) + 63) / 64 * 64;
+    const int64_t E = p->head_dim, Ev = p->head_dim_v;
+    FN(drop_scratch) sized;
+    c.scratch_bytes = FN(drop_layout)(&c, NULL, &sized);
     const int64_t tasks = batch_count * p->num_heads * c.np;
     const double flops = 2.0 * (double)batch_count * (double)p->num_heads * (double)p->len_q * (double)p->len_kv *
                          (double)(E + Ev);

@@ -285,8 +285,6 @@ static void stream_done(void) {
 #endif
 }
 
-/* What a mask does to a tile (mask_tile_class in scores_impl.h). */
-enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
 
 /* ---- the two compute types ---- */
 

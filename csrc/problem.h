@@ -91,6 +91,9 @@ static inline sdpa_status dense_only(const sdpa_problem *p, const char **field) 
     return st;
 }
 
+/* What a mask does to a tile (mask_tile_class in scores_impl.h). */
+enum { TILE_MIXED = 0, TILE_ALL_VISIBLE = 1, TILE_NONE_VISIBLE = 2 };
+
 /* Whether the window bounds a side. */
 static inline int has_window(const sdpa_problem *p) { return p->window_left >= 0 || p->window_right >= 0; }
 

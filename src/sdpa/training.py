@@ -11,7 +11,6 @@ The probabilities are recomputed a tile at a time from the forward's lse
 """
 from __future__ import annotations
 
-import math
 from typing import Any, List, Optional, Tuple, Union
 
 import numpy as np
@@ -25,6 +24,7 @@ from ._checks import (
     key_lengths_checked,
     mask_checked,
     plan_shapes,
+    scale_of,
 )
 from ._dtypes import Array, ArrayInput, FloatArray, _as_operand, _check_real, _to_array, compute_dtype, operand_dtypes
 
@@ -170,7 +170,7 @@ def attention_backward(
     left, right = sides if sides is not None else (-1, -1)
     _core.backward(
         q, k, v, o, lse_c, do, dq, dk, dv, m, lengths, per_head.get("alibi_slopes"), per_head.get("sinks"),
-        dsinks, gqa_group=max(group, 1), scale=_scale(scale_given, E), causal=causal, causal_offset=offset,
+        dsinks, gqa_group=max(group, 1), scale=scale_of(scale_given, E), causal=causal, causal_offset=offset,
         align_offset=align, window_left=left, window_right=right, softcap=cap or 0.0,
         num_threads=threads or 0, dropout_p=dropout[0] if dropout else 0.0, seed=dropout[1] if dropout else 0,
     )
@@ -180,7 +180,3 @@ def attention_backward(
         s0 = _to_array(sinks, "sinks")
         result.append(_summed(dsinks, s0.shape, s0.dtype if s0.dtype.kind == "f" else cdtype))
     return tuple(result)  # type: ignore[return-value]
-
-
-def _scale(scale: Optional[float], E: int) -> float:
-    return scale if scale is not None else (1.0 / math.sqrt(E) if E > 0 else 1.0)
